@@ -1,0 +1,3 @@
+from services.aggregator.main import entry
+
+entry()

@@ -1,0 +1,75 @@
+"""The aggregator: regional boards merged into the global one on a ticker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from services.aggregator.handlers import MarkDirty
+from services.aggregator.merge import Merger
+from shared import service
+from shared.boards import BoardCatalog
+from shared.consumer import ConsumerRunner
+from shared.keys import Keys
+from shared.logs import configure
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+from shared.topology import Topology
+
+log = structlog.get_logger(__name__)
+
+
+async def tick(merger: Merger, catalog: BoardCatalog, interval: float, stop: asyncio.Event) -> None:
+    """Merge every board every ``interval`` seconds until ``stop``; one last merge on the way."""
+    while True:
+        stopping = stop.is_set()
+        try:
+            for board in await catalog.all():
+                await merger.merge_board(board)
+        except Exception:
+            # Redis away: the dirty sets wait in Redis; the next tick retries.
+            log.exception("merge failed; retrying next tick")
+        if stopping:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+async def main(stop: asyncio.Event, settings: LadderSettings | None = None) -> None:
+    settings = settings or LadderSettings()
+    keys = Keys(settings.key_prefix)
+    async with open_redis(settings.redis_url) as redis:
+        catalog = BoardCatalog(redis, keys)
+        await catalog.ensure_defaults()
+        merger = Merger(redis, keys)
+        runner = ConsumerRunner(
+            name="aggregator",
+            amqp_url=settings.amqp_url,
+            topology=Topology(settings.broker_prefix, settings.delivery_limit),
+            handler=MarkDirty(redis, keys),
+            prefetch=settings.consumer_prefetch,
+        )
+
+        async def redis_up() -> bool:
+            return bool(await redis.ping())
+
+        async def broker_up() -> bool:
+            return runner.ready
+
+        await service.consume(
+            runner,
+            stop,
+            host=settings.ops_host,
+            port=settings.aggregator_port,
+            checks={"broker": broker_up, "redis": redis_up},
+            grace_seconds=settings.shutdown_grace_seconds,
+            companions=(lambda s: tick(merger, catalog, settings.merge_interval, s),),
+        )
+
+
+def entry() -> None:
+    settings = LadderSettings()
+    configure("aggregator", settings.log_level)
+    service.run(lambda stop: main(stop, settings))

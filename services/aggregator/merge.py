@@ -1,0 +1,174 @@
+"""The global view: recomputed from the regional boards, never from message deltas.
+
+Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
+``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
+crash mid-merge leaves it to be merged again), reads each dirty user's current score in every
+region of that period, and writes the user's global entry:
+
+- ``incr``: the sum of the regional scores, reached when the latest of them was;
+- ``best``: the best regional entry (the highest composite: best score, reached earliest);
+- ``set``: the latest regional entry.
+
+Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
+next merge that sees the user makes the entry right. Then every touched view whose top 10
+changed is pushed to ``leaderboard`` subscribers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import structlog
+from prometheus_client import Counter, Histogram
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from shared.boards import Board
+from shared.events import rfc3339
+from shared.keys import Keys, parse_dirty_member
+from shared.periods import Period, expire_at, window_of
+from shared.ranking import ENCODINGS, decode, encode
+
+log = structlog.get_logger(__name__)
+
+MERGED = Counter("ladder_aggregator_merged_users_total", "User entries merged into global")
+MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board's merge")
+PUSHES = Counter("ladder_aggregator_top_pushes_total", "Top-10 changes published")
+
+CHUNK = 500
+TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Touched:
+    users: set[str]
+    regions: set[str]
+
+
+def combine(board: Board, period: Period, composites: list[float]) -> float | None:
+    """A user's global composite from its regional ones; ``None`` if out of range."""
+    if board.operator == "best":
+        return max(composites)
+    decoded = [decode(period, c, board.descending) for c in composites]
+    if board.operator == "set":
+        score, reached = max(decoded, key=lambda d: d[1])
+        return encode(period, score, reached, board.descending)
+    total = sum(score for score, _ in decoded)
+    if abs(total) > ENCODINGS[period].max_score:
+        return None
+    return encode(period, total, max(reached for _, reached in decoded), board.descending)
+
+
+class Merger:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def merge_board(self, board: Board) -> int:
+        """Merge everything dirty of ``board``; returns how many user entries were written."""
+        dirty, merging = self._keys.dirty(board.board_id), self._keys.dirty_merging(board.board_id)
+        if not await self._redis.exists(merging):
+            try:
+                await self._redis.rename(dirty, merging)
+            except ResponseError:
+                return 0  # nothing dirty
+        with MERGE_SECONDS.time():
+            touched: dict[tuple[Period, str], Touched] = defaultdict(lambda: Touched(set(), set()))
+            async for member in self._redis.sscan_iter(merging, count=1000):
+                period, period_id, region, user_id = parse_dirty_member(member)
+                if period not in board.periods:
+                    continue
+                entry = touched[(period, period_id)]  # type: ignore[index]
+                entry.users.add(user_id)
+                entry.regions.add(region)
+            written = 0
+            for (period, period_id), entry in touched.items():
+                written += await self._merge_period(board, period, period_id, entry.users)
+                scopes = ["global", *(f"region:{r}" for r in sorted(entry.regions))]
+                await self._push_tops(board, period, period_id, scopes)
+            await self._redis.delete(merging)
+        MERGED.inc(written)
+        return written
+
+    async def _merge_period(
+        self, board: Board, period: Period, period_id: str, users: set[str]
+    ) -> int:
+        keys, bid = self._keys, board.board_id
+        regions = sorted(await self._redis.smembers(keys.regions(bid, period, period_id)))
+        window = window_of(period, period_id, board.timezone)
+        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        global_key = keys.global_view(bid, period, period_id)
+        ordered = sorted(users)
+        for start in range(0, len(ordered), CHUNK):
+            chunk = ordered[start : start + CHUNK]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for region in regions:
+                    pipe.zmscore(keys.region_view(bid, period, period_id, region), chunk)
+                per_region: list[list[float | None]] = await pipe.execute() if regions else []
+            present: dict[str, float] = {}
+            absent: list[str] = []
+            for i, user in enumerate(chunk):
+                composites = [row[i] for row in per_region if row[i] is not None]
+                merged = combine(board, period, composites) if composites else None  # type: ignore[arg-type]
+                if merged is None:
+                    if composites:
+                        log.warning("global score out of range", user_id=user, period=period)
+                    absent.append(user)
+                else:
+                    present[user] = merged
+            async with self._redis.pipeline(transaction=True) as pipe:
+                if present:
+                    pipe.zadd(global_key, present)
+                if absent:
+                    pipe.zrem(global_key, *absent)
+                if expiry is not None:
+                    pipe.expireat(global_key, expiry)
+                await pipe.execute()
+        await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
+        return len(ordered)
+
+    async def _push_tops(
+        self, board: Board, period: Period, period_id: str, scopes: list[str]
+    ) -> None:
+        keys, bid = self._keys, board.board_id
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for scope in scopes:
+                pipe.zrevrange(keys.board_view(bid, period, period_id, scope), 0, TOP - 1, True)
+                pipe.get(keys.last_top(bid, period, period_id, scope))
+            replies = await pipe.execute()
+        members = {m for rows in replies[0::2] for m, _ in rows}
+        names = dict(zip(members, await self._redis.hmget(keys.names(bid), list(members)), strict=True)) if members else {}
+        window = window_of(period, period_id, board.timezone)
+        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        for scope, rows, last in zip(scopes, replies[0::2], replies[1::2], strict=True):
+            entries: list[dict[str, Any]] = [
+                {
+                    "rank": i + 1,
+                    "user_id": m,
+                    "score": decode(period, c, board.descending)[0],
+                    "display_name": names.get(m),
+                }
+                for i, (m, c) in enumerate(rows)
+            ]
+            fingerprint = orjson.dumps(entries).decode()
+            if fingerprint == last:
+                continue
+            message = {
+                "type": "leaderboard",
+                "board_id": bid,
+                "scope": scope,
+                "period": period,
+                "period_id": period_id,
+                "entries": entries,
+            }
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(keys.last_top(bid, period, period_id, scope), fingerprint)
+                if expiry is not None:
+                    pipe.expireat(keys.last_top(bid, period, period_id, scope), expiry)
+                pipe.publish(keys.board_channel(bid, scope, period), orjson.dumps(message))
+                await pipe.execute()
+            PUSHES.inc()

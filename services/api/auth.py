@@ -1,0 +1,91 @@
+"""Credentials (API.md section 2): server keys, admin keys and player JWTs."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import jwt
+
+from services.api.errors import Forbidden, Unauthorized
+from shared.events import USER_ID_PATTERN
+from shared.settings import LadderSettings
+
+Kind = Literal["admin", "server", "player", "anonymous"]
+
+_USER_ID = re.compile(USER_ID_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    kind: Kind
+    user_id: str | None = None
+
+    @property
+    def is_server(self) -> bool:
+        """Server and admin keys may act for any user."""
+        return self.kind in ("server", "admin")
+
+    def may_act_for(self, user_id: str) -> bool:
+        return self.is_server or (self.kind == "player" and self.user_id == user_id)
+
+    def require_user(self, user_id: str) -> None:
+        if self.kind == "anonymous":
+            raise Unauthorized("A credential is required.")
+        if not self.may_act_for(user_id):
+            raise Forbidden("A player token may act only for its own user.")
+
+    def require_server(self) -> None:
+        if self.kind == "anonymous":
+            raise Unauthorized("A server key is required.")
+        if not self.is_server:
+            raise Forbidden("This needs a server or admin key.")
+
+
+ANONYMOUS = Principal("anonymous")
+
+
+def _matches(candidate: str, keys: frozenset[str]) -> bool:
+    # Compare against every key so the time taken does not tell which one nearly matched.
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(candidate.encode(), key.encode())
+    return found
+
+
+def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
+    """The principal a credential names; ``None`` is anonymous; a bad one raises 401."""
+    if credential is None:
+        return ANONYMOUS
+    if _matches(credential, settings.effective_admin_keys):
+        return Principal("admin")
+    if _matches(credential, settings.effective_server_keys):
+        return Principal("server")
+    try:
+        claims = jwt.decode(
+            credential,
+            settings.effective_jwt_secret,
+            algorithms=["HS256"],
+            options={"require": ["exp", "sub"]},
+            leeway=settings.jwt_leeway_seconds,
+        )
+    except jwt.ExpiredSignatureError as exc:
+        raise Unauthorized("The player token has expired.") from exc
+    except jwt.InvalidTokenError as exc:
+        raise Unauthorized("The credential is not a valid key or player token.") from exc
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not _USER_ID.match(subject):
+        raise Unauthorized("The player token's subject is not a user id.")
+    return Principal("player", subject)
+
+
+def bearer(header: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer`` header, or ``None``."""
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise Unauthorized("Use 'Authorization: Bearer <credential>'.")
+    return value.strip()

@@ -1,0 +1,124 @@
+"""The API: REST and WebSocket clients, the atomic write, the outbox relay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from sqlalchemy import text
+
+from services.api import errors
+from services.api.hub import Hub
+from services.api.relay import Relay
+from services.api.routes import reads, scores
+from services.api.state import ApiState, State
+from services.api.ws import router as ws_router
+from shared.boards import BoardCatalog
+from shared.db import open_engine
+from shared.keys import Keys
+from shared.ops import metrics_response, readiness_response, run_checks
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+
+log = structlog.get_logger(__name__)
+
+DESCRIPTION = """
+Ladder keeps game leaderboards live. Game servers post scores; players read global, regional
+and per-period boards and their own rank, and get pushes over the WebSocket at `/v1/ws`.
+
+Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Errors are
+`application/problem+json`.
+"""
+
+
+@contextlib.asynccontextmanager
+async def _background(coro: Any, name: str) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(coro, name=name)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def create_app(settings: LadderSettings | None = None) -> FastAPI:
+    settings = settings or LadderSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, ApiState]]:
+        if used := settings.uses_dev_defaults:
+            log.warning("using development credentials", defaults=used, env=settings.env)
+        keys = Keys(settings.key_prefix)
+        async with (
+            open_redis(settings.redis_url, load_functions=True) as redis,
+            open_engine(settings.mysql_url) as engine,
+        ):
+            catalog = BoardCatalog(redis, keys)
+            await catalog.ensure_defaults()
+            relay = Relay(redis, keys, catalog, settings)
+            hub = Hub(settings.redis_url)
+            state = ApiState(settings, keys, redis, catalog, engine, relay, hub)
+            async with _background(hub.run(), "hub"), _background(relay.run(), "relay") as task:
+                log.info("api ready", port=settings.api_port)
+                yield {"ladder": state}
+                state.shutting_down.set()
+                hub.stop()
+                relay.stop()
+                # Let the relay hand what is in the outbox to the broker before going.
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(
+                        asyncio.shield(task), settings.shutdown_grace_seconds
+                    )
+
+    app = FastAPI(
+        title="Ladder",
+        version="1.0.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        # Game clients do not always label their bodies; parse JSON whatever the content type.
+        strict_content_type=False,
+    )
+    errors.install(app)
+    app.include_router(scores.router)
+    app.include_router(reads.router)
+    app.include_router(ws_router)
+
+    @app.get("/healthz", tags=["operations"])
+    async def healthz() -> dict[str, str]:
+        """Alive; checks no dependency."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"])
+    async def readyz(state: State) -> JSONResponse:
+        """Each dependency and its state; 503 only while Redis is down. With the broker down
+        the API keeps accepting scores into the outbox."""
+
+        async def redis_up() -> bool:
+            return bool(await state.redis.ping())
+
+        async def broker_up() -> bool:
+            return state.relay.ready
+
+        async def mysql_up() -> bool:
+            async with state.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+
+        async def pubsub_up() -> bool:
+            return state.hub.connected
+
+        checks = {"redis": redis_up, "broker": broker_up, "mysql": mysql_up, "pubsub": pubsub_up}
+        return readiness_response(await run_checks(checks), required={"redis"})
+
+    @app.get("/metrics", tags=["operations"])
+    async def metrics(_: Request) -> Response:
+        """Prometheus text format."""
+        return metrics_response()
+
+    return app

@@ -1,0 +1,70 @@
+"""What the API's lifespan opens, and the request dependencies that hand it out."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Path, Request
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.api.auth import Principal, authenticate, bearer
+from services.api.errors import NotFound, Unauthorized
+from shared.boards import BOARD_ID_PATTERN, Board, BoardCatalog
+from shared.keys import Keys
+from shared.settings import LadderSettings
+
+if TYPE_CHECKING:
+    from services.api.hub import Hub
+    from services.api.relay import Relay
+
+
+@dataclass
+class ApiState:
+    settings: LadderSettings
+    keys: Keys
+    redis: Redis
+    catalog: BoardCatalog
+    engine: AsyncEngine
+    relay: Relay
+    hub: Hub
+    shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def get_state(request: Request) -> ApiState:
+    state: ApiState = request.state.ladder
+    return state
+
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+def get_principal(request: Request, state: State) -> Principal:
+    return authenticate(bearer(request.headers.get("authorization")), state.settings)
+
+
+Caller = Annotated[Principal, Depends(get_principal)]
+
+
+def get_reader(caller: Caller, state: State) -> Principal:
+    """Public reads need no credential unless ``LADDER_PUBLIC_READS=false``."""
+    if caller.kind == "anonymous" and not state.settings.public_reads:
+        raise Unauthorized("Reads need a credential here (LADDER_PUBLIC_READS=false).")
+    return caller
+
+
+Reader = Annotated[Principal, Depends(get_reader)]
+
+BoardIdPath = Annotated[str, Path(pattern=BOARD_ID_PATTERN, description="Board id")]
+
+
+async def get_board(board_id: BoardIdPath, state: State) -> Board:
+    board = await state.catalog.get(board_id)
+    if board is None:
+        raise NotFound(f"There is no board {board_id!r}.")
+    return board
+
+
+BoardDep = Annotated[Board, Depends(get_board)]

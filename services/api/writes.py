@@ -1,0 +1,203 @@
+"""The score write: validate, then one Redis Function call (API.md section 4)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt
+from redis.asyncio import Redis
+
+from services.api.errors import Conflict, Invalid, Unavailable
+from shared.boards import Board
+from shared.events import DisplayName, EventId, Region, TeamId, UserId, rfc3339
+from shared.keys import Keys
+from shared.periods import PERIODS, expire_at, window_at
+from shared.ranking import ENCODINGS, tick
+from shared.redis import SUBMIT_FUNCTION
+from shared.settings import LadderSettings
+
+
+class ScoreIn(BaseModel):
+    """A score as a game sends it."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "event_id": "c0ffee-42",
+                    "user_id": "u-42",
+                    "region": "eu",
+                    "value": 25,
+                    "team_id": "red-wombats",
+                    "display_name": "Ana",
+                    "occurred_at": "2026-11-29T17:00:00Z",
+                }
+            ]
+        },
+    )
+
+    event_id: EventId | None = Field(default=None, description="Idempotency key")
+    user_id: UserId
+    region: Region
+    value: StrictInt = Field(description="A delta (incr) or a score (best, set)")
+    team_id: TeamId | None = None
+    display_name: DisplayName | None = None
+    occurred_at: AwareDatetime | None = Field(default=None, description="Defaults to now")
+
+
+class PeriodOut(BaseModel):
+    period_id: str
+    score: int
+    rank: int = Field(description="1-based rank in the user's region for this period")
+    previous_rank: int | None
+    improved: bool
+
+
+class ScoreOut(BaseModel):
+    event_id: str
+    duplicate: bool
+    board_id: str
+    user_id: str
+    region: str
+    periods: dict[str, PeriodOut]
+
+
+def body_hash(score: ScoreIn) -> str:
+    """What makes two submissions of one ``event_id`` "the same body"."""
+    canonical = score.model_dump(mode="json", exclude={"event_id"})
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def resolve_event_id(score: ScoreIn, header: str | None) -> str:
+    if header is not None:
+        if score.event_id is not None and score.event_id != header:
+            raise Invalid("Idempotency-Key and event_id differ.", field="event_id")
+        return header
+    return score.event_id or uuid.uuid4().hex
+
+
+def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -> None:
+    if occurred_at < now - timedelta(seconds=settings.allowed_lateness):
+        raise Invalid(
+            f"occurred_at is older than the allowed lateness of "
+            f"{settings.allowed_lateness:g} seconds.",
+            field="occurred_at",
+        )
+    if occurred_at > now + timedelta(seconds=settings.future_tolerance_seconds):
+        raise Invalid("occurred_at is in the future.", field="occurred_at")
+
+
+def check_value(value: int, board: Board) -> None:
+    if not board.min_value <= value <= board.max_value:
+        raise Invalid(
+            f"value must be within [{board.min_value}, {board.max_value}] on this board.",
+            field="value",
+        )
+
+
+def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
+    accepted = orjson.loads(entry)
+    return {
+        "event_id": accepted["event_id"],
+        "duplicate": duplicate,
+        "board_id": accepted["board_id"],
+        "user_id": accepted["user_id"],
+        "region": accepted["region"],
+        "periods": {
+            name: {k: v for k, v in accepted["periods"][name].items() if k != "pushed_out"}
+            for name in PERIODS
+            if name in accepted["periods"]
+        },
+    }
+
+
+async def submit(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    board: Board,
+    score: ScoreIn,
+    event_id: str,
+) -> dict[str, Any]:
+    """Write one score atomically; the answer of API.md section 4, or a :class:`Problem`."""
+    now = datetime.now(UTC)
+    occurred_at = score.occurred_at or now
+    digest = body_hash(score)
+    try:
+        check_time(occurred_at, now, settings)
+    except Invalid:
+        # A retry of an event accepted earlier is still a duplicate, however late it comes.
+        stored = await redis.get(keys.idempotency(board.board_id, event_id))
+        if stored is None:
+            raise
+        first_hash, _, entry = stored.partition("\n")
+        if first_hash != digest:
+            raise Conflict(
+                f"event_id {event_id!r} was already accepted with a different body."
+            ) from None
+        return response_from_entry(entry, duplicate=True)
+    check_value(score.value, board)
+
+    event = {
+        "event_id": event_id,
+        "board_id": board.board_id,
+        "user_id": score.user_id,
+        "region": score.region,
+        "team_id": score.team_id,
+        "display_name": score.display_name,
+        "value": score.value,
+        "occurred_at": rfc3339(occurred_at),
+        "accepted_at": rfc3339(now),
+    }
+    call_keys = [
+        keys.idempotency(board.board_id, event_id),
+        keys.outbox(board.board_id),
+        keys.names(board.board_id),
+    ]
+    period_args: list[str | int] = []
+    for period in board.periods:
+        window = window_at(period, occurred_at, board.timezone)
+        enc = ENCODINGS[period]
+        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        call_keys.append(keys.region_view(board.board_id, period, window.period_id, score.region))
+        call_keys.append(keys.regions(board.board_id, period, window.period_id))
+        period_args += [
+            period,
+            window.period_id,
+            enc.scale,
+            tick(window, occurred_at),
+            enc.max_score,
+            expiry or 0,
+        ]
+    args: list[str | int] = [
+        digest,
+        board.operator,
+        score.value,
+        score.user_id,
+        score.region,
+        score.display_name or "",
+        orjson.dumps(event).decode()[:-1],
+        len(board.periods),
+        settings.idempotency_ttl_seconds,
+        settings.outbox_max,
+        ",".join(str(t) for t in board.notify_top),
+        "1" if board.descending else "0",
+        *period_args,
+    ]
+    status, payload = await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+    if status == "ok":
+        return response_from_entry(payload, duplicate=False)
+    if status == "duplicate":
+        return response_from_entry(payload, duplicate=True)
+    if status == "conflict":
+        raise Conflict(f"event_id {event_id!r} was already accepted with a different body.")
+    if status == "range":
+        raise Invalid(f"The score cannot be ranked exactly: {payload}.", field="value")
+    if status == "outbox_full":
+        raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
+    raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")

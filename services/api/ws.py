@@ -1,0 +1,182 @@
+"""The WebSocket at ``/v1/ws`` (API.md section 9).
+
+Each connection is a receiver (client ops) and a sender (its bounded queue) run together; the
+first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
+the hub or other clients. A bad credential is refused before any subscription is made: the
+socket is accepted only to be closed with 1008 and a reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+
+import orjson
+import structlog
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from prometheus_client import Gauge
+from starlette.websockets import WebSocketState
+
+from services.api.auth import Principal, authenticate, bearer
+from services.api.errors import Unauthorized
+from services.api.state import ApiState
+from shared.boards import BOARD_ID_PATTERN
+from shared.events import REGION_PATTERN, USER_ID_PATTERN
+from shared.periods import PERIODS
+
+log = structlog.get_logger(__name__)
+router = APIRouter(tags=["websocket"])
+
+CONNECTIONS = Gauge("ladder_ws_connections", "Open WebSocket connections")
+
+MAX_SUBSCRIPTIONS = 64
+MAX_FRAME = 4096
+CLOSE_POLICY, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1008, 1001, 1013
+
+_BOARD = BOARD_ID_PATTERN.strip("^$")
+_LEADERBOARD_TOPIC = re.compile(
+    rf"^leaderboard:(?P<board>{_BOARD}):(?P<scope>global|region:{REGION_PATTERN.strip('^$')})"
+    rf":(?P<period>{'|'.join(PERIODS)})$"
+)
+_USER_TOPIC = re.compile(rf"^user:(?P<user>{USER_ID_PATTERN.strip('^$')})$")
+
+
+class TopicError(Exception):
+    pass
+
+
+class Client:
+    """One socket's subscriptions and bounded send queue."""
+
+    def __init__(self, websocket: WebSocket, principal: Principal, state: ApiState) -> None:
+        self.websocket = websocket
+        self.principal = principal
+        self.state = state
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=state.settings.ws_send_queue)
+        self.too_slow = asyncio.Event()
+        self.topics: dict[str, str] = {}
+
+    def deliver(self, text: str) -> None:
+        if self.too_slow.is_set():
+            return
+        try:
+            self.queue.put_nowait(text)
+        except asyncio.QueueFull:
+            self.too_slow.set()
+
+    def send(self, message: dict[str, object]) -> None:
+        self.deliver(orjson.dumps(message).decode())
+
+    def channel_of(self, topic: str) -> str:
+        keys = self.state.keys
+        if m := _LEADERBOARD_TOPIC.match(topic):
+            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
+                raise TopicError("leaderboard topics need a credential here")
+            return keys.board_channel(m["board"], m["scope"], m["period"])
+        if m := _USER_TOPIC.match(topic):
+            if not self.principal.may_act_for(m["user"]):
+                raise TopicError("only that player or a server key may subscribe to it")
+            return keys.user_channel(m["user"])
+        raise TopicError("unknown topic; use leaderboard:{board}:{scope}:{period} or user:{id}")
+
+    async def subscribe(self, topic: str) -> None:
+        if topic in self.topics:
+            return
+        if len(self.topics) >= MAX_SUBSCRIPTIONS:
+            raise TopicError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
+        channel = self.channel_of(topic)
+        self.topics[topic] = channel
+        await self.state.hub.subscribe(channel, self)
+
+    def unsubscribe(self, topic: str) -> None:
+        channel = self.topics.pop(topic, None)
+        if channel is not None:
+            self.state.hub.unsubscribe(channel, self)
+
+    async def handle(self, raw: str) -> None:
+        try:
+            op = orjson.loads(raw)
+            if not isinstance(op, dict):
+                raise ValueError
+        except ValueError:
+            self.send({"type": "error", "detail": "each message must be a JSON object"})
+            return
+        kind, topic = op.get("op"), op.get("topic")
+        try:
+            if kind == "ping":
+                self.send({"type": "pong"})
+            elif kind in ("subscribe", "unsubscribe") and isinstance(topic, str):
+                if kind == "subscribe":
+                    await self.subscribe(topic)
+                else:
+                    self.unsubscribe(topic)
+            else:
+                raise TopicError("op must be subscribe, unsubscribe (with a topic) or ping")
+        except TopicError as exc:
+            self.send({"type": "error", "op": kind, "topic": topic, "detail": str(exc)})
+        except TimeoutError:
+            self.send({"type": "error", "op": kind, "topic": topic, "detail": "try again"})
+
+    async def receive_loop(self) -> None:
+        while True:
+            raw = await self.websocket.receive_text()
+            if len(raw) > MAX_FRAME:
+                self.send({"type": "error", "detail": f"frames are limited to {MAX_FRAME} bytes"})
+                continue
+            await self.handle(raw)
+
+    async def send_loop(self) -> None:
+        while True:
+            text = await self.queue.get()
+            await self.websocket.send_text(text)
+
+
+def credential_of(websocket: WebSocket) -> str | None:
+    token = websocket.query_params.get("token")
+    return token if token else bearer(websocket.headers.get("authorization"))
+
+
+@router.websocket("/v1/ws")
+async def websocket_endpoint(websocket: WebSocket) -> None:
+    state: ApiState = websocket.state.ladder
+    try:
+        principal = authenticate(credential_of(websocket), state.settings)
+    except Unauthorized as exc:
+        await websocket.accept()
+        await websocket.close(CLOSE_POLICY, reason=exc.detail[:120])
+        return
+    await websocket.accept()
+    client = Client(websocket, principal, state)
+    CONNECTIONS.inc()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        if principal.kind == "player" and principal.user_id is not None:
+            await client.subscribe(f"user:{principal.user_id}")
+        tasks = [
+            asyncio.create_task(client.receive_loop()),
+            asyncio.create_task(client.send_loop()),
+            asyncio.create_task(client.too_slow.wait()),
+            asyncio.create_task(state.shutting_down.wait()),
+        ]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if tasks[2] in done:
+            await _close(websocket, CLOSE_TRY_AGAIN, "too slow to keep up")
+        elif tasks[3] in done:
+            await _close(websocket, CLOSE_GOING_AWAY, "server shutting down")
+    except (WebSocketDisconnect, TimeoutError):
+        pass
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        state.hub.forget(client)
+        CONNECTIONS.dec()
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    if websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await websocket.close(code, reason=reason)

@@ -1,0 +1,5 @@
+"""``python -m services.history``: see :mod:`services.history.main`."""
+
+from services.history.main import main
+
+main()

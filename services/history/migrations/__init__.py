@@ -1,0 +1,1 @@
+"""Alembic migrations of the history database (a package so that installs ship them)."""

@@ -1,0 +1,1 @@
+"""One module per schema revision, in order; never edit one that has been released."""

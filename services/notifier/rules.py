@@ -1,0 +1,47 @@
+"""The bracket rules of API.md section 9, as pure functions of one period's write result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.events import PeriodResult
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    user_id: str
+    reason: str  # "entered_top" | "overtaken"
+    top: int
+    rank: int
+    previous_rank: int | None
+
+
+def entered(result: PeriodResult, brackets: tuple[int, ...]) -> int | None:
+    """The smallest bracket this update moved the user into, if any.
+
+    A first score (no previous rank) comes from outside every bracket.
+    """
+    crossed = [
+        t
+        for t in brackets
+        if result.rank <= t and (result.previous_rank is None or result.previous_rank > t)
+    ]
+    return min(crossed) if crossed else None
+
+
+def crossings(user_id: str, result: PeriodResult, brackets: tuple[int, ...]) -> list[Crossing]:
+    """Every message one update causes in one scope and period.
+
+    ``pushed_out`` was read in the same atomic step as the write: for each bracket T entered,
+    the user now at rank T + 1, who held rank T before. Different brackets push out different
+    users, so each displaced user gets one message naming the bracket it left.
+    """
+    out: list[Crossing] = []
+    top = entered(result, brackets)
+    if top is not None:
+        out.append(Crossing(user_id, "entered_top", top, result.rank, result.previous_rank))
+    for bracket, displaced in sorted(result.pushed_out.items(), key=lambda kv: int(kv[0])):
+        t = int(bracket)
+        if t in brackets and displaced != user_id:
+            out.append(Crossing(displaced, "overtaken", t, t + 1, t))
+    return out

@@ -1,0 +1,152 @@
+"""The consumer skeleton every service shares: decode, validate, hand a batch over, ack.
+
+A handler is ``async def handle(events: list[ScoreAccepted]) -> None``; it never sees an AMQP
+object. The runner collects deliveries into a batch (up to ``batch_size`` events, or whatever
+arrived within ``flush_ms`` of the first), calls the handler once, and only when it returns acks
+the whole batch with one ``multiple`` ack. A message that is not a valid :class:`ScoreMessage`
+(bad JSON, unknown schema version) is poison: rejected without requeue, so the queue
+dead-letters it, and the stream keeps flowing. A handler that raises is retried with backoff,
+holding the batch unacked, so an outage pauses the consumer instead of burning delivery counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aio_pika
+import structlog
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+from shared.events import ScoreAccepted, ScoreMessage
+from shared.topology import Consumer, Topology
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
+
+MESSAGES = Counter("ladder_consumer_messages_total", "Messages taken", ["consumer", "outcome"])
+EVENTS = Counter("ladder_consumer_events_total", "Events handed to the handler", ["consumer"])
+BATCH_SECONDS = Histogram("ladder_consumer_batch_seconds", "Handler time a batch", ["consumer"])
+RETRIES = Counter("ladder_consumer_handler_failures_total", "Handler failures", ["consumer"])
+CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"])
+
+
+@dataclass
+class ConsumerRunner:
+    name: Consumer
+    amqp_url: str
+    topology: Topology
+    handler: Handler
+    prefetch: int = 256
+    batch_size: int = 500
+    flush_ms: int = 50
+    connection: AbstractRobustConnection | None = None
+    _inbox: asyncio.Queue[AbstractIncomingMessage] = field(default_factory=asyncio.Queue)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ready(self) -> bool:
+        return self.connection is not None and not self.connection.is_closed
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`; then finish and ack the batch in hand, and return."""
+        self.connection = await aio_pika.connect_robust(self.amqp_url)
+        try:
+            channel = await self.connection.channel()
+            await channel.set_qos(prefetch_count=self.prefetch)
+            queues = await self.topology.declare(channel)
+            tag = await queues[self.name].consume(self._inbox.put)
+            CONNECTED.labels(self.name).set(1)
+            log.info("consuming", queue=self.topology.queue(self.name), prefetch=self.prefetch)
+            try:
+                await self._loop()
+            finally:
+                CONNECTED.labels(self.name).set(0)
+                with contextlib.suppress(Exception):
+                    await queues[self.name].cancel(tag)
+        finally:
+            await self.connection.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _next(self, timeout: float | None) -> AbstractIncomingMessage | None:
+        getter = asyncio.ensure_future(self._inbox.get())
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {getter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopper.cancel()
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await getter
+        if getter.done() and not getter.cancelled():
+            # It completed while being cancelled: keep the message.
+            return getter.result()
+        return None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            first = await self._next(None)
+            if first is None:
+                return
+            batch = [first]
+            deadline = loop.time() + self.flush_ms / 1000
+            count = 0
+            while True:
+                while not self._inbox.empty() and count < self.batch_size:
+                    batch.append(self._inbox.get_nowait())
+                    count += 1
+                remaining = deadline - loop.time()
+                if count >= self.batch_size or remaining <= 0:
+                    break
+                more = await self._next(remaining)
+                if more is None:
+                    break
+                batch.append(more)
+                count += 1
+            await self._process(batch)
+
+    async def _process(self, batch: list[AbstractIncomingMessage]) -> None:
+        events: list[ScoreAccepted] = []
+        good: list[AbstractIncomingMessage] = []
+        for message in batch:
+            try:
+                decoded = ScoreMessage.model_validate_json(message.body)
+            except ValidationError as exc:
+                log.warning(
+                    "poison message dead-lettered",
+                    message_id=message.message_id,
+                    error=str(exc.errors(include_url=False)[:3]),
+                )
+                MESSAGES.labels(self.name, "poison").inc()
+                await message.reject(requeue=False)
+                continue
+            events.extend(decoded.events)
+            good.append(message)
+        if not good:
+            return
+        backoff = 0.2
+        while True:
+            try:
+                with BATCH_SECONDS.labels(self.name).time():
+                    await self.handler(events)
+                break
+            except Exception:
+                RETRIES.labels(self.name).inc()
+                log.exception("handler failed; batch held and retried", events=len(events))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        await good[-1].ack(multiple=True)
+        MESSAGES.labels(self.name, "ok").inc(len(good))
+        EVENTS.labels(self.name).inc(len(events))

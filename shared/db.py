@@ -1,0 +1,206 @@
+"""The history database: the ``score_events`` table, the engine factory and the event reads.
+
+MySQL (or MariaDB) is Ladder's source of truth. Times are stored as naive UTC ``DATETIME(6)``
+(a ``TIMESTAMP`` would follow the session time zone and end in 2038) and come back out as aware
+UTC. The schema itself is made by the alembic migrations of ``services/history``; the table
+here must match them and is what ``alembic revision --autogenerate`` compares against.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, TypedDict
+
+import orjson
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    and_,
+    func,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.mysql import DATETIME
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from shared.events import rfc3339
+
+# Identifiers are case-sensitive by the API's patterns ("Ab" and "ab" are two event ids), so
+# they compare in binary: the server's default *_ci collation would make the unique key below
+# swallow a distinct event as a duplicate.
+ID_COLLATION = "utf8mb4_bin"
+EVENTS_PAGE_MAX = 1000
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    }
+)
+
+score_events = Table(
+    "score_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("event_id", String(64, collation=ID_COLLATION), nullable=False),
+    Column("board_id", String(32, collation=ID_COLLATION), nullable=False),
+    Column("user_id", String(64, collation=ID_COLLATION), nullable=False),
+    Column("region", String(32, collation=ID_COLLATION), nullable=False),
+    Column("team_id", String(32, collation=ID_COLLATION), nullable=True),
+    Column("display_name", String(64), nullable=True),
+    Column("value", BigInteger, nullable=False),
+    Column("occurred_at", DATETIME(fsp=6), nullable=False),
+    Column("accepted_at", DATETIME(fsp=6), nullable=False),
+    # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
+    UniqueConstraint("board_id", "event_id"),
+    # A user's events newest first, and the keyset cursor, are one range scan of this index.
+    Index(None, "board_id", "user_id", "accepted_at", "id"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+
+class BadCursor(ValueError):
+    """A pagination cursor that this module did not make (the API answers 422)."""
+
+
+class EventRecord(TypedDict):
+    """One stored event as the API shows it (API.md section 7)."""
+
+    event_id: str
+    user_id: str
+    region: str
+    team_id: str | None
+    value: int
+    occurred_at: str
+    accepted_at: str
+
+
+def engine(
+    url: str, *, changed_rows: bool = False, pool_size: int = 5, pool_recycle: int = 1800
+) -> AsyncEngine:
+    """An async engine of ``url`` (``mysql+asyncmy://...``); nothing connects until first use.
+
+    ``pool_pre_ping`` and ``pool_recycle`` (below the server's ``wait_timeout``) keep a pool that
+    outlives a database restart or an idle night from handing out dead connections.
+
+    ``changed_rows`` makes ``rowcount`` count the rows a statement changed, MySQL's own default,
+    instead of the rows it matched, which SQLAlchemy forces for the ORM. Only with it does
+    ``INSERT ... ON DUPLICATE KEY UPDATE id = id`` report 0 for a duplicate, which is how the
+    history writer tells new events from redeliveries. Ladder uses Core only, so nothing else
+    depends on the matched-rows count.
+    """
+    connect_args: dict[str, Any] = {}
+    if changed_rows:
+        # Replaces SQLAlchemy's CLIENT.FOUND_ROWS; the driver adds the flags it needs itself.
+        connect_args["client_flag"] = 0
+    return create_async_engine(
+        url,
+        pool_pre_ping=True,
+        pool_recycle=pool_recycle,
+        pool_size=pool_size,
+        connect_args=connect_args,
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_engine(url: str, *, changed_rows: bool = False) -> AsyncIterator[AsyncEngine]:
+    """:func:`engine` for the length of a block, its pool disposed of on the way out."""
+    db = engine(url, changed_rows=changed_rows)
+    try:
+        yield db
+    finally:
+        await db.dispose()
+
+
+def to_db_time(moment: datetime) -> datetime:
+    """An aware time as the naive UTC that ``DATETIME`` columns hold."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def from_db_time(stored: datetime) -> datetime:
+    return stored.replace(tzinfo=UTC)
+
+
+def _encode_cursor(accepted_at: datetime, row_id: int) -> str:
+    raw = orjson.dumps([accepted_at.isoformat(timespec="microseconds"), row_id])
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        stored_at, row_id = orjson.loads(raw)
+        # A naive ISO time is what _encode_cursor writes; anything else was not made here.
+        accepted_at = datetime.fromisoformat(stored_at)
+    except (binascii.Error, orjson.JSONDecodeError, TypeError, ValueError) as exc:
+        raise BadCursor("cursor is not one that this API returned") from exc
+    if accepted_at.tzinfo is not None or type(row_id) is not int or row_id < 1:
+        raise BadCursor("cursor is not one that this API returned")
+    return accepted_at, row_id
+
+
+async def user_events(
+    engine: AsyncEngine, board_id: str, user_id: str, limit: int, cursor: str | None
+) -> tuple[list[EventRecord], str | None]:
+    """A page of the user's stored events on a board, newest first, and the next page's cursor.
+
+    Order is ``accepted_at`` then ``id``, both descending; the cursor is the last row's pair, so
+    a page never repeats or skips an event however many arrive while a client pages through.
+    Raises :class:`BadCursor` for a cursor that this function did not return.
+    """
+    if not 1 <= limit <= EVENTS_PAGE_MAX:
+        raise ValueError(f"limit must be within 1..{EVENTS_PAGE_MAX}")
+    t = score_events.c
+    query = (
+        select(
+            t.id, t.event_id, t.user_id, t.region, t.team_id, t.value, t.occurred_at, t.accepted_at
+        )
+        .where(t.board_id == board_id, t.user_id == user_id)
+        .order_by(t.accepted_at.desc(), t.id.desc())
+        .limit(limit + 1)  # one more than asked says whether a next page exists
+    )
+    if cursor is not None:
+        after_at, after_id = _decode_cursor(cursor)
+        # Spelled out rather than as a row comparison, which MariaDB does not turn into a range.
+        query = query.where(
+            or_(t.accepted_at < after_at, and_(t.accepted_at == after_at, t.id < after_id))
+        )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    page = rows[:limit]
+    events: list[EventRecord] = [
+        {
+            "event_id": row.event_id,
+            "user_id": row.user_id,
+            "region": row.region,
+            "team_id": row.team_id,
+            "value": row.value,
+            "occurred_at": rfc3339(from_db_time(row.occurred_at)),
+            "accepted_at": rfc3339(from_db_time(row.accepted_at)),
+        }
+        for row in page
+    ]
+    next_cursor = None
+    if len(rows) > limit:
+        last = page[-1]
+        next_cursor = _encode_cursor(last.accepted_at, last.id)
+    return events, next_cursor
+
+
+async def count_events(engine: AsyncEngine, board_id: str, event_id: str | None = None) -> int:
+    """How many events a board holds (or holds under one ``event_id``: 0 or 1)."""
+    query = select(func.count()).select_from(score_events).where(score_events.c.board_id == board_id)
+    if event_id is not None:
+        query = query.where(score_events.c.event_id == event_id)
+    async with engine.connect() as conn:
+        return int((await conn.execute(query)).scalar_one())

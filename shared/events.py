@@ -1,0 +1,76 @@
+"""The score event as it travels from the API to the consumers (schema version 1).
+
+A broker message body is a :class:`ScoreMessage`: ``{"schema": 1, "events": [...]}``, one event or
+several in the order they were accepted. Each event is a :class:`ScoreAccepted`: what the client
+sent, when Ladder accepted it, and what the atomic write saw in each period of the user's region.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+from shared.boards import BoardId
+from shared.periods import Period
+
+SCHEMA_VERSION = 1
+
+USER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+EVENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+
+UserId = Annotated[str, Field(pattern=USER_ID_PATTERN)]
+EventId = Annotated[str, Field(pattern=EVENT_ID_PATTERN)]
+Region = Annotated[str, Field(pattern=REGION_PATTERN)]
+TeamId = Annotated[str, Field(pattern=REGION_PATTERN)]
+DisplayName = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")
+]
+
+
+class PeriodResult(BaseModel):
+    """The user's standing in its region for one period, read in the same atomic step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    period_id: str
+    score: int
+    rank: int
+    previous_rank: int | None
+    improved: bool
+    # bracket T (as a string, JSON keys are) -> the user this write pushed out of the top T
+    pushed_out: dict[str, str] = Field(default_factory=dict)
+
+
+class ScoreAccepted(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: EventId
+    board_id: BoardId
+    user_id: UserId
+    region: Region
+    team_id: TeamId | None = None
+    display_name: DisplayName | None = None
+    value: int
+    occurred_at: AwareDatetime
+    accepted_at: AwareDatetime
+    periods: dict[Period, PeriodResult]
+
+
+class ScoreMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = Field(alias="schema")
+    events: list[ScoreAccepted] = Field(min_length=1)
+
+
+def message_body(entries: list[str]) -> bytes:
+    """A message body from outbox entries, each already a :class:`ScoreAccepted` JSON object."""
+    return ('{"schema":%d,"events":[%s]}' % (SCHEMA_VERSION, ",".join(entries))).encode()
+
+
+def rfc3339(moment: datetime) -> str:
+    """``2026-11-29T17:00:00.123Z``: milliseconds, UTC."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

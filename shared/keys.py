@@ -1,0 +1,111 @@
+"""The whole Redis key layout of Ladder, in one place.
+
+No other module builds a Redis key or a Pub/Sub channel name.
+
+Every key of a board carries the hash tag ``{<prefix>:<board_id>}``, so that every multi-key
+operation Ladder makes (the atomic write, the global merge, a relay read) touches one hash slot
+and runs unchanged on Redis Cluster. The price is that one board lives on one shard.
+
+=================================================  ==========  ===============================
+key                                                type        holds
+=================================================  ==========  ===============================
+``{P:B}:lb:<period>:<period_id>:region:<region>``  zset        a region's board for one period
+``{P:B}:lb:<period>:<period_id>:global``           zset        the merged global board
+``{P:B}:regions:<period>:<period_id>``             set         regions that have scores then
+``{P:B}:names``                                    hash        user_id -> display_name
+``{P:B}:idem:<event_id>``                          string      the first answer to an event_id
+``{P:B}:outbox``                                   stream      accepted events not yet relayed
+``{P:B}:dirty``                                    set         "<period>|<period_id>|<region>|
+                                                               <user_id>" touched, to merge
+``{P:B}:dirty:merging``                            set         the batch a merge is working on
+``{P:B}:asof``                                     hash        "<period>:<period_id>" -> time of
+                                                               the last merge (RFC 3339)
+``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
+``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it
+``P:boards``                                       hash        board_id -> definition (JSON)
+=================================================  ==========  ===============================
+
+Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>``.
+
+Scores in the board sorted sets are encoded (see :mod:`shared.ranking`); ``P`` is
+``LADDER_KEY_PREFIX`` and ``B`` the board id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OUTBOX_GROUP = "relay"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builders for one key prefix (``LADDER_KEY_PREFIX``)."""
+
+    prefix: str
+
+    # -- whole-installation keys -------------------------------------------------------------
+    @property
+    def boards(self) -> str:
+        return f"{self.prefix}:boards"
+
+    def user_channel(self, user_id: str) -> str:
+        return f"{self.prefix}:push:user:{user_id}"
+
+    def board_channel(self, board_id: str, scope: str, period: str) -> str:
+        return f"{self.prefix}:push:lb:{board_id}:{scope}:{period}"
+
+    @property
+    def channel_pattern(self) -> str:
+        return f"{self.prefix}:push:*"
+
+    # -- per-board keys (one hash tag) ---------------------------------------------------------
+    def tag(self, board_id: str) -> str:
+        return "{" + f"{self.prefix}:{board_id}" + "}"
+
+    def board_view(self, board_id: str, period: str, period_id: str, scope: str) -> str:
+        """A sorted set: ``scope`` is ``global`` or ``region:<region>``."""
+        return f"{self.tag(board_id)}:lb:{period}:{period_id}:{scope}"
+
+    def region_view(self, board_id: str, period: str, period_id: str, region: str) -> str:
+        return self.board_view(board_id, period, period_id, f"region:{region}")
+
+    def global_view(self, board_id: str, period: str, period_id: str) -> str:
+        return self.board_view(board_id, period, period_id, "global")
+
+    def regions(self, board_id: str, period: str, period_id: str) -> str:
+        return f"{self.tag(board_id)}:regions:{period}:{period_id}"
+
+    def names(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:names"
+
+    def idempotency(self, board_id: str, event_id: str) -> str:
+        return f"{self.tag(board_id)}:idem:{event_id}"
+
+    def outbox(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:outbox"
+
+    def dirty(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:dirty"
+
+    def dirty_merging(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:dirty:merging"
+
+    def as_of(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:asof"
+
+    def last_top(self, board_id: str, period: str, period_id: str, scope: str) -> str:
+        return f"{self.tag(board_id)}:top:{period}:{period_id}:{scope}"
+
+    def seen(self, board_id: str, consumer: str, event_id: str) -> str:
+        return f"{self.tag(board_id)}:seen:{consumer}:{event_id}"
+
+
+def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:
+    """A member of the dirty set. ``|`` cannot occur in any identifier."""
+    return f"{period}|{period_id}|{region}|{user_id}"
+
+
+def parse_dirty_member(member: str) -> tuple[str, str, str, str]:
+    period, period_id, region, user_id = member.split("|", 3)
+    return period, period_id, region, user_id

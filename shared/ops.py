@@ -1,0 +1,94 @@
+"""``/healthz``, ``/readyz`` and ``/metrics`` for the consumer services.
+
+Each consumer serves these on its own port (aggregator 9101, history 9102, notifier 9103) with a
+small Starlette app run by uvicorn inside the service's own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+Check = Callable[[], Awaitable[bool]]
+
+
+async def run_checks(checks: Mapping[str, Check], timeout: float = 1.0) -> dict[str, str]:
+    """``{dependency: "up" | "down"}``; a check that raises or times out is down."""
+
+    async def one(check: Check) -> str:
+        try:
+            return "up" if await asyncio.wait_for(check(), timeout) else "down"
+        except Exception:
+            return "down"
+
+    names = list(checks)
+    states = await asyncio.gather(*(one(checks[n]) for n in names))
+    return dict(zip(names, states, strict=True))
+
+
+def readiness_response(states: dict[str, str], required: set[str]) -> JSONResponse:
+    ready = all(states[name] == "up" for name in required)
+    body = {"status": "ready" if ready else "not ready", "dependencies": states}
+    headers = {} if ready else {"Retry-After": "1"}
+    return JSONResponse(body, status_code=200 if ready else 503, headers=headers)
+
+
+def metrics_response() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def ops_app(checks: Mapping[str, Check], required: set[str]) -> Starlette:
+    async def healthz(_: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(_: Request) -> JSONResponse:
+        return readiness_response(await run_checks(checks), required)
+
+    async def metrics(_: Request) -> Response:
+        return metrics_response()
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+        ]
+    )
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGTERM and SIGINT to the service that runs it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve_ops(
+    host: str, port: int, checks: Mapping[str, Check], required: set[str]
+) -> AsyncIterator[None]:
+    """Serve the ops endpoints in the background for the duration of the block."""
+    config = uvicorn.Config(
+        ops_app(checks, required), host=host, port=port, log_config=None, access_log=False,
+        lifespan="off",
+    )
+    server = _QuietServer(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        yield
+    finally:
+        server.should_exit = True
+        await task

@@ -1,0 +1,140 @@
+"""Typed settings for every Ladder service.
+
+Every ``LADDER_*`` variable is read here, once, at a service's entry point, and the resulting
+object is passed down. Nothing else in Ladder reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEV_SERVER_KEY = "dev-server-key"
+DEV_ADMIN_KEY = "dev-admin-key"
+DEV_JWT_SECRET = "dev-jwt-secret"
+
+
+class SettingsError(ValueError):
+    """Settings that a service must not start with."""
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+CsvList = Annotated[list[str], NoDecode]
+
+
+class LadderSettings(BaseSettings):
+    """Settings shared by the four services; each reads only what it needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LADDER_", env_file=".env", extra="ignore", frozen=True
+    )
+
+    env: Literal["dev", "prod"] = "dev"
+    log_level: str = "INFO"
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    mysql_url: str = "mysql+asyncmy://root@127.0.0.1:3306/ladder"
+
+    # Namespaces. Tests give each run its own so that a running `make up` is never disturbed.
+    key_prefix: str = Field(default="ladder", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")
+    broker_prefix: str = Field(default="ladder", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    aggregator_port: int = 9101
+    history_port: int = 9102
+    notifier_port: int = 9103
+    ops_host: str = "127.0.0.1"
+
+    server_keys: CsvList = Field(default_factory=list)
+    admin_keys: CsvList = Field(default_factory=list)
+    jwt_secret: str = ""
+    jwt_leeway_seconds: float = 5.0
+    public_reads: bool = True
+
+    allowed_lateness: float = Field(default=600.0, ge=0, description="seconds")
+    future_tolerance_seconds: float = 5.0
+    merge_interval: float = Field(default=2.0, gt=0)
+    snapshot_interval: float = Field(default=60.0, gt=0)
+    snapshot_size: int = Field(default=100, ge=1, le=1000)
+    feed_length: int = Field(default=1000, ge=1)
+    outbox_max: int = Field(default=100_000, ge=1)
+    idempotency_ttl_seconds: int = Field(default=86_400, ge=60)
+
+    relay_batch: int = Field(default=200, ge=1, le=5000)
+    relay_claim_idle_ms: int = Field(default=15_000, ge=100)
+    consumer_prefetch: int = Field(default=256, ge=1, le=5000)
+    history_batch: int = Field(default=500, ge=1, le=5000)
+    history_flush_ms: int = Field(default=50, ge=1)
+    delivery_limit: int = Field(default=20, ge=1)
+
+    ws_send_queue: int = Field(default=256, ge=1)
+    shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _csv(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for name in ("server_keys", "admin_keys", "LADDER_SERVER_KEYS", "LADDER_ADMIN_KEYS"):
+                if name in data:
+                    data[name] = _split_csv(data[name])
+        return data
+
+    @model_validator(mode="after")
+    def _refuse_dev_secrets_in_prod(self) -> LadderSettings:
+        if self.env != "prod":
+            return self
+        problems = []
+        if not self.server_keys:
+            problems.append("LADDER_SERVER_KEYS is not set")
+        if not self.admin_keys:
+            problems.append("LADDER_ADMIN_KEYS is not set")
+        if not self.jwt_secret:
+            problems.append("LADDER_JWT_SECRET is not set")
+        if DEV_SERVER_KEY in self.server_keys or DEV_ADMIN_KEY in self.server_keys:
+            problems.append("LADDER_SERVER_KEYS holds a development key")
+        if DEV_ADMIN_KEY in self.admin_keys or DEV_SERVER_KEY in self.admin_keys:
+            problems.append("LADDER_ADMIN_KEYS holds a development key")
+        if self.jwt_secret == DEV_JWT_SECRET:
+            problems.append("LADDER_JWT_SECRET is the development secret")
+        if problems:
+            raise SettingsError("LADDER_ENV=prod refuses to start: " + "; ".join(problems))
+        return self
+
+    @cached_property
+    def effective_server_keys(self) -> frozenset[str]:
+        """Server keys in force: the configured ones, or the dev default in dev."""
+        if self.server_keys or self.env == "prod":
+            return frozenset(self.server_keys)
+        return frozenset({DEV_SERVER_KEY})
+
+    @cached_property
+    def effective_admin_keys(self) -> frozenset[str]:
+        if self.admin_keys or self.env == "prod":
+            return frozenset(self.admin_keys)
+        return frozenset({DEV_ADMIN_KEY})
+
+    @cached_property
+    def effective_jwt_secret(self) -> str:
+        return self.jwt_secret or DEV_JWT_SECRET
+
+    @property
+    def uses_dev_defaults(self) -> list[str]:
+        """Names of the credentials that fell back to development defaults."""
+        used = []
+        if not self.server_keys:
+            used.append("server key")
+        if not self.admin_keys:
+            used.append("admin key")
+        if not self.jwt_secret:
+            used.append("JWT secret")
+        return used if self.env == "dev" else []

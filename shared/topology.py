@@ -1,0 +1,71 @@
+"""The broker topology as data, and the one idempotent ``declare()`` that makes it real.
+
+One durable fanout exchange, ``<prefix>.scores``, feeds a durable quorum queue per consumer
+(``<prefix>.scores.aggregator``, ``.history``, ``.notifier``). Each queue has a delivery limit;
+a message that reaches it, or that a consumer rejects as poison, is dead-lettered at least once
+to that queue's own ``<queue>.dead``. ``<prefix>`` is ``LADDER_BROKER_PREFIX`` (``ladder``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+
+Consumer = Literal["aggregator", "history", "notifier"]
+CONSUMERS: tuple[Consumer, ...] = ("aggregator", "history", "notifier")
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    prefix: str = "ladder"
+    delivery_limit: int = 20
+
+    @property
+    def scores_exchange(self) -> str:
+        return f"{self.prefix}.scores"
+
+    def queue(self, consumer: Consumer) -> str:
+        return f"{self.prefix}.scores.{consumer}"
+
+    def dead_queue(self, consumer: Consumer) -> str:
+        return f"{self.queue(consumer)}.dead"
+
+    def queue_arguments(self, consumer: Consumer) -> dict[str, object]:
+        return {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.dead_queue(consumer),
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+
+    async def declare_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+        return await channel.declare_exchange(
+            self.scores_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+
+    async def declare(self, channel: AbstractChannel) -> dict[Consumer, AbstractQueue]:
+        """Declare the exchange, every queue and its dead-letter queue; safe to repeat."""
+        exchange = await self.declare_exchange(channel)
+        queues: dict[Consumer, AbstractQueue] = {}
+        for consumer in CONSUMERS:
+            await channel.declare_queue(
+                self.dead_queue(consumer), durable=True, arguments={"x-queue-type": "quorum"}
+            )
+            queue = await channel.declare_queue(
+                self.queue(consumer), durable=True, arguments=self.queue_arguments(consumer)
+            )
+            await queue.bind(exchange)
+            queues[consumer] = queue
+        return queues
+
+    async def delete(self, channel: AbstractChannel) -> None:
+        """Remove everything :meth:`declare` made (tests and ``make clean``)."""
+        for consumer in CONSUMERS:
+            await channel.queue_delete(self.queue(consumer))
+            await channel.queue_delete(self.dead_queue(consumer))
+        await channel.exchange_delete(self.scores_exchange)

@@ -1,0 +1,89 @@
+"""Fixtures: real Redis, RabbitMQ and MySQL on loopback, isolated per test.
+
+Each test gets its own key prefix, broker prefix (exchange and queue names) and MySQL database,
+so that a running `make up` and other tests are never disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import aio_pika
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from shared.keys import Keys
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+from shared.topology import Topology
+
+REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root@127.0.0.1:3306")
+
+
+@pytest.fixture
+def test_id() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def settings(test_id: str) -> LadderSettings:
+    """Settings of an isolated Ladder: its own prefixes and database, dev credentials."""
+    return LadderSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        env="dev",
+        redis_url=REDIS_URL,
+        amqp_url=AMQP_URL,
+        mysql_url=f"{MYSQL_SERVER_URL}/ladder_{test_id}",
+        key_prefix=f"lt-{test_id}",
+        broker_prefix=f"lt-{test_id}",
+        merge_interval=0.2,
+    )
+
+
+@pytest.fixture
+def keys(settings: LadderSettings) -> Keys:
+    return Keys(settings.key_prefix)
+
+
+@pytest.fixture
+async def redis(settings: LadderSettings) -> AsyncIterator[Redis]:
+    """A client; every key of the test's prefix is removed afterwards."""
+    async with open_redis(settings.redis_url, load_functions=True) as client:
+        yield client
+        prefix = settings.key_prefix
+        for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
+            batch = [k async for k in client.scan_iter(match=pattern, count=1000)]
+            if batch:
+                await client.delete(*batch)
+
+
+@pytest.fixture
+async def broker(settings: LadderSettings) -> AsyncIterator[Topology]:
+    """The test's own exchange and queues, deleted afterwards."""
+    topology = Topology(prefix=settings.broker_prefix, delivery_limit=settings.delivery_limit)
+    yield topology
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await topology.delete(channel)
+
+
+@pytest.fixture
+async def mysql_database(settings: LadderSettings, test_id: str) -> AsyncIterator[str]:
+    """The test's own MySQL database, migrated to head, dropped afterwards."""
+    from services.history.migrate import migrate
+
+    await migrate(settings.mysql_url)
+    yield f"ladder_{test_id}"
+    engine = create_async_engine(MYSQL_SERVER_URL)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(f"DROP DATABASE IF EXISTS `ladder_{test_id}`"))
+    finally:
+        await engine.dispose()
