@@ -1,8 +1,8 @@
 """The consumer skeleton every service shares: decode, validate, hand a batch over, ack.
 
 A handler is ``async def handle(events: list[ScoreAccepted]) -> None``; it never sees an AMQP
-object. The runner collects deliveries into a batch (up to ``batch_size`` events, or whatever
-arrived within ``flush_ms`` of the first), calls the handler once, and only when it returns acks
+object. The runner collects deliveries into a batch (up to ``batch_size`` messages, each
+carrying one event or several, or whatever arrived within ``flush_ms`` of the first), calls the handler once, and only when it returns acks
 the whole batch with one ``multiple`` ack. A message that is not a valid :class:`ScoreMessage`
 (bad JSON, unknown schema version) is poison: rejected without requeue, so the queue
 dead-letters it, and the stream keeps flowing. A handler that raises is retried with backoff,
@@ -75,12 +75,12 @@ class ConsumerRunner:
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _next(self, timeout: float | None) -> AbstractIncomingMessage | None:
+    async def _next(self, wait: float | None) -> AbstractIncomingMessage | None:
         getter = asyncio.ensure_future(self._inbox.get())
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
             done, _ = await asyncio.wait(
-                {getter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                {getter, stopper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             stopper.cancel()
@@ -102,7 +102,7 @@ class ConsumerRunner:
                 return
             batch = [first]
             deadline = loop.time() + self.flush_ms / 1000
-            count = 0
+            count = 1
             while True:
                 while not self._inbox.empty() and count < self.batch_size:
                     batch.append(self._inbox.get_nowait())

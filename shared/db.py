@@ -199,7 +199,9 @@ async def user_events(
 
 async def count_events(engine: AsyncEngine, board_id: str, event_id: str | None = None) -> int:
     """How many events a board holds (or holds under one ``event_id``: 0 or 1)."""
-    query = select(func.count()).select_from(score_events).where(score_events.c.board_id == board_id)
+    query = (
+        select(func.count()).select_from(score_events).where(score_events.c.board_id == board_id)
+    )
     if event_id is not None:
         query = query.where(score_events.c.event_id == event_id)
     async with engine.connect() as conn:

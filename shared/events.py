@@ -53,7 +53,7 @@ class ScoreAccepted(BaseModel):
     region: Region
     team_id: TeamId | None = None
     display_name: DisplayName | None = None
-    value: int
+    value: int = Field(ge=-(2**53), le=2**53)
     occurred_at: AwareDatetime
     accepted_at: AwareDatetime
     periods: dict[Period, PeriodResult]
@@ -68,7 +68,7 @@ class ScoreMessage(BaseModel):
 
 def message_body(entries: list[str]) -> bytes:
     """A message body from outbox entries, each already a :class:`ScoreAccepted` JSON object."""
-    return ('{"schema":%d,"events":[%s]}' % (SCHEMA_VERSION, ",".join(entries))).encode()
+    return (f'{{"schema":{SCHEMA_VERSION},"events":[{",".join(entries)}]}}').encode()
 
 
 def rfc3339(moment: datetime) -> str:

@@ -23,6 +23,7 @@ key                                                type        holds
 ``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
 ``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it
 ``P:boards``                                       hash        board_id -> definition (JSON)
+``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket
 =================================================  ==========  ===============================
 
 Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>``.
@@ -55,9 +56,9 @@ class Keys:
     def board_channel(self, board_id: str, scope: str, period: str) -> str:
         return f"{self.prefix}:push:lb:{board_id}:{scope}:{period}"
 
-    @property
-    def channel_pattern(self) -> str:
-        return f"{self.prefix}:push:*"
+    def rate_bucket(self, kind: str, who: str) -> str:
+        """A token bucket; ``kind`` is ``user`` or ``key``. One key, so no hash tag is needed."""
+        return f"{self.prefix}:rate:{kind}:{who}"
 
     # -- per-board keys (one hash tag) ---------------------------------------------------------
     def tag(self, board_id: str) -> str:

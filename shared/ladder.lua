@@ -109,4 +109,27 @@ local function submit(keys, args)
   return {'ok', entry}
 end
 
+--[[
+A token bucket (API.md section 9a): KEYS[1] the bucket; ARGV rate a second, burst, now in ms,
+cost. Takes the tokens and returns {1, 0}, or takes nothing and returns {0, ms until enough}.
+]]
+local function take(keys, args)
+  local rate, burst = tonumber(args[1]), tonumber(args[2])
+  local now, cost = tonumber(args[3]), tonumber(args[4])
+  local state = redis.call('HMGET', keys[1], 'tokens', 'at')
+  local tokens, at = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil then tokens, at = burst, now end
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+  local ttl = math.ceil(burst / rate * 1000) + 1000
+  if tokens < cost then
+    redis.call('HSET', keys[1], 'tokens', tostring(tokens), 'at', tostring(now))
+    redis.call('PEXPIRE', keys[1], ttl)
+    return {0, math.ceil((cost - tokens) * 1000 / rate)}
+  end
+  redis.call('HSET', keys[1], 'tokens', tostring(tokens - cost), 'at', tostring(now))
+  redis.call('PEXPIRE', keys[1], ttl)
+  return {1, 0}
+end
+
 redis.register_function('ladder_submit_v1', submit)
+redis.register_function('ladder_take_v1', take)

@@ -20,12 +20,12 @@ from starlette.routing import Route
 Check = Callable[[], Awaitable[bool]]
 
 
-async def run_checks(checks: Mapping[str, Check], timeout: float = 1.0) -> dict[str, str]:
+async def run_checks(checks: Mapping[str, Check], wait: float = 1.0) -> dict[str, str]:
     """``{dependency: "up" | "down"}``; a check that raises or times out is down."""
 
     async def one(check: Check) -> str:
         try:
-            return "up" if await asyncio.wait_for(check(), timeout) else "down"
+            return "up" if await asyncio.wait_for(check(), wait) else "down"
         except Exception:
             return "down"
 
@@ -78,7 +78,11 @@ async def serve_ops(
 ) -> AsyncIterator[None]:
     """Serve the ops endpoints in the background for the duration of the block."""
     config = uvicorn.Config(
-        ops_app(checks, required), host=host, port=port, log_config=None, access_log=False,
+        ops_app(checks, required),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
         lifespan="off",
     )
     server = _QuietServer(config)

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 LIBRARY = "ladder_v1"
 SUBMIT_FUNCTION = "ladder_submit_v1"
+TAKE_FUNCTION = "ladder_take_v1"
 
 
 def library_source() -> str:

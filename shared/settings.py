@@ -61,6 +61,10 @@ class LadderSettings(BaseSettings):
     jwt_leeway_seconds: float = 5.0
     public_reads: bool = True
 
+    user_rate: float = Field(default=20.0, gt=0, description="score submissions a second")
+    key_rate: float = Field(default=5000.0, gt=0, description="submissions a second a credential")
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+
     allowed_lateness: float = Field(default=600.0, ge=0, description="seconds")
     future_tolerance_seconds: float = 5.0
     merge_interval: float = Field(default=2.0, gt=0)
@@ -106,6 +110,8 @@ class LadderSettings(BaseSettings):
             problems.append("LADDER_ADMIN_KEYS holds a development key")
         if self.jwt_secret == DEV_JWT_SECRET:
             problems.append("LADDER_JWT_SECRET is the development secret")
+        elif self.jwt_secret and len(self.jwt_secret.encode()) < 32:
+            problems.append("LADDER_JWT_SECRET is shorter than 32 bytes")
         if problems:
             raise SettingsError("LADDER_ENV=prod refuses to start: " + "; ".join(problems))
         return self

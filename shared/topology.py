@@ -13,6 +13,7 @@ from typing import Literal
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+from pamqp.common import FieldTable
 
 Consumer = Literal["aggregator", "history", "notifier"]
 CONSUMERS: tuple[Consumer, ...] = ("aggregator", "history", "notifier")
@@ -33,7 +34,7 @@ class Topology:
     def dead_queue(self, consumer: Consumer) -> str:
         return f"{self.queue(consumer)}.dead"
 
-    def queue_arguments(self, consumer: Consumer) -> dict[str, object]:
+    def queue_arguments(self, consumer: Consumer) -> FieldTable:
         return {
             "x-queue-type": "quorum",
             "x-delivery-limit": self.delivery_limit,

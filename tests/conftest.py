@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aio_pika
 import pytest
@@ -20,6 +21,7 @@ from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.stack import Stack
 
 REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -87,3 +89,20 @@ async def mysql_database(settings: LadderSettings, test_id: str) -> AsyncIterato
             await conn.execute(text(f"DROP DATABASE IF EXISTS `ladder_{test_id}`"))
     finally:
         await engine.dispose()
+
+
+@pytest.fixture
+def stack(
+    settings: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    mysql_database: str,
+    tmp_path: Path,
+) -> Iterator[Stack]:
+    """The four services running as processes under supervisord, for this test alone."""
+    ladder = Stack(settings, tmp_path / "run")
+    try:
+        ladder.start()
+        yield ladder
+    finally:
+        ladder.shutdown()

@@ -69,10 +69,11 @@ def counted(outcome: str) -> float:
     return REGISTRY.get_sample_value("ladder_history_events_total", {"outcome": outcome}) or 0.0
 
 
-async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = WAIT) -> None:
-    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not await condition():
+async def eventually(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Poll ``condition`` until it holds; fail after ``WAIT`` seconds."""
+    async with asyncio.timeout(WAIT):
+        # Polling: MySQL has no change notification to wait on instead.
+        while not await condition():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
 
@@ -203,7 +204,9 @@ async def test_user_events_shape(db: AsyncEngine) -> None:
 
 
 async def test_a_full_last_page_ends_without_a_cursor(db: AsyncEngine) -> None:
-    await HistoryHandler(db)([accepted(f"e-{i}", accepted_at=T0 + timedelta(seconds=i)) for i in range(4)])
+    await HistoryHandler(db)(
+        [accepted(f"e-{i}", accepted_at=T0 + timedelta(seconds=i)) for i in range(4)]
+    )
 
     first, cursor = await user_events(db, "main", "u-1", 2, None)
     assert cursor is not None
@@ -301,15 +304,22 @@ async def publish(channel: AbstractChannel, topology: Topology, body: bytes) -> 
 
 
 class Recording:
-    """The real handler, telling the test each time a batch has been handled."""
+    """The real handler, telling the test each time a batch has been stored."""
 
     def __init__(self, inner: HistoryHandler) -> None:
         self.inner = inner
         self.handled = 0
+        self._progress = asyncio.Condition()
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         await self.inner(events)
-        self.handled += len(events)
+        async with self._progress:
+            self.handled += len(events)
+            self._progress.notify_all()
+
+    async def wait_handled(self, count: int) -> None:
+        async with asyncio.timeout(WAIT), self._progress:
+            await self._progress.wait_for(lambda: self.handled >= count)
 
 
 @contextlib.asynccontextmanager
@@ -341,19 +351,12 @@ async def test_the_consumer_stores_each_event_once(
 
     async with consuming(settings, broker, handler):
         await publish(channel, broker, body)
-
-        async def stored() -> bool:
-            return await count_events(db, "main") == 3
-
-        await eventually(stored)
+        await handler.wait_handled(3)
+        assert await count_events(db, "main") == 3
 
         # The relay may publish the same events again (a confirm lost in a crash).
         await publish(channel, broker, body)
-
-        async def handled_twice() -> bool:
-            return handler.handled == 6
-
-        await eventually(handled_twice)
+        await handler.wait_handled(6)
         assert await count_events(db, "main") == 3
 
 
@@ -365,23 +368,15 @@ async def test_a_poison_message_is_dead_lettered_and_the_stream_flows_on(
     async with consuming(settings, broker, handler):
         await publish(channel, broker, b"{not json")
         await publish(channel, broker, message_body([accepted("e-1").model_dump_json()]))
-
-        async def stored() -> bool:
-            return await count_events(db, "main", "e-1") == 1
-
-        await eventually(stored)
+        await handler.wait_handled(1)
+        assert await count_events(db, "main", "e-1") == 1
 
     dead = await channel.declare_queue(broker.dead_queue("history"), passive=True)
-    bodies: list[bytes] = []
-
-    async def dead_lettered() -> bool:
-        message = await dead.get(no_ack=True, fail=False)
-        if message is not None:
-            bodies.append(message.body)
-        return bool(bodies)
-
-    await eventually(dead_lettered)
-    assert bodies == [b"{not json"]
+    async with dead.iterator() as messages:
+        async with asyncio.timeout(WAIT):
+            message = await anext(messages)
+        await message.ack()
+    assert message.body == b"{not json"
 
 
 def _free_port() -> int:

@@ -141,7 +141,10 @@ class Merger:
                 pipe.get(keys.last_top(bid, period, period_id, scope))
             replies = await pipe.execute()
         members = {m for rows in replies[0::2] for m, _ in rows}
-        names = dict(zip(members, await self._redis.hmget(keys.names(bid), list(members)), strict=True)) if members else {}
+        names: dict[str, str | None] = {}
+        if members:
+            found = await self._redis.hmget(keys.names(bid), list(members))
+            names = dict(zip(members, found, strict=True))
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         for scope, rows, last in zip(scopes, replies[0::2], replies[1::2], strict=True):

@@ -40,7 +40,7 @@ class Hub:
         self._stopping = False
         self.connected = False
 
-    async def subscribe(self, channel: str, subscriber: Subscriber, timeout: float = 5.0) -> None:
+    async def subscribe(self, channel: str, subscriber: Subscriber, wait: float = 5.0) -> None:
         """Add ``subscriber`` to ``channel``; returns once Redis delivers that channel here."""
         self._wanted.setdefault(channel, set()).add(subscriber)
         if channel in self._active:
@@ -48,7 +48,7 @@ class Hub:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(channel, []).append(waiter)
         self._changed.set()
-        await asyncio.wait_for(waiter, timeout)
+        await asyncio.wait_for(waiter, wait)
 
     def unsubscribe(self, channel: str, subscriber: Subscriber) -> None:
         subscribers = self._wanted.get(channel)

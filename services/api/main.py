@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from services.api import errors
 from services.api.hub import Hub
+from services.api.limits import BodyLimit
 from services.api.relay import Relay
 from services.api.routes import reads, scores
 from services.api.state import ApiState, State
@@ -72,9 +73,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
                 relay.stop()
                 # Let the relay hand what is in the outbox to the broker before going.
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(
-                        asyncio.shield(task), settings.shutdown_grace_seconds
-                    )
+                    await asyncio.wait_for(asyncio.shield(task), settings.shutdown_grace_seconds)
 
     app = FastAPI(
         title="Ladder",
@@ -85,6 +84,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
         strict_content_type=False,
     )
     errors.install(app)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(scores.router)
     app.include_router(reads.router)
     app.include_router(ws_router)

@@ -106,7 +106,12 @@ def main() -> None:
     settings = LadderSettings()
     configure("history", settings.log_level)
     log.info("starting", port=settings.history_port, batch=settings.history_batch)
-    uvloop.run(run(settings))
+    try:
+        uvloop.run(run(settings))
+    except Exception:
+        # One JSON line with the cause, for whoever reads the logs rather than the terminal.
+        log.exception("history failed")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ from shared.periods import Period
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN)]
-ScopeQuery = Annotated[
-    str, Query(max_length=80, description="global or region:{region}")
-]
+ScopeQuery = Annotated[str, Query(max_length=80, description="global or region:{region}")]
 PeriodQuery = Annotated[Period, Query()]
 PeriodIdQuery = Annotated[
     str | None, Query(max_length=16, description="Defaults to the current period")

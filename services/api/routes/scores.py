@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from prometheus_client import Counter, Histogram
 
+from services.api import limits
+from services.api.auth import bearer
 from services.api.errors import Forbidden, Unauthorized
 from services.api.state import BoardDep, Caller, State
 from services.api.writes import ScoreIn, ScoreOut, resolve_event_id, submit
@@ -29,7 +31,9 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
         403: "Credential not allowed",
         404: "Unknown board",
         409: "The event_id was accepted with another body",
+        413: "Body too large (limit 1 MiB)",
         422: "Validation failed",
+        429: "Rate limited (with Retry-After)",
         503: "A dependency is down (with Retry-After)",
     }.items()
 }
@@ -38,6 +42,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 @router.post("/scores", response_model=ScoreOut, responses=PROBLEMS)
 async def post_score(
     score: ScoreIn,
+    request: Request,
     board: BoardDep,
     caller: Caller,
     state: State,
@@ -59,6 +64,8 @@ async def post_score(
         if caller.user_id != score.user_id:
             raise Forbidden("A player token may submit only its own scores.")
     event_id = resolve_event_id(score, idempotency_key)
+    credential = bearer(request.headers.get("authorization")) or ""
+    await limits.take(state.redis, state.keys, state.settings, caller, credential, [score.user_id])
     with WRITE_SECONDS.time():
         result = await submit(state.redis, state.keys, state.settings, board, score, event_id)
     SCORES.labels("duplicate" if result["duplicate"] else "accepted").inc()

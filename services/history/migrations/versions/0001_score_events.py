@@ -37,9 +37,7 @@ def upgrade() -> None:
         sa.Column("occurred_at", mysql.DATETIME(fsp=6), nullable=False),
         sa.Column("accepted_at", mysql.DATETIME(fsp=6), nullable=False),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint(
-            "board_id", "event_id", name="uq_score_events_board_id_event_id"
-        ),
+        sa.UniqueConstraint("board_id", "event_id", name="uq_score_events_board_id_event_id"),
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
     )

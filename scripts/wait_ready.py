@@ -1,0 +1,51 @@
+"""Wait until every Ladder service answers ``/readyz`` with 200, or fail after a deadline.
+
+Ports come from the same ``LADDER_*`` settings the services read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from shared.settings import LadderSettings
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def main(deadline_seconds: float = 90.0) -> int:
+    settings = LadderSettings()
+    api_host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    ops_host = "127.0.0.1" if settings.ops_host in ("0.0.0.0", "::") else settings.ops_host
+    urls = {
+        "api": f"http://{api_host}:{settings.api_port}/readyz",
+        "aggregator": f"http://{ops_host}:{settings.aggregator_port}/readyz",
+        "history": f"http://{ops_host}:{settings.history_port}/readyz",
+        "notifier": f"http://{ops_host}:{settings.notifier_port}/readyz",
+    }
+    waiting = dict(urls)
+    deadline = time.monotonic() + deadline_seconds
+    while waiting and time.monotonic() < deadline:
+        for name, url in list(waiting.items()):
+            if ready(url):
+                print(f"  {name:<10} ready  {url}")
+                del waiting[name]
+        if waiting:
+            time.sleep(0.5)
+    if waiting:
+        print(f"not ready after {deadline_seconds:.0f} s: {', '.join(waiting)}", file=sys.stderr)
+        print("see `make ps` and `make logs SERVICE=<name>`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

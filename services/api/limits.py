@@ -1,0 +1,129 @@
+"""Limits at the edge: request body size and score submission rates (API.md 1 and 9a)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+
+from prometheus_client import Counter
+from redis.asyncio import Redis
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.api.auth import Principal
+from services.api.errors import Problem, problem_response
+from shared.keys import Keys
+from shared.redis import TAKE_FUNCTION
+from shared.settings import LadderSettings
+
+LIMITED = Counter("ladder_api_rate_limited_total", "Submissions refused with 429", ["bucket"])
+
+
+class TooLarge(Problem):
+    status, title, slug = 413, "Content too large", "too-large"
+
+
+class RateLimited(Problem):
+    status, title, slug = 429, "Too many requests", "rate-limited"
+
+    def __init__(self, detail: str, retry_after_ms: int) -> None:
+        super().__init__(
+            detail, headers={"Retry-After": str(max(1, math.ceil(retry_after_ms / 1000)))}
+        )
+
+
+class BodyLimit:
+    """Refuses bodies over ``limit`` bytes with 413, by Content-Length before reading, and by
+    counting while reading when the length is not declared."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = TooLarge(f"Request bodies are limited to {self.limit} bytes.")
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = self.limit + 1
+                if declared > self.limit:
+                    await problem_response(too_large)(scope, receive, send)
+                    return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise too_large
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except TooLarge:
+            if not started:
+                await problem_response(too_large)(scope, receive, send)
+
+
+def _credential_id(principal: Principal, credential: str) -> str:
+    if principal.kind == "player" and principal.user_id:
+        return "player:" + principal.user_id
+    return "key:" + hashlib.sha256(credential.encode()).hexdigest()[:16]
+
+
+async def take(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    principal: Principal,
+    credential: str,
+    user_ids: list[str],
+) -> None:
+    """Take one submission per event from the credential's and each user's bucket, or 429.
+
+    Buckets live in Redis, so every API process shares them. Buckets are taken in one round
+    trip; a refusal by one may still have taken from another, which only errs towards limiting.
+    """
+    now_ms = int(time.time() * 1000)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.fcall(
+            TAKE_FUNCTION,
+            1,
+            keys.rate_bucket("key", _credential_id(principal, credential)),
+            settings.key_rate,
+            settings.key_rate,
+            now_ms,
+            len(user_ids),
+        )
+        counts: dict[str, int] = {}
+        for user in user_ids:
+            counts[user] = counts.get(user, 0) + 1
+        for user, count in counts.items():
+            pipe.fcall(
+                TAKE_FUNCTION,
+                1,
+                keys.rate_bucket("user", user),
+                settings.user_rate,
+                2 * settings.user_rate,
+                now_ms,
+                count,
+            )
+        replies = await pipe.execute()
+    for bucket, (allowed, retry_ms) in zip(["key", *counts], replies, strict=True):
+        if not allowed:
+            LIMITED.labels("credential" if bucket == "key" else "user").inc()
+            who = "this credential" if bucket == "key" else f"user {bucket!r}"
+            raise RateLimited(f"Score submissions by {who} are over the limit.", retry_ms)

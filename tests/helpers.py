@@ -1,0 +1,114 @@
+"""Helpers shared by the tests: an in-process API client, player tokens, Redis snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import httpx
+import jwt
+from asgi_lifespan import LifespanManager
+from redis.asyncio import Redis
+
+from services.api.main import create_app
+from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
+
+T = TypeVar("T")
+
+SERVER = {"Authorization": f"Bearer {DEV_SERVER_KEY}"}
+ADMIN = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+# Nothing listens on port 1: an API given this broker keeps every accepted event in its outbox,
+# and its relay never touches Redis, so the cache holds still between two reads of it.
+UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1/"
+
+
+def player_token(
+    sub: str | None = "u-1",
+    *,
+    expires_in: float | None = 600.0,
+    secret: str = DEV_JWT_SECRET,
+    algorithm: str = "HS256",
+    **claims: Any,
+) -> str:
+    """A player JWT; ``sub=None`` or ``expires_in=None`` leaves that claim out, a negative
+    ``expires_in`` makes an expired token, ``algorithm="none"`` an unsigned one."""
+    payload: dict[str, Any] = dict(claims)
+    if sub is not None:
+        payload["sub"] = sub
+    if expires_in is not None:
+        payload["exp"] = datetime.now(UTC) + timedelta(seconds=expires_in)
+    key: str | None = None if algorithm == "none" else secret
+    return jwt.encode(payload, key, algorithm=algorithm)  # type: ignore[arg-type]
+
+
+def bearer(credential: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {credential}"}
+
+
+def player(sub: str = "u-1", **kwargs: Any) -> dict[str, str]:
+    """The ``Authorization`` header of a player token (see :func:`player_token`)."""
+    return bearer(player_token(sub, **kwargs))
+
+
+@contextlib.asynccontextmanager
+async def api_client(settings: LadderSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """The API of ``settings`` run in-process, lifespan and all, and a client of it."""
+    app = create_app(settings)
+    async with (
+        LifespanManager(app, startup_timeout=15, shutdown_timeout=15) as manager,
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=manager.app), base_url="http://ladder"
+        ) as client,
+    ):
+        yield client
+
+
+async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:
+    """Every key of a key prefix with its type and whole content, for before/after comparisons.
+
+    Rate-limit buckets (``<prefix>:rate:*``) are left out: by design every submission takes
+    from them, accepted or refused.
+    """
+    found: set[str] = set()
+    for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
+        found.update([key async for key in redis.scan_iter(match=pattern, count=1000)])
+    state: dict[str, tuple[str, Any]] = {}
+    for key in sorted(found):
+        if key.startswith(f"{prefix}:rate:"):
+            continue
+        kind = await redis.type(key)
+        content: Any
+        if kind == "zset":
+            content = await redis.zrange(key, 0, -1, withscores=True)
+        elif kind == "hash":
+            content = await redis.hgetall(key)
+        elif kind == "string":
+            content = await redis.get(key)
+        elif kind == "set":
+            content = sorted(await redis.smembers(key))
+        elif kind == "list":
+            content = await redis.lrange(key, 0, -1)
+        elif kind == "stream":
+            content = await redis.xrange(key)
+        elif kind == "none":  # expired between SCAN and TYPE
+            continue
+        else:
+            raise AssertionError(f"snapshot does not know Redis type {kind!r} of {key}")
+        state[key] = (kind, content)
+    return state
+
+
+async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 10.0) -> T:
+    """The first truthy answer of ``probe``, polled until ``within`` seconds have passed."""
+    end = time.monotonic() + within
+    while True:
+        answer = await probe()
+        if answer:
+            return answer
+        if time.monotonic() > end:
+            raise AssertionError(f"condition not met within {within} s")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,135 @@
+"""A whole Ladder for one test: the four services under the project's own supervisord config,
+with the test's prefixes, database and free ports, driven through the Makefile's targets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from shared.settings import LadderSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ("api", "aggregator", "history", "notifier")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    settings: LadderSettings
+    run_dir: Path
+    ports: dict[str, int] = field(default_factory=lambda: {s: free_port() for s in SERVICES})
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+        s = self.settings
+        env.update(
+            LADDER_ENV="dev",
+            LADDER_KEY_PREFIX=s.key_prefix,
+            LADDER_BROKER_PREFIX=s.broker_prefix,
+            LADDER_REDIS_URL=s.redis_url,
+            LADDER_AMQP_URL=s.amqp_url,
+            LADDER_MYSQL_URL=s.mysql_url,
+            LADDER_MERGE_INTERVAL=str(s.merge_interval),
+            LADDER_API_PORT=str(self.ports["api"]),
+            LADDER_AGGREGATOR_PORT=str(self.ports["aggregator"]),
+            LADDER_HISTORY_PORT=str(self.ports["history"]),
+            LADDER_NOTIFIER_PORT=str(self.ports["notifier"]),
+            LADDER_RUN_DIR=str(self.run_dir),
+            LADDER_PYTHON=sys.executable,
+            LADDER_ROOT=str(ROOT),
+        )
+        return env
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.ports['api']}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.ports['api']}/v1/ws"
+
+    def ops(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    def make(self, *args: str) -> str:
+        done = subprocess.run(
+            ["make", "-s", "--no-print-directory", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"make {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def start(self) -> None:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "supervisor.supervisord",
+                "-c",
+                str(ROOT / "deploy/supervisord.conf"),
+            ],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            timeout=30,
+        )
+        for service in SERVICES:
+            self.wait_ready(service)
+
+    def wait_ready(self, service: str, deadline: float = 60.0) -> None:
+        url = (self.api if service == "api" else self.ops(service)) + "/readyz"
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{service} not ready after {deadline} s\n{self.log(service)}")
+
+    def log(self, service: str) -> str:
+        path = self.run_dir / "logs" / f"{service}.log"
+        return path.read_text()[-4000:] if path.exists() else "(no log)"
+
+    def shutdown(self) -> None:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "supervisor.supervisorctl",
+                "-c",
+                str(ROOT / "deploy/supervisord.conf"),
+                "shutdown",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        # supervisorctl returns once the shutdown is under way; wait for the programs to go.
+        pidfile = self.run_dir / "supervisord.pid"
+        end = time.monotonic() + 30
+        while pidfile.exists() and time.monotonic() < end:
+            time.sleep(0.1)
