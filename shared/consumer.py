@@ -2,11 +2,12 @@
 
 A handler is ``async def handle(events: list[ScoreAccepted]) -> None``; it never sees an AMQP
 object. The runner collects deliveries into a batch (up to ``batch_size`` messages, each
-carrying one event or several, or whatever arrived within ``flush_ms`` of the first), calls the handler once, and only when it returns acks
-the whole batch with one ``multiple`` ack. A message that is not a valid :class:`ScoreMessage`
-(bad JSON, unknown schema version) is poison: rejected without requeue, so the queue
-dead-letters it, and the stream keeps flowing. A handler that raises is retried with backoff,
-holding the batch unacked, so an outage pauses the consumer instead of burning delivery counts.
+carrying one event or several, or whatever arrived within ``flush_ms`` of the first), calls the
+handler once, and only when it returns acks the whole batch with one ``multiple`` ack. A message
+that is not a valid :class:`ScoreMessage` (bad JSON, unknown schema version) is poison: rejected
+without requeue, so the queue dead-letters it, and the stream keeps flowing. A handler that
+raises is retried with backoff, holding the batch unacked, so an outage pauses the consumer
+instead of burning delivery counts.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 import structlog
 import uvloop
@@ -15,7 +16,7 @@ from shared.ops import Check, serve_ops
 
 log = structlog.get_logger(__name__)
 
-Companion = Callable[[asyncio.Event], Awaitable[None]]
+Companion = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

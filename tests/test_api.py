@@ -7,8 +7,11 @@ the operations endpoints.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import gc
 import re
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -219,6 +222,11 @@ async def near_daily_max(client: httpx.AsyncClient, _: Redis, __: Keys) -> None:
         await post(client, score(user_id="u-big", value=1_000_000))
 
 
+def bug(reason: str) -> pytest.MarkDecorator:
+    """A service bug this test shows: it must fail until the service is fixed."""
+    return pytest.mark.xfail(strict=True, reason="BUG: " + reason)
+
+
 def nan_cursor() -> str:
     raw_cursor = orjson.dumps({"c": "nan", "u": "u-seed"})
     return base64.urlsafe_b64encode(raw_cursor).decode().rstrip("=")
@@ -229,7 +237,13 @@ ERROR_CASES = [
     pytest.param(Case(400, **raw(b'{"user_id": "u-1",')), id="400-malformed-json"),
     pytest.param(Case(400, **raw(b'{"user_id": "u-1",', None)), id="400-malformed-unlabelled"),
     pytest.param(
-        Case(400, **raw(b'{"user_id": "u-1",', "text/plain")), id="400-malformed-text-plain"
+        Case(400, **raw(b'{"user_id": "u-1",', "text/plain")),
+        id="400-malformed-text-plain",
+        marks=bug(
+            "a body labelled text/plain is never parsed as JSON (FastAPI's "
+            "strict_content_type=False only covers a missing Content-Type), so malformed JSON "
+            "is a 422, not the 400 of API.md section 1"
+        ),
     ),
     pytest.param(Case(400, **raw(b'{"user_id": "\xff\xfe"}')), id="400-not-utf8"),
     # 401 missing or invalid credential
@@ -246,9 +260,7 @@ ERROR_CASES = [
     pytest.param(
         Case(401, headers=lambda: bearer(player_token(expires_in=None))), id="401-jwt-without-exp"
     ),
-    pytest.param(
-        Case(401, headers=lambda: bearer("not-a-key"), **lb()), id="401-read-unknown-key"
-    ),
+    pytest.param(Case(401, headers=lambda: bearer("not-a-key"), **lb()), id="401-read-unknown-key"),
     pytest.param(
         Case(401, headers=lambda: player(expires_in=-60), **read("/v1/boards/main/users/u-seed")),
         id="401-read-expired-jwt",
@@ -288,9 +300,7 @@ ERROR_CASES = [
     pytest.param(
         Case(404, **lb(period="daily", period_id="2020-01-01")), id="404-period-past-retention"
     ),
-    pytest.param(
-        Case(404, **lb(period="weekly", period_id="2099-W01")), id="404-period-not-begun"
-    ),
+    pytest.param(Case(404, **lb(period="weekly", period_id="2099-W01")), id="404-period-not-begun"),
     # 409 conflict
     pytest.param(
         Case(
@@ -313,6 +323,11 @@ ERROR_CASES = [
     pytest.param(
         Case(413, body=None, content=streamed_oversize, headers=lambda: SERVER | JSON),
         id="413-streamed-without-length",
+        marks=bug(
+            "BodyLimit raises TooLarge from receive(), but FastAPI's body reading turns any "
+            "exception there into HTTPException(400, 'There was an error parsing the body'), "
+            "so a chunked body over 1 MiB is a 400"
+        ),
     ),
     # 422 validation
     pytest.param(Case(422, body=lambda: score(user_id=DROP), loc="user_id"), id="422-no-user_id"),
@@ -334,7 +349,12 @@ ERROR_CASES = [
         Case(422, body=lambda: score(value=-1_000_001), loc="value"), id="422-value-under-min"
     ),
     pytest.param(
-        Case(422, body=lambda: score(value=10**40), loc="value"), id="422-value-huge-integer"
+        Case(422, body=lambda: score(value=10**40), loc="value"),
+        id="422-value-huge-integer",
+        marks=bug(
+            "writes.body_hash runs orjson.dumps on the body before check_value; orjson raises "
+            "TypeError('Integer exceeds 64-bit range') for a value beyond 64 bits: a 500"
+        ),
     ),
     pytest.param(
         Case(
@@ -413,7 +433,14 @@ ERROR_CASES = [
     pytest.param(Case(422, **lb(limit=0), loc="limit"), id="422-limit-0"),
     pytest.param(Case(422, **lb(limit=1001), loc="limit"), id="422-limit-1001"),
     pytest.param(Case(422, **lb(cursor="not-a-cursor!"), loc="cursor"), id="422-bad-cursor"),
-    pytest.param(Case(422, **lb(cursor=nan_cursor()), loc="cursor"), id="422-nan-cursor"),
+    pytest.param(
+        Case(422, **lb(cursor=nan_cursor()), loc="cursor"),
+        id="422-nan-cursor",
+        marks=bug(
+            "views.decode_cursor accepts float('nan'), and ZREVRANGEBYSCORE answers 'min or "
+            "max is not a float': an unhandled ResponseError, a 500"
+        ),
+    ),
     pytest.param(
         Case(422, **read("/v1/boards/main/users/u-seed", scope="region:eu", around=51)),
         id="422-standing-around-51",
@@ -672,9 +699,9 @@ async def test_equal_totals_rank_whoever_reached_them_first(quiet: LadderSetting
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BUG/contract: alltime ranks tick in whole minutes (shared/ranking.py), so two users "
-    "reaching the same total within one minute are ordered by user id, not by who was first "
-    "(API.md section 3, Ties)",
+    reason="BUG (contract): alltime ranks tick in whole minutes (shared/ranking.py), so two "
+    "users reaching the same total within one minute are ordered by user id, not by who was "
+    "first (API.md section 3, Ties)",
 )
 async def test_equal_alltime_totals_within_one_minute_rank_whoever_was_first(
     quiet: LadderSettings,
@@ -801,9 +828,13 @@ async def test_a_standing_shows_its_neighbours_and_percentile(quiet: LadderSetti
     # The share of the board ranked at or below the user: 13 of 25.
     assert middle["percentile"] == pytest.approx(52.0)
     assert middle["around"] == [
-        {"rank": r, "user_id": f"u-{26 - r:02d}", "score": 10 * (26 - r), "display_name": None}
-        | {"display_name": f"Player {26 - r}"}
-        for r in range(11, 16)
+        {
+            "rank": rank,
+            "user_id": f"u-{26 - rank:02d}",
+            "score": 10 * (26 - rank),
+            "display_name": f"Player {26 - rank}",
+        }
+        for rank in range(11, 16)
     ]
     assert [e["rank"] for e in top["around"]] == [1, 2, 3]
     assert top["percentile"] == pytest.approx(100.0)
@@ -1007,10 +1038,49 @@ async def test_with_the_broker_down_the_api_is_ready_and_accepts_scores(
 ) -> None:
     async with api_client(quiet) as client:
         ready = await client.get("/readyz")
-        accepted = await client.post(SCORES, json=score(), headers=SERVER)
+        response = await client.post(SCORES, json=score(), headers=SERVER)
 
     assert ready.status_code == 200
     assert ready.json()["dependencies"]["broker"] == "down"
     assert ready.json()["dependencies"]["redis"] == "up"
-    assert accepted.status_code == 200
+    assert response.status_code == 200
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the lifespan cancels the Pub/Sub hub task right after hub.stop() "
+    "(main._background), and Hub._listen closes its Redis client in a finally that is not "
+    "shielded, so a cancel landing in client.aclose() leaks the connection",
+)
+async def test_shutdown_closes_the_hubs_redis_connection(
+    settings: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = settings.model_copy(update={"shutdown_grace_seconds": 2.0})
+    real_aclose = Redis.aclose
+
+    async def slow_aclose(self: Redis, *args: Any, **kwargs: Any) -> None:
+        # Widens the window that shutdown has to cut a close short; a close that is let
+        # finish is only slower.
+        await asyncio.sleep(0.5)
+        await real_aclose(self, *args, **kwargs)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with api_client(settings, stop_hub_first=False) as client:
+            # The relay connected: at shutdown it takes longer to stop than the idle hub.
+            await eventually(lambda: _broker_is_up(client))
+            monkeypatch.setattr(Redis, "aclose", slow_aclose)
+        monkeypatch.undo()
+        gc.collect()
+
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
+
+
+async def _broker_is_up(client: httpx.AsyncClient) -> bool:
+    response = await client.get("/readyz")
+    return bool(response.json()["dependencies"]["broker"] == "up")

@@ -82,7 +82,7 @@ class Merger:
                 period, period_id, region, user_id = parse_dirty_member(member)
                 if period not in board.periods:
                     continue
-                entry = touched[(period, period_id)]  # type: ignore[index]
+                entry = touched[(period, period_id)]
                 entry.users.add(user_id)
                 entry.regions.add(region)
             written = 0
@@ -98,7 +98,8 @@ class Merger:
         self, board: Board, period: Period, period_id: str, users: set[str]
     ) -> int:
         keys, bid = self._keys, board.board_id
-        regions = sorted(await self._redis.smembers(keys.regions(bid, period, period_id)))
+        members: set[Any] = await self._redis.smembers(keys.regions(bid, period, period_id))
+        regions: list[str] = sorted(members)
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         global_key = keys.global_view(bid, period, period_id)
@@ -143,7 +144,7 @@ class Merger:
         members = {m for rows in replies[0::2] for m, _ in rows}
         names: dict[str, str | None] = {}
         if members:
-            found = await self._redis.hmget(keys.names(bid), list(members))
+            found: list[Any] = await self._redis.hmget(keys.names(bid), list(members))
             names = dict(zip(members, found, strict=True))
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))

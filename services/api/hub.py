@@ -101,7 +101,7 @@ class Hub:
                     self._dispatch(message["channel"], message["data"])
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(Exception):
                 await client.aclose()
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from typing import Any, cast
 
 import aio_pika
 import structlog
@@ -162,8 +163,9 @@ class Relay:
                 {stream: start},
                 count=self._settings.relay_batch,
             )
-            entries = reply[0][1] if reply else []
-            entries = [(eid, fields) for eid, fields in entries if fields]
+            replies = cast(list[Any], reply)
+            read: list[tuple[str, dict[str, str] | None]] = replies[0][1] if replies else []
+            entries = [(eid, fields) for eid, fields in read if fields]
             if entries:
                 await self._publish(board_id, stream, entries)
                 return len(entries)

@@ -7,7 +7,7 @@ import binascii
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -89,7 +89,7 @@ async def _after_cursor(
     offset = 0
     while len(out) < count:
         want = count - len(out) + _TIE_SLACK
-        rows = await redis.zrevrangebyscore(
+        rows: list[Any] = await redis.zrevrangebyscore(
             key, repr(composite), "-inf", start=offset, num=want, withscores=True
         )
         for m, c in rows:
@@ -110,13 +110,16 @@ async def page(
         async with redis.pipeline(transaction=False) as pipe:
             pipe.zrevrange(view.key, 0, limit, withscores=True)
             pipe.zcard(view.key)
-            rows, total = await pipe.execute()
+            rows, total = cast(tuple[list[tuple[str, float]], int], await pipe.execute())
         first_rank = 1
     else:
         composite, member = decode_cursor(cursor)
         rows = await _after_cursor(redis, view.key, composite, member, limit + 1)
         total = await redis.zcard(view.key)
-        first_rank = (await redis.zrevrank(view.key, rows[0][0]) or 0) + 1 if rows else 0
+        first_rank = 0
+        if rows:
+            found: Any = await redis.zrevrank(view.key, rows[0][0])
+            first_rank = int(found or 0) + 1
     more = len(rows) > limit
     rows = rows[:limit]
     entries = await entries_of(redis, keys, view, rows, first_rank)
@@ -145,7 +148,7 @@ async def standing(
     if rank0 is None or composite is None:
         raise NotFound(f"User {user_id!r} has no score in this view.")
     start = max(rank0 - around, 0)
-    rows = await redis.zrevrange(view.key, start, rank0 + around, withscores=True)
+    rows: list[Any] = await redis.zrevrange(view.key, start, rank0 + around, withscores=True)
     return {
         "user_id": user_id,
         "rank": rank0 + 1,

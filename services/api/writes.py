@@ -132,7 +132,7 @@ async def submit(
         check_time(occurred_at, now, settings)
     except Invalid:
         # A retry of an event accepted earlier is still a duplicate, however late it comes.
-        stored = await redis.get(keys.idempotency(board.board_id, event_id))
+        stored: Any = await redis.get(keys.idempotency(board.board_id, event_id))
         if stored is None:
             raise
         first_hash, _, entry = stored.partition("\n")

@@ -149,7 +149,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
     await websocket.accept()
     client = Client(websocket, principal, state)
     CONNECTIONS.inc()
-    tasks: list[asyncio.Task[None]] = []
+    tasks: list[asyncio.Task[object]] = []
     try:
         if principal.kind == "player" and principal.user_id is not None:
             await client.subscribe(f"user:{principal.user_id}")
