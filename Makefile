@@ -45,11 +45,21 @@ up: venv infra migrate ## run Ladder: the four services under supervisord; retur
 	@echo "Ladder is up: http://$${LADDER_API_HOST:-127.0.0.1}:$${LADDER_API_PORT:-8000}/docs"
 
 down: ## stop what `make up` started
-	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then $(SUPERVISORCTL) shutdown; else echo "Ladder is not running"; fi
+	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
+		$(SUPERVISORCTL) shutdown >/dev/null; \
+		for _ in $$(seq 1 300); do test -e $(LADDER_RUN_DIR)/supervisord.pid || break; sleep 0.1; done; \
+		echo "Ladder stopped"; \
+	else \
+		echo "Ladder is not running"; \
+	fi
 	@bash scripts/infra.sh stop-started
 
 ps: ## each service and whether it runs
-	@$(SUPERVISORCTL) status || true
+	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
+		$(SUPERVISORCTL) status || true; \
+	else \
+		echo "Ladder is not running (make up starts it)"; \
+	fi
 
 stop: ## stop one service: make stop SERVICE=notifier
 	@test -n "$(SERVICE)" || { echo "usage: make stop SERVICE=<$(SERVICES)>"; exit 2; }

@@ -72,19 +72,21 @@ rabbitmq_answers() {
 }
 
 mariadb_answers() {
-    if command -v mysqladmin >/dev/null 2>&1; then
-        # 0 while the server runs, even when it refuses the user.
+    # 0 while the server runs, even when it refuses the user (access denied).
+    if command -v mysqladmin >/dev/null 2>&1 &&
         mysqladmin --no-defaults --protocol=tcp -h"$HOST" -P"${PORT[mariadb]}" -uroot \
-            --connect-timeout=3 --silent ping >/dev/null 2>&1
-    else
-        # No client yet (not installed): read the server's greeting, protocol version 10.
-        local hex
-        # shellcheck disable=SC2016  # expanded by the inner bash
-        hex=$(timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" && head -c 5 <&3 | od -An -tx1' \
-            "$HOST" "${PORT[mariadb]}" 2>/dev/null) || return 1
-        hex=${hex//[[:space:]]/}
-        [[ ${hex:8:2} == 0a ]]
+            --connect-timeout=3 --silent ping >/dev/null 2>&1; then
+        return 0
     fi
+    # Where the server sends an error in place of its greeting ("Host '127.0.0.1' is not
+    # allowed to connect": no root@127.0.0.1 yet), and where there is no client yet, read the
+    # first packet: a greeting (protocol 10, 0x0a) or an error packet (0xff) means it runs.
+    local hex
+    # shellcheck disable=SC2016  # expanded by the inner bash
+    hex=$(timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" && head -c 5 <&3 | od -An -tx1' \
+        "$HOST" "${PORT[mariadb]}" 2>/dev/null) || return 1
+    hex=${hex//[[:space:]]/}
+    [[ ${hex:8:2} == 0a || ${hex:8:2} == ff ]]
 }
 
 answers() { "${1}_answers"; }
@@ -188,7 +190,12 @@ start_mariadb() {
     as_root chown mysql /run/mysqld "$(dirname "$MARIADB_LOG")"
     if ! as_root test -d "$datadir/mysql"; then
         log "initialising the MariaDB data directory $datadir"
-        as_root mariadb-install-db --user=mysql --datadir="$datadir" --skip-test-db >&2
+        local out
+        if ! out=$(as_root mariadb-install-db --user=mysql --datadir="$datadir" \
+            --skip-test-db 2>&1); then
+            printf '%s\n' "$out" >&2
+            die "mariadb-install-db failed"
+        fi
     fi
     # start-stop-daemon would take a running mariadbd for this one and do nothing.
     if as_root start-stop-daemon --status --exec "$(command -v mariadbd)"; then
@@ -256,6 +263,10 @@ stop_redis() {
 stop_rabbitmq() {
     log "stopping rabbitmq-server"
     as_root rabbitmqctl shutdown >&2 || true
+    # The Erlang port mapper the node brought up, unless another Erlang node still uses it.
+    if command -v epmd >/dev/null 2>&1 && ! epmd -names 2>/dev/null | grep -q '^name '; then
+        epmd -kill >/dev/null 2>&1 || true
+    fi
 }
 
 stop_mariadb() {
