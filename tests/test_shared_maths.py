@@ -1,0 +1,148 @@
+"""Period and ranking maths, and the pure rules of the notifier and the merge."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.aggregator.merge import combine
+from services.notifier.rules import crossings, entered
+from shared.boards import Board
+from shared.events import PeriodResult
+from shared.periods import PERIODS, expire_at, previous_window, window_at, window_of
+from shared.ranking import ENCODINGS, MAX_SCORE, decode, encode
+
+NOON = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("period", "moment", "timezone", "expected"),
+    [
+        ("daily", NOON, "UTC", "2026-11-29"),
+        ("weekly", NOON, "UTC", "2026-W48"),
+        ("monthly", NOON, "UTC", "2026-11"),
+        ("alltime", NOON, "UTC", "all"),
+        # UTC+14: noon on the 29th in UTC is already 02:00 on the 30th, a Monday.
+        ("daily", NOON, "Pacific/Kiritimati", "2026-11-30"),
+        ("weekly", NOON, "Pacific/Kiritimati", "2026-W49"),
+        ("monthly", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), "Pacific/Kiritimati", "2026-12"),
+        # ISO weeks: 2027-01-01 is a Friday in week 53 of 2026.
+        ("weekly", datetime(2027, 1, 1, 12, tzinfo=UTC), "UTC", "2026-W53"),
+        ("weekly", datetime(2027, 1, 4, 0, tzinfo=UTC), "UTC", "2027-W01"),
+    ],
+)
+def test_period_ids(period: str, moment: datetime, timezone: str, expected: str) -> None:
+    assert window_at(period, moment, timezone).period_id == expected  # type: ignore[arg-type]
+
+
+def test_a_day_across_a_dst_change_lasts_23_or_25_hours() -> None:
+    spring = window_of("daily", "2026-03-29", "Europe/Berlin")
+    autumn = window_of("daily", "2026-10-25", "Europe/Berlin")
+    assert spring.end is not None and autumn.end is not None
+    assert spring.end - spring.start == timedelta(hours=23)
+    assert autumn.end - autumn.start == timedelta(hours=25)
+
+
+@pytest.mark.parametrize("period", ["daily", "weekly", "monthly"])
+def test_window_of_inverts_window_at(period: str) -> None:
+    window = window_at(period, NOON, "America/New_York")  # type: ignore[arg-type]
+    again = window_of(period, window.period_id, "America/New_York")  # type: ignore[arg-type]
+    assert again == window
+
+
+def test_retention_and_previous_windows() -> None:
+    today = window_at("daily", NOON, "UTC")
+    assert previous_window(today, "UTC", 2).period_id == "2026-11-27"
+    expiry = expire_at(today, "UTC", 35)
+    assert expiry == int(datetime(2027, 1, 4, tzinfo=UTC).timestamp())
+    assert expire_at(window_at("alltime", NOON, "UTC"), "UTC", None) is None
+
+
+@given(
+    period=st.sampled_from(PERIODS),
+    descending=st.booleans(),
+    data=st.data(),
+)
+def test_encoding_round_trips_and_orders(
+    period: str, descending: bool, data: st.DataObject
+) -> None:
+    enc = ENCODINGS[period]  # type: ignore[index]
+    score = st.integers(-enc.max_score, enc.max_score)
+    tick = st.integers(0, enc.scale - 1)
+    (s1, t1), (s2, t2) = data.draw(st.tuples(score, tick)), data.draw(st.tuples(score, tick))
+    c1, c2 = encode(period, s1, t1, descending), encode(period, s2, t2, descending)  # type: ignore[arg-type]
+    assert decode(period, c1, descending) == (s1, t1)  # type: ignore[arg-type]
+    better1 = s1 > s2 if descending else s1 < s2
+    if s1 != s2:
+        assert (c1 > c2) == better1
+    elif t1 != t2:
+        assert (c1 > c2) == (t1 < t2), "the earlier of two equal scores ranks higher"
+
+
+def test_the_narrowest_range_bounds_board_values() -> None:
+    assert MAX_SCORE == 2**26 - 1
+
+
+def result(rank: int, previous: int | None, pushed: dict[str, str] | None = None) -> PeriodResult:
+    return PeriodResult(
+        period_id="all",
+        score=1,
+        rank=rank,
+        previous_rank=previous,
+        improved=True,
+        pushed_out=pushed or {},
+    )
+
+
+@pytest.mark.parametrize(
+    ("rank", "previous", "expected"),
+    [
+        (1, None, 1),  # a first score comes from outside every bracket
+        (50, None, 100),
+        (150, None, None),
+        (5, 50, 10),  # crossing 10 (and not 1): one message, the smallest bracket entered
+        (1, 500, 1),  # crossing 100, 10 and 1 names 1
+        (3, 4, None),  # moving up inside the top 10 enters nothing
+        (12, 8, None),  # moving down enters nothing
+    ],
+)
+def test_entered(rank: int, previous: int | None, expected: int | None) -> None:
+    assert entered(result(rank, previous), (1, 10, 100)) == expected
+
+
+def test_each_displaced_user_hears_of_the_bracket_it_left() -> None:
+    out = crossings("hero", result(1, 500, {"1": "a", "10": "b", "100": "c"}), (1, 10, 100))
+    assert [(c.user_id, c.reason, c.top, c.rank, c.previous_rank) for c in out] == [
+        ("hero", "entered_top", 1, 1, 500),
+        ("a", "overtaken", 1, 2, 1),
+        ("b", "overtaken", 10, 11, 10),
+        ("c", "overtaken", 100, 101, 100),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("operator", "order", "regional", "expected"),
+    [
+        ("incr", "desc", [(10, 5), (7, 9)], (17, 9)),  # the sum, reached with the latest part
+        ("best", "desc", [(10, 5), (12, 9), (12, 3)], (12, 3)),  # best, and earliest of equals
+        ("best", "asc", [(10, 5), (12, 1)], (10, 5)),  # ascending keeps the lowest
+        ("set", "desc", [(10, 5), (3, 9)], (3, 9)),  # the latest value
+    ],
+)
+def test_global_combines_regions(
+    operator: str, order: str, regional: list[tuple[int, int]], expected: tuple[int, int]
+) -> None:
+    board = Board(board_id="b", operator=operator, order=order)  # type: ignore[arg-type]
+    composites = [encode("weekly", s, t, board.descending) for s, t in regional]
+    merged = combine(board, "weekly", composites)
+    assert merged is not None
+    assert decode("weekly", merged, board.descending) == expected
+
+
+def test_a_global_sum_beyond_the_range_is_refused() -> None:
+    board = Board(board_id="b")
+    big = ENCODINGS["weekly"].max_score
+    assert combine(board, "weekly", [encode("weekly", big, 0, True)] * 2) is None
