@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 from shared.boards import BoardId
 from shared.periods import Period
@@ -25,8 +25,16 @@ UserId = Annotated[str, Field(pattern=USER_ID_PATTERN)]
 EventId = Annotated[str, Field(pattern=EVENT_ID_PATTERN)]
 Region = Annotated[str, Field(pattern=REGION_PATTERN)]
 TeamId = Annotated[str, Field(pattern=REGION_PATTERN)]
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable: no control, format or separator characters")
+    return value
+
+
 DisplayName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)
 ]
 
 

@@ -87,7 +87,7 @@ def window_at(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
 
 def window_of(period: Period, period_id: str, timezone: str) -> PeriodWindow:
     """The period named by ``period_id``; raises :class:`PeriodIdError` if it names none."""
-    if not _PATTERNS[period].match(period_id):
+    if not _PATTERNS[period].fullmatch(period_id):
         raise PeriodIdError(f"{period_id!r} is not a {period} period id")
     if period == "alltime":
         return PeriodWindow(period, ALLTIME_ID, ALLTIME_EPOCH, None)

@@ -16,12 +16,13 @@ period     tick unit  time bits  time span                     largest score hel
 daily      1 ms       27         37.2 h (a day is at most 25)  ±67,108,863 (2**26 - 1)
 weekly     10 ms      26         7.8 days                      ±134,217,727 (2**27 - 1)
 monthly    100 ms     25         38.8 days                     ±268,435,455 (2**28 - 1)
-alltime    1 minute   26         127 years from 2024-01-01     ±134,217,727 (2**27 - 1)
+alltime    1 s        30         34 years from 2024-01-01      ±8,388,607 (2**23 - 1)
 =========  =========  =========  ============================  ===============================
 
 A write whose resulting score would leave its period's range is refused with 422 before anything
 is written. Two scores reached within the same tick tie exactly; Redis then orders them by
-member, and Ladder's reads keep that order.
+member, and Ladder's reads keep that order. All-time ticks stop at 2058-01-10 (2**30 seconds
+from 2024); past it, all-time ties are ordered by member.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ ENCODINGS: dict[Period, Encoding] = {
     "daily": Encoding(tick_ms=1, time_bits=27),
     "weekly": Encoding(tick_ms=10, time_bits=26),
     "monthly": Encoding(tick_ms=100, time_bits=25),
-    "alltime": Encoding(tick_ms=60_000, time_bits=26),
+    "alltime": Encoding(tick_ms=1000, time_bits=30),
 }
 
 # The narrowest range of any period: what a board's value bounds may not exceed.

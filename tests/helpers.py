@@ -13,9 +13,7 @@ import httpx
 import jwt
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
-from starlette.types import Receive, Scope, Send
 
-from services.api.hub import Hub
 from services.api.main import create_app
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 
@@ -44,7 +42,7 @@ def player_token(
     if expires_in is not None:
         payload["exp"] = datetime.now(UTC) + timedelta(seconds=expires_in)
     key: str | None = None if algorithm == "none" else secret
-    return jwt.encode(payload, key, algorithm=algorithm)  # type: ignore[arg-type]
+    return jwt.encode(payload, key, algorithm=algorithm)
 
 
 def bearer(credential: str) -> dict[str, str]:
@@ -57,45 +55,21 @@ def player(sub: str = "u-1", **kwargs: Any) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def api_client(
-    settings: LadderSettings, *, stop_hub_first: bool = True
-) -> AsyncIterator[httpx.AsyncClient]:
+async def api_client(settings: LadderSettings) -> AsyncIterator[httpx.AsyncClient]:
     """The API of ``settings`` run in-process, lifespan and all, and a client of it.
 
     The lifespan always shuts down gracefully, even when the block fails, so that one failing
     test leaves no connection behind to fail the next. An error inside the app reaches the
     client as the 500 a real client would see.
-
-    ``stop_hub_first`` works around a shutdown race of the API (see
-    ``test_shutdown_closes_the_hubs_redis_connection``): the lifespan cancels the Pub/Sub hub
-    right after asking it to stop, which can cut the close of its Redis client short and leak
-    the connection. Here the hub is stopped and let finish before the lifespan shuts down.
     """
-    lifespan_states: list[dict[str, Any]] = []
-    app = create_app(settings)
-
-    async def app_keeping_state(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            lifespan_states.append(scope["state"])
-        await app(scope, receive, send)
-
-    manager = LifespanManager(app_keeping_state, startup_timeout=15, shutdown_timeout=15)
+    manager = LifespanManager(create_app(settings), startup_timeout=15, shutdown_timeout=15)
     await manager.__aenter__()
     try:
         transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://ladder") as client:
             yield client
     finally:
-        if stop_hub_first:
-            await _stop_hub(lifespan_states[0]["ladder"].hub)
         await manager.__aexit__(None, None, None)
-
-
-async def _stop_hub(hub: Hub) -> None:
-    tasks = [t for t in asyncio.all_tasks() if t.get_name() == "hub" and not t.done()]
-    hub.stop()
-    if tasks:
-        await asyncio.wait(tasks, timeout=5)
 
 
 async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:

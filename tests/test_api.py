@@ -30,6 +30,7 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import (
+    ADMIN,
     SERVER,
     UNREACHABLE_BROKER,
     api_client,
@@ -168,7 +169,7 @@ class Case:
     path: str = SCORES
     params: dict[str, Any] = field(default_factory=dict)
     # A JSON body made at request time (times are relative to now), or raw content.
-    body: Callable[[], Any] | None = lambda: score(user_id="u-1")
+    body: Callable[[], Any] | None = score
     content: Callable[[], bytes | AsyncIterator[bytes]] | None = None
     headers: Callable[[], dict[str, str]] = lambda: dict(SERVER)
     setup: Setup | None = None
@@ -208,6 +209,10 @@ async def open_board(_: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:
     await add_board(redis, keys, Board(board_id="open", player_writes=True))
 
 
+async def alltime_board(_: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:
+    await add_board(redis, keys, Board(board_id="forever", periods=("alltime",)))
+
+
 def posting(*bodies: dict[str, Any]) -> Setup:
     async def setup(client: httpx.AsyncClient, _: Redis, __: Keys) -> None:
         for body in bodies:
@@ -216,21 +221,32 @@ def posting(*bodies: dict[str, Any]) -> Setup:
     return setup
 
 
-async def near_daily_max(client: httpx.AsyncClient, _: Redis, __: Keys) -> None:
-    # 67 x 1,000,000: the next million passes the daily range of 2**26 - 1 = 67,108,863.
-    for _ in range(67):
-        await post(client, score(user_id="u-big", value=1_000_000))
+class NearAlltimeMax:
+    """Setup and body of a write that would take an all-time score past its encodable range."""
+
+    def __init__(self) -> None:
+        self.at = ""
+
+    def body(self) -> dict[str, Any]:
+        return score(user_id="u-big", value=1_000_000, occurred_at=self.at)
+
+    async def setup(self, client: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:
+        # 8 x 1,000,000, and the next million passes the all-time range of 2**23 - 1 = 8,388,607,
+        # the narrowest of the four periods.
+        self.at = ago(5)
+        for _ in range(8):
+            await post(client, self.body())
 
 
-def bug(reason: str) -> pytest.MarkDecorator:
-    """A service bug this test shows: it must fail until the service is fixed."""
-    return pytest.mark.xfail(strict=True, reason="BUG: " + reason)
+NEAR_ALLTIME_MAX = NearAlltimeMax()
 
 
 def nan_cursor() -> str:
     raw_cursor = orjson.dumps({"c": "nan", "u": "u-seed"})
     return base64.urlsafe_b64encode(raw_cursor).decode().rstrip("=")
 
+
+LAST_WEEK = period_ids(datetime.now(UTC) - timedelta(days=7))["weekly"]
 
 ERROR_CASES = [
     # 400 malformed JSON
@@ -239,11 +255,6 @@ ERROR_CASES = [
     pytest.param(
         Case(400, **raw(b'{"user_id": "u-1",', "text/plain")),
         id="400-malformed-text-plain",
-        marks=bug(
-            "a body labelled text/plain is never parsed as JSON (FastAPI's "
-            "strict_content_type=False only covers a missing Content-Type), so malformed JSON "
-            "is a 422, not the 400 of API.md section 1"
-        ),
     ),
     pytest.param(Case(400, **raw(b'{"user_id": "\xff\xfe"}')), id="400-not-utf8"),
     # 401 missing or invalid credential
@@ -259,6 +270,14 @@ ERROR_CASES = [
     pytest.param(Case(401, headers=lambda: bearer(player_token(None))), id="401-jwt-without-sub"),
     pytest.param(
         Case(401, headers=lambda: bearer(player_token(expires_in=None))), id="401-jwt-without-exp"
+    ),
+    pytest.param(Case(401, headers=lambda: player(algorithm="HS512")), id="401-jwt-hs512"),
+    pytest.param(
+        Case(401, headers=lambda: player(nbf=datetime.now(UTC) + timedelta(hours=1))),
+        id="401-jwt-not-yet-valid",
+    ),
+    pytest.param(
+        Case(401, headers=lambda: player("not a user id")), id="401-jwt-sub-not-a-user-id"
     ),
     pytest.param(Case(401, headers=lambda: bearer("not-a-key"), **lb()), id="401-read-unknown-key"),
     pytest.param(
@@ -301,6 +320,10 @@ ERROR_CASES = [
         Case(404, **lb(period="daily", period_id="2020-01-01")), id="404-period-past-retention"
     ),
     pytest.param(Case(404, **lb(period="weekly", period_id="2099-W01")), id="404-period-not-begun"),
+    pytest.param(
+        Case(404, setup=alltime_board, **read("/v1/boards/forever/leaderboard", period="daily")),
+        id="404-period-the-board-does-not-keep",
+    ),
     # 409 conflict
     pytest.param(
         Case(
@@ -323,11 +346,6 @@ ERROR_CASES = [
     pytest.param(
         Case(413, body=None, content=streamed_oversize, headers=lambda: SERVER | JSON),
         id="413-streamed-without-length",
-        marks=bug(
-            "BodyLimit raises TooLarge from receive(), but FastAPI's body reading turns any "
-            "exception there into HTTPException(400, 'There was an error parsing the body'), "
-            "so a chunked body over 1 MiB is a 400"
-        ),
     ),
     # 422 validation
     pytest.param(Case(422, body=lambda: score(user_id=DROP), loc="user_id"), id="422-no-user_id"),
@@ -351,16 +369,12 @@ ERROR_CASES = [
     pytest.param(
         Case(422, body=lambda: score(value=10**40), loc="value"),
         id="422-value-huge-integer",
-        marks=bug(
-            "writes.body_hash runs orjson.dumps on the body before check_value; orjson raises "
-            "TypeError('Integer exceeds 64-bit range') for a value beyond 64 bits: a 500"
-        ),
     ),
     pytest.param(
         Case(
             422,
-            body=lambda: score(user_id="u-big", value=1_000_000),
-            setup=near_daily_max,
+            body=NEAR_ALLTIME_MAX.body,
+            setup=NEAR_ALLTIME_MAX.setup,
             settings={"user_rate": 1000.0},
             loc="value",
         ),
@@ -390,6 +404,10 @@ ERROR_CASES = [
     pytest.param(
         Case(422, body=lambda: score(display_name="An\x07a"), loc="display_name"),
         id="422-display_name-control-character",
+    ),
+    pytest.param(
+        Case(422, body=lambda: score(display_name="An\x85a"), loc="display_name"),
+        id="422-display_name-c1-control-character",
     ),
     pytest.param(
         Case(422, body=lambda: score(display_name="x" * 65), loc="display_name"),
@@ -423,6 +441,7 @@ ERROR_CASES = [
         id="422-bad-idempotency-key",
     ),
     pytest.param(Case(422, body=lambda: [score()]), id="422-body-not-an-object"),
+    pytest.param(Case(422, **raw(b"")), id="422-empty-body"),
     pytest.param(Case(422, **lb(scope="planet"), loc="scope"), id="422-bad-scope"),
     pytest.param(Case(422, **lb(scope="region:EU"), loc="scope"), id="422-bad-region-scope"),
     pytest.param(Case(422, **lb(period="hourly"), loc="period"), id="422-bad-period"),
@@ -430,16 +449,17 @@ ERROR_CASES = [
         Case(422, **lb(period="daily", period_id="2026-13-45"), loc="period_id"),
         id="422-bad-period_id",
     ),
+    pytest.param(
+        # Last week: kept, whenever this runs.
+        Case(422, **lb(period="weekly", period_id=LAST_WEEK + "\n"), loc="period_id"),
+        id="422-period_id-trailing-newline",
+    ),
     pytest.param(Case(422, **lb(limit=0), loc="limit"), id="422-limit-0"),
     pytest.param(Case(422, **lb(limit=1001), loc="limit"), id="422-limit-1001"),
     pytest.param(Case(422, **lb(cursor="not-a-cursor!"), loc="cursor"), id="422-bad-cursor"),
     pytest.param(
         Case(422, **lb(cursor=nan_cursor()), loc="cursor"),
         id="422-nan-cursor",
-        marks=bug(
-            "views.decode_cursor accepts float('nan'), and ZREVRANGEBYSCORE answers 'min or "
-            "max is not a float': an unhandled ResponseError, a 500"
-        ),
     ),
     pytest.param(
         Case(422, **read("/v1/boards/main/users/u-seed", scope="region:eu", around=51)),
@@ -477,7 +497,7 @@ ERROR_CASES = [
 
 
 async def test_error_cases_cover_every_status_of_the_contract() -> None:
-    statuses = {p.values[0].status for p in ERROR_CASES}
+    statuses = {case.status for p in ERROR_CASES for case in p.values if isinstance(case, Case)}
     assert statuses == {400, 401, 403, 404, 409, 413, 422, 429, 503}
 
 
@@ -578,12 +598,13 @@ async def test_a_retry_after_the_lateness_window_is_still_a_duplicate(
     quiet: LadderSettings,
 ) -> None:
     settings = quiet.model_copy(update={"allowed_lateness": 1.0})
-    occurred = datetime.now(UTC) - timedelta(seconds=0.8)
-    body = score(event_id="late-1", occurred_at=rfc(occurred))
     async with api_client(settings) as client:
+        occurred = datetime.now(UTC) - timedelta(seconds=0.5)
+        body = score(event_id="late-1", occurred_at=rfc(occurred))
         first = await post(client, body)
-        # Past the allowance now; a new event this old would be refused.
-        await eventually(lambda: _past(occurred + timedelta(seconds=1.05)), within=3)
+        # Only the clock can take the event past the allowance: wait out what is left of it.
+        left = occurred + timedelta(seconds=1.05) - datetime.now(UTC)
+        await asyncio.sleep(max(left.total_seconds(), 0))
         fresh = await client.post(
             SCORES, json=score(event_id="late-2", occurred_at=rfc(occurred)), headers=SERVER
         )
@@ -592,10 +613,6 @@ async def test_a_retry_after_the_lateness_window_is_still_a_duplicate(
     assert_problem(fresh, 422)
     assert retry["duplicate"] is True
     assert retry["periods"] == first["periods"]
-
-
-async def _past(moment: datetime) -> bool:
-    return datetime.now(UTC) > moment
 
 
 # --- 3. the answer to a score ------------------------------------------------------------------
@@ -636,16 +653,28 @@ async def test_a_first_score_answers_every_period(quiet: LadderSettings) -> None
 
 
 async def test_ranks_follow_totals_within_a_region(quiet: LadderSettings) -> None:
+    # One moment for every event, so that no period can turn over halfway through.
+    at = datetime.now(UTC) - timedelta(seconds=5)
+
+    def scored(user_id: str, value: int, region: str = "eu") -> dict[str, Any]:
+        return score(user_id=user_id, value=value, region=region, occurred_at=rfc(at))
+
     async with api_client(quiet) as client:
-        a = await post(client, score(user_id="u-a", value=10))
-        b = await post(client, score(user_id="u-b", value=20))
-        c = await post(client, score(user_id="u-c", value=30))
-        elsewhere = await post(client, score(user_id="u-na", region="na", value=1000))
+        a = await post(client, scored("u-a", 10))
+        b = await post(client, scored("u-b", 20))
+        c = await post(client, scored("u-c", 30))
+        elsewhere = await post(client, scored("u-na", 1000, region="na"))
         ranked = await get_ok(client, LEADERBOARD, scope="region:eu")
         # incr adds up: 10 + 25 = 35 takes u-a from third to first.
-        climb = await post(client, score(user_id="u-a", value=25))
-        nothing = await post(client, score(user_id="u-b", value=0))
-        after = await get_ok(client, LEADERBOARD, scope="region:eu", period="daily")
+        climb = await post(client, scored("u-a", 25))
+        nothing = await post(client, scored("u-b", 0))
+        after = await get_ok(
+            client,
+            LEADERBOARD,
+            scope="region:eu",
+            period="daily",
+            period_id=period_ids(at)["daily"],
+        )
 
     for answer in (a, b, c, elsewhere):
         assert {p["rank"] for p in answer["periods"].values()} == {1}
@@ -697,12 +726,6 @@ async def test_equal_totals_rank_whoever_reached_them_first(quiet: LadderSetting
         assert second["periods"][period]["rank"] == 2, period
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (contract): alltime ranks tick in whole minutes (shared/ranking.py), so two "
-    "users reaching the same total within one minute are ordered by user id, not by who was "
-    "first (API.md section 3, Ties)",
-)
 async def test_equal_alltime_totals_within_one_minute_rank_whoever_was_first(
     quiet: LadderSettings,
 ) -> None:
@@ -715,6 +738,13 @@ async def test_equal_alltime_totals_within_one_minute_rank_whoever_was_first(
 
     entries = [(e["rank"], e["user_id"], e["score"]) for e in board["entries"]]
     assert entries == [(1, "tie-a", 40), (2, "tie-b", 40)]
+
+
+async def test_an_admin_key_may_submit_for_any_user(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        answer = await post(client, score(user_id="u-5", value=4), ADMIN)
+
+    assert (answer["user_id"], answer["periods"]["alltime"]["score"]) == ("u-5", 4)
 
 
 async def test_a_player_submits_its_own_score_on_a_board_with_player_writes(
@@ -735,11 +765,6 @@ async def test_an_unlabelled_json_body_is_read(quiet: LadderSettings) -> None:
     assert response.status_code == 200, response.text
 
 
-@bug(
-    "main.py means to 'parse JSON whatever the content type', but FastAPI's "
-    "strict_content_type=False only covers a missing Content-Type: a JSON body labelled "
-    "text/plain is validated as raw bytes, a 422"
-)
 async def test_a_json_body_labelled_text_plain_is_read(quiet: LadderSettings) -> None:
     async with api_client(quiet) as client:
         response = await client.post(
@@ -798,11 +823,13 @@ async def test_a_region_pages_with_a_cursor(quiet: LadderSettings) -> None:
 async def test_pages_over_exact_ties_repeat_and_skip_no_one(
     quiet: LadderSettings, limit: int
 ) -> None:
-    at = ago(30)
+    at = datetime.now(UTC) - timedelta(seconds=30)
     async with api_client(quiet) as client:
         for i in range(25):
-            await post(client, score(user_id=f"u-{i:02d}", value=100, occurred_at=at))
-        pages = await read_all_pages(client, limit, scope="region:eu", period="daily")
+            await post(client, score(user_id=f"u-{i:02d}", value=100, occurred_at=rfc(at)))
+        pages = await read_all_pages(
+            client, limit, scope="region:eu", period="daily", period_id=period_ids(at)["daily"]
+        )
 
     entries = [e for p in pages for e in p["entries"]]
     assert [len(p["entries"]) for p in pages][:-1] == [limit] * (len(pages) - 1)
@@ -860,7 +887,9 @@ async def test_the_global_scope_is_empty_until_the_aggregator_merges(
     async with api_client(quiet) as client:
         await post(client, score(value=10))
         default = await client.get(LEADERBOARD)
+        before = datetime.now(UTC)
         weekly = await client.get(LEADERBOARD, params={"scope": "global", "period": "weekly"})
+        weeks = {period_ids(before)["weekly"], period_ids(datetime.now(UTC))["weekly"]}
 
     assert default.status_code == 200
     assert default.json() == {
@@ -874,7 +903,7 @@ async def test_the_global_scope_is_empty_until_the_aggregator_merges(
         "next_cursor": None,
     }
     assert weekly.status_code == 200
-    assert weekly.json()["period_id"] == period_ids(datetime.now(UTC))["weekly"]
+    assert weekly.json()["period_id"] in weeks
     assert (weekly.json()["as_of"], weekly.json()["entries"]) == (None, [])
 
 
@@ -1047,12 +1076,6 @@ async def test_with_the_broker_down_the_api_is_ready_and_accepts_scores(
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the lifespan cancels the Pub/Sub hub task right after hub.stop() "
-    "(main._background), and Hub._listen closes its Redis client in a finally that is not "
-    "shielded, so a cancel landing in client.aclose() leaks the connection",
-)
 async def test_shutdown_closes_the_hubs_redis_connection(
     settings: LadderSettings,
     redis: Redis,
@@ -1070,7 +1093,7 @@ async def test_shutdown_closes_the_hubs_redis_connection(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        async with api_client(settings, stop_hub_first=False) as client:
+        async with api_client(settings) as client:
             # The relay connected: at shutdown it takes longer to stop than the idle hub.
             await eventually(lambda: _broker_is_up(client))
             monkeypatch.setattr(Redis, "aclose", slow_aclose)

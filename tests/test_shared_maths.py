@@ -83,7 +83,7 @@ def test_encoding_round_trips_and_orders(
 
 
 def test_the_narrowest_range_bounds_board_values() -> None:
-    assert MAX_SCORE == 2**26 - 1
+    assert MAX_SCORE == 2**23 - 1
 
 
 def result(rank: int, previous: int | None, pushed: dict[str, str] | None = None) -> PeriodResult:

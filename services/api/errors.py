@@ -62,14 +62,13 @@ class Conflict(Problem):
 class Invalid(Problem):
     status, title, slug = 422, "Unprocessable content", "validation"
 
-    def __init__(self, detail: str, *, field: str | None = None) -> None:
+    def __init__(self, detail: str, *, loc: tuple[str, ...] = ()) -> None:
         super().__init__(detail)
-        self.field = field
+        self.loc = loc
 
     def body(self) -> dict[str, Any]:
         body = super().body()
-        loc = ["body", self.field] if self.field else []
-        body["errors"] = [{"loc": loc, "msg": self.detail, "type": "value_error"}]
+        body["errors"] = [{"loc": list(self.loc), "msg": self.detail, "type": "value_error"}]
         return body
 
 
@@ -98,7 +97,12 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(body, status_code=422, media_type=PROBLEM)
 
 
-_STATUS_TITLES = {400: "Bad request", 404: "Not found", 405: "Method not allowed"}
+_STATUS_TITLES = {
+    400: "Bad request",
+    404: "Not found",
+    405: "Method not allowed",
+    413: "Content too large",
+}
 
 
 def install(app: FastAPI) -> None:

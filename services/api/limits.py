@@ -8,6 +8,8 @@ import time
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.auth import Principal
@@ -33,8 +35,11 @@ class RateLimited(Problem):
 
 
 class BodyLimit:
-    """Refuses bodies over ``limit`` bytes with 413, by Content-Length before reading, and by
-    counting while reading when the length is not declared."""
+    """Refuses request bodies over ``limit`` bytes with a problem+json 413: by Content-Length
+    before anything is read, else by counting while the body streams in.
+
+    (Starlette's own body limit answers in plain text, outside the problem+json contract.)
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -44,18 +49,12 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = TooLarge(f"Request bodies are limited to {self.limit} bytes.")
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = self.limit + 1
-                if declared > self.limit:
-                    await problem_response(too_large)(scope, receive, send)
-                    return
+        detail = f"Request bodies are limited to {self.limit} bytes."
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await problem_response(TooLarge(detail))(scope, receive, send)
+            return
         seen = 0
-        started = False
 
         async def counting_receive() -> Message:
             nonlocal seen
@@ -63,19 +62,30 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise too_large
+                    # An HTTPException passes through FastAPI's body parsing to the handlers.
+                    raise HTTPException(413, detail)
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        await self.app(scope, counting_receive, send)
 
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except TooLarge:
-            if not started:
-                await problem_response(too_large)(scope, receive, send)
+
+class JsonBodies:
+    """Every request body is JSON (API.md section 1), whatever its Content-Type says.
+
+    Game clients often send JSON labelled as a form or as plain text; rather than refuse them,
+    the label is corrected so that a body is parsed, and malformed JSON answers 400 as it
+    should.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            headers.append((b"content-type", b"application/json"))
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
 
 
 def _credential_id(principal: Principal, credential: str) -> str:

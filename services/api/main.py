@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from services.api import errors
 from services.api.hub import Hub
-from services.api.limits import BodyLimit
+from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
 from services.api.routes import reads, scores
 from services.api.state import ApiState, State
@@ -38,14 +38,22 @@ Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Erro
 
 
 @contextlib.asynccontextmanager
-async def _background(coro: Any, name: str) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(coro, name=name)
+async def _background(
+    coro: Coroutine[Any, Any, None], stop: Callable[[], None], grace: float
+) -> AsyncIterator[None]:
+    """Run ``coro`` for the block; on the way out ask it to ``stop`` and give it ``grace``
+    seconds to finish (closing its own connections) before it is cancelled."""
+    task = asyncio.create_task(coro)
     try:
-        yield task
+        yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), grace)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 def create_app(settings: LadderSettings | None = None) -> FastAPI:
@@ -65,25 +73,25 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             relay = Relay(redis, keys, catalog, settings)
             hub = Hub(settings.redis_url)
             state = ApiState(settings, keys, redis, catalog, engine, relay, hub)
-            async with _background(hub.run(), "hub"), _background(relay.run(), "relay") as task:
+            # The relay gets the grace period to hand what is in the outbox to the broker.
+            async with (
+                _background(hub.run(), hub.stop, 5.0),
+                _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
+            ):
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
                 state.shutting_down.set()
-                hub.stop()
-                relay.stop()
-                # Let the relay hand what is in the outbox to the broker before going.
-                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(task), settings.shutdown_grace_seconds)
 
     app = FastAPI(
         title="Ladder",
         version="1.0.0",
         description=DESCRIPTION,
         lifespan=lifespan,
-        # Game clients do not always label their bodies; parse JSON whatever the content type.
+        # Bodies are JSON; see limits.JsonBodies for bodies labelled otherwise.
         strict_content_type=False,
     )
     errors.install(app)
+    app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(scores.router)
     app.include_router(reads.router)

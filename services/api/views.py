@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,9 +48,12 @@ def resolve_view(
     elif scope.startswith("region:") and _REGION.match(scope.removeprefix("region:")):
         scope_key = scope
     elif scope.startswith(("friends:", "teams")):
-        raise Invalid(f"The {scope.split(':')[0]} scope is not available on this server.")
+        raise Invalid(
+            f"The {scope.split(':')[0]} scope is not available on this server.",
+            loc=("query", "scope"),
+        )
     else:
-        raise Invalid("scope must be 'global' or 'region:<region>'.", field="scope")
+        raise Invalid("scope must be 'global' or 'region:<region>'.", loc=("query", "scope"))
     if period not in board.periods:
         raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
     current = window_at(period, datetime.now(UTC), board.timezone)
@@ -59,7 +63,7 @@ def resolve_view(
         try:
             window = window_of(period, period_id, board.timezone)
         except PeriodIdError as exc:
-            raise Invalid(str(exc), field="period_id") from exc
+            raise Invalid(str(exc), loc=("query", "period_id")) from exc
         oldest = previous_window(current, board.timezone, board.retention.of(period) or 0)
         if window.start > current.start or window.start < oldest.start:
             raise NotFound(f"Period {period_id!r} is not kept (retention or not yet begun).")
@@ -76,9 +80,12 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = orjson.loads(raw)
-        return float(data["c"]), str(data["u"])
+        composite = float(data["c"])
+        if not math.isfinite(composite):
+            raise ValueError("not a finite score")
+        return composite, str(data["u"])
     except (binascii.Error, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
-        raise Invalid("cursor is not one this server handed out.", field="cursor") from exc
+        raise Invalid("cursor is not one this server handed out.", loc=("query", "cursor")) from exc
 
 
 async def _after_cursor(

@@ -44,7 +44,9 @@ class ScoreIn(BaseModel):
     event_id: EventId | None = Field(default=None, description="Idempotency key")
     user_id: UserId
     region: Region
-    value: StrictInt = Field(description="A delta (incr) or a score (best, set)")
+    value: StrictInt = Field(
+        ge=-(2**53), le=2**53, description="A delta (incr) or a score (best, set)"
+    )
     team_id: TeamId | None = None
     display_name: DisplayName | None = None
     occurred_at: AwareDatetime | None = Field(default=None, description="Defaults to now")
@@ -76,7 +78,7 @@ def body_hash(score: ScoreIn) -> str:
 def resolve_event_id(score: ScoreIn, header: str | None) -> str:
     if header is not None:
         if score.event_id is not None and score.event_id != header:
-            raise Invalid("Idempotency-Key and event_id differ.", field="event_id")
+            raise Invalid("Idempotency-Key and event_id differ.", loc=("body", "event_id"))
         return header
     return score.event_id or uuid.uuid4().hex
 
@@ -86,17 +88,17 @@ def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -
         raise Invalid(
             f"occurred_at is older than the allowed lateness of "
             f"{settings.allowed_lateness:g} seconds.",
-            field="occurred_at",
+            loc=("body", "occurred_at"),
         )
     if occurred_at > now + timedelta(seconds=settings.future_tolerance_seconds):
-        raise Invalid("occurred_at is in the future.", field="occurred_at")
+        raise Invalid("occurred_at is in the future.", loc=("body", "occurred_at"))
 
 
 def check_value(value: int, board: Board) -> None:
     if not board.min_value <= value <= board.max_value:
         raise Invalid(
             f"value must be within [{board.min_value}, {board.max_value}] on this board.",
-            field="value",
+            loc=("body", "value"),
         )
 
 
@@ -197,7 +199,7 @@ async def submit(
     if status == "conflict":
         raise Conflict(f"event_id {event_id!r} was already accepted with a different body.")
     if status == "range":
-        raise Invalid(f"The score cannot be ranked exactly: {payload}.", field="value")
+        raise Invalid(f"The score cannot be ranked exactly: {payload}.", loc=("body", "value"))
     if status == "outbox_full":
         raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
     raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")

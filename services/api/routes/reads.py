@@ -147,5 +147,5 @@ async def events(
     try:
         rows, next_cursor = await user_events(state.engine, board.board_id, user_id, limit, cursor)
     except BadCursor as exc:
-        raise Invalid(str(exc), field="cursor") from exc
+        raise Invalid(str(exc), loc=("query", "cursor")) from exc
     return {"events": rows, "next_cursor": next_cursor}
