@@ -13,7 +13,7 @@ import binascii
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any
 
 import orjson
 from sqlalchemy import (
@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.mysql import DATETIME
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from typing_extensions import TypedDict
 
 from shared.events import rfc3339
 

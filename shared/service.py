@@ -5,36 +5,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
 import uvloop
+from redis.asyncio import Redis
 
 from shared.consumer import ConsumerRunner
+from shared.logs import configure
 from shared.ops import Check, serve_ops
+from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
 
 Companion = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
-def run(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run ``main(stop)`` on uvloop; SIGTERM and SIGINT set ``stop``."""
+def run(service: str, main: Callable[[LadderSettings], Coroutine[Any, Any, None]]) -> None:
+    """The entry point of a service: settings, JSON logs, ``main(settings)`` on uvloop.
 
-    async def entry() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+    A failure is logged as one JSON line and ends the process with status 1, so that the process
+    manager restarts it.
+    """
+    settings = LadderSettings()
+    configure(service, settings.log_level)
+    try:
+        uvloop.run(main(settings))
+    except Exception:
+        log.exception(f"{service} failed")
+        raise SystemExit(1) from None
 
-    uvloop.run(entry())
+
+def checks_of(runner: ConsumerRunner, redis: Redis) -> dict[str, Check]:
+    """The dependencies every consumer needs: the broker and Redis."""
+
+    async def broker() -> bool:
+        return runner.ready
+
+    async def redis_up() -> bool:
+        return bool(await redis.ping())
+
+    return {"broker": broker, "redis": redis_up}
 
 
 async def consume(
     runner: ConsumerRunner,
-    stop: asyncio.Event,
     *,
     host: str,
     port: int,
@@ -42,28 +58,39 @@ async def consume(
     grace_seconds: float,
     companions: tuple[Companion, ...] = (),
 ) -> None:
-    """Serve ops, consume, and run ``companions`` until ``stop``; then drain within the grace.
+    """Serve ops, consume, and run ``companions`` until SIGTERM or SIGINT; then stop taking
+    deliveries and give the batch in hand (and the companions) ``grace_seconds`` to finish.
+    Anything unacked after that is simply delivered again.
 
     A companion is a loop of the service's own (a ticker) that returns once its event is set.
+    A consumer or companion that ends by itself is a crash and raises.
     """
-    required = set(checks)
-    async with serve_ops(host, port, checks, required):
-        companion_stop = asyncio.Event()
-        tasks = [asyncio.create_task(runner.run(), name="consumer")]
-        tasks += [asyncio.create_task(c(companion_stop)) for c in companions]
-        stopper = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-        for task in done - {stopper}:
-            # A loop that ended by itself is a crash: let the process manager restart us.
-            task.result()
-            raise RuntimeError(f"{task.get_name()} ended unexpectedly")
-        log.info("stopping: finishing the batch in hand", grace_seconds=grace_seconds)
-        runner.stop()
-        companion_stop.set()
-        _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        stopper.cancel()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with serve_ops(host, port, checks, set(checks)):
+            companion_stop = asyncio.Event()
+            tasks = [asyncio.create_task(runner.run(), name="consumer")]
+            tasks += [asyncio.create_task(c(companion_stop), name="companion") for c in companions]
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            for task in done - {stopper}:
+                task.result()
+                raise RuntimeError(f"{task.get_name()} ended by itself")
+            log.info("stopping: finishing the batch in hand", grace_seconds=grace_seconds)
+            runner.stop()
+            companion_stop.set()
+            _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+            if pending:
+                log.error("shutdown deadline passed; the unacked batch will be redelivered")
+            for task in pending:
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

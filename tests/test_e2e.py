@@ -4,43 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import httpx
-import jwt
 import pytest
 import websockets
 from sqlalchemy import text
 
 from shared.db import open_engine
-from shared.settings import DEV_JWT_SECRET, DEV_SERVER_KEY
+from tests.helpers import SERVER, eventually, player_token
 from tests.stack import Stack
 
 pytestmark = pytest.mark.stack
-
-SERVER = {"Authorization": f"Bearer {DEV_SERVER_KEY}"}
-T = TypeVar("T")
-
-
-def player_token(user_id: str) -> str:
-    claims = {"sub": user_id, "exp": datetime.now(UTC) + timedelta(minutes=10)}
-    return jwt.encode(claims, DEV_JWT_SECRET, algorithm="HS256")
-
-
-async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 15.0) -> T:
-    """The first truthy answer of ``probe``, polled until ``within`` seconds have passed."""
-    end = time.monotonic() + within
-    while True:
-        answer = await probe()
-        if answer:
-            return answer
-        if time.monotonic() > end:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(0.05)
 
 
 class Socket:

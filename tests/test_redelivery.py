@@ -11,8 +11,9 @@ from redis.asyncio import Redis
 
 from shared.db import count_events, open_engine
 from shared.keys import Keys
+from tests.helpers import SERVER, eventually, player_token
 from tests.stack import Stack
-from tests.test_e2e import SERVER, eventually, open_socket, player_token
+from tests.test_e2e import open_socket
 
 pytestmark = pytest.mark.stack
 

@@ -10,8 +10,8 @@ import aio_pika
 import httpx
 import pytest
 
+from tests.helpers import SERVER, eventually
 from tests.stack import Stack
-from tests.test_e2e import SERVER, eventually
 
 pytestmark = pytest.mark.stack
 

@@ -1,3 +1,5 @@
-from services.aggregator.main import entry
+"""``python -m services.aggregator``: see :mod:`services.aggregator.main`."""
 
-entry()
+from services.aggregator.main import main
+
+main()

@@ -13,7 +13,6 @@ from shared import service
 from shared.boards import BoardCatalog
 from shared.consumer import ConsumerRunner
 from shared.keys import Keys
-from shared.logs import configure
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -37,8 +36,7 @@ async def tick(merger: Merger, catalog: BoardCatalog, interval: float, stop: asy
             await asyncio.wait_for(stop.wait(), interval)
 
 
-async def main(stop: asyncio.Event, settings: LadderSettings | None = None) -> None:
-    settings = settings or LadderSettings()
+async def run(settings: LadderSettings) -> None:
     keys = Keys(settings.key_prefix)
     async with open_redis(settings.redis_url) as redis:
         catalog = BoardCatalog(redis, keys)
@@ -52,24 +50,18 @@ async def main(stop: asyncio.Event, settings: LadderSettings | None = None) -> N
             prefetch=settings.consumer_prefetch,
         )
 
-        async def redis_up() -> bool:
-            return bool(await redis.ping())
-
-        async def broker_up() -> bool:
-            return runner.ready
+        async def ticker(stop: asyncio.Event) -> None:
+            await tick(merger, catalog, settings.merge_interval, stop)
 
         await service.consume(
             runner,
-            stop,
             host=settings.ops_host,
             port=settings.aggregator_port,
-            checks={"broker": broker_up, "redis": redis_up},
+            checks=service.checks_of(runner, redis),
             grace_seconds=settings.shutdown_grace_seconds,
-            companions=(lambda s: tick(merger, catalog, settings.merge_interval, s),),
+            companions=(ticker,),
         )
 
 
-def entry() -> None:
-    settings = LadderSettings()
-    configure("aggregator", settings.log_level)
-    service.run(lambda stop: main(stop, settings))
+def main() -> None:
+    service.run("aggregator", run)

@@ -8,21 +8,16 @@ up after ``LADDER_SHUTDOWN_GRACE_SECONDS``: anything unacked then is simply deli
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-
 import structlog
-import uvloop
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler
 from services.history.migrate import check_schema
+from shared import service
 from shared.consumer import ConsumerRunner
 from shared.db import open_engine
-from shared.logs import configure
-from shared.ops import Check, serve_ops
+from shared.ops import Check
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -53,65 +48,18 @@ async def run(settings: LadderSettings) -> None:
                 batch_size=settings.history_batch,
                 flush_ms=settings.history_flush_ms,
             )
-
-            async def broker() -> bool:
-                return runner.ready
-
-            async def redis_up() -> bool:
-                return bool(await redis.ping())
-
-            checks: dict[str, Check] = {
-                "broker": broker,
-                "redis": redis_up,
-                "mysql": _mysql_check(engine),
-            }
-            async with serve_ops(settings.ops_host, settings.history_port, checks, set(checks)):
-                await _consume(runner, settings.shutdown_grace_seconds)
+            await service.consume(
+                runner,
+                host=settings.ops_host,
+                port=settings.history_port,
+                checks={**service.checks_of(runner, redis), "mysql": _mysql_check(engine)},
+                grace_seconds=settings.shutdown_grace_seconds,
+            )
     log.info("history stopped")
 
 
-async def _consume(runner: ConsumerRunner, grace_seconds: float) -> None:
-    loop = asyncio.get_running_loop()
-    stop_asked = asyncio.Event()
-
-    def on_signal(signum: signal.Signals) -> None:
-        log.info("stopping", signal=signum.name, grace_seconds=grace_seconds)
-        runner.stop()
-        stop_asked.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    consuming = asyncio.create_task(runner.run())
-    stopping = asyncio.create_task(stop_asked.wait())
-    try:
-        await asyncio.wait({consuming, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not consuming.done():
-            try:
-                await asyncio.wait_for(consuming, grace_seconds)
-            except TimeoutError:
-                log.error("shutdown deadline passed; the unacked batch will be redelivered")
-                return
-        consuming.result()  # a consumer that died on its own ends the service loudly
-    finally:
-        stopping.cancel()
-        if not consuming.done():
-            consuming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await consuming
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-
-
 def main() -> None:
-    settings = LadderSettings()
-    configure("history", settings.log_level)
-    log.info("starting", port=settings.history_port, batch=settings.history_batch)
-    try:
-        uvloop.run(run(settings))
-    except Exception:
-        # One JSON line with the cause, for whoever reads the logs rather than the terminal.
-        log.exception("history failed")
-        raise SystemExit(1) from None
+    service.run("history", run)
 
 
 if __name__ == "__main__":

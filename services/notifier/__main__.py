@@ -1,3 +1,5 @@
-from services.notifier.main import entry
+"""``python -m services.notifier``: see :mod:`services.notifier.main`."""
 
-entry()
+from services.notifier.main import main
+
+main()

@@ -12,7 +12,7 @@ from services.api import views
 from services.api.errors import Invalid
 from services.api.state import BoardDep, Caller, Reader, State
 from shared.boards import Board
-from shared.db import BadCursor, user_events
+from shared.db import BadCursor, EventRecord, user_events
 from shared.events import USER_ID_PATTERN, rfc3339
 from shared.periods import Period
 
@@ -53,18 +53,8 @@ class StandingOut(BaseModel):
     around: list[Entry]
 
 
-class EventOut(BaseModel):
-    event_id: str
-    user_id: str
-    region: str
-    team_id: str | None
-    value: int
-    occurred_at: str
-    accepted_at: str
-
-
 class EventsOut(BaseModel):
-    events: list[EventOut]
+    events: list[EventRecord]
     next_cursor: str | None
 
 
