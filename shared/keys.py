@@ -22,7 +22,18 @@ key                                                type        holds
                                                                the last merge (RFC 3339)
 ``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
 ``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it
+``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
+``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
+                                                               ranks); member = signed score
+``{P:B}:lb:<period>:<period_id>:<scope>:counts``   hash        signed score -> how many hold it
+``{P:B}:feed``                                     list        the newest accepted events (JSON)
+``{P:B}:players:<period>:<period_id>``             hyperloglog distinct users of the period
+``{P:B}:events:<period>:<period_id>``              string      accepted events of the period
+``{P:B}:user:<user_id>:regions``                   set         regions the user scored in
+``{P:B}:user-team``                                hash        user_id -> its latest team_id
+``{P:B}:badges:<user_id>``                         hash        badge -> awarded_at (RFC 3339)
 ``P:boards``                                       hash        board_id -> definition (JSON)
+``P:friends:<user_id>``                            set         the user's friends (mutual)
 ``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket
 =================================================  ==========  ===============================
 
@@ -100,6 +111,40 @@ class Keys:
 
     def seen(self, board_id: str, consumer: str, event_id: str) -> str:
         return f"{self.tag(board_id)}:seen:{consumer}:{event_id}"
+
+    def teams_view(self, board_id: str, period: str, period_id: str) -> str:
+        return self.board_view(board_id, period, period_id, "teams")
+
+    @staticmethod
+    def distinct(view_key: str) -> str:
+        """The distinct-score set that goes with a view (for dense ranks)."""
+        return f"{view_key}:distinct"
+
+    @staticmethod
+    def distinct_counts(view_key: str) -> str:
+        return f"{view_key}:counts"
+
+    def feed(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:feed"
+
+    def players(self, board_id: str, period: str, period_id: str) -> str:
+        return f"{self.tag(board_id)}:players:{period}:{period_id}"
+
+    def event_count(self, board_id: str, period: str, period_id: str) -> str:
+        return f"{self.tag(board_id)}:events:{period}:{period_id}"
+
+    def user_regions(self, board_id: str, user_id: str) -> str:
+        return f"{self.tag(board_id)}:user:{user_id}:regions"
+
+    def user_team(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:user-team"
+
+    def badges(self, board_id: str, user_id: str) -> str:
+        return f"{self.tag(board_id)}:badges:{user_id}"
+
+    def friends(self, user_id: str) -> str:
+        """One set per user; a friends read takes it and then batches one board read."""
+        return f"{self.prefix}:friends:{user_id}"
 
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:

@@ -4,22 +4,53 @@
 The atomic write of one accepted score (API.md section 4; DESIGN.md invariant 1).
 
 One call: check the idempotency record and the outbox bound; compute the new score of every
-period's regional board (refusing the whole call if any leaves its encodable range); write them;
-read rank and previous rank; name whoever this write pushed out of each notify bracket; record
-the answer under the event id; append the event to the outbox. Every key shares one hash tag.
+period's regional board and team board (refusing the whole call if any leaves its encodable
+range); write them with their distinct-score sets (for dense ranks); read rank and previous rank;
+name whoever this write pushed out of each notify bracket; count the period's players and events;
+record the answer under the event id; append the event to the feed and the outbox. Every key
+shares one hash tag.
 
-KEYS: idem, outbox, names, then for each period: its regional board, its regions set.
+KEYS: idem, outbox, names, feed, user regions, user team; then nine per period: regional board,
+      its distinct set, its counts, regions set, team board, its distinct set, its counts,
+      players (HyperLogLog), event count.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
+      13 feed length, 14 team_id ('' for none),
       then six per period: name, id, scale (2^time bits), tick, max score, expire-at (0: never).
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local function decode_score(composite, scale, desc)
-  local signed = math.floor(tonumber(composite) / scale)
-  if desc then return signed end
-  return -signed
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 6, 9, 14, 6
+
+local function fmt(n) return string.format('%.17g', n) end
+
+local function signed_of(composite, scale)
+  return math.floor(tonumber(composite) / scale)
+end
+
+-- Move one member of a view from old_signed (nil: absent) to new_signed, keeping the view's
+-- distinct-score set and counts right.
+local function put_entry(view, distinct, counts, member, composite, old_signed, new_signed)
+  redis.call('ZADD', view, fmt(composite), member)
+  if old_signed == new_signed then return end
+  if old_signed ~= nil then
+    local k = fmt(old_signed)
+    if redis.call('HINCRBY', counts, k, -1) <= 0 then
+      redis.call('HDEL', counts, k)
+      redis.call('ZREM', distinct, k)
+    end
+  end
+  local k = fmt(new_signed)
+  if redis.call('HINCRBY', counts, k, 1) == 1 then
+    redis.call('ZADD', distinct, k, k)
+  end
+end
+
+local function expire(keys, at)
+  if at > 0 then
+    for _, key in ipairs(keys) do redis.call('EXPIREAT', key, at) end
+  end
 end
 
 local function submit(keys, args)
@@ -36,22 +67,26 @@ local function submit(keys, args)
   end
 
   local op, value, user = args[2], tonumber(args[3]), args[4]
-  local region, display = args[5], args[6]
+  local region, display, team = args[5], args[6], args[14]
   local n, desc = tonumber(args[8]), args[12] == '1'
+  local sign = desc and 1 or -1
+  local teams = op == 'incr' and team ~= ''
   local brackets = {}
   for t in string.gmatch(args[11], '%d+') do brackets[#brackets + 1] = tonumber(t) end
 
-  -- First pass: decide every period's new score; refuse before writing anything.
+  -- First pass: decide every period's new scores; refuse before writing anything.
   local plan = {}
   for i = 1, n do
-    local a = 12 + (i - 1) * 6
+    local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
     local p = {name = args[a + 1], id = args[a + 2], scale = tonumber(args[a + 3]),
                tick = tonumber(args[a + 4]), max = tonumber(args[a + 5]),
                expire = tonumber(args[a + 6]),
-               board = keys[2 + 2 * i], regions = keys[3 + 2 * i]}
+               board = keys[k + 1], distinct = keys[k + 2], counts = keys[k + 3],
+               regions = keys[k + 4], teams = keys[k + 5], teams_distinct = keys[k + 6],
+               teams_counts = keys[k + 7], players = keys[k + 8], events = keys[k + 9]}
     local old = redis.call('ZSCORE', p.board, user)
-    local old_score = nil
-    if old then old_score = decode_score(old, p.scale, desc) end
+    if old then p.old_signed = signed_of(old, p.scale) end
+    local old_score = p.old_signed and p.old_signed * sign
     if op == 'incr' then
       p.score = (old_score or 0) + value
       p.changed = old_score == nil or value ~= 0
@@ -66,8 +101,17 @@ local function submit(keys, args)
       p.changed = old_score == nil or value ~= old_score
     end
     if p.score > p.max or p.score < -p.max then
-      return {'range', p.name .. ' score would be ' .. string.format('%.17g', p.score) ..
-              ', beyond the largest encodable ' .. string.format('%.17g', p.max)}
+      return {'range', p.name .. ' score would be ' .. fmt(p.score) ..
+              ', beyond the largest encodable ' .. fmt(p.max)}
+    end
+    if teams then
+      local old_team = redis.call('ZSCORE', p.teams, team)
+      if old_team then p.team_old_signed = signed_of(old_team, p.scale) end
+      p.team_score = (p.team_old_signed or 0) * sign + value
+      if p.team_score > p.max or p.team_score < -p.max then
+        return {'range', p.name .. ' team score would be ' .. fmt(p.team_score) ..
+                ', beyond the largest encodable ' .. fmt(p.max)}
+      end
     end
     plan[i] = p
   end
@@ -76,18 +120,23 @@ local function submit(keys, args)
   local periods = {}
   for i = 1, n do
     local p = plan[i]
+    local reached = p.scale - 1 - p.tick
     local prev = redis.call('ZREVRANK', p.board, user)
     if p.changed then
-      local signed = p.score
-      if not desc then signed = -signed end
-      local composite = signed * p.scale + (p.scale - 1 - p.tick)
-      redis.call('ZADD', p.board, string.format('%.17g', composite), user)
+      local signed = p.score * sign
+      put_entry(p.board, p.distinct, p.counts, user, signed * p.scale + reached,
+                p.old_signed, signed)
+    end
+    if teams and (p.team_old_signed == nil or value ~= 0) then
+      local signed = p.team_score * sign
+      put_entry(p.teams, p.teams_distinct, p.teams_counts, team, signed * p.scale + reached,
+                p.team_old_signed, signed)
     end
     redis.call('SADD', p.regions, region)
-    if p.expire > 0 then
-      redis.call('EXPIREAT', p.board, p.expire)
-      redis.call('EXPIREAT', p.regions, p.expire)
-    end
+    redis.call('PFADD', p.players, user)
+    redis.call('INCR', p.events)
+    expire({p.board, p.distinct, p.counts, p.regions, p.players, p.events}, p.expire)
+    if teams then expire({p.teams, p.teams_distinct, p.teams_counts}, p.expire) end
     local rank = redis.call('ZREVRANK', p.board, user) + 1
     local pushed = {}
     for _, t in ipairs(brackets) do
@@ -103,10 +152,47 @@ local function submit(keys, args)
   end
 
   if display ~= '' then redis.call('HSET', keys[3], user, display) end
+  redis.call('SADD', keys[5], region)
+  if team ~= '' then redis.call('HSET', keys[6], user, team) end
+  local event = args[7] .. '}'
+  redis.call('LPUSH', keys[4], event)
+  redis.call('LTRIM', keys[4], 0, tonumber(args[13]) - 1)
   local entry = args[7] .. ',"periods":' .. cjson.encode(periods) .. '}'
   redis.call('SET', keys[1], args[1] .. '\n' .. entry, 'EX', tonumber(args[9]))
   redis.call('XADD', keys[2], '*', 'e', entry)
   return {'ok', entry}
+end
+
+--[[
+Replace entries of a merged view (the aggregator's global boards), keeping its distinct-score
+set right. KEYS: view, distinct, counts. ARGV: scale, expire-at (0: never), then pairs of member
+and composite ('' removes the member). Returns how many entries changed.
+]]
+local function put(keys, args)
+  local scale, at, changed = tonumber(args[1]), tonumber(args[2]), 0
+  for j = 3, #args, 2 do
+    local member, composite = args[j], args[j + 1]
+    local old = redis.call('ZSCORE', keys[1], member)
+    local old_signed = nil
+    if old then old_signed = signed_of(old, scale) end
+    if composite == '' then
+      if old then
+        redis.call('ZREM', keys[1], member)
+        local k = fmt(old_signed)
+        if redis.call('HINCRBY', keys[3], k, -1) <= 0 then
+          redis.call('HDEL', keys[3], k)
+          redis.call('ZREM', keys[2], k)
+        end
+        changed = changed + 1
+      end
+    elseif old ~= composite and (old == false or tonumber(old) ~= tonumber(composite)) then
+      put_entry(keys[1], keys[2], keys[3], member, tonumber(composite), old_signed,
+                signed_of(composite, scale))
+      changed = changed + 1
+    end
+  end
+  expire(keys, at)
+  return changed
 end
 
 --[[
@@ -133,3 +219,4 @@ end
 
 redis.register_function('ladder_submit_v1', submit)
 redis.register_function('ladder_take_v1', take)
+redis.register_function('ladder_put_v1', put)

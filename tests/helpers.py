@@ -92,7 +92,8 @@ async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:
         elif kind == "hash":
             content = await redis.hgetall(key)
         elif kind == "string":
-            content = await redis.get(key)
+            # Raw bytes: HyperLogLogs are strings that are not text.
+            content = await redis.execute_command("GET", key, NEVER_DECODE=True)
         elif kind == "set":
             content = sorted(await redis.smembers(key))
         elif kind == "list":

@@ -38,7 +38,7 @@ async def tick(merger: Merger, catalog: BoardCatalog, interval: float, stop: asy
 
 async def run(settings: LadderSettings) -> None:
     keys = Keys(settings.key_prefix)
-    async with open_redis(settings.redis_url) as redis:
+    async with open_redis(settings.redis_url, load_functions=True) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
         merger = Merger(redis, keys)

@@ -32,6 +32,7 @@ from shared.events import rfc3339
 from shared.keys import Keys, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
 from shared.ranking import ENCODINGS, decode, encode
+from shared.redis import PUT_FUNCTION
 
 log = structlog.get_logger(__name__)
 
@@ -121,14 +122,15 @@ class Merger:
                     absent.append(user)
                 else:
                     present[user] = merged
-            async with self._redis.pipeline(transaction=True) as pipe:
-                if present:
-                    pipe.zadd(global_key, present)
-                if absent:
-                    pipe.zrem(global_key, *absent)
-                if expiry is not None:
-                    pipe.expireat(global_key, expiry)
-                await pipe.execute()
+            pairs: list[str] = []
+            for user, composite in present.items():
+                pairs += [user, repr(composite)]
+            for user in absent:
+                pairs += [user, ""]
+            view_keys = [global_key, keys.distinct(global_key), keys.distinct_counts(global_key)]
+            await self._redis.fcall(
+                PUT_FUNCTION, 3, *view_keys, ENCODINGS[period].scale, expiry or 0, *pairs
+            )
         await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
         return len(ordered)
 

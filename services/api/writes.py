@@ -156,18 +156,33 @@ async def submit(
         "occurred_at": rfc3339(occurred_at),
         "accepted_at": rfc3339(now),
     }
+    bid = board.board_id
     call_keys = [
-        keys.idempotency(board.board_id, event_id),
-        keys.outbox(board.board_id),
-        keys.names(board.board_id),
+        keys.idempotency(bid, event_id),
+        keys.outbox(bid),
+        keys.names(bid),
+        keys.feed(bid),
+        keys.user_regions(bid, score.user_id),
+        keys.user_team(bid),
     ]
     period_args: list[str | int] = []
     for period in board.periods:
         window = window_at(period, occurred_at, board.timezone)
         enc = ENCODINGS[period]
         expiry = expire_at(window, board.timezone, board.retention.of(period))
-        call_keys.append(keys.region_view(board.board_id, period, window.period_id, score.region))
-        call_keys.append(keys.regions(board.board_id, period, window.period_id))
+        view = keys.region_view(bid, period, window.period_id, score.region)
+        teams = keys.teams_view(bid, period, window.period_id)
+        call_keys += [
+            view,
+            keys.distinct(view),
+            keys.distinct_counts(view),
+            keys.regions(bid, period, window.period_id),
+            teams,
+            keys.distinct(teams),
+            keys.distinct_counts(teams),
+            keys.players(bid, period, window.period_id),
+            keys.event_count(bid, period, window.period_id),
+        ]
         period_args += [
             period,
             window.period_id,
@@ -189,6 +204,8 @@ async def submit(
         settings.outbox_max,
         ",".join(str(t) for t in board.notify_top),
         "1" if board.descending else "0",
+        settings.feed_length,
+        score.team_id or "",
         *period_args,
     ]
     status, payload = await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
