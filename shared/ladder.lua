@@ -196,6 +196,18 @@ local function put(keys, args)
 end
 
 --[[
+Award a badge exactly once (API.md section 3): KEYS[1] the user's badges hash. ARGV badge,
+awarded-at, channel, message. Records the badge and publishes the message in one step, so a
+badge is pushed exactly when it is first recorded, however often its event is delivered.
+Returns 1 if awarded now, 0 if the user had it already.
+]]
+local function award(keys, args)
+  if redis.call('HSETNX', keys[1], args[1], args[2]) == 0 then return 0 end
+  redis.call('PUBLISH', args[3], args[4])
+  return 1
+end
+
+--[[
 A token bucket (API.md section 9a): KEYS[1] the bucket; ARGV rate a second, burst, now in ms,
 cost. Takes the tokens and returns {1, 0}, or takes nothing and returns {0, ms until enough}.
 ]]
@@ -220,3 +232,4 @@ end
 redis.register_function('ladder_submit_v1', submit)
 redis.register_function('ladder_take_v1', take)
 redis.register_function('ladder_put_v1', put)
+redis.register_function('ladder_award_v1', award)

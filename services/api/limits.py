@@ -101,13 +101,18 @@ async def take(
     principal: Principal,
     credential: str,
     user_ids: list[str],
-) -> None:
-    """Take one submission per event from the credential's and each user's bucket, or 429.
+) -> dict[str, RateLimited]:
+    """Take one submission per event from the credential's bucket and each user's, in Redis,
+    so that every API process shares them; all in one round trip.
 
-    Buckets live in Redis, so every API process shares them. Buckets are taken in one round
-    trip; a refusal by one may still have taken from another, which only errs towards limiting.
+    Raises :class:`RateLimited` if the credential is over its limit. Returns the users that are
+    over theirs, each with its 429, so that a batch can refuse just their events. A refusal by
+    one bucket may still have taken from another, which only errs towards limiting.
     """
     now_ms = int(time.time() * 1000)
+    counts: dict[str, int] = {}
+    for user in user_ids:
+        counts[user] = counts.get(user, 0) + 1
     async with redis.pipeline(transaction=False) as pipe:
         pipe.fcall(
             TAKE_FUNCTION,
@@ -118,9 +123,6 @@ async def take(
             now_ms,
             len(user_ids),
         )
-        counts: dict[str, int] = {}
-        for user in user_ids:
-            counts[user] = counts.get(user, 0) + 1
         for user, count in counts.items():
             pipe.fcall(
                 TAKE_FUNCTION,
@@ -131,9 +133,15 @@ async def take(
                 now_ms,
                 count,
             )
-        replies = await pipe.execute()
-    for bucket, (allowed, retry_ms) in zip(["key", *counts], replies, strict=True):
-        if not allowed:
-            LIMITED.labels("credential" if bucket == "key" else "user").inc()
-            who = "this credential" if bucket == "key" else f"user {bucket!r}"
-            raise RateLimited(f"Score submissions by {who} are over the limit.", retry_ms)
+        (key_ok, key_wait_ms), *replies = await pipe.execute()
+    if not key_ok:
+        LIMITED.labels("credential").inc()
+        raise RateLimited("Score submissions by this credential are over the limit.", key_wait_ms)
+    denied: dict[str, RateLimited] = {}
+    for user, (ok, wait_ms) in zip(counts, replies, strict=True):
+        if not ok:
+            LIMITED.labels("user").inc()
+            denied[user] = RateLimited(
+                f"Score submissions by user {user!r} are over the limit.", wait_ms
+            )
+    return denied

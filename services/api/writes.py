@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -118,16 +119,26 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     }
 
 
-async def submit(
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One prepared ``ladder_submit_v1`` call, or the answer already known without one."""
+
+    event_id: str
+    keys: list[str]
+    args: list[str | int]
+    known: dict[str, Any] | None = None
+
+
+async def prepare(
     redis: Redis,
     keys: Keys,
     settings: LadderSettings,
     board: Board,
     score: ScoreIn,
     event_id: str,
-) -> dict[str, Any]:
-    """Write one score atomically; the answer of API.md section 4, or a :class:`Problem`."""
-    now = datetime.now(UTC)
+    now: datetime,
+) -> Call:
+    """Validate one score against its board and build its write; raises a :class:`Problem`."""
     occurred_at = score.occurred_at or now
     digest = body_hash(score)
     try:
@@ -142,9 +153,8 @@ async def submit(
             raise Conflict(
                 f"event_id {event_id!r} was already accepted with a different body."
             ) from None
-        return response_from_entry(entry, duplicate=True)
+        return Call(event_id, [], [], known=response_from_entry(entry, duplicate=True))
     check_value(score.value, board)
-
     event = {
         "event_id": event_id,
         "board_id": board.board_id,
@@ -208,7 +218,11 @@ async def submit(
         score.team_id or "",
         *period_args,
     ]
-    status, payload = await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+    return Call(event_id, call_keys, args)
+
+
+def answer(status: str, payload: str, event_id: str) -> dict[str, Any]:
+    """The answer to a client from what the write function returned; or a :class:`Problem`."""
     if status == "ok":
         return response_from_entry(payload, duplicate=False)
     if status == "duplicate":
@@ -220,3 +234,37 @@ async def submit(
     if status == "outbox_full":
         raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
     raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")
+
+
+async def submit(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    board: Board,
+    score: ScoreIn,
+    event_id: str,
+) -> dict[str, Any]:
+    """Write one score atomically; the answer of API.md section 4, or a :class:`Problem`."""
+    call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
+    if call.known is not None:
+        return call.known
+    status, payload = await redis.fcall(SUBMIT_FUNCTION, len(call.keys), *call.keys, *call.args)
+    return answer(status, payload, event_id)
+
+
+async def submit_many(redis: Redis, calls: list[Call]) -> list[tuple[str, str]]:
+    """Run prepared writes in one round trip; ``(status, payload)`` for each, in order.
+
+    Each call is atomic on its own; a later call sees what an earlier one wrote (so an
+    ``event_id`` twice in one batch is a duplicate the second time).
+    """
+    async with redis.pipeline(transaction=False) as pipe:
+        for call in calls:
+            pipe.fcall(SUBMIT_FUNCTION, len(call.keys), *call.keys, *call.args)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+    out = []
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+        out.append((str(reply[0]), str(reply[1])))
+    return out

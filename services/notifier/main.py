@@ -1,4 +1,4 @@
-"""The notifier: who entered a top bracket, who was overtaken; published to Redis Pub/Sub."""
+"""The notifier: bracket crossings and badge awards, published to Redis Pub/Sub."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from shared.topology import Topology
 
 async def run(settings: LadderSettings) -> None:
     keys = Keys(settings.key_prefix)
-    async with open_redis(settings.redis_url) as redis:
+    async with open_redis(settings.redis_url, load_functions=True) as redis:
         runner = ConsumerRunner(
             name="notifier",
             amqp_url=settings.amqp_url,

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from prometheus_client import Counter, Histogram
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.api import limits
 from services.api.auth import bearer
-from services.api.errors import Forbidden, Unauthorized
+from services.api.errors import Forbidden, Invalid, Problem, Unauthorized
 from services.api.state import BoardDep, Caller, State
-from services.api.writes import ScoreIn, ScoreOut, resolve_event_id, submit
+from services.api.writes import (
+    Call,
+    ScoreIn,
+    ScoreOut,
+    answer,
+    prepare,
+    resolve_event_id,
+    submit,
+    submit_many,
+)
 from shared.events import EVENT_ID_PATTERN
 
 router = APIRouter(prefix="/v1/boards/{board_id}", tags=["scores"])
@@ -65,9 +77,114 @@ async def post_score(
             raise Forbidden("A player token may submit only its own scores.")
     event_id = resolve_event_id(score, idempotency_key)
     credential = bearer(request.headers.get("authorization")) or ""
-    await limits.take(state.redis, state.keys, state.settings, caller, credential, [score.user_id])
+    denied = await limits.take(
+        state.redis, state.keys, state.settings, caller, credential, [score.user_id]
+    )
+    if denied:
+        raise denied[score.user_id]
     with WRITE_SECONDS.time():
         result = await submit(state.redis, state.keys, state.settings, board, score, event_id)
     SCORES.labels("duplicate" if result["duplicate"] else "accepted").inc()
     state.relay.wake()
     return result
+
+
+MAX_BATCH = 1000
+
+
+class BatchIn(BaseModel):
+    """Each event is validated on its own: one bad event does not refuse the others."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[dict[str, Any]] = Field(
+        min_length=1,
+        max_length=MAX_BATCH,
+        description="1 to 1000 score events, each shaped as the single score POST",
+    )
+
+
+class BatchError(BaseModel):
+    event_id: str | None
+    error: dict[str, Any] = Field(description="A problem (RFC 9457) for this event alone")
+
+
+class BatchOut(BaseModel):
+    results: list[ScoreOut | BatchError]
+
+
+def _validation_problem(exc: ValidationError) -> dict[str, Any]:
+    body = Invalid("The event failed validation.").body()
+    body["errors"] = [
+        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+    return body
+
+
+@router.post("/scores/batch", response_model=BatchOut, responses=PROBLEMS)
+async def post_batch(
+    batch: BatchIn, request: Request, board: BoardDep, caller: Caller, state: State
+) -> dict[str, Any]:
+    """Submit up to 1000 scores (server key): every valid one in a single Redis round trip.
+
+    ``results`` holds one entry per event, in order: the single-event answer, or
+    ``{"event_id", "error": {problem}}`` for an event refused on its own (validation, value
+    bounds, lateness, a reused ``event_id`` with another body, its user over the rate limit).
+    """
+    caller.require_server()
+    results: list[dict[str, Any] | None] = [None] * len(batch.events)
+    scores: dict[int, ScoreIn] = {}
+    for i, raw in enumerate(batch.events):
+        try:
+            scores[i] = ScoreIn.model_validate(raw)
+        except ValidationError as exc:
+            event_id = raw.get("event_id")
+            results[i] = {
+                "event_id": event_id if isinstance(event_id, str) else None,
+                "error": _validation_problem(exc),
+            }
+    credential = bearer(request.headers.get("authorization")) or ""
+    denied = await limits.take(
+        state.redis,
+        state.keys,
+        state.settings,
+        caller,
+        credential,
+        [score.user_id for score in scores.values()],
+    )
+    now = datetime.now(UTC)
+    calls: dict[int, Call] = {}
+    for i, score in scores.items():
+        event_id = score.event_id or uuid.uuid4().hex
+        try:
+            if score.user_id in denied:
+                raise denied[score.user_id]
+            call = await prepare(
+                state.redis, state.keys, state.settings, board, score, event_id, now
+            )
+        except Problem as problem:
+            results[i] = {"event_id": event_id, "error": problem.body()}
+            continue
+        if call.known is not None:
+            results[i] = call.known
+        else:
+            calls[i] = call
+    with WRITE_SECONDS.time():
+        replies = await submit_many(state.redis, list(calls.values()))
+    for (i, call), (status, payload) in zip(calls.items(), replies, strict=True):
+        try:
+            results[i] = answer(status, payload, call.event_id)
+        except Problem as problem:
+            results[i] = {"event_id": call.event_id, "error": problem.body()}
+    for result in results:
+        assert result is not None
+        outcome = (
+            "rejected"
+            if "error" in result
+            else ("duplicate" if result["duplicate"] else "accepted")
+        )
+        SCORES.labels(outcome).inc()
+    if calls:
+        state.relay.wake()
+    return {"results": results}

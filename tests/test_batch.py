@@ -1,0 +1,135 @@
+"""The batch endpoint: up to 1000 events, each accepted or refused on its own."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from shared.topology import Topology
+from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client, player
+
+pytestmark = pytest.mark.usefixtures("mysql_database", "broker")
+
+
+@pytest.fixture
+def quiet(settings: LadderSettings) -> LadderSettings:
+    return settings.model_copy(
+        update={
+            "amqp_url": UNREACHABLE_BROKER,
+            "shutdown_grace_seconds": 1.0,
+            "key_rate": 100_000.0,
+            "user_rate": 10_000.0,
+        }
+    )
+
+
+def event(i: int, **changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "event_id": f"b-{i}",
+        "user_id": f"u-{i % 300}",
+        "region": ("eu", "na", "ap")[i % 3],
+        "value": i % 17,
+    }
+    body.update(changes)
+    return body
+
+
+async def test_a_batch_of_1000_with_two_bad_events_accepts_998(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    events = [event(i) for i in range(1000)]
+    events[10] = event(10, value=1.5)  # not an integer
+    events[500] = event(500, region="Not A Region")
+    async with api_client(quiet) as client:
+        response = await client.post(
+            "/v1/boards/main/scores/batch", json={"events": events}, headers=SERVER
+        )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert len(results) == 1000
+    refused = [i for i, r in enumerate(results) if "error" in r]
+    assert refused == [10, 500]
+    assert results[10]["event_id"] == "b-10"
+    assert results[10]["error"]["status"] == 422
+    assert results[500]["error"]["errors"][0]["loc"] == ["region"]
+    assert all(r["duplicate"] is False for i, r in enumerate(results) if i not in (10, 500))
+    keys = Keys(quiet.key_prefix)
+    assert await redis.xlen(keys.outbox("main")) == 998
+    # Every user is on its region's board, and every accepted event is counted.
+    total = 0
+    for region in ("eu", "na", "ap"):
+        rows = await redis.zrange(keys.region_view("main", "alltime", "all", region), 0, -1)
+        total += len(rows)
+    assert total == 300
+    assert int(await redis.get(keys.event_count("main", "alltime", "all")) or 0) == 998
+
+
+async def test_a_batch_answers_each_event_on_its_own(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    first = {"event_id": f"x-{tag}", "user_id": "ana", "region": "eu", "value": 5}
+    async with api_client(quiet) as client:
+        response = await client.post(
+            "/v1/boards/main/scores/batch",
+            json={
+                "events": [
+                    first,
+                    first,  # the same event again: a duplicate
+                    {**first, "value": 6},  # the same id, another body: 409
+                    {"user_id": "bo", "region": "eu", "value": 2_000_000},  # over max_value
+                    {"user_id": "cy", "region": "eu", "value": 1},  # no id: one is made
+                ]
+            },
+            headers=SERVER,
+        )
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        assert results[0]["duplicate"] is False
+        assert results[0]["periods"]["alltime"]["score"] == 5
+        assert results[1]["duplicate"] is True
+        assert results[1]["periods"] == results[0]["periods"]
+        assert results[2]["error"]["status"] == 409
+        assert results[3]["error"]["status"] == 422
+        assert results[4]["duplicate"] is False and results[4]["event_id"]
+
+        # A player token may not post batches; nor may anyone without a credential.
+        response = await client.post(
+            "/v1/boards/main/scores/batch", json={"events": [first]}, headers=player("ana")
+        )
+        assert response.status_code == 403
+        response = await client.post("/v1/boards/main/scores/batch", json={"events": [first]})
+        assert response.status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"events": []}, {"events": [{}] * 1001}, {"events": "no"}, {}, {"events": [], "x": 1}],
+    ids=["empty", "1001", "not-a-list", "missing", "extra-field"],
+)
+async def test_a_malformed_batch_is_refused_whole(
+    quiet: LadderSettings, redis: Redis, body: dict[str, Any]
+) -> None:
+    async with api_client(quiet) as client:
+        response = await client.post("/v1/boards/main/scores/batch", json=body, headers=SERVER)
+    assert response.status_code == 422
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
+
+
+async def test_users_over_their_rate_are_refused_alone(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    limited = settings.model_copy(update={"amqp_url": UNREACHABLE_BROKER, "user_rate": 1.0})
+    events = [event(i, user_id="busy") for i in range(3)] + [event(9, user_id="calm")]
+    async with api_client(limited) as client:
+        response = await client.post(
+            "/v1/boards/main/scores/batch", json={"events": events}, headers=SERVER
+        )
+    results = response.json()["results"]
+    assert [r.get("error", {}).get("status") for r in results] == [429, 429, 429, None]
