@@ -16,7 +16,7 @@ from services.api import errors
 from services.api.hub import Hub
 from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
-from services.api.routes import reads, scores
+from services.api.routes import badges, reads, scores
 from services.api.state import ApiState, State
 from services.api.ws import router as ws_router
 from shared.boards import BoardCatalog
@@ -95,6 +95,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(scores.router)
     app.include_router(reads.router)
+    app.include_router(badges.router)
     app.include_router(ws_router)
 
     @app.get("/healthz", tags=["operations"])

@@ -1,29 +1,37 @@
-"""Turn accepted events into rank pushes on Redis Pub/Sub."""
+"""Turn accepted events into pushes on Redis Pub/Sub: rank messages and badge awards."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.notifier.rules import Crossing, crossings
+from services.notifier.rules import Crossing, crossings, earned
 from shared.boards import BoardCatalog
-from shared.events import ScoreAccepted
+from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.periods import Period
 from shared.ranking import decode_score
+from shared.redis import AWARD_FUNCTION
 
 PUSHES = Counter("ladder_notifier_pushes_total", "Rank messages published", ["reason"])
 SKIPPED = Counter("ladder_notifier_duplicates_total", "Events already handled, skipped")
+AWARDS = Counter("ladder_notifier_badges_awarded_total", "Badges awarded (once per user and board)")
 
 SEEN_TTL_SECONDS = 86_400
 
 
 class Notify:
-    """Publishes ``rank`` messages; skips events it has already handled (broker redelivery).
+    """Publishes ``rank`` messages and awards badges; skips events it has already handled
+    (broker redelivery).
 
     An event is marked seen only after its messages are published: a crash in between repeats
-    them on redelivery rather than losing them.
+    the rank messages on redelivery rather than losing them. Badges never repeat: each award is
+    one ``ladder_award_v1`` call whose ``HSETNX`` on the user's badges hash decides, in the same
+    atomic step as the publish, so a badge is pushed exactly once however often, and however
+    partly, its event was handled before.
     """
 
     def __init__(self, redis: Redis, keys: Keys, catalog: BoardCatalog) -> None:
@@ -34,24 +42,51 @@ class Notify:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         seen_keys = [self._keys.seen(e.board_id, "notifier", e.event_id) for e in events]
         seen = await self._redis.mget(seen_keys)
-        fresh = [e for e, s in zip(events, seen, strict=True) if s is None]
+        fresh: dict[str, ScoreAccepted] = {}
+        for key, event, was_seen in zip(seen_keys, events, seen, strict=True):
+            # A message delivered twice within one batch counts once, too.
+            if was_seen is None and key not in fresh:
+                fresh[key] = event
         SKIPPED.inc(len(events) - len(fresh))
         messages: list[tuple[str, dict[str, object]]] = []
-        for event in fresh:
+        awards: list[tuple[str, str, str, str, bytes]] = []
+        for event in fresh.values():
             board = await self._catalog.get(event.board_id)
             if board is None:
                 continue
             for period, result in event.periods.items():
                 for crossing in crossings(event.user_id, result, board.notify_top):
                     messages.append(await self._message(event, period, result.period_id, crossing))
+            for badge in earned(event.value, board.badges, board.descending):
+                awards.append(self._award(event, badge))
         async with self._redis.pipeline(transaction=False) as pipe:
-            for channel, message in messages:
-                pipe.publish(channel, orjson.dumps(message))
-            for key in (self._keys.seen(e.board_id, "notifier", e.event_id) for e in fresh):
+            # In event order, so that of two events earning one badge the first one's time holds.
+            for key, badge, awarded_at, channel, message in awards:
+                pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
+            for channel, rank_message in messages:
+                pipe.publish(channel, orjson.dumps(rank_message))
+            for key in fresh:
                 pipe.set(key, 1, ex=SEEN_TTL_SECONDS)
-            await pipe.execute()
-        for _, message in messages:
-            PUSHES.labels(message["reason"]).inc()
+            replies: list[Any] = await pipe.execute()
+        AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
+        for _, rank_message in messages:
+            PUSHES.labels(rank_message["reason"]).inc()
+
+    def _award(self, event: ScoreAccepted, badge: str) -> tuple[str, str, str, str, bytes]:
+        """The arguments of one ``ladder_award_v1`` call."""
+        message = {
+            "type": "badge",
+            "board_id": event.board_id,
+            "user_id": event.user_id,
+            "badge": badge,
+        }
+        return (
+            self._keys.badges(event.board_id, event.user_id),
+            badge,
+            rfc3339(event.accepted_at),
+            self._keys.user_channel(event.user_id),
+            orjson.dumps(message),
+        )
 
     async def _message(
         self, event: ScoreAccepted, period: Period, period_id: str, crossing: Crossing

@@ -1,4 +1,4 @@
-"""The bracket rules of API.md section 9, as pure functions of one period's write result."""
+"""The bracket rules of API.md section 9 and the badge rule of section 3, as pure functions."""
 
 from __future__ import annotations
 
@@ -45,3 +45,24 @@ def crossings(user_id: str, result: PeriodResult, brackets: tuple[int, ...]) -> 
         if t in brackets and displaced != user_id:
             out.append(Crossing(displaced, "overtaken", t, t + 1, t))
     return out
+
+
+def reaches(value: int, threshold: int, descending: bool) -> bool:
+    """Whether one event's value reaches a badge threshold (API.md section 3).
+
+    On a ``desc`` board, higher is better: ``value >= threshold``. On an ``asc`` board, lower is
+    better (a lap time, strokes), so a threshold is a mark to get down to: ``value <= threshold``.
+    The value compared is the event's own, whatever the operator: on an ``incr`` board a badge
+    marks one big play, not a running total.
+    """
+    return value >= threshold if descending else value <= threshold
+
+
+def earned(value: int, badges: dict[str, int], descending: bool) -> list[str]:
+    """The badges (by name, sorted) whose threshold one event's value reaches.
+
+    Whether the user holds one already is not decided here but by the award itself, atomically.
+    """
+    return sorted(
+        name for name, threshold in badges.items() if reaches(value, threshold, descending)
+    )
