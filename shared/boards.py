@@ -1,13 +1,16 @@
 """Board definitions: what a leaderboard counts and how it ranks.
 
-Definitions live in the Redis hash ``Keys.boards``. Board ``main`` exists out of the box with
-:data:`MAIN_BOARD`; every service that needs a definition reads it through :class:`BoardCatalog`.
+The history database (table ``boards``, :mod:`shared.db_boards`) is the source of truth of the
+definitions; the Redis hash ``Keys.boards`` is their projection, which every service reads
+through :class:`BoardCatalog`. The API writes a definition to MySQL, then to Redis, and at
+start-up restores the hash from MySQL, so definitions outlive a Redis that keeps nothing. Board
+``main`` exists out of the box with :data:`MAIN_BOARD`.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -109,10 +112,33 @@ class BoardCatalog:
         """Create board ``main`` if no definition of it is stored yet."""
         await self._redis.hsetnx(self._keys.boards, MAIN_BOARD_ID, MAIN_BOARD.model_dump_json())
 
-    async def get(self, board_id: str) -> Board | None:
+    async def put(self, board: Board) -> None:
+        """Store ``board`` in Redis (after it is stored in MySQL) and forget any cached copy.
+
+        Other processes see it once their own cached copy ages out, within ``ttl`` seconds.
+        """
+        await self._redis.hset(self._keys.boards, board.board_id, board.model_dump_json())
+        self._cache.pop(board.board_id, None)
+
+    async def restore(self, boards: list[Board]) -> None:
+        """Write ``boards``, as loaded from MySQL, over whatever Redis holds for them.
+
+        Overwriting rather than only filling gaps: another process may have put the default
+        ``main`` there first (:meth:`ensure_defaults`), and MySQL is the source of truth. Call
+        it under :func:`shared.db_boards.definitions_lock`, which every definition writer takes,
+        so that a ``PUT`` racing the restore cannot be overwritten with the older definition.
+        Boards that Redis holds and MySQL does not are left alone.
+        """
+        if boards:
+            mapping: dict[Any, str] = {board.board_id: board.model_dump_json() for board in boards}
+            await self._redis.hset(self._keys.boards, mapping=mapping)
+        self._cache.clear()
+
+    async def get(self, board_id: str, *, fresh: bool = False) -> Board | None:
+        """The definition of ``board_id``, from the local cache unless ``fresh``."""
         now = time.monotonic()
         hit = self._cache.get(board_id)
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > now and not fresh:
             return hit[1]
         raw = await self._redis.hget(self._keys.boards, board_id)
         board = Board.model_validate_json(raw) if raw is not None else None

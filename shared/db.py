@@ -1,4 +1,8 @@
-"""The history database: the ``score_events`` table, the engine factory and the event reads.
+"""The history database: its tables, the engine factory and the event reads.
+
+Tables: ``score_events`` (the event log), ``boards`` (board definitions), ``friendships`` (one
+row per direction of a mutual friendship) and ``snapshots`` (top-N views over time). Reads and
+writes of the last three are in :mod:`shared.db_boards`.
 
 MySQL (or MariaDB) is Ladder's source of truth. Times are stored as naive UTC ``DATETIME(6)``
 (a ``TIMESTAMP`` would follow the session time zone and end in 2038) and come back out as aware
@@ -29,7 +33,7 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.dialects.mysql import DATETIME
+from sqlalchemy.dialects.mysql import DATETIME, MEDIUMTEXT
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typing_extensions import TypedDict
 
@@ -65,6 +69,47 @@ score_events = Table(
     UniqueConstraint("board_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
     Index(None, "board_id", "user_id", "accepted_at", "id"),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+# A board definition as JSON text (MEDIUMTEXT: MariaDB's JSON is a LONGTEXT alias that alembic
+# would report as a change on every comparison). The source of truth the API restores the Redis
+# hash ``Keys.boards`` from.
+boards = Table(
+    "boards",
+    metadata,
+    Column("board_id", String(32, collation=ID_COLLATION), primary_key=True),
+    Column("definition", MEDIUMTEXT, nullable=False),
+    Column("created_at", DATETIME(fsp=6), nullable=False),
+    Column("updated_at", DATETIME(fsp=6), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+# Both directions of a friendship are rows, so one user's friends are one primary-key range.
+friendships = Table(
+    "friendships",
+    metadata,
+    Column("user_id", String(64, collation=ID_COLLATION), primary_key=True),
+    Column("friend_id", String(64, collation=ID_COLLATION), primary_key=True),
+    Column("created_at", DATETIME(fsp=6), nullable=False),
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("board_id", String(32, collation=ID_COLLATION), nullable=False),
+    Column("scope", String(80, collation=ID_COLLATION), nullable=False),
+    Column("period", String(8, collation=ID_COLLATION), nullable=False),
+    Column("period_id", String(16, collation=ID_COLLATION), nullable=False),
+    Column("taken_at", DATETIME(fsp=6), nullable=False),
+    Column("entries", MEDIUMTEXT, nullable=False),
+    # "The newest of a view taken at or before a time" is one backward range scan of this index.
+    Index(None, "board_id", "scope", "period", "taken_at"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )

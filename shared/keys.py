@@ -146,6 +146,12 @@ class Keys:
         """One set per user; a friends read takes it and then batches one board read."""
         return f"{self.prefix}:friends:{user_id}"
 
+    def snapshot_dirty(self, board_id: str, *, taking: bool = False) -> str:
+        """``{P:B}:snapdirty`` (set): "<period>|<period_id>|<scope>" views changed since the last
+        snapshot, marked by history; ``taking=True``: ``{P:B}:snapdirty:taking``, the set a
+        snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
+        return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
+
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:
     """A member of the dirty set. ``|`` cannot occur in any identifier."""

@@ -43,6 +43,12 @@ class Principal:
         if not self.is_server:
             raise Forbidden("This needs a server or admin key.")
 
+    def require_admin(self) -> None:
+        if self.kind == "anonymous":
+            raise Unauthorized("An admin key is required.")
+        if self.kind != "admin":
+            raise Forbidden("This needs an admin key.")
+
 
 ANONYMOUS = Principal("anonymous")
 

@@ -16,7 +16,8 @@ from services.api import errors
 from services.api.hub import Hub
 from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
-from services.api.routes import badges, reads, scores
+from services.api.restore import Restorer
+from services.api.routes import badges, boards, friends, reads, scores, snapshots
 from services.api.state import ApiState, State
 from services.api.ws import router as ws_router
 from shared.boards import BoardCatalog
@@ -69,6 +70,10 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             open_engine(settings.mysql_url) as engine,
         ):
             catalog = BoardCatalog(redis, keys)
+            # Definitions and friendships back from MySQL, their source of truth, into a Redis
+            # that may have lost them; retried in the background if MySQL is away now.
+            restorer = Restorer(engine, redis, keys, catalog)
+            await restorer.attempt()
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
             hub = Hub(settings.redis_url)
@@ -77,6 +82,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             async with (
                 _background(hub.run(), hub.stop, 5.0),
                 _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
+                _background(restorer.retry(), restorer.stop, 1.0),
             ):
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
@@ -96,6 +102,9 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(scores.router)
     app.include_router(reads.router)
     app.include_router(badges.router)
+    app.include_router(boards.router)
+    app.include_router(friends.router)
+    app.include_router(snapshots.router)
     app.include_router(ws_router)
 
     @app.get("/healthz", tags=["operations"])

@@ -1,16 +1,22 @@
-"""Writes accepted score events into the event log, each (board_id, event_id) exactly once."""
+"""The history consumer's handlers: the event log, each (board_id, event_id) exactly once, and
+the marks of the views each event changed, for the snapshots."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import structlog
 from prometheus_client import Counter
+from redis.asyncio import Redis
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.history.snapshots import changed_views
+from shared.consumer import Handler
 from shared.db import score_events, to_db_time
 from shared.events import ScoreAccepted
+from shared.keys import Keys
 
 log = structlog.get_logger(__name__)
 
@@ -68,3 +74,36 @@ class HistoryHandler:
         ROWS.labels("inserted").inc(inserted)
         ROWS.labels("duplicate").inc(duplicates)
         log.debug("events stored", inserted=inserted, duplicates=duplicates)
+
+
+class MarkChangedViews:
+    """Marks the views a batch changed in each board's ``Keys.snapshot_dirty`` set, for the
+    snapshot ticker (:mod:`services.history.snapshots`). A set: a view marked twice is one mark,
+    and a redelivered batch marks nothing new."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        marks: dict[str, set[str]] = defaultdict(set)
+        for event in events:
+            marks[event.board_id].update(changed_views(event))
+        if not marks:
+            return
+        # One single-key SADD a board: no multi-key command, so any shard layout will do.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for board_id, members in marks.items():
+                pipe.sadd(self._keys.snapshot_dirty(board_id), *members)
+            await pipe.execute()
+
+
+def in_order(*handlers: Handler) -> Handler:
+    """One handler that runs ``handlers`` one after the other on each batch; a failure stops
+    the rest, and the runner retries the whole batch (every handler here is idempotent)."""
+
+    async def handle(events: list[ScoreAccepted]) -> None:
+        for handler in handlers:
+            await handler(events)
+
+    return handle

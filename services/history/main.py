@@ -1,22 +1,29 @@
-"""The history service: the ``ladder.scores.history`` queue into the MySQL event log.
+"""The history service: the ``ladder.scores.history`` queue into the MySQL event log, and the
+top-N snapshots of the views that changed, every ``LADDER_SNAPSHOT_INTERVAL``.
 
 Run as ``python -m services.history``. Start-up opens MySQL (and refuses to go on unless the
-schema is migrated), Redis, then the ops endpoints and the consumer; shutdown goes in reverse.
+schema is migrated), Redis, then the ops endpoints, the consumer and the snapshot ticker;
+shutdown goes in reverse.
 SIGTERM or SIGINT stops taking messages, lets the batch in hand be stored and acked, and gives
 up after ``LADDER_SHUTDOWN_GRACE_SECONDS``: anything unacked then is simply delivered again.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.history.handlers import HistoryHandler
+from services.history.handlers import HistoryHandler, MarkChangedViews, in_order
 from services.history.migrate import check_schema
+from services.history.snapshots import Snapshotter, tick
 from shared import service
+from shared.boards import BoardCatalog
 from shared.consumer import ConsumerRunner
 from shared.db import open_engine
+from shared.keys import Keys
 from shared.ops import Check
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -39,21 +46,30 @@ async def run(settings: LadderSettings) -> None:
     async with open_engine(settings.mysql_url, changed_rows=True) as engine:
         await check_schema(engine)
         async with open_redis(settings.redis_url) as redis:
+            keys = Keys(settings.key_prefix)
+            catalog = BoardCatalog(redis, keys)
+            snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)
             runner = ConsumerRunner(
                 name="history",
                 amqp_url=settings.amqp_url,
                 topology=Topology(settings.broker_prefix, settings.delivery_limit),
-                handler=HistoryHandler(engine),
+                # The event log first: the views are marked only for events that are stored.
+                handler=in_order(HistoryHandler(engine), MarkChangedViews(redis, keys)),
                 prefetch=settings.consumer_prefetch,
                 batch_size=settings.history_batch,
                 flush_ms=settings.history_flush_ms,
             )
+
+            async def ticker(stop: asyncio.Event) -> None:
+                await tick(snapshotter, catalog, settings.snapshot_interval, stop)
+
             await service.consume(
                 runner,
                 host=settings.ops_host,
                 port=settings.history_port,
                 checks={**service.checks_of(runner, redis), "mysql": _mysql_check(engine)},
                 grace_seconds=settings.shutdown_grace_seconds,
+                companions=(ticker,),
             )
     log.info("history stopped")
 

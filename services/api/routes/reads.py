@@ -1,4 +1,4 @@
-"""Leaderboard, standing and history reads (API.md sections 3, 5 and 7)."""
+"""Leaderboard, standing, ranks and history reads (API.md sections 3, 5 and 7)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, StringConstraints
 
-from services.api import views
+from services.api import ranks, views
 from services.api.errors import Invalid
+from services.api.routes import activity
 from services.api.state import BoardDep, Caller, Reader, State
-from shared.boards import Board
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import USER_ID_PATTERN, rfc3339
 from shared.periods import Period
@@ -19,18 +19,48 @@ from shared.periods import Period
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN)]
-ScopeQuery = Annotated[str, Query(max_length=80, description="global or region:{region}")]
+ScopeQuery = Annotated[
+    str,
+    Query(
+        max_length=80,
+        pattern=views.SCOPE_PATTERN,
+        description="global, region:{region}, teams (incr boards) or friends:{user_id} (that "
+        "player's token or a server key)",
+    ),
+]
 PeriodQuery = Annotated[Period, Query()]
 PeriodIdQuery = Annotated[
-    str | None, Query(max_length=16, description="Defaults to the current period")
+    str | None,
+    Query(
+        max_length=16, pattern=views.PERIOD_ID_PATTERN, description="Defaults to the current period"
+    ),
 ]
+RankStyleQuery = Annotated[
+    views.RankStyle,
+    Query(
+        description="ordinal: every rank unique (ties to whoever got there first); "
+        "competition: equal scores share a rank and the next skips (1, 1, 3); "
+        "dense: equal scores share a rank and the next does not skip (1, 1, 2)"
+    ),
+]
+PeriodIdItem = Annotated[str, StringConstraints(max_length=16, pattern=views.PERIOD_ID_PATTERN)]
 
 
 class Entry(BaseModel):
+    """A user's entry."""
+
     rank: int
     user_id: str
     score: int
     display_name: str | None
+
+
+class TeamEntry(BaseModel):
+    """A team's entry (the teams scope): no user, no display name."""
+
+    rank: int
+    team_id: str
+    score: int = Field(description="The sum of the team's members' scores")
 
 
 class LeaderboardOut(BaseModel):
@@ -38,9 +68,9 @@ class LeaderboardOut(BaseModel):
     scope: str
     period: Period
     period_id: str
-    total: int
+    total: int = Field(description="Entries in the scope (friends: the group members who scored)")
     as_of: str | None
-    entries: list[Entry]
+    entries: list[Entry | TeamEntry]
     next_cursor: str | None
 
 
@@ -49,8 +79,33 @@ class StandingOut(BaseModel):
     rank: int
     score: int
     total: int
-    percentile: float
+    percentile: float = Field(
+        description="The share of the scope at or below the user's position, in percent"
+    )
     around: list[Entry]
+
+
+class ScopeRank(BaseModel):
+    team_id: str | None = Field(default=None, description="Only in the teams scope: the team")
+    rank: int
+    score: int = Field(description="The user's score; in the teams scope, its team's")
+    total: int
+
+
+class PeriodRanks(BaseModel):
+    period_id: str
+    scopes: dict[str, ScopeRank] = Field(
+        description="global, region:{region}, teams and friends: each where the user (or its "
+        "team) has a score in the period; friends only for the player itself or a server key, "
+        "and only if it has friends"
+    )
+
+
+class RanksOut(BaseModel):
+    board_id: str
+    user_id: str
+    rank_style: views.RankStyle
+    periods: dict[Period, PeriodRanks]
 
 
 class EventsOut(BaseModel):
@@ -58,38 +113,27 @@ class EventsOut(BaseModel):
     next_cursor: str | None
 
 
-class BoardsOut(BaseModel):
-    boards: list[Board]
-
-
-@router.get("", response_model=BoardsOut)
-async def list_boards(state: State, _: Reader) -> dict[str, Any]:
-    """Every board definition."""
-    return {"boards": await state.catalog.all()}
-
-
-@router.get("/{board_id}", response_model=Board)
-async def get_board(board: BoardDep, _: Reader) -> Board:
-    """One board definition, with every field."""
-    return board
-
-
 @router.get("/{board_id}/leaderboard", response_model=LeaderboardOut)
 async def leaderboard(
     board: BoardDep,
     state: State,
-    _: Reader,
+    reader: Reader,
     scope: ScopeQuery = "global",
     period: PeriodQuery = "alltime",
     period_id: PeriodIdQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
+    rank_style: RankStyleQuery = "ordinal",
 ) -> dict[str, Any]:
-    """A page of a board, best first. The global scope is the aggregator's merge of the
-    regions; ``as_of`` says when it was merged (for a region, it is the time of the read)."""
-    view = views.resolve_view(state.keys, board, scope, period, period_id)
-    body = await views.page(state.redis, state.keys, view, limit, cursor)
-    if scope == "global":
+    """A page of a board, best first.
+
+    The global scope is the aggregator's merge of the regions, and a friends scope (the player
+    and its friends) is ranked on it: ``as_of`` says when it was merged. For a region and the
+    teams scope, written as each score is, it is the time of the read. Team entries carry
+    ``team_id`` and no ``display_name``."""
+    view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
+    body = await views.page(state.redis, state.keys, view, limit, cursor, rank_style)
+    if view.key == state.keys.global_view(board.board_id, period, view.period_id):
         as_of = await state.redis.hget(
             state.keys.as_of(board.board_id), f"{period}:{view.period_id}"
         )
@@ -110,15 +154,59 @@ async def standing(
     board: BoardDep,
     user_id: UserIdPath,
     state: State,
-    _: Reader,
+    reader: Reader,
     scope: ScopeQuery = "global",
     period: PeriodQuery = "alltime",
     period_id: PeriodIdQuery = None,
     around: Annotated[int, Query(ge=0, le=50)] = 0,
+    rank_style: RankStyleQuery = "ordinal",
 ) -> dict[str, Any]:
-    """A user's rank and score in one view, with ``around`` entries either side."""
-    view = views.resolve_view(state.keys, board, scope, period, period_id)
-    return await views.standing(state.redis, state.keys, view, user_id, around)
+    """A user's rank and score in one view, with ``around`` entries either side. The teams
+    scope has no users (422); a friends scope ranks the user among that player's friends."""
+    view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
+    return await views.standing(state.redis, state.keys, view, user_id, around, rank_style)
+
+
+@router.get(
+    "/{board_id}/users/{user_id}/ranks",
+    response_model=RanksOut,
+    response_model_exclude_none=True,
+)
+async def user_ranks(
+    board: BoardDep,
+    user_id: UserIdPath,
+    state: State,
+    reader: Reader,
+    period_id: Annotated[
+        list[PeriodIdItem] | None,
+        Query(
+            max_length=4,
+            description="Past periods to read instead of the current ones, at most one of each "
+            "kind (the id names its kind: 2026-11-29, 2026-W48, 2026-11, all)",
+        ),
+    ] = None,
+    rank_style: RankStyleQuery = "ordinal",
+) -> dict[str, Any]:
+    """A player's profile screen in one call: for every period of the board, the user's score
+    and rank in each region it scored in, in ``global``, its team's in ``teams`` (incr boards)
+    and its place among its friends (``friends``: shown to the player itself and to server
+    keys). 404 if the user never scored on the board."""
+    chosen: dict[Period, str] = {}
+    for pid in period_id or []:
+        kind = views.period_of_id(board, pid)
+        if chosen.setdefault(kind, pid) != pid:
+            raise Invalid(f"Two {kind} period ids given.", loc=("query", "period_id"))
+    windows = [views.resolve_window(board, p, chosen.get(p)) for p in board.periods]
+    body = await ranks.user_ranks(
+        state.redis,
+        state.keys,
+        board,
+        user_id,
+        windows,
+        rank_style,
+        with_friends=reader.may_act_for(user_id),
+    )
+    return {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
 
 
 @router.get("/{board_id}/users/{user_id}/events", response_model=EventsOut)
@@ -139,3 +227,7 @@ async def events(
     except BadCursor as exc:
         raise Invalid(str(exc), loc=("query", "cursor")) from exc
     return {"events": rows, "next_cursor": next_cursor}
+
+
+# The activity reads (feed, stats) share this router's prefix and come with it.
+router.include_router(activity.router)

@@ -1,0 +1,133 @@
+"""A player's profile screen in one read: its score and rank in every period and every scope it
+belongs to (API.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
+
+Round trips: one learns the user's regions, team and friends; one reads every score, rank and
+size at once (a ``ZMSCORE`` of the whole friend group per period); and, for the competition and
+dense styles only, one more counts what ranks strictly better than each score found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.api.errors import NotFound
+from services.api.views import MAX_FRIENDS, RankStyle, queue_style_count, rank_locally, walk_ranks
+from shared.boards import Board
+from shared.keys import Keys
+from shared.periods import Period, PeriodWindow
+from shared.ranking import ENCODINGS, decode_score
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """One member of one sorted set: the user in a region or global view, or its team."""
+
+    period: Period
+    scope: str
+    key: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    probe: _Probe
+    composite: float
+    position: int
+    total: int
+
+
+def _signed(period: Period, composite: float) -> int:
+    return int(composite) // ENCODINGS[period].scale
+
+
+async def user_ranks(
+    redis: Redis,
+    keys: Keys,
+    board: Board,
+    user_id: str,
+    windows: list[PeriodWindow],
+    style: RankStyle,
+    with_friends: bool,
+) -> dict[str, Any]:
+    """``{"periods": {period: {"period_id", "scopes": {scope: {"rank", "score", "total"}}}}}``
+    where a scope is ``global``, ``region:<r>``, ``teams`` (with ``team_id``) or ``friends``
+    (only ``with_friends``, and only if the user has friends). A scope appears only where the
+    user (or its team) has a score in that period; 404 if the user never scored on the board."""
+    bid = board.board_id
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.smembers(keys.user_regions(bid, user_id))
+        pipe.hget(keys.user_team(bid), user_id)
+        if with_friends:
+            pipe.smembers(keys.friends(user_id))
+        learned = await pipe.execute()
+    regions: list[str] = sorted(learned[0])
+    if not regions:
+        raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
+    team: str | None = learned[1] if board.operator == "incr" else None
+    friends = sorted(set(learned[2]) - {user_id})[:MAX_FRIENDS] if with_friends else []
+    group = [*friends, user_id]
+
+    probes: list[_Probe] = []
+    for w in windows:
+        p, pid = w.period, w.period_id
+        probes.append(_Probe(p, "global", keys.global_view(bid, p, pid), user_id))
+        probes += [
+            _Probe(p, f"region:{r}", keys.region_view(bid, p, pid, r), user_id) for r in regions
+        ]
+        if team:
+            probes.append(_Probe(p, "teams", keys.teams_view(bid, p, pid), team))
+    async with redis.pipeline(transaction=False) as pipe:
+        for probe in probes:
+            pipe.zscore(probe.key, probe.member)
+            pipe.zrevrank(probe.key, probe.member)
+            pipe.zcard(probe.key)
+        if friends:
+            for w in windows:
+                pipe.zmscore(keys.global_view(bid, w.period, w.period_id), group)
+        replies = await pipe.execute()
+    found = [
+        _Found(probe, composite, int(position) + 1, int(total))
+        for probe, composite, position, total in zip(
+            probes, replies[0::3], replies[1::3], replies[2::3], strict=False
+        )
+        if composite is not None and position is not None
+    ]
+    group_scores = replies[3 * len(probes) :]
+
+    ranks = [f.position for f in found]
+    if style != "ordinal" and found:
+        async with redis.pipeline(transaction=False) as pipe:
+            for f in found:
+                signed = _signed(f.probe.period, f.composite)
+                queue_style_count(pipe, keys, f.probe.key, f.probe.period, style, signed)
+            ranks = [1 + int(count) for count in await pipe.execute()]
+
+    periods: dict[str, dict[str, Any]] = {
+        w.period: {"period_id": w.period_id, "scopes": {}} for w in windows
+    }
+    for f, rank in zip(found, ranks, strict=True):
+        period = f.probe.period
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "score": decode_score(period, f.composite, board.descending),
+            "total": f.total,
+        }
+        if f.probe.scope == "teams":
+            entry = {"team_id": f.probe.member, **entry}
+        periods[period]["scopes"][f.probe.scope] = entry
+    for w, composites in zip(windows, group_scores, strict=False):
+        rows = rank_locally(group, composites)
+        at = next((i for i, (m, _) in enumerate(rows) if m == user_id), None)
+        if at is None:
+            continue
+        period = w.period
+        local = walk_ranks(style, [_signed(period, c) for _, c in rows], 1, 1)
+        periods[period]["scopes"]["friends"] = {
+            "rank": local[at],
+            "score": decode_score(period, rows[at][1], board.descending),
+            "total": len(rows),
+        }
+    return {"periods": periods}

@@ -1,0 +1,102 @@
+"""Activity and stats of a board (API.md section 8): the feed of the newest accepted events and
+a period's distinct players and accepted events, all kept by the atomic write."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+import structlog
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from services.api import views
+from services.api.errors import Invalid
+from services.api.state import BoardDep, Reader, State
+from shared.db import EventRecord
+from shared.periods import Period
+
+log = structlog.get_logger(__name__)
+
+# Mounted under /v1/boards by the reads router.
+router = APIRouter(tags=["activity"])
+
+FEED_LIMIT_MAX = 1000
+FEED_LIMIT_DEFAULT = 20
+_EVENT_FIELDS = ("event_id", "user_id", "region", "team_id", "value", "occurred_at", "accepted_at")
+
+
+class FeedOut(BaseModel):
+    events: list[EventRecord] = Field(description="Newest first")
+
+
+class StatsOut(BaseModel):
+    board_id: str
+    period: Period
+    period_id: str
+    players: int = Field(description="Distinct users who scored (HyperLogLog, within about 1%)")
+    events: int = Field(description="Accepted events, exact")
+
+
+@router.get("/{board_id}/feed", response_model=FeedOut)
+async def feed(
+    board: BoardDep,
+    state: State,
+    _: Reader,
+    limit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=FEED_LIMIT_MAX,
+            description="1 to LADDER_FEED_LENGTH (at most 1000); default 20 or the feed length",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """The newest accepted events of the board, newest first. The feed keeps the last
+    ``LADDER_FEED_LENGTH`` events and trims itself."""
+    length = state.settings.feed_length
+    if limit is None:
+        limit = min(FEED_LIMIT_DEFAULT, length)
+    elif limit > length:
+        raise Invalid(f"limit must be at most the feed length, {length}.", loc=("query", "limit"))
+    raw: list[Any] = await state.redis.lrange(state.keys.feed(board.board_id), 0, limit - 1)
+    events = []
+    for item in raw:
+        try:
+            event = orjson.loads(item)
+            events.append({name: event[name] for name in _EVENT_FIELDS})
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.warning("unreadable feed entry", board_id=board.board_id)
+    return {"events": events}
+
+
+@router.get("/{board_id}/stats", response_model=StatsOut)
+async def stats(
+    board: BoardDep,
+    state: State,
+    _: Reader,
+    period: Annotated[Period, Query()] = "alltime",
+    period_id: Annotated[
+        str | None,
+        Query(
+            max_length=16,
+            pattern=views.PERIOD_ID_PATTERN,
+            description="Defaults to the current period",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """How many distinct players scored in a period (approximate) and how many events were
+    accepted in it (exact)."""
+    window = views.resolve_window(board, period, period_id)
+    keys, bid = state.keys, board.board_id
+    async with state.redis.pipeline(transaction=False) as pipe:
+        pipe.pfcount(keys.players(bid, period, window.period_id))
+        pipe.get(keys.event_count(bid, period, window.period_id))
+        players, events = await pipe.execute()
+    return {
+        "board_id": bid,
+        "period": period,
+        "period_id": window.period_id,
+        "players": int(players),
+        "events": int(events or 0),
+    }

@@ -1,0 +1,77 @@
+"""Snapshots (API.md section 7): a board's top N as it stood at a moment, from the history
+database, where the history service stores the views that changed every
+``LADDER_SNAPSHOT_INTERVAL``."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import AwareDatetime, BaseModel
+
+from services.api.errors import Invalid, NotFound
+from services.api.state import BoardDep, Reader, State
+from shared.db_boards import snapshot_at
+from shared.events import REGION_PATTERN, rfc3339
+from shared.periods import Period, PeriodIdError, window_of
+
+router = APIRouter(prefix="/v1/boards", tags=["history"])
+
+_REGION = re.compile(REGION_PATTERN)
+
+
+class SnapshotOut(BaseModel):
+    board_id: str
+    scope: str
+    period: Period
+    period_id: str
+    taken_at: str
+    entries: list[dict[str, Any]]
+
+
+@router.get("/{board_id}/snapshots", response_model=SnapshotOut)
+async def snapshot(
+    board: BoardDep,
+    state: State,
+    _: Reader,
+    scope: Annotated[
+        str, Query(max_length=80, description="global, region:{region} or teams")
+    ] = "global",
+    period: Annotated[Period, Query()] = "alltime",
+    at: Annotated[
+        AwareDatetime | None, Query(description="RFC 3339 with an offset; defaults to now")
+    ] = None,
+    period_id: Annotated[
+        str | None, Query(max_length=16, description="Only snapshots of this period id")
+    ] = None,
+) -> dict[str, Any]:
+    """The newest stored top-N snapshot of a view taken at or before ``at``; 404 if none was
+    taken by then. Without ``period_id`` it may be of any period id (the answer names it): at
+    the start of a period, the latest snapshot is the final one of the period before."""
+    if not (
+        scope in ("global", "teams")
+        or (scope.startswith("region:") and _REGION.match(scope.removeprefix("region:")))
+    ):
+        raise Invalid(
+            "scope must be 'global', 'region:<region>' or 'teams'.", loc=("query", "scope")
+        )
+    if period not in board.periods:
+        raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
+    if period_id is not None:
+        try:
+            window_of(period, period_id, board.timezone)
+        except PeriodIdError as exc:
+            raise Invalid(str(exc), loc=("query", "period_id")) from exc
+    try:
+        moment = (at or datetime.now(UTC)).astimezone(UTC)
+    except OverflowError as exc:  # 9999-12-31T23:00:00-05:00 is past the last UTC year
+        raise Invalid("at is out of range.", loc=("query", "at")) from exc
+    found = await snapshot_at(state.engine, board.board_id, scope, period, moment, period_id)
+    if found is None:
+        raise NotFound(
+            f"No snapshot of {scope} {period} on board {board.board_id!r} was taken by "
+            f"{rfc3339(moment)}."
+        )
+    return dict(found)

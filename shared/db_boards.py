@@ -1,0 +1,281 @@
+"""Board definitions, friendships and snapshots in the history database.
+
+MySQL is the source of truth of all three; Redis holds a projection of the first two (the hash
+``Keys.boards`` and the sets ``Keys.friends``) that the API restores at start-up. Every write
+here lands in MySQL before its caller touches Redis, so Redis is never ahead of MySQL.
+
+Board definition writes are rare and go through :func:`definitions_lock`, a MySQL named lock per
+database: a ``PUT`` and the API's start-up restore each read MySQL, write it, and write Redis
+under it, so that concurrent writers reach Redis in the order they reached MySQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import and_, literal, or_, select, text
+from sqlalchemy.dialects.mysql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from typing_extensions import TypedDict
+
+from shared.boards import Board
+from shared.db import boards, friendships, from_db_time, score_events, snapshots, to_db_time
+from shared.events import rfc3339
+
+LOCK_TIMEOUT_SECONDS = 10
+FRIENDSHIP_PAGE = 5000
+# A snapshot row is at most ~110 KiB (1000 entries); this keeps one INSERT well under MariaDB's
+# default 16 MiB max_allowed_packet.
+SNAPSHOT_CHUNK = 50
+
+Db = AsyncEngine | AsyncConnection
+
+
+class LockTimeout(RuntimeError):
+    """Another process held the board definitions lock for too long."""
+
+
+class SnapshotRow(TypedDict):
+    """A snapshot to store: the top entries of one view at ``taken_at`` (aware)."""
+
+    board_id: str
+    scope: str
+    period: str
+    period_id: str
+    taken_at: datetime
+    entries: list[dict[str, Any]]
+
+
+class SnapshotRecord(TypedDict):
+    """A stored snapshot as the API shows it (API.md section 7)."""
+
+    board_id: str
+    scope: str
+    period: str
+    period_id: str
+    taken_at: str
+    entries: list[dict[str, Any]]
+
+
+@contextlib.asynccontextmanager
+async def _unit(db: Db) -> AsyncIterator[AsyncConnection]:
+    """One transaction: on an engine, a connection of its own; on a connection, committed (or
+    rolled back) when the block ends, so that the next read sees what others committed."""
+    if isinstance(db, AsyncEngine):
+        async with db.begin() as conn:
+            yield conn
+        return
+    try:
+        yield db
+    except BaseException:
+        await db.rollback()
+        raise
+    await db.commit()
+
+
+# -- board definitions -------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def definitions_lock(
+    engine: AsyncEngine, wait_seconds: float = LOCK_TIMEOUT_SECONDS
+) -> AsyncIterator[AsyncConnection]:
+    """A connection holding the board definitions lock of this database for the block.
+
+    Raises :class:`LockTimeout` if the lock is not had within ``wait_seconds``.
+    """
+    name = f"ladder.boards.{engine.url.database}"[:64]
+    async with engine.connect() as conn:
+        got = await conn.scalar(
+            text("SELECT GET_LOCK(:name, :timeout)"), {"name": name, "timeout": wait_seconds}
+        )
+        await conn.commit()
+        if got != 1:
+            raise LockTimeout("another process is changing board definitions")
+        try:
+            yield conn
+        finally:
+            try:
+                await conn.rollback()
+                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+                await conn.commit()
+            except Exception:
+                # A named lock lives as long as its session: closing the connection frees it,
+                # and keeps a connection that still holds it out of the pool.
+                await conn.invalidate()
+
+
+async def load_boards(db: Db) -> list[Board]:
+    """Every stored definition, by board id."""
+    async with _unit(db) as conn:
+        rows = (await conn.execute(select(boards.c.definition).order_by(boards.c.board_id))).all()
+    return [Board.model_validate_json(row.definition) for row in rows]
+
+
+async def load_board(db: Db, board_id: str) -> Board | None:
+    async with _unit(db) as conn:
+        found = await conn.scalar(select(boards.c.definition).where(boards.c.board_id == board_id))
+    return None if found is None else Board.model_validate_json(found)
+
+
+async def save_board(db: Db, board: Board, *, replace: bool = True) -> None:
+    """Store ``board``, replacing its definition (or, with ``replace=False``, only if none is
+    stored yet). Committed when this returns."""
+    now = to_db_time(datetime.now(UTC))
+    statement = insert(boards).values(
+        board_id=board.board_id,
+        definition=board.model_dump_json(),
+        created_at=now,
+        updated_at=now,
+    )
+    if replace:
+        statement = statement.on_duplicate_key_update(
+            definition=statement.inserted.definition, updated_at=statement.inserted.updated_at
+        )
+    else:
+        statement = statement.on_duplicate_key_update(board_id=boards.c.board_id)
+    async with _unit(db) as conn:
+        await conn.execute(statement)
+
+
+async def has_events(db: Db, board_id: str) -> bool:
+    """Whether the event log holds any event of the board (one index probe, not a count)."""
+    query = select(literal(1)).where(score_events.c.board_id == board_id).limit(1)
+    async with _unit(db) as conn:
+        return await conn.scalar(query) is not None
+
+
+# -- friendships -------------------------------------------------------------------------------
+
+
+async def put_friendship(engine: AsyncEngine, user_id: str, friend_id: str) -> None:
+    """Make ``user_id`` and ``friend_id`` friends of each other; already friends is fine."""
+    now = to_db_time(datetime.now(UTC))
+    statement = insert(friendships).values(
+        [
+            {"user_id": user_id, "friend_id": friend_id, "created_at": now},
+            {"user_id": friend_id, "friend_id": user_id, "created_at": now},
+        ]
+    )
+    # A repeat keeps the first created_at and changes nothing.
+    statement = statement.on_duplicate_key_update(created_at=friendships.c.created_at)
+    async with engine.begin() as conn:
+        await conn.execute(statement)
+
+
+async def delete_friendship(engine: AsyncEngine, user_id: str, friend_id: str) -> None:
+    """End the friendship both ways; not friends is fine."""
+    t = friendships.c
+    async with engine.begin() as conn:
+        await conn.execute(
+            friendships.delete().where(
+                or_(
+                    and_(t.user_id == user_id, t.friend_id == friend_id),
+                    and_(t.user_id == friend_id, t.friend_id == user_id),
+                )
+            )
+        )
+
+
+async def load_friends(engine: AsyncEngine, user_id: str) -> list[str]:
+    """The user's friends, sorted."""
+    t = friendships.c
+    async with engine.connect() as conn:
+        rows = await conn.scalars(
+            select(t.friend_id).where(t.user_id == user_id).order_by(t.friend_id)
+        )
+        return list(rows)
+
+
+async def all_friendships(
+    engine: AsyncEngine, page: int = FRIENDSHIP_PAGE
+) -> AsyncIterator[list[tuple[str, str]]]:
+    """Every stored ``(user_id, friend_id)`` row (both directions), in pages of the primary key:
+    memory stays bounded by ``page`` however many friendships there are."""
+    t = friendships.c
+    after: tuple[str, str] | None = None
+    while True:
+        query = select(t.user_id, t.friend_id).order_by(t.user_id, t.friend_id).limit(page)
+        if after is not None:
+            # Spelled out: MariaDB does not turn a row comparison into a range scan.
+            query = query.where(
+                or_(t.user_id > after[0], and_(t.user_id == after[0], t.friend_id > after[1]))
+            )
+        async with engine.connect() as conn:
+            rows = [(row.user_id, row.friend_id) for row in await conn.execute(query)]
+        if rows:
+            yield rows
+        if len(rows) < page:
+            return
+        after = rows[-1]
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def _to_millisecond(moment: datetime) -> datetime:
+    # Times are shown to the millisecond: a client that asks for a snapshot "at" the taken_at it
+    # was shown must find it, so no more precision is stored than is shown.
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> None:
+    """Store snapshots, a few rows a statement, in one transaction."""
+    if not rows:
+        return
+    values = [
+        {
+            "board_id": row["board_id"],
+            "scope": row["scope"],
+            "period": row["period"],
+            "period_id": row["period_id"],
+            "taken_at": to_db_time(_to_millisecond(row["taken_at"])),
+            "entries": orjson.dumps(row["entries"]).decode(),
+        }
+        for row in rows
+    ]
+    async with engine.begin() as conn:
+        for start in range(0, len(values), SNAPSHOT_CHUNK):
+            await conn.execute(snapshots.insert().values(values[start : start + SNAPSHOT_CHUNK]))
+
+
+async def snapshot_at(
+    engine: AsyncEngine,
+    board_id: str,
+    scope: str,
+    period: str,
+    at: datetime,
+    period_id: str | None = None,
+) -> SnapshotRecord | None:
+    """The newest snapshot of a view taken at or before ``at`` (aware), of any period id unless
+    ``period_id`` names one; ``None`` if none was taken by then."""
+    t = snapshots.c
+    query = (
+        select(t.period_id, t.taken_at, t.entries)
+        .where(
+            t.board_id == board_id,
+            t.scope == scope,
+            t.period == period,
+            t.taken_at <= to_db_time(at),
+        )
+        .order_by(t.taken_at.desc(), t.id.desc())
+        .limit(1)
+    )
+    if period_id is not None:
+        query = query.where(t.period_id == period_id)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query)).first()
+    if row is None:
+        return None
+    return {
+        "board_id": board_id,
+        "scope": scope,
+        "period": period,
+        "period_id": row.period_id,
+        "taken_at": rfc3339(from_db_time(row.taken_at)),
+        "entries": orjson.loads(row.entries),
+    }
