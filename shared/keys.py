@@ -32,6 +32,9 @@ key                                                type        holds
 ``{P:B}:user:<user_id>:regions``                   set         regions the user scored in
 ``{P:B}:user-team``                                hash        user_id -> its latest team_id
 ``{P:B}:badges:<user_id>``                         hash        badge -> awarded_at (RFC 3339)
+``{P:B}:snapdirty``                                set         "<period>|<period_id>|<scope>"
+                                                               changed since the last snapshot
+``{P:B}:snapdirty:taking``                         set         the batch a snapshot pass takes
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 ``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket

@@ -17,7 +17,7 @@ from services.api.hub import Hub
 from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
 from services.api.restore import Restorer
-from services.api.routes import badges, boards, friends, reads, scores, snapshots
+from services.api.routes import activity, badges, boards, friends, reads, scores, snapshots
 from services.api.state import ApiState, State
 from services.api.ws import router as ws_router
 from shared.boards import BoardCatalog
@@ -101,6 +101,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.include_router(scores.router)
     app.include_router(reads.router)
+    app.include_router(activity.router)
     app.include_router(badges.router)
     app.include_router(boards.router)
     app.include_router(friends.router)

@@ -19,7 +19,7 @@ from shared.periods import Period
 log = structlog.get_logger(__name__)
 
 # Mounted under /v1/boards by the reads router.
-router = APIRouter(tags=["activity"])
+router = APIRouter(prefix="/v1/boards", tags=["activity"])
 
 FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20

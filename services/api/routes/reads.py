@@ -10,7 +10,6 @@ from pydantic import BaseModel, Field, StringConstraints
 
 from services.api import ranks, views
 from services.api.errors import Invalid
-from services.api.routes import activity
 from services.api.state import BoardDep, Caller, Reader, State
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import USER_ID_PATTERN, rfc3339
@@ -230,4 +229,3 @@ async def events(
 
 
 # The activity reads (feed, stats) share this router's prefix and come with it.
-router.include_router(activity.router)
