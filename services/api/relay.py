@@ -56,6 +56,7 @@ class Relay:
         self._connection: AbstractRobustConnection | None = None
         self._exchange: AbstractExchange | None = None
         self._groups: set[str] = set()
+        self._written: set[str] = set()
 
     @property
     def ready(self) -> bool:
@@ -65,8 +66,10 @@ class Relay:
             and self._exchange is not None
         )
 
-    def wake(self) -> None:
-        """Called after a write: relay now rather than at the next poll."""
+    def wake(self, board_id: str) -> None:
+        """Called after a write: relay now rather than at the next poll (and know the board,
+        should it be newer than the last look at the catalog)."""
+        self._written.add(board_id)
         self._wake.set()
 
     def stop(self) -> None:
@@ -118,6 +121,9 @@ class Relay:
             if now >= boards_at:
                 boards = [b.board_id for b in await self._catalog.all()]
                 boards_at = now + _BOARDS_REFRESH_SECONDS
+            if not self._written.issubset(boards):
+                boards = sorted({*boards, *self._written})
+            self._written.clear()
             claim = now >= claim_at
             if claim:
                 claim_at = now + _CLAIM_EVERY_SECONDS

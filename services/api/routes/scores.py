@@ -85,7 +85,7 @@ async def post_score(
     with WRITE_SECONDS.time():
         result = await submit(state.redis, state.keys, state.settings, board, score, event_id)
     SCORES.labels("duplicate" if result["duplicate"] else "accepted").inc()
-    state.relay.wake()
+    state.relay.wake(board.board_id)
     return result
 
 
@@ -186,5 +186,5 @@ async def post_batch(
         )
         SCORES.labels(outcome).inc()
     if calls:
-        state.relay.wake()
+        state.relay.wake(board.board_id)
     return {"results": results}
