@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from shared.settings import LadderSettings
+from shared.settings import load_settings
 
 
 def ready(url: str) -> bool:
@@ -22,7 +22,7 @@ def ready(url: str) -> bool:
 
 
 def main(deadline_seconds: float = 90.0) -> int:
-    settings = LadderSettings()
+    settings = load_settings()
     api_host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
     ops_host = "127.0.0.1" if settings.ops_host in ("0.0.0.0", "::") else settings.ops_host
     urls = {

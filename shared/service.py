@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from shared.consumer import ConsumerRunner
 from shared.logs import configure
 from shared.ops import Check, serve_ops
-from shared.settings import LadderSettings
+from shared.settings import LadderSettings, load_settings
 
 log = structlog.get_logger(__name__)
 
@@ -28,7 +28,7 @@ def run(service: str, main: Callable[[LadderSettings], Coroutine[Any, Any, None]
     A failure is logged as one JSON line and ends the process with status 1, so that the process
     manager restarts it.
     """
-    settings = LadderSettings()
+    settings = load_settings()
     configure(service, settings.log_level)
     try:
         uvloop.run(main(settings))

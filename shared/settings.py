@@ -6,10 +6,11 @@ object is passed down. Nothing else in Ladder reads ``os.environ``.
 
 from __future__ import annotations
 
+import sys
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SERVER_KEY = "dev-server-key"
@@ -144,3 +145,18 @@ class LadderSettings(BaseSettings):
         if not self.jwt_secret:
             used.append("JWT secret")
         return used if self.env == "dev" else []
+
+
+def load_settings() -> LadderSettings:
+    """The settings of this process, for an entry point: settings a service must not start
+    with end the process with status 2 and one line naming every problem."""
+    try:
+        return LadderSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            str(e["msg"]).removeprefix("Value error, ")
+            + ("" if not e["loc"] else f" (LADDER_{str(e['loc'][0]).upper()})")
+            for e in exc.errors(include_url=False)
+        )
+        print(f"ladder: invalid settings: {problems}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -6,11 +6,11 @@ import uvicorn
 
 from services.api.main import create_app
 from shared.logs import configure
-from shared.settings import LadderSettings
+from shared.settings import load_settings
 
 
 def main() -> None:
-    settings = LadderSettings()
+    settings = load_settings()
     configure("api", settings.log_level)
     uvicorn.run(
         create_app(settings),

@@ -124,8 +124,8 @@ def _current_heads(connection: Connection) -> set[str]:
 
 if __name__ == "__main__":
     from shared.logs import configure
-    from shared.settings import LadderSettings
+    from shared.settings import load_settings
 
-    settings = LadderSettings()
+    settings = load_settings()
     configure("history-migrate", settings.log_level)
     asyncio.run(migrate(settings.mysql_url))
