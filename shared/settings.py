@@ -83,13 +83,22 @@ class LadderSettings(BaseSettings):
     delivery_limit: int = Field(default=20, ge=1)
 
     ws_send_queue: int = Field(default=256, ge=1)
+    ws_message_rate: float = Field(default=10.0, gt=0, description="client messages a second")
+    allowed_origins: CsvList = Field(default_factory=list)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
     def _csv(cls, data: object) -> object:
         if isinstance(data, dict):
-            for name in ("server_keys", "admin_keys", "LADDER_SERVER_KEYS", "LADDER_ADMIN_KEYS"):
+            for name in (
+                "server_keys",
+                "admin_keys",
+                "allowed_origins",
+                "LADDER_SERVER_KEYS",
+                "LADDER_ADMIN_KEYS",
+                "LADDER_ALLOWED_ORIGINS",
+            ):
                 if name in data:
                     data[name] = _split_csv(data[name])
         return data

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 
 import orjson
 import structlog
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from starlette.websockets import WebSocketState
 
-from services.api.auth import Principal, authenticate, bearer
+from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
 from services.api.errors import Unauthorized
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN
@@ -29,6 +30,7 @@ log = structlog.get_logger(__name__)
 router = APIRouter(tags=["websocket"])
 
 CONNECTIONS = Gauge("ladder_ws_connections", "Open WebSocket connections")
+REFUSED = Counter("ladder_ws_refused_total", "Sockets closed at once: bad credential or Origin")
 
 MAX_SUBSCRIPTIONS = 64
 MAX_FRAME = 4096
@@ -56,6 +58,7 @@ class Client:
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=state.settings.ws_send_queue)
         self.too_slow = asyncio.Event()
         self.topics: dict[str, str] = {}
+        self.flooding = False
 
     def deliver(self, text: str) -> None:
         if self.too_slow.is_set():
@@ -119,8 +122,14 @@ class Client:
             self.send({"type": "error", "op": kind, "topic": topic, "detail": "try again"})
 
     async def receive_loop(self) -> None:
+        """Client ops in order; returns (to close the socket with 1008) past the message rate."""
+        settings = self.state.settings
+        bucket = TokenBucket(settings.ws_message_rate, 2 * settings.ws_message_rate)
         while True:
             raw = await self.websocket.receive_text()
+            if not bucket.take():
+                self.flooding = True
+                return
             if len(raw) > MAX_FRAME:
                 self.send({"type": "error", "detail": f"frames are limited to {MAX_FRAME} bytes"})
                 continue
@@ -132,6 +141,35 @@ class Client:
             await self.websocket.send_text(text)
 
 
+class TokenBucket:
+    """A per-socket message budget: ``rate`` a second, bursts of ``burst``. A socket lives in one
+    process, so an in-process bucket is the whole truth for it."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
+    """A browser's ``Origin`` must be listed in ``LADDER_ALLOWED_ORIGINS`` (``*`` allows any) or
+    be the API's own origin, so that a page elsewhere cannot ride a visitor's credentials.
+    Clients that send no ``Origin`` (game servers, native clients) are not browsers."""
+    origin = websocket.headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    host = websocket.headers.get("host")
+    return host is not None and origin in (f"http://{host}", f"https://{host}")
+
+
 def credential_of(websocket: WebSocket) -> str | None:
     token = websocket.query_params.get("token")
     return token if token else bearer(websocket.headers.get("authorization"))
@@ -140,13 +178,22 @@ def credential_of(websocket: WebSocket) -> str | None:
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
     state: ApiState = websocket.state.ladder
-    try:
-        principal = authenticate(credential_of(websocket), state.settings)
-    except Unauthorized as exc:
-        await websocket.accept()
-        await websocket.close(CLOSE_POLICY, reason=exc.detail[:120])
-        return
+    # Both checks come before any subscription or other state is made; the socket is
+    # accepted only so that the client can read the close code and its reason.
+    refusal: str | None = None
+    principal = ANONYMOUS
+    if not origin_allowed(websocket, state.settings.allowed_origins):
+        refusal = "this Origin is not allowed (LADDER_ALLOWED_ORIGINS)"
+    else:
+        try:
+            principal = authenticate(credential_of(websocket), state.settings)
+        except Unauthorized as exc:
+            refusal = exc.detail
     await websocket.accept()
+    if refusal is not None:
+        REFUSED.inc()
+        await websocket.close(CLOSE_POLICY, reason=refusal[:120])
+        return
     client = Client(websocket, principal, state)
     CONNECTIONS.inc()
     tasks: list[asyncio.Task[object]] = []
@@ -160,7 +207,9 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
             asyncio.create_task(state.shutting_down.wait()),
         ]
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if tasks[2] in done:
+        if tasks[0] in done and client.flooding:
+            await _close(websocket, CLOSE_POLICY, "too many messages")
+        elif tasks[2] in done:
             await _close(websocket, CLOSE_TRY_AGAIN, "too slow to keep up")
         elif tasks[3] in done:
             await _close(websocket, CLOSE_GOING_AWAY, "server shutting down")
