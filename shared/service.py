@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
 import uvloop
 from redis.asyncio import Redis
 
+from shared.boards import Board, BoardCatalog
 from shared.consumer import ConsumerRunner
 from shared.logs import configure
 from shared.ops import Check, serve_ops
@@ -94,3 +95,25 @@ async def consume(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+async def every_board(
+    catalog: BoardCatalog,
+    interval: float,
+    stop: asyncio.Event,
+    work: Callable[[Board], Awaitable[object]],
+) -> None:
+    """Run ``work`` on every board every ``interval`` seconds until ``stop``, with one last pass
+    on the way out. A pass that fails (Redis or MySQL away) is logged and retried next tick: the
+    work it had to do waits in Redis."""
+    while True:
+        stopping = stop.is_set()
+        try:
+            for board in await catalog.all():
+                await work(board)
+        except Exception:
+            log.exception("periodic pass failed; retrying next tick")
+        if stopping:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)

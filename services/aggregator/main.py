@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import structlog
 
@@ -22,18 +21,7 @@ log = structlog.get_logger(__name__)
 
 async def tick(merger: Merger, catalog: BoardCatalog, interval: float, stop: asyncio.Event) -> None:
     """Merge every board every ``interval`` seconds until ``stop``; one last merge on the way."""
-    while True:
-        stopping = stop.is_set()
-        try:
-            for board in await catalog.all():
-                await merger.merge_board(board)
-        except Exception:
-            # Redis away: the dirty sets wait in Redis; the next tick retries.
-            log.exception("merge failed; retrying next tick")
-        if stopping:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+    await service.every_board(catalog, interval, stop, merger.merge_board)
 
 
 async def run(settings: LadderSettings) -> None:

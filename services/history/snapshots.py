@@ -16,7 +16,6 @@ which time the merge has long happened (as long as the snapshot interval is the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +31,7 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.periods import PERIODS, Period
 from shared.ranking import decode_score
+from shared.service import every_board
 
 log = structlog.get_logger(__name__)
 
@@ -170,15 +170,4 @@ async def tick(
 ) -> None:
     """Snapshot every board every ``interval`` seconds until ``stop``; one last pass on the way
     out, so that what changed since the last pass is kept."""
-    while True:
-        stopping = stop.is_set()
-        try:
-            for board in await catalog.all():
-                await snapshotter.take_board(board)
-        except Exception:
-            # Redis or MySQL away: the marks wait in Redis; the next pass takes them.
-            log.exception("snapshot pass failed; retrying next tick")
-        if stopping:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+    await every_board(catalog, interval, stop, snapshotter.take_board)
