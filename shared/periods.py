@@ -103,12 +103,12 @@ def window_of(period: Period, period_id: str, timezone: str) -> PeriodWindow:
     except ValueError as exc:
         raise PeriodIdError(f"{period_id!r} is not a {period} period id") from exc
     tz = ZoneInfo(timezone)
-    return PeriodWindow(
-        period,
-        period_id,
-        _local_midnight(first, tz),
-        _local_midnight(_next_first_day(period, first), tz),
-    )
+    try:
+        start = _local_midnight(first, tz)
+        end = _local_midnight(_next_first_day(period, first), tz)
+    except OverflowError as exc:  # begins or ends outside years 1 to 9999 (in UTC)
+        raise PeriodIdError(f"{period_id!r} is out of range") from exc
+    return PeriodWindow(period, period_id, start, end)
 
 
 def previous_window(window: PeriodWindow, timezone: str, count: int) -> PeriodWindow:

@@ -257,6 +257,7 @@ ERROR_CASES = [
         id="400-malformed-text-plain",
     ),
     pytest.param(Case(400, **raw(b'{"user_id": "\xff\xfe"}')), id="400-not-utf8"),
+    pytest.param(Case(400, **raw(b"[" * 100_000 + b"]" * 100_000)), id="400-nested-too-deep"),
     # 401 missing or invalid credential
     pytest.param(Case(401, headers=dict), id="401-no-credential"),
     pytest.param(Case(401, headers=lambda: bearer("not-a-key")), id="401-unknown-key"),
@@ -496,6 +497,20 @@ ERROR_CASES = [
 ]
 
 
+# One problem type per status, whether Ladder or the framework under it refused the request.
+PROBLEM_TYPES = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    409: "conflict",
+    413: "too-large",
+    422: "validation",
+    429: "rate-limited",
+    503: "unavailable",
+}
+
+
 async def test_error_cases_cover_every_status_of_the_contract() -> None:
     statuses = {case.status for p in ERROR_CASES for case in p.values if isinstance(case, Case)}
     assert statuses == {400, 401, 403, 404, 409, 413, 422, 429, 503}
@@ -527,6 +542,7 @@ async def test_an_error_is_a_problem_and_changes_nothing(
         after = await snapshot(redis, settings.key_prefix)
 
     body = assert_problem(response, case.status)
+    assert body["type"] == f"https://ladder.dev/problems/{PROBLEM_TYPES[case.status]}", body
     if case.loc is not None:
         assert any(e["loc"] and e["loc"][-1] == case.loc for e in body["errors"]), body
     assert before, "the seed score should be in the snapshot"

@@ -483,6 +483,18 @@ ERRORS = [
         id="422-ranks-two-daily-ids",
     ),
     pytest.param(422, read(RANKS, period_id=["all"] * 5), id="422-ranks-too-many-ids"),
+    # Periods that end past the last instant of year 9999: out of range, not a server error.
+    pytest.param(
+        422,
+        read(LEADERBOARD, period="daily", period_id="9999-12-31"),
+        id="422-a-day-past-the-calendar",
+    ),
+    pytest.param(
+        422,
+        read("/v1/boards/main/stats", period="weekly", period_id="9999-W52"),
+        id="422-a-week-past-the-calendar",
+    ),
+    pytest.param(422, read(RANKS, period_id="9999-12"), id="422-a-month-past-the-calendar"),
 ]
 
 

@@ -12,7 +12,14 @@ from services.aggregator.merge import combine
 from services.notifier.rules import crossings, entered
 from shared.boards import Board
 from shared.events import PeriodResult
-from shared.periods import PERIODS, expire_at, previous_window, window_at, window_of
+from shared.periods import (
+    PERIODS,
+    PeriodIdError,
+    expire_at,
+    previous_window,
+    window_at,
+    window_of,
+)
 from shared.ranking import ENCODINGS, MAX_SCORE, decode, encode
 
 NOON = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -51,6 +58,23 @@ def test_window_of_inverts_window_at(period: str) -> None:
     window = window_at(period, NOON, "America/New_York")  # type: ignore[arg-type]
     again = window_of(period, window.period_id, "America/New_York")  # type: ignore[arg-type]
     assert again == window
+
+
+@pytest.mark.parametrize(
+    ("period", "period_id", "timezone"),
+    [
+        ("daily", "9999-12-31", "UTC"),
+        ("weekly", "9999-W52", "UTC"),
+        ("monthly", "9999-12", "America/New_York"),
+        # Midnight of 1 January of year 1 in UTC+14 is still in year 0 in UTC.
+        ("daily", "0001-01-01", "Etc/GMT-14"),
+    ],
+)
+def test_a_period_outside_the_calendar_is_no_period_id(
+    period: str, period_id: str, timezone: str
+) -> None:
+    with pytest.raises(PeriodIdError, match="out of range"):
+        window_of(period, period_id, timezone)  # type: ignore[arg-type]
 
 
 def test_retention_and_previous_windows() -> None:

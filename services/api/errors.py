@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -79,6 +82,106 @@ class Unavailable(Problem):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
+# --- the problem+json body as the OpenAPI document describes it --------------------------------
+
+
+class FieldError(BaseModel):
+    """One reason a request failed validation."""
+
+    loc: list[str | int] = Field(description="Where: body, query, path or header, then the field")
+    msg: str
+    type: str
+
+
+class ProblemDetails(BaseModel):
+    """An error (RFC 9457), served as ``application/problem+json``."""
+
+    type: str = Field(description="A URI naming the kind of problem")
+    title: str
+    status: int = Field(description="The HTTP status code")
+    detail: str = Field(description="What went wrong with this request")
+    errors: list[FieldError] = Field(
+        default_factory=list,
+        exclude_if=lambda errors: not errors,
+        description="Validation failures (422) only: one entry per failing field",
+    )
+
+
+_SCHEMAS = "#/components/schemas/"
+_PROBLEM_TEXTS = {
+    400: "Malformed JSON",
+    401: "Missing or invalid credential (with WWW-Authenticate)",
+    403: "Credential not allowed",
+    404: "Unknown board, user or period",
+    409: "Conflict",
+    413: "Body too large",
+    422: "Validation failed",
+    429: "Rate limited (with Retry-After)",
+    503: "A dependency is down (with Retry-After)",
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    }
+}
+_PROBLEM_HEADERS: dict[int, dict[str, Any]] = {
+    401: {
+        "WWW-Authenticate": {
+            "description": "Bearer",
+            "required": True,
+            "schema": {"type": "string", "pattern": "^Bearer"},
+        }
+    },
+    429: _RETRY_AFTER,
+    503: _RETRY_AFTER,
+}
+
+PROBLEMS: dict[int, dict[str, Any]] = {
+    status: {
+        "description": text,
+        "content": {PROBLEM: {"schema": {"$ref": _SCHEMAS + ProblemDetails.__name__}}},
+        **({"headers": _PROBLEM_HEADERS[status]} if status in _PROBLEM_HEADERS else {}),
+    }
+    for status, text in _PROBLEM_TEXTS.items()
+}
+"""Every problem status of the contract (API.md section 1), as OpenAPI responses."""
+
+
+def problems(*statuses: int, said: Mapping[int, str] | None = None) -> dict[int | str, Any]:
+    """The ``responses=`` of a route that may answer these problems; ``said`` tells what a
+    status means on that route where the contract's general description is not enough."""
+    said = said or {}
+    return {
+        status: {**PROBLEMS[status], "description": said.get(status, _PROBLEM_TEXTS[status])}
+        for status in statuses
+    }
+
+
+def document(app: FastAPI) -> None:
+    """Put :class:`ProblemDetails` in the app's OpenAPI components, where :data:`PROBLEMS`
+    refers to it, whichever routes there are."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            _, defs = models_json_schema(
+                [(ProblemDetails, "serialization")], ref_template=_SCHEMAS + "{model}"
+            )
+            known = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in defs.get("$defs", {}).items():
+                known.setdefault(name, definition)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# --- answering ----------------------------------------------------------------------------------
+
+
 def problem_response(problem: Problem) -> JSONResponse:
     return JSONResponse(
         problem.body(), status_code=problem.status, headers=problem.headers, media_type=PROBLEM
@@ -97,11 +200,13 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     return JSONResponse(body, status_code=422, media_type=PROBLEM)
 
 
-_STATUS_TITLES = {
-    400: "Bad request",
-    404: "Not found",
-    405: "Method not allowed",
-    413: "Content too large",
+# Errors the framework raises (an unparsable body, no such route, too large a body), named as
+# Ladder's own problems of the same status are, so that one status has one problem type.
+_HTTP_PROBLEMS = {
+    400: (Problem.title, Problem.slug),
+    404: (NotFound.title, NotFound.slug),
+    405: ("Method not allowed", "method-not-allowed"),
+    413: ("Content too large", "too-large"),
 }
 
 
@@ -118,9 +223,10 @@ def install(app: FastAPI) -> None:
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        title, slug = _HTTP_PROBLEMS.get(exc.status_code, ("Error", str(exc.status_code)))
         body = {
-            "type": TYPE_BASE + str(exc.status_code),
-            "title": _STATUS_TITLES.get(exc.status_code, "Error"),
+            "type": TYPE_BASE + slug,
+            "title": title,
             "status": exc.status_code,
             "detail": str(exc.detail),
         }
@@ -143,3 +249,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RedisTimeoutError, on_redis_down)
     app.add_exception_handler(OperationalError, on_mysql_down)
     app.add_exception_handler(DBAPIError, on_mysql_down)
+    document(app)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from services.api import errors
@@ -36,6 +37,17 @@ and per-period boards and their own rank, and get pushes over the WebSocket at `
 Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Errors are
 `application/problem+json`.
 """
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    dependencies: dict[str, Literal["up", "down"]] = Field(
+        description="redis, broker, mysql and pubsub, each up or down"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -108,12 +120,23 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(snapshots.router)
     app.include_router(ws_router)
 
-    @app.get("/healthz", tags=["operations"])
+    @app.get("/healthz", tags=["operations"], response_model=Health)
     async def healthz() -> dict[str, str]:
         """Alive; checks no dependency."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["operations"])
+    @app.get(
+        "/readyz",
+        tags=["operations"],
+        response_model=Readiness,
+        responses={
+            503: {
+                "model": Readiness,
+                "description": "Redis is down (with Retry-After)",
+                "headers": errors.PROBLEMS[503]["headers"],
+            }
+        },
+    )
     async def readyz(state: State) -> JSONResponse:
         """Each dependency and its state; 503 only while Redis is down. With the broker down
         the API keeps accepting scores into the outbox."""
@@ -135,7 +158,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
         checks = {"redis": redis_up, "broker": broker_up, "mysql": mysql_up, "pubsub": pubsub_up}
         return readiness_response(await run_checks(checks), required={"redis"})
 
-    @app.get("/metrics", tags=["operations"])
+    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
     async def metrics(_: Request) -> Response:
         """Prometheus text format."""
         return metrics_response()

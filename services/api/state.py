@@ -57,7 +57,9 @@ def get_reader(caller: Caller, state: State) -> Principal:
 
 Reader = Annotated[Principal, Depends(get_reader)]
 
-BoardIdPath = Annotated[str, Path(pattern=BOARD_ID_PATTERN, description="Board id")]
+BoardIdPath = Annotated[
+    str, Path(pattern=BOARD_ID_PATTERN, description="Board id", examples=["main"])
+]
 
 
 async def get_board(board_id: BoardIdPath, state: State) -> Board:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
+from services.api.errors import problems
 from services.api.state import BoardDep, Reader, State
 from shared.events import USER_ID_PATTERN
 
@@ -23,10 +24,14 @@ class BadgesOut(BaseModel):
     badges: list[BadgeOut]
 
 
-@router.get("/{board_id}/users/{user_id}/badges", response_model=BadgesOut)
+@router.get(
+    "/{board_id}/users/{user_id}/badges",
+    response_model=BadgesOut,
+    responses=problems(401, 404, 422, 503),
+)
 async def badges(
     board: BoardDep,
-    user_id: Annotated[str, Path(pattern=USER_ID_PATTERN)],
+    user_id: Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])],
     state: State,
     _: Reader,
 ) -> dict[str, Any]:

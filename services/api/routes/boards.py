@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel
 
 from services.api.auth import Principal
-from services.api.errors import Conflict, Invalid, Unavailable
+from services.api.errors import Conflict, Invalid, Unavailable, problems
 from services.api.state import ApiState, BoardDep, BoardIdPath, Caller, Reader, State
 from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
@@ -50,13 +50,13 @@ class BoardIn(BoardSpec):
     board_id: BoardId | None = None
 
 
-@router.get("", response_model=BoardsOut)
+@router.get("", response_model=BoardsOut, responses=problems(401, 503))
 async def list_boards(state: State, _: Reader) -> dict[str, Any]:
     """Every board definition."""
     return {"boards": await state.catalog.all()}
 
 
-@router.get("/{board_id}", response_model=Board)
+@router.get("/{board_id}", response_model=Board, responses=problems(401, 404, 422, 503))
 async def get_board(board: BoardDep, _: Reader) -> Board:
     """One board definition, with every field."""
     return board
@@ -67,7 +67,17 @@ async def get_board(board: BoardDep, _: Reader) -> Board:
     response_model=Board,
     responses={
         201: {"model": Board, "description": "Created"},
-        409: {"description": "The board has scores and the change would re-rank them"},
+        **problems(
+            400,
+            401,
+            403,
+            404,
+            409,
+            413,
+            422,
+            503,
+            said={409: "The board has scores and the change would re-rank them"},
+        ),
     },
 )
 async def put_board(

@@ -12,14 +12,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel
 
-from services.api.errors import Conflict, Invalid
+from services.api.errors import Conflict, Invalid, problems
 from services.api.state import Caller, State
 from shared.db_boards import delete_friendship, put_friendship
 from shared.events import USER_ID_PATTERN
 
 router = APIRouter(prefix="/v1/users", tags=["friends"])
 
-UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN)]
+UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
+# Any user may have friends; only a path that is no route (an id with a slash) answers 404.
+NO_ROUTE = "No such route: a path segment that is not an id"
 # Bounds a friends list, and so the friends scope's read, which fetches every friend's score.
 MAX_FRIENDS = 1000
 
@@ -28,7 +30,14 @@ class FriendsOut(BaseModel):
     friends: list[str]
 
 
-@router.put("/{user_id}/friends/{friend_id}", status_code=204, response_class=Response)
+@router.put(
+    "/{user_id}/friends/{friend_id}",
+    status_code=204,
+    response_class=Response,
+    responses=problems(
+        401, 403, 404, 409, 422, 503, said={404: NO_ROUTE, 409: f"A user has {MAX_FRIENDS} friends"}
+    ),
+)
 async def befriend(
     user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
 ) -> None:
@@ -53,7 +62,12 @@ async def befriend(
         await pipe.execute()
 
 
-@router.delete("/{user_id}/friends/{friend_id}", status_code=204, response_class=Response)
+@router.delete(
+    "/{user_id}/friends/{friend_id}",
+    status_code=204,
+    response_class=Response,
+    responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
+)
 async def unfriend(
     user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
 ) -> None:
@@ -66,7 +80,11 @@ async def unfriend(
         await pipe.execute()
 
 
-@router.get("/{user_id}/friends", response_model=FriendsOut)
+@router.get(
+    "/{user_id}/friends",
+    response_model=FriendsOut,
+    responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
+)
 async def friends(user_id: UserIdPath, state: State, caller: Caller) -> dict[str, Any]:
     """The user's friends, sorted: what the friends scope ranks the user among."""
     caller.require_user(user_id)

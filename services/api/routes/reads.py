@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field, StringConstraints
 
 from services.api import ranks, views
-from services.api.errors import Invalid
+from services.api.errors import Invalid, problems
 from services.api.state import BoardDep, Caller, Reader, State
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import USER_ID_PATTERN, rfc3339
@@ -17,7 +17,7 @@ from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
 
-UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN)]
+UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 ScopeQuery = Annotated[
     str,
     Query(
@@ -112,7 +112,11 @@ class EventsOut(BaseModel):
     next_cursor: str | None
 
 
-@router.get("/{board_id}/leaderboard", response_model=LeaderboardOut)
+@router.get(
+    "/{board_id}/leaderboard",
+    response_model=LeaderboardOut,
+    responses=problems(401, 403, 404, 422, 503),
+)
 async def leaderboard(
     board: BoardDep,
     state: State,
@@ -148,7 +152,11 @@ async def leaderboard(
     }
 
 
-@router.get("/{board_id}/users/{user_id}", response_model=StandingOut)
+@router.get(
+    "/{board_id}/users/{user_id}",
+    response_model=StandingOut,
+    responses=problems(401, 403, 404, 422, 503),
+)
 async def standing(
     board: BoardDep,
     user_id: UserIdPath,
@@ -170,6 +178,7 @@ async def standing(
     "/{board_id}/users/{user_id}/ranks",
     response_model=RanksOut,
     response_model_exclude_none=True,
+    responses=problems(401, 404, 422, 503),
 )
 async def user_ranks(
     board: BoardDep,
@@ -208,7 +217,11 @@ async def user_ranks(
     return {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
 
 
-@router.get("/{board_id}/users/{user_id}/events", response_model=EventsOut)
+@router.get(
+    "/{board_id}/users/{user_id}/events",
+    response_model=EventsOut,
+    responses=problems(401, 403, 404, 422, 503),
+)
 async def events(
     board: BoardDep,
     user_id: UserIdPath,

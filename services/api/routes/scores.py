@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.api import limits
 from services.api.auth import bearer
-from services.api.errors import Forbidden, Invalid, Problem, Unauthorized
+from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
 from services.api.state import BoardDep, Caller, State
 from services.api.writes import (
     Call,
@@ -35,23 +35,19 @@ WRITE_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
 
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"description": text, "content": {"application/problem+json": {}}}
-    for code, text in {
-        400: "Malformed JSON",
-        401: "Missing or invalid credential",
-        403: "Credential not allowed",
-        404: "Unknown board",
-        409: "The event_id was accepted with another body",
-        413: "Body too large (limit 1 MiB)",
-        422: "Validation failed",
-        429: "Rate limited (with Retry-After)",
-        503: "A dependency is down (with Retry-After)",
-    }.items()
-}
+
+# How a submission may be refused as a whole (API.md sections 1, 4 and 9a).
+REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503)
 
 
-@router.post("/scores", response_model=ScoreOut, responses=PROBLEMS)
+@router.post(
+    "/scores",
+    response_model=ScoreOut,
+    responses={
+        **REFUSALS,
+        **problems(409, said={409: "The event_id was accepted with another body"}),
+    },
+)
 async def post_score(
     score: ScoreIn,
     request: Request,
@@ -106,7 +102,7 @@ class BatchIn(BaseModel):
 
 class BatchError(BaseModel):
     event_id: str | None
-    error: dict[str, Any] = Field(description="A problem (RFC 9457) for this event alone")
+    error: ProblemDetails = Field(description="A problem (RFC 9457) for this event alone")
 
 
 class BatchOut(BaseModel):
@@ -122,7 +118,7 @@ def _validation_problem(exc: ValidationError) -> dict[str, Any]:
     return body
 
 
-@router.post("/scores/batch", response_model=BatchOut, responses=PROBLEMS)
+@router.post("/scores/batch", response_model=BatchOut, responses=REFUSALS)
 async def post_batch(
     batch: BatchIn, request: Request, board: BoardDep, caller: Caller, state: State
 ) -> dict[str, Any]:

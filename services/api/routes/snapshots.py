@@ -9,9 +9,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import AwareDatetime, BaseModel
+from pydantic import AwareDatetime, BaseModel, Field
 
-from services.api.errors import Invalid, NotFound
+from services.api.errors import Invalid, NotFound, problems
+from services.api.routes.reads import Entry, TeamEntry
 from services.api.state import BoardDep, Reader, State
 from shared.db_boards import snapshot_at
 from shared.events import REGION_PATTERN, rfc3339
@@ -28,10 +29,14 @@ class SnapshotOut(BaseModel):
     period: Period
     period_id: str
     taken_at: str
-    entries: list[dict[str, Any]]
+    entries: list[Entry | TeamEntry] = Field(description="The view's top N when it was taken")
 
 
-@router.get("/{board_id}/snapshots", response_model=SnapshotOut)
+@router.get(
+    "/{board_id}/snapshots",
+    response_model=SnapshotOut,
+    responses=problems(401, 404, 422, 503),
+)
 async def snapshot(
     board: BoardDep,
     state: State,
