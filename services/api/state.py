@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -41,7 +42,20 @@ def get_state(request: Request) -> ApiState:
 State = Annotated[ApiState, Depends(get_state)]
 
 
-def get_principal(request: Request, state: State) -> Principal:
+# Declares the scheme in the OpenAPI document; the header itself is read by `bearer`, which
+# also refuses other schemes with a 401 rather than ignoring them.
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="ladder",
+    description="A server key, an admin key or a player JWT (HS256, with sub and exp).",
+)
+
+
+def get_principal(
+    request: Request,
+    state: State,
+    _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
     return authenticate(bearer(request.headers.get("authorization")), state.settings)
 
 
