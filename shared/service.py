@@ -84,7 +84,10 @@ async def consume(
             log.info("stopping: finishing the batch in hand", grace_seconds=grace_seconds)
             runner.stop()
             companion_stop.set()
-            _, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+            finished, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+            for task in finished:
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    log.error("failed while stopping", task=task.get_name(), exc_info=error)
             if pending:
                 log.error("shutdown deadline passed; the unacked batch will be redelivered")
             for task in pending:

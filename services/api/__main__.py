@@ -1,10 +1,14 @@
-"""``python -m services.api``: serve the API with uvicorn (uvloop, httptools)."""
+"""``python -m services.api``: serve the API with uvicorn (uvloop, httptools); see ``server.py``
+for how it stops."""
 
 from __future__ import annotations
 
-import uvicorn
+import contextlib
+import sys
 
-from services.api.main import create_app
+from uvicorn.config import STARTUP_FAILURE
+
+from services.api.server import build_server
 from shared.logs import configure
 from shared.settings import load_settings
 
@@ -12,17 +16,11 @@ from shared.settings import load_settings
 def main() -> None:
     settings = load_settings()
     configure("api", settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.api_host,
-        port=settings.api_port,
-        loop="uvloop",
-        http="httptools",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
-        ws_max_size=64 * 1024,
-    )
+    server = build_server(settings)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
 
 
 if __name__ == "__main__":

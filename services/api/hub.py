@@ -4,7 +4,17 @@ One Pub/Sub connection per API process, subscribed to exactly the channels its c
 (reference-counted), so that N API replicas each receive only what their own sockets need. A
 message is handed to every subscriber's bounded send queue without waiting; the subscriber
 decides what to do when its queue is full. If the Pub/Sub connection drops, the hub reconnects,
-subscribes again, and tells every client to resync, since pushes may have been missed meanwhile.
+subscribes again, and only then tells every client to resync, since pushes may have been missed
+meanwhile.
+
+Each connection is a fresh client with redis-py's own retries off. redis-py can mend a broken
+Pub/Sub connection behind its caller's back (reconnect and resubscribe inside ``get_message``,
+with the default retry policy of ``Redis(...)``), and whatever was published in the gap is then
+lost without a word; here every failure reaches :meth:`Hub.run`, which owns the resync. A
+connection that goes silent without breaking (a peer or network gone without a reset, which
+redis-py does not notice: redis/redis-py#2417) is caught by a ping: one after
+``PING_AFTER`` seconds without traffic, and the connection is given up if no answer comes
+within ``PONG_WITHIN``.
 """
 
 from __future__ import annotations
@@ -17,12 +27,19 @@ import orjson
 import structlog
 from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 log = structlog.get_logger(__name__)
 
 PUSHED = Counter("ladder_ws_messages_total", "Pub/Sub messages handed to sockets")
 CHANNELS = Gauge("ladder_ws_channels", "Pub/Sub channels this process listens to")
+RECONNECTS = Counter("ladder_ws_pubsub_reconnects_total", "Pub/Sub connections lost and remade")
 RESYNC = orjson.dumps({"type": "resync"}).decode()
+
+PING_AFTER = 5.0
+PONG_WITHIN = 3.0
 
 
 class Subscriber(Protocol):
@@ -31,8 +48,10 @@ class Subscriber(Protocol):
 
 
 class Hub:
-    def __init__(self, redis_url: str) -> None:
+    def __init__(self, redis_url: str, name: str = "ladder-hub") -> None:
+        """``name`` is the connection's name in Redis (``CLIENT LIST``)."""
         self._redis_url = redis_url
+        self._name = name
         self._wanted: dict[str, set[Subscriber]] = {}
         self._active: set[str] = set()
         self._pending: dict[str, list[asyncio.Future[None]]] = {}
@@ -73,6 +92,7 @@ class Hub:
             try:
                 await self._listen(resync=not first)
             except Exception as exc:
+                RECONNECTS.inc()
                 log.warning("pub/sub connection lost; reconnecting", error=repr(exc))
             first = False
             self.connected = False
@@ -81,24 +101,44 @@ class Hub:
                 await asyncio.sleep(0.5)
 
     async def _listen(self, resync: bool) -> None:
-        client = Redis.from_url(self._redis_url, decode_responses=True)
+        client = Redis.from_url(
+            self._redis_url,
+            decode_responses=True,
+            client_name=self._name,
+            retry=Retry(NoBackoff(), 0),
+        )
         pubsub = client.pubsub(ignore_subscribe_messages=True)
+        loop = asyncio.get_running_loop()
+        pinged: float | None
         try:
             await client.ping()
             self.connected = True
-            if resync:
-                self._broadcast(RESYNC)
+            heard, pinged = loop.time(), None
             while not self._stopping:
                 await self._reconcile(pubsub)
+                if resync:
+                    # Every wanted channel is subscribed again: a client that re-reads now
+                    # misses nothing published after its read.
+                    self._broadcast(RESYNC)
+                    resync = False
                 if not self._active:
                     self._changed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), 1.0)
                     await client.ping()
+                    heard, pinged = loop.time(), None
                     continue
                 message = await pubsub.get_message(timeout=0.05)
-                if message is not None and message["type"] == "message":
-                    self._dispatch(message["channel"], message["data"])
+                now = loop.time()
+                if message is not None:
+                    heard, pinged = now, None
+                    if message["type"] == "message":
+                        self._dispatch(message["channel"], message["data"])
+                elif pinged is None and now - heard >= PING_AFTER:
+                    await pubsub.ping()
+                    pinged = now
+                elif pinged is not None and now - pinged >= PONG_WITHIN:
+                    raise RedisConnectionError("no answer to a ping on the pub/sub connection")
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]

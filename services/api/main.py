@@ -88,7 +88,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             await restorer.attempt()
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
-            hub = Hub(settings.redis_url)
+            hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}")
             state = ApiState(settings, keys, redis, catalog, engine, relay, hub)
             # The relay gets the grace period to hand what is in the outbox to the broker.
             async with (
@@ -98,6 +98,8 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             ):
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
+                # services.api.server sets it before any connection is closed; under another
+                # server it comes after that server has closed the sockets itself.
                 state.shutting_down.set()
 
     app = FastAPI(

@@ -2,8 +2,14 @@
 
 Each connection is a receiver (client ops) and a sender (its bounded queue) run together; the
 first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
-the hub or other clients. A bad credential is refused before any subscription is made: the
-socket is accepted only to be closed with 1008 and a reason.
+the hub or other clients; when the server stops, every socket is closed with 1001. A bad
+credential is refused before any subscription is made: the socket is accepted only to be closed
+with 1008 and a reason.
+
+Before the server closes a socket, its receiver and sender are stopped: a sender may be waiting
+for a peer that stopped reading to make room, and nothing may follow the close frame. The close
+itself is given ``CLOSE_WAIT`` seconds; the server's own WebSocket protocol (``server.py``)
+sends it at once and drops a peer that does not answer it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import contextlib
 import re
 import time
+from typing import Any
 
 import orjson
 import structlog
@@ -35,6 +42,7 @@ REFUSED = Counter("ladder_ws_refused_total", "Sockets closed at once: bad creden
 MAX_SUBSCRIPTIONS = 64
 MAX_FRAME = 4096
 CLOSE_POLICY, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1008, 1001, 1013
+CLOSE_WAIT = 2.0
 
 _BOARD = BOARD_ID_PATTERN.strip("^$")
 _LEADERBOARD_TOPIC = re.compile(
@@ -196,36 +204,38 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         return
     client = Client(websocket, principal, state)
     CONNECTIONS.inc()
-    tasks: list[asyncio.Task[object]] = []
+    tasks: list[asyncio.Task[Any]] = []
     try:
         if principal.kind == "player" and principal.user_id is not None:
             await client.subscribe(f"user:{principal.user_id}")
-        tasks = [
-            asyncio.create_task(client.receive_loop()),
-            asyncio.create_task(client.send_loop()),
-            asyncio.create_task(client.too_slow.wait()),
-            asyncio.create_task(state.shutting_down.wait()),
-        ]
+        receiver = asyncio.create_task(client.receive_loop())
+        sender = asyncio.create_task(client.send_loop())
+        too_slow = asyncio.create_task(client.too_slow.wait())
+        going = asyncio.create_task(state.shutting_down.wait())
+        tasks = [receiver, sender, too_slow, going]
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        if tasks[0] in done and client.flooding:
+        await _cancel(tasks)
+        if receiver in done and client.flooding:
             await _close(websocket, CLOSE_POLICY, "too many messages")
-        elif tasks[2] in done:
+        elif too_slow in done:
             await _close(websocket, CLOSE_TRY_AGAIN, "too slow to keep up")
-        elif tasks[3] in done:
+        elif going in done:
             await _close(websocket, CLOSE_GOING_AWAY, "server shutting down")
     except (WebSocketDisconnect, TimeoutError):
         pass
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await _cancel(tasks)
         state.hub.forget(client)
         CONNECTIONS.dec()
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
     if websocket.application_state == WebSocketState.CONNECTED:
         with contextlib.suppress(Exception):
-            await websocket.close(code, reason=reason)
+            await asyncio.wait_for(websocket.close(code, reason=reason), CLOSE_WAIT)
