@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import structlog
@@ -29,6 +30,7 @@ def configure(service: str, level: str = "INFO") -> None:
             structlog.processors.format_exc_info,
             structlog.processors.EventRenamer("message"),
             _add_service(service),
+            _redact,
             structlog.processors.JSONRenderer(),
         ],
     )
@@ -39,6 +41,19 @@ def configure(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiormq", "aio_pika"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+_SECRET_QUERY = re.compile(r"([?&]token=)[^&\s\"']+")
+
+
+def _redact(
+    _logger: object, _name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Credentials never reach a log: uvicorn logs a WebSocket's URL, and with it ``?token=``."""
+    message = event.get("message")
+    if isinstance(message, str) and "token=" in message:
+        event["message"] = _SECRET_QUERY.sub(r"\1[redacted]", message)
+    return event
 
 
 def _add_service(service: str) -> structlog.typing.Processor:
