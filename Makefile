@@ -15,7 +15,7 @@ export LADDER_PYTHON := $(PY)
 export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
-.PHONY: help up down ps stop start restart logs test lint infra migrate venv
+.PHONY: help up down ps stop start restart logs test test-faults lint infra migrate venv
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -77,8 +77,12 @@ logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
 	@test -n "$(SERVICE)" || { echo "usage: make logs SERVICE=<$(SERVICES)>"; exit 2; }
 	@tail -n $(LINES) $(if $(FOLLOW),-F) $(LADDER_RUN_DIR)/logs/$(SERVICE).log
 
-test: venv infra ## the whole test suite against real Redis, RabbitMQ and MariaDB
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (faults: make test-faults)
+	$(PY) -m pytest -m "not faults" $(PYTEST_ARGS)
+
+# infra: the fault suite starts private servers of its own, but from the same Debian packages.
+test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
+	$(PY) -m pytest -m faults tests/faults -rP $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check services shared tests scripts
