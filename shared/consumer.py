@@ -52,11 +52,33 @@ class ConsumerRunner:
 
     @property
     def ready(self) -> bool:
-        return self.connection is not None and not self.connection.is_closed
+        """Connected now: a robust connection that is reconnecting is not ready."""
+        return (
+            self.connection is not None
+            and not self.connection.is_closed
+            and self.connection.connected.is_set()
+        )
+
+    async def _connect(self) -> AbstractRobustConnection | None:
+        """The first connection, retried with backoff while the broker is away (a consumer
+        that exits instead would be given up on by its process manager); ``None`` if asked
+        to stop meanwhile."""
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                return await aio_pika.connect_robust(self.amqp_url)
+            except Exception as exc:
+                log.warning("broker unavailable; retrying", error=repr(exc), in_seconds=backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), backoff)
+                backoff = min(backoff * 2, 5.0)
+        return None
 
     async def run(self) -> None:
         """Consume until :meth:`stop`; then finish and ack the batch in hand, and return."""
-        self.connection = await aio_pika.connect_robust(self.amqp_url)
+        self.connection = await self._connect()
+        if self.connection is None:
+            return
         try:
             channel = await self.connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -148,6 +170,12 @@ class ConsumerRunner:
                 log.exception("handler failed; batch held and retried", events=len(events))
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-        await good[-1].ack(multiple=True)
+        try:
+            await good[-1].ack(multiple=True)
+        except Exception as exc:
+            # The channel went away with the batch: the broker delivers it again, and every
+            # handler is idempotent on event_id.
+            log.warning("ack lost with the channel; the batch will be redelivered", error=repr(exc))
+            return
         MESSAGES.labels(self.name, "ok").inc(len(good))
         EVENTS.labels(self.name).inc(len(events))

@@ -184,15 +184,6 @@ def _event_ids(message: aio_pika.abc.AbstractIncomingMessage) -> list[str]:
     return [e.event_id for e in ScoreMessage.model_validate_json(message.body).events]
 
 
-NO_BROKER_AT_START = (
-    "services bug: a consumer that starts while the broker is down exits at once "
-    "(ConsumerRunner.run: aio_pika.connect_robust raises on its first attempt); supervisord "
-    "restarts it only startretries=3 times when it dies within startsecs=2, then leaves it "
-    "FATAL: seen here after a 30 s outage, history never consumed again"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NO_BROKER_AT_START)
 async def test_consumer_restarted_while_broker_is_down(
     servers: PrivateServers, fault_stack: FaultStack
 ) -> None:
