@@ -118,3 +118,19 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 1
         if time.monotonic() > end:
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(0.02)
+
+
+async def republish(exchange: Any, message: Any) -> None:
+    """Publish a message taken from the fanout again, exactly as the relay sent it: what a
+    broker's redelivery looks like to the consumers."""
+    import aio_pika
+
+    await exchange.publish(
+        aio_pika.Message(
+            message.body,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=message.message_id,
+        ),
+        routing_key="",
+    )

@@ -24,7 +24,14 @@ from shared.boards import Board, BoardCatalog
 from shared.events import PeriodResult, ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client, eventually, player_token
+from tests.helpers import (
+    SERVER,
+    UNREACHABLE_BROKER,
+    api_client,
+    eventually,
+    player_token,
+    republish,
+)
 from tests.stack import Stack
 from tests.test_e2e import open_socket
 
@@ -299,24 +306,13 @@ async def test_a_badge_reaches_the_player_once_through_the_stack(
         message = await eventually(lambda: tap.get(no_ack=True, fail=False))
         assert event_id in message.body.decode()
 
-        async def republish() -> None:
-            await exchange.publish(
-                aio_pika.Message(
-                    message.body,
-                    content_type="application/json",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    message_id=message.message_id,
-                ),
-                routing_key="",
-            )
-
         # The same message again, as the broker may deliver it...
-        await republish()
+        await republish(exchange, message)
         # ...and again as if the notifier had died after the award, before marking it seen.
         seen = keys.seen("quest", "notifier", event_id)
         await eventually(lambda: redis.exists(seen))
         await redis.delete(seen)
-        await republish()
+        await republish(exchange, message)
         # A fresh event behind them that earns the next badge: once it arrives, they were handled.
         marker = await api.post(
             "/v1/boards/quest/scores", json={"user_id": user, "region": "eu", "value": 500}

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from shared.db import count_events, open_engine
 from shared.keys import Keys
-from tests.helpers import SERVER, eventually, player_token
+from tests.helpers import SERVER, eventually, player_token, republish
 from tests.stack import Stack
 from tests.test_e2e import open_socket
 
@@ -51,15 +51,7 @@ async def test_a_redelivered_message_has_one_effect(stack: Stack, redis: Redis) 
             before = await eventually(merged)
 
             # Deliver the very same message to all three consumers again.
-            await exchange.publish(
-                aio_pika.Message(
-                    message.body,
-                    content_type="application/json",
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    message_id=message.message_id,
-                ),
-                routing_key="",
-            )
+            await republish(exchange, message)
             # Then a fresh event behind it: once it is everywhere, the duplicate was handled.
             marker = f"marker-{uuid.uuid4().hex[:8]}"
             assert (
