@@ -1,9 +1,9 @@
 """The history service: the ``ladder.scores.history`` queue into the MySQL event log, and the
 top-N snapshots of the views that changed, every ``LADDER_SNAPSHOT_INTERVAL``.
 
-Run as ``python -m services.history``. Start-up opens MySQL (and refuses to go on unless the
-schema is migrated), Redis, then the ops endpoints, the consumer and the snapshot ticker;
-shutdown goes in reverse.
+Run as ``python -m services.history``. Start-up opens MySQL (waiting for it while it does not
+answer, and refusing to go on unless the schema is migrated), Redis, then the ops endpoints, the
+consumer and the snapshot ticker; shutdown goes in reverse.
 SIGTERM or SIGINT stops taking messages, lets the batch in hand be stored and acked, and gives
 up after ``LADDER_SHUTDOWN_GRACE_SECONDS``: anything unacked then is simply delivered again.
 """
@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler, MarkChangedViews, in_order
-from services.history.migrate import check_schema
+from services.history.migrate import wait_for_schema
 from services.history.snapshots import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
@@ -44,7 +44,7 @@ def _mysql_check(engine: AsyncEngine) -> Check:
 async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     async with open_engine(settings.mysql_url, changed_rows=True) as engine:
-        await check_schema(engine)
+        await wait_for_schema(engine)
         async with open_redis(settings.redis_url) as redis:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)

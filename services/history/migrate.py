@@ -3,7 +3,8 @@
 Creates the database named in ``LADDER_MYSQL_URL`` if it is missing, then runs
 ``alembic upgrade head``. Safe to repeat, and safe to run from several processes at once: a
 MySQL named lock lets one migrate while the others wait and then find nothing to do. The
-services never migrate by themselves; they only :func:`check_schema` at start.
+services never migrate by themselves; they only :func:`check_schema` at start (waiting for
+MySQL if it does not answer yet).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -116,6 +118,24 @@ async def check_schema(engine: AsyncEngine) -> None:
         log.warning("history database is ahead of this code", current=sorted(current))
         return
     raise SchemaNotReady(current, needed)
+
+
+async def wait_for_schema(engine: AsyncEngine, *, retry_seconds: float = 1.0) -> None:
+    """:func:`check_schema`, waiting while MySQL does not answer rather than failing.
+
+    A service that starts during a database outage waits for it (logging each failed try, with
+    a back-off up to 15 s) instead of exiting and being given up on by its process manager; a
+    database that answers with the wrong schema still raises :class:`SchemaNotReady` at once.
+    """
+    delay = retry_seconds
+    while True:
+        try:
+            await check_schema(engine)
+            return
+        except (DBAPIError, OSError) as error:
+            log.warning("MySQL is not answering; waiting for it", retry_in_s=delay, error=str(error))
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 15.0)
 
 
 def _current_heads(connection: Connection) -> set[str]:

@@ -25,10 +25,8 @@ module                                    fault
                                           history restarted while MySQL is down
 ========================================  ===============================================
 
-"History restarted while MySQL is down" is a strict ``xfail``: it pins a bug of the service
-(history exits when it starts without its database, and supervisord gives up on it); once it is
-fixed the test passes, strict ``xfail`` fails the run, and the marker must go. Its broker twin
-passes: a consumer waits for the broker at start.
+A consumer restarted while its broker or its database is down waits for it, and catches up
+exactly once it is back.
 
 Every test is marked ``faults``; ``make test`` leaves them out, ``make test-faults`` runs them
 alone, with the figures (``-rP``). They need root or the right to run ``mariadbd`` (as root it

@@ -96,14 +96,6 @@ async def test_mysql_stopped_under_load(servers: PrivateServers, fault_stack: Fa
     assert ready_during and set(ready_during) == {200}, ready_during
 
 
-NO_MYSQL_AT_START = (
-    "services bug: history that starts while MySQL is down exits at once (check_schema at "
-    "start-up raises); supervisord restarts it only startretries=3 times when it dies within "
-    "startsecs=2, then leaves it FATAL, and its queue is never consumed"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NO_MYSQL_AT_START)
 async def test_history_restarted_while_mysql_is_down(
     servers: PrivateServers, fault_stack: FaultStack
 ) -> None:
