@@ -133,7 +133,9 @@ async def wait_for_schema(engine: AsyncEngine, *, retry_seconds: float = 1.0) ->
             await check_schema(engine)
             return
         except (DBAPIError, OSError) as error:
-            log.warning("MySQL is not answering; waiting for it", retry_in_s=delay, error=str(error))
+            log.warning(
+                "MySQL is not answering; waiting for it", retry_in_s=delay, error=str(error)
+            )
         await asyncio.sleep(delay)
         delay = min(delay * 2, 15.0)
 
