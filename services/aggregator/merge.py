@@ -11,7 +11,8 @@ region of that period, and writes the user's global entry:
 
 Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
 next merge that sees the user makes the entry right. Then every touched view whose top 10
-changed is pushed to ``leaderboard`` subscribers.
+changed is pushed to ``leaderboard`` subscribers, and the users who crossed a bracket of the global
+scope get ``rank`` messages (:mod:`services.aggregator.brackets`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from services.aggregator.brackets import GlobalBrackets
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.keys import Keys, parse_dirty_member
@@ -68,6 +70,7 @@ class Merger:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
+        self._brackets = GlobalBrackets(redis, keys)
 
     async def merge_board(self, board: Board) -> int:
         """Merge everything dirty of ``board``; returns how many user entries were written."""
@@ -88,7 +91,9 @@ class Merger:
                 entry.regions.add(region)
             written = 0
             for (period, period_id), entry in touched.items():
+                before = await self._brackets.standing(board, period, period_id)
                 written += await self._merge_period(board, period, period_id, entry.users)
+                await self._brackets.announce(board, period, period_id, before, entry.users)
                 scopes = ["global", *(f"region:{r}" for r in sorted(entry.regions))]
                 await self._push_tops(board, period, period_id, scopes)
             await self._redis.delete(merging)

@@ -8,8 +8,9 @@ import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.notifier.rules import Crossing, crossings, earned
+from services.notifier.rules import crossings, earned
 from shared.boards import BoardCatalog
+from shared.brackets import Crossing
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.periods import Period

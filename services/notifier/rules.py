@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from shared.brackets import Crossing, smallest_entered
 from shared.events import PeriodResult
 
 
-@dataclass(frozen=True, slots=True)
-class Crossing:
-    user_id: str
-    reason: str  # "entered_top" | "overtaken"
-    top: int
-    rank: int
-    previous_rank: int | None
-
-
 def entered(result: PeriodResult, brackets: tuple[int, ...]) -> int | None:
-    """The smallest bracket this update moved the user into, if any.
-
-    A first score (no previous rank) comes from outside every bracket.
-    """
-    crossed = [
-        t
-        for t in brackets
-        if result.rank <= t and (result.previous_rank is None or result.previous_rank > t)
-    ]
-    return min(crossed) if crossed else None
+    """The smallest bracket this update moved the user into, if any."""
+    return smallest_entered(result.rank, result.previous_rank, brackets)
 
 
 def crossings(user_id: str, result: PeriodResult, brackets: tuple[int, ...]) -> list[Crossing]:
