@@ -35,12 +35,24 @@ key                                                type        holds
 ``{P:B}:snapdirty``                                set         "<period>|<period_id>|<scope>"
                                                                changed since the last snapshot
 ``{P:B}:snapdirty:taking``                         set         the batch a snapshot pass takes
+``{P:B}:hot:events``                                zset        "<event_id>|<user_id>|<value>" of
+                                                               the last 60 s; score: occurred_at
+                                                               in ms (the hot view's events)
+``{P:B}:hot:<window>``                             string      the hot view last computed (JSON)
+``{P:B}:mvp:<period>:<period_id>:team:<team_id>``  zset        member -> what it scored for the
+                                                               team in the period
+``{P:B}:mvp:<period>:<period_id>:user-team``       hash        user_id -> "<accepted ms>|<team>"
+                                                               of its latest event in the period
+``{P:B}:mvp:<period>``                             string      the MVP view last pushed (JSON)
+``{P:B}:mvp:dirty``                                set         "<period>|<period_id>" whose
+                                                               contributions changed
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 ``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket
 =================================================  ==========  ===============================
 
-Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>``.
+Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>`` (the live
+views too: scope ``hot`` with the window as period, scope ``mvps`` with the period).
 
 Scores in the board sorted sets are encoded (see :mod:`shared.ranking`); ``P`` is
 ``LADDER_KEY_PREFIX`` and ``B`` the board id.
@@ -144,6 +156,27 @@ class Keys:
 
     def badges(self, board_id: str, user_id: str) -> str:
         return f"{self.tag(board_id)}:badges:{user_id}"
+
+    # -- the live views (API.md section 8a) ---------------------------------------------------
+    def hot_events(self, board_id: str) -> str:
+        """A sorted set of the recent on-time events, one member per event id (so a redelivery
+        rewrites its own member), scored by ``occurred_at`` in ms and trimmed to the window."""
+        return f"{self.tag(board_id)}:hot:events"
+
+    def hot_view(self, board_id: str, window: int) -> str:
+        return f"{self.tag(board_id)}:hot:{window}"
+
+    def team_members(self, board_id: str, period: str, period_id: str, team_id: str) -> str:
+        return f"{self.tag(board_id)}:mvp:{period}:{period_id}:team:{team_id}"
+
+    def member_team(self, board_id: str, period: str, period_id: str) -> str:
+        return f"{self.tag(board_id)}:mvp:{period}:{period_id}:user-team"
+
+    def mvp_view(self, board_id: str, period: str) -> str:
+        return f"{self.tag(board_id)}:mvp:{period}"
+
+    def mvp_dirty(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:mvp:dirty"
 
     def friends(self, user_id: str) -> str:
         """One set per user; a friends read takes it and then batches one board read."""

@@ -229,7 +229,31 @@ local function take(keys, args)
   return {1, 0}
 end
 
+--[[
+Count one event toward its member's team contribution in every period, exactly once (the MVP
+view, API.md section 8a). KEYS: the aggregator's seen key for the event, then two per period:
+the team's member contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
+ARGV: seen ttl, value, user, team, accepted at (ms), then per period its expire-at (0: never).
+The user's team in a period is the one its latest accepted event named. Returns 1 if counted
+now, 0 if the event had been counted before.
+]]
+local function contribute(keys, args)
+  if not redis.call('SET', keys[1], '1', 'NX', 'EX', tonumber(args[1])) then return 0 end
+  local value, user, team, accepted = tonumber(args[2]), args[3], args[4], tonumber(args[5])
+  for i = 1, (#keys - 1) / 2 do
+    local members, teams, at = keys[2 * i], keys[2 * i + 1], tonumber(args[5 + i])
+    redis.call('ZINCRBY', members, value, user)
+    local latest = redis.call('HGET', teams, user)
+    if not latest or tonumber(string.match(latest, '^(%d+)|')) <= accepted then
+      redis.call('HSET', teams, user, args[5] .. '|' .. team)
+    end
+    expire({members, teams}, at)
+  end
+  return 1
+end
+
 redis.register_function('ladder_submit_v1', submit)
 redis.register_function('ladder_take_v1', take)
 redis.register_function('ladder_put_v1', put)
 redis.register_function('ladder_award_v1', award)
+redis.register_function('ladder_contribute_v1', contribute)

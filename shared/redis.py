@@ -13,6 +13,7 @@ SUBMIT_FUNCTION = "ladder_submit_v1"
 TAKE_FUNCTION = "ladder_take_v1"
 PUT_FUNCTION = "ladder_put_v1"
 AWARD_FUNCTION = "ladder_award_v1"
+CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
 
 
 def library_source() -> str:

@@ -1,6 +1,9 @@
-"""What the aggregator does with consumed events: mark them dirty for the next merge."""
+"""What the aggregator does with consumed events: mark them dirty for the next merge, and record
+them for the live views (:mod:`services.aggregator.live`)."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
@@ -24,3 +27,15 @@ class MarkDirty:
                 ]
                 pipe.sadd(self._keys.dirty(event.board_id), *members)
             await pipe.execute()
+
+
+class Each:
+    """Several handlers, one after the other, on every batch. Each of them is idempotent, so a
+    batch redelivered after the first of them succeeded is simply handled again."""
+
+    def __init__(self, *handlers: Callable[[list[ScoreAccepted]], Awaitable[None]]) -> None:
+        self._handlers = handlers
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        for handler in self._handlers:
+            await handler(events)

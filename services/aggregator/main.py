@@ -1,4 +1,5 @@
-"""The aggregator: regional boards merged into the global one on a ticker."""
+"""The aggregator: regional boards merged into the global one on a ticker, and the live views of
+play (hot streaks, team MVPs) recomputed on the same ticker."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import asyncio
 
 import structlog
 
-from services.aggregator.handlers import MarkDirty
+from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.live import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared import service
-from shared.boards import BoardCatalog
+from shared.boards import Board, BoardCatalog
 from shared.consumer import ConsumerRunner
 from shared.keys import Keys
 from shared.redis import open_redis
@@ -19,9 +21,17 @@ from shared.topology import Topology
 log = structlog.get_logger(__name__)
 
 
-async def tick(merger: Merger, catalog: BoardCatalog, interval: float, stop: asyncio.Event) -> None:
-    """Merge every board every ``interval`` seconds until ``stop``; one last merge on the way."""
-    await service.every_board(catalog, interval, stop, merger.merge_board)
+async def tick(
+    merger: Merger, live: LiveViews, catalog: BoardCatalog, interval: float, stop: asyncio.Event
+) -> None:
+    """Merge every board and recompute its live views every ``interval`` seconds until
+    ``stop``; one last pass on the way."""
+
+    async def work(board: Board) -> None:
+        await merger.merge_board(board)
+        await live.tick_board(board)
+
+    await service.every_board(catalog, interval, stop, work)
 
 
 async def run(settings: LadderSettings) -> None:
@@ -30,16 +40,17 @@ async def run(settings: LadderSettings) -> None:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
         merger = Merger(redis, keys)
+        live = LiveViews(redis, keys)
         runner = ConsumerRunner(
             name="aggregator",
             amqp_url=settings.amqp_url,
             topology=Topology(settings.broker_prefix, settings.delivery_limit),
-            handler=MarkDirty(redis, keys),
+            handler=Each(MarkDirty(redis, keys), RecordLive(redis, keys, catalog)),
             prefetch=settings.consumer_prefetch,
         )
 
         async def ticker(stop: asyncio.Event) -> None:
-            await tick(merger, catalog, settings.merge_interval, stop)
+            await tick(merger, live, catalog, settings.merge_interval, stop)
 
         await service.consume(
             runner,

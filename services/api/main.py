@@ -19,6 +19,7 @@ from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
 from services.api.restore import Restorer
 from services.api.routes import activity, badges, boards, friends, reads, scores, snapshots
+from services.api.routes import live as live_views
 from services.api.state import ApiState, State
 from services.api.ws import router as ws_router
 from shared.boards import BoardCatalog
@@ -120,6 +121,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(boards.router)
     app.include_router(friends.router)
     app.include_router(snapshots.router)
+    app.include_router(live_views.router)
     app.include_router(ws_router)
 
     @app.get("/healthz", tags=["operations"], response_model=Health)

@@ -31,6 +31,7 @@ from services.api.errors import Unauthorized
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
+from shared.live import HOT_WINDOWS
 from shared.periods import PERIODS
 
 log = structlog.get_logger(__name__)
@@ -50,6 +51,12 @@ _LEADERBOARD_TOPIC = re.compile(
     rf":(?P<period>{'|'.join(PERIODS)})$"
 )
 _USER_TOPIC = re.compile(rf"^user:(?P<user>{USER_ID_PATTERN.strip('^$')})$")
+# The live views (API.md section 8a): leaderboard:{board}:hot:{10|60}, leaderboard:{board}:mvps:
+# {period}. A subscriber is sent the view's current state at once, then every change.
+_LIVE_TOPIC = re.compile(
+    rf"^leaderboard:(?P<board>{_BOARD}):(?:hot:(?P<window>{'|'.join(map(str, HOT_WINDOWS))})"
+    rf"|mvps:(?P<period>{'|'.join(PERIODS)}))$"
+)
 
 
 class TopicError(Exception):
@@ -85,11 +92,28 @@ class Client:
             if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
                 raise TopicError("leaderboard topics need a credential here")
             return keys.board_channel(m["board"], m["scope"], m["period"])
+        if m := _LIVE_TOPIC.match(topic):
+            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
+                raise TopicError("leaderboard topics need a credential here")
+            if m["window"] is not None:
+                return keys.board_channel(m["board"], "hot", m["window"])
+            return keys.board_channel(m["board"], "mvps", m["period"])
         if m := _USER_TOPIC.match(topic):
             if not self.principal.may_act_for(m["user"]):
                 raise TopicError("only that player or a server key may subscribe to it")
             return keys.user_channel(m["user"])
-        raise TopicError("unknown topic; use leaderboard:{board}:{scope}:{period} or user:{id}")
+        raise TopicError(
+            "unknown topic; use leaderboard:{board}:{scope}:{period}, leaderboard:{board}:hot:"
+            "{10|60}, leaderboard:{board}:mvps:{period} or user:{id}"
+        )
+
+    def view_key_of(self, topic: str) -> str | None:
+        """The key holding a live view's current state, sent to a new subscriber."""
+        if (m := _LIVE_TOPIC.match(topic)) is None:
+            return None
+        if m["window"] is not None:
+            return self.state.keys.hot_view(m["board"], int(m["window"]))
+        return self.state.keys.mvp_view(m["board"], m["period"])
 
     async def subscribe(self, topic: str) -> None:
         if topic in self.topics:
@@ -99,6 +123,11 @@ class Client:
         channel = self.channel_of(topic)
         self.topics[topic] = channel
         await self.state.hub.subscribe(channel, self)
+        if (key := self.view_key_of(topic)) is not None:
+            # Read once the channel is live: any later change arrives as a push after it.
+            current: Any = await self.state.redis.get(key)
+            if current is not None:
+                self.deliver(current)
 
     def unsubscribe(self, topic: str) -> None:
         channel = self.topics.pop(topic, None)

@@ -1,0 +1,188 @@
+"""The live views of play in the aggregator: hot streaks and team MVPs (API.md section 8a).
+
+Consumed events are recorded in Redis, idempotently and with no regard to order:
+
+- each on-time event of the last 60 s becomes one member of the board's hot set, named by its
+  event id, so a redelivery rewrites that member instead of adding one;
+- each team event of an ``incr`` board adds its value to its member's contribution to the team
+  in every period, once per event id (``ladder_contribute_v1``: a seen key and the increments in
+  one atomic step).
+
+On the ticker every board's hot windows are recomputed from the hot set, and the MVPs of each
+current period whose contributions changed (or, at least every ``FULL_PASS_SECONDS``, all of
+them). Each result is swapped into its view key with ``SET ... GET``; it is pushed only when its
+entries differ from those it replaced, so several aggregators computing the same view push it
+once. State lives in Redis only: a restarted aggregator carries on where the last one was.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from shared.boards import Board, BoardCatalog
+from shared.events import ScoreAccepted, rfc3339
+from shared.keys import Keys
+from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, hot_rows, mvp_entries
+from shared.live import on_time as is_on_time
+from shared.periods import expire_at, window_at, window_of
+from shared.redis import CONTRIBUTE_FUNCTION
+
+PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
+RECORDED = Counter(
+    "ladder_aggregator_live_events_total", "Events recorded for the live views", ["view"]
+)
+
+SEEN_TTL_SECONDS = 86_400
+# A hot view nobody recomputes (no aggregator running) disappears rather than going stale.
+HOT_VIEW_TTL_SECONDS = 2 * HOT_SPAN_MS // 1000
+FULL_PASS_SECONDS = 30.0
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+class RecordLive:
+    """The consumer's part: record events for the hot and MVP views."""
+
+    def __init__(self, redis: Redis, keys: Keys, catalog: BoardCatalog) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._catalog = catalog
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        keys = self._keys
+        horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
+        hot = mvp = 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                occurred = _ms(event.occurred_at)
+                if is_on_time(event) and occurred > horizon:
+                    key = keys.hot_events(event.board_id)
+                    pipe.zadd(key, {hot_member(event): occurred})
+                    pipe.pexpire(key, 2 * HOT_SPAN_MS)
+                    hot += 1
+                if event.team_id is None:
+                    continue
+                board = await self._catalog.get(event.board_id)
+                if board is None or board.operator != "incr":
+                    continue
+                self._contribute(pipe, board, event, event.team_id)
+                mvp += 1
+            await pipe.execute()
+        RECORDED.labels("hot").inc(hot)
+        RECORDED.labels("mvps").inc(mvp)
+
+    def _contribute(self, pipe: Any, board: Board, event: ScoreAccepted, team: str) -> None:
+        keys, bid = self._keys, board.board_id
+        view_keys: list[str] = [keys.seen(bid, "aggregator", event.event_id)]
+        expiries: list[int] = []
+        dirty: list[str] = []
+        for period, result in event.periods.items():
+            if period not in board.periods:
+                continue
+            view_keys += [
+                keys.team_members(bid, period, result.period_id, team),
+                keys.member_team(bid, period, result.period_id),
+            ]
+            window = window_of(period, result.period_id, board.timezone)
+            expiries.append(expire_at(window, board.timezone, board.retention.of(period)) or 0)
+            dirty.append(f"{period}|{result.period_id}")
+        args = [SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at)]
+        pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys), *view_keys, *args, *expiries)
+        if dirty:
+            pipe.sadd(keys.mvp_dirty(bid), *dirty)
+
+
+class LiveViews:
+    """The ticker's part: recompute the views of one board and push those that changed."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._full_pass_at: dict[str, float] = {}
+
+    async def tick_board(self, board: Board) -> int:
+        """Recompute ``board``'s live views; returns how many were pushed."""
+        return await self.hot(board) + await self.mvps(board)
+
+    async def hot(self, board: Board, now: datetime | None = None) -> int:
+        now = now or datetime.now(UTC)
+        now_ms = _ms(now)
+        rows = await hot_rows(self._redis, self._keys, board.board_id, now_ms)
+        pushed = 0
+        for window in HOT_WINDOWS:
+            message = {
+                "type": "leaderboard",
+                "view": "hot",
+                "board_id": board.board_id,
+                "scope": "hot",
+                "window": window,
+                "as_of": rfc3339(now),
+                "entries": hot_entries(rows, now_ms - window * 1000, now_ms),
+            }
+            channel = self._keys.board_channel(board.board_id, "hot", str(window))
+            key = self._keys.hot_view(board.board_id, window)
+            pushed += await self._swap(key, channel, message, HOT_VIEW_TTL_SECONDS, None)
+        PUSHES.labels("hot").inc(pushed)
+        return pushed
+
+    async def mvps(self, board: Board, now: datetime | None = None) -> int:
+        if board.operator != "incr":
+            return 0
+        keys, bid = self._keys, board.board_id
+        now = now or datetime.now(UTC)
+        full = time.monotonic() - self._full_pass_at.get(bid, float("-inf")) >= FULL_PASS_SECONDS
+        dirty: set[Any] = await self._redis.smembers(keys.mvp_dirty(bid))
+        if dirty:
+            # Taken before computing: a contribution recorded meanwhile marks it again.
+            await self._redis.srem(keys.mvp_dirty(bid), *dirty)
+        if full:
+            self._full_pass_at[bid] = time.monotonic()
+        pushed = 0
+        for period in board.periods:
+            window = window_at(period, now, board.timezone)
+            if not full and f"{period}|{window.period_id}" not in dirty:
+                continue
+            message = {
+                "type": "leaderboard",
+                "view": "mvps",
+                "board_id": bid,
+                "scope": "mvps",
+                "period": period,
+                "period_id": window.period_id,
+                "entries": await mvp_entries(self._redis, keys, board, period, window.period_id),
+            }
+            expiry = expire_at(window, board.timezone, board.retention.of(period))
+            channel = keys.board_channel(bid, "mvps", period)
+            pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
+        PUSHES.labels("mvps").inc(pushed)
+        return pushed
+
+    async def _swap(
+        self,
+        key: str,
+        channel: str,
+        message: dict[str, Any],
+        ttl: int | None,
+        expire_at_s: int | None,
+    ) -> int:
+        """Store ``message`` as the view's current state; publish it if its content changed."""
+        body = orjson.dumps(message)
+        old: Any = await self._redis.set(key, body, ex=ttl, exat=expire_at_s, get=True)
+        previous = orjson.loads(old) if old is not None else {}
+        if _content(previous) == _content(message):
+            return 0
+        await self._redis.publish(channel, body)
+        return 1
+
+
+def _content(message: dict[str, Any]) -> tuple[Any, ...]:
+    """What a push is about: the period it names and its entries (not the time it was made)."""
+    return message.get("period_id"), message.get("entries", [])

@@ -1,0 +1,140 @@
+"""The live views of play (API.md section 8a): hot streaks and team MVPs.
+
+The hot view is the one the aggregator computed on its last tick (``as_of`` says when); the MVP
+view is computed at the read from the teams board and the aggregator's member contributions, so
+that any retained period can be read. The rules of both are in :mod:`shared.live`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import Query
+from fastapi.routing import APIRouter
+from pydantic import BaseModel, Field
+
+from services.api import views
+from services.api.errors import Invalid, problems
+from services.api.state import BoardDep, Reader, State
+from shared.live import mvp_entries
+from shared.periods import Period
+
+router = APIRouter(prefix="/v1/boards", tags=["live views"])
+
+HOT_PUSH = (
+    "Pushed over the WebSocket to subscribers of `leaderboard:{board_id}:hot:{window}` as "
+    '`{"type": "leaderboard", "view": "hot", "scope": "hot", "board_id", "window", "as_of", '
+    '"entries"}` whenever its entries change; a subscriber is sent the current view at once.'
+)
+MVP_PUSH = (
+    "The current period's view is pushed over the WebSocket to subscribers of "
+    '`leaderboard:{board_id}:mvps:{period}` as `{"type": "leaderboard", "view": "mvps", '
+    '"scope": "mvps", "board_id", "period", "period_id", "entries"}` whenever its entries or '
+    "its period change; a subscriber is sent the current view at once."
+)
+
+
+class HotEntry(BaseModel):
+    rank: int
+    user_id: str
+    score: float = Field(description="The user's average value per event in the window")
+
+
+class HotOut(BaseModel):
+    board_id: str
+    window: Literal[10, 60] = Field(description="Seconds of event time")
+    as_of: str | None = Field(
+        description="When the aggregator computed the view (RFC 3339); null if it has not yet"
+    )
+    entries: list[HotEntry] = Field(description="At most 10, the highest average first")
+
+
+class MvpEntry(BaseModel):
+    rank: int
+    user_id: str
+    team_id: str = Field(description="The team the user's latest event in the period named")
+    user_score: int = Field(description="What the user scored for that team in the period")
+    team_score: int = Field(description="The team's total in the period (the teams scope)")
+    share: float = Field(description="user_score / team_score")
+
+
+class MvpOut(BaseModel):
+    board_id: str
+    period: Period
+    period_id: str
+    entries: list[MvpEntry] = Field(description="At most 10, the largest share first")
+
+
+@router.get(
+    "/{board_id}/hot",
+    response_model=HotOut,
+    responses=problems(401, 404, 422, 503),
+    description=(
+        "The 10 users with the highest average value per event over the last `window` seconds "
+        "of event time: events whose `occurred_at` lies in `(now - window, now]`. An event "
+        "accepted more than 5 s after its `occurred_at` counts toward its periods but not "
+        "here. Ties: more events, then the smaller user id. The view is the one the aggregator "
+        "computed on its last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
+    ),
+)
+async def hot(
+    board: BoardDep,
+    state: State,
+    _: Reader,
+    window: Annotated[int, Query(description="10 or 60 (seconds)")] = 60,
+) -> dict[str, Any]:
+    if window not in (10, 60):
+        raise Invalid("window must be 10 or 60 (seconds).", loc=("query", "window"))
+    stored = await state.redis.get(state.keys.hot_view(board.board_id, window))
+    view = orjson.loads(stored) if stored is not None else {}
+    return {
+        "board_id": board.board_id,
+        "window": window,
+        "as_of": view.get("as_of"),
+        "entries": view.get("entries", []),
+    }
+
+
+@router.get(
+    "/{board_id}/mvps",
+    response_model=MvpOut,
+    responses=problems(401, 404, 422, 503),
+    description=(
+        "The 10 users with the largest share of their team's total in a period (`incr` boards; "
+        "on others 422). A user's team in a period is the one its latest accepted event in that "
+        "period named, and `user_score` is what it scored for that team: after a change of team "
+        "the user ranks with the new team, counting only what it scored for it, while what it "
+        "scored before stays in the old team's total. Teams with a total of 0 or less and "
+        "members with a contribution of 0 or less are left out. Ties: the larger `user_score`, "
+        "then the smaller user id. " + MVP_PUSH
+    ),
+)
+async def mvps(
+    board: BoardDep,
+    state: State,
+    _: Reader,
+    period: Annotated[Period, Query()] = "alltime",
+    period_id: Annotated[
+        str | None,
+        Query(
+            max_length=16,
+            pattern=views.PERIOD_ID_PATTERN,
+            description="Defaults to the current period",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    if board.operator != "incr":
+        raise Invalid(
+            f"MVPs are shares of team totals, kept only on incr boards; board "
+            f"{board.board_id!r} is {board.operator}.",
+            loc=("path", "board_id"),
+        )
+    window = views.resolve_window(board, period, period_id)
+    entries = await mvp_entries(state.redis, state.keys, board, period, window.period_id)
+    return {
+        "board_id": board.board_id,
+        "period": period,
+        "period_id": window.period_id,
+        "entries": entries,
+    }
