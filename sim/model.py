@@ -4,7 +4,8 @@
 - A session lasts a lognormal time (``session_mean_s``, ``session_sd_s``); a human's round a
   lognormal time (``round_mean_s``, ``round_sd_s``), a robot's a normal one (``robot_round_s``,
   ``robot_round_sd_s``). A round that would outlast the session is not started.
-- A round scores Binomial(``score_max``, skill): a human's skill is drawn from Beta(a, a) with
+- A round is played under the parameters in force when it begins. It scores
+  Binomial(``score_max``, skill): a human's skill is drawn from Beta(a, a) with
   a = ``skill_spread``, a robot's is ``robot_skill``. Robots play far more rounds, not better
   ones: they climb the totals, not the averages.
 - An arriving player joins a random team with room (fewer than ``team_max`` members) or, with
@@ -202,24 +203,24 @@ class Game:
     def _session(self, player: Player) -> Generator[simpy.Event, Any, None]:
         end = player.arrived_at + player.session_s
         while True:
-            version = self.params_version
-            length = self._round_length(player)
+            # A round is played under the parameters in force when it begins.
+            params, version = self.params, self.params_version
+            length = self._round_length(player, params)
             if self.env.now + length > end:
                 break
             yield self.env.timeout(length)
-            self._score(player, version)
+            self._score(player, params, version)
         yield self.env.timeout(max(0.0, end - self.env.now))
         self._leave(player)
 
-    def _round_length(self, player: Player) -> float:
-        p = self.params
+    def _round_length(self, player: Player, p: SimParams) -> float:
         if player.robot:
             return max(MIN_ROUND_S, self.rng.normalvariate(p.robot_round_s, p.robot_round_sd_s))
         mu, sigma = lognormal_mu_sigma(p.round_mean_s, p.round_sd_s)
         return max(MIN_ROUND_S, self.rng.lognormvariate(mu, sigma))
 
-    def _score(self, player: Player, version: int) -> None:
-        p, rng, now = self.params, self.rng, self.env.now
+    def _score(self, player: Player, p: SimParams, version: int) -> None:
+        rng, now = self.rng, self.env.now
         value = sum(1 for _ in range(p.score_max) if rng.random() < player.skill)
         send_at = now
         if rng.random() < p.late_share:

@@ -62,6 +62,7 @@ class Config:
     allowed_lateness: float
     duration: float | None = None  # wall seconds; None runs until a signal
     dry_run: bool = False
+    keep_records: bool = False  # the model keeps every player and score (tests)
 
 
 class Simulation:
@@ -75,6 +76,7 @@ class Simulation:
             run_id=uuid.uuid4().hex[:10],
             clock=lambda: datetime.now(UTC),
             late_cap_wall_s=max(0.0, config.allowed_lateness - LATENESS_MARGIN_S),
+            keep=config.keep_records,
         )
         self.stopping = threading.Event()
         self.stop_requested = asyncio.Event()
