@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import random
 import sys
 
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     settings = load_settings()
     configure("sim", settings.log_level)
+    # One line a batch is too many; the poster logs what goes wrong, and a summary.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     params = SimParams()
     try:
         changes = [item.partition("=")[::2] for item in args.set]
