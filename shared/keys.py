@@ -46,6 +46,11 @@ key                                                type        holds
 ``{P:B}:mvp:<period>``                             string      the MVP view last pushed (JSON)
 ``{P:B}:mvp:dirty``                                set         "<period>|<period_id>" whose
                                                                contributions changed
+``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
+                                                               the board (expires: a safety net)
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v1`` applied
+                                                               meanwhile (``{keys, args}`` JSON)
+``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 ``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket
@@ -187,6 +192,21 @@ class Keys:
         snapshot, marked by history; ``taking=True``: ``{P:B}:snapdirty:taking``, the set a
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
+
+    # -- the rebuild (services/history/rebuild.py); ladder.lua derives the same names from the
+    # outbox key and the hash tag, so change them together.
+    def rebuilding(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:rebuilding"
+
+    def rebuild_journal(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:rebuild:journal"
+
+    def staged(self, board_id: str, key: str) -> str:
+        """The staging copy of one of the board's keys: ``:rebuild`` after the hash tag."""
+        tag = self.tag(board_id)
+        if not key.startswith(tag + ":"):
+            raise ValueError(f"{key!r} is not a key of board {board_id!r}")
+        return f"{tag}:rebuild{key[len(tag) :]}"
 
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:

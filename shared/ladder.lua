@@ -160,6 +160,12 @@ local function submit(keys, args)
   local entry = args[7] .. ',"periods":' .. cjson.encode(periods) .. '}'
   redis.call('SET', keys[1], args[1] .. '\n' .. entry, 'EX', tonumber(args[9]))
   redis.call('XADD', keys[2], '*', 'e', entry)
+  -- While a rebuild of this board runs (see rebuild_finish below), journal what was applied.
+  local flag = string.gsub(keys[2], ':outbox$', ':rebuilding')
+  if redis.call('EXISTS', flag) == 1 then
+    redis.call('RPUSH', (string.gsub(keys[2], ':outbox$', ':rebuild:journal')),
+               cjson.encode({keys = keys, args = args}))
+  end
   return {'ok', entry}
 end
 
@@ -252,8 +258,115 @@ local function contribute(keys, args)
   return 1
 end
 
+--[[
+Rebuild of one board from the history database (services/history/rebuild.py; the design and its
+argument are in docs/reliability.md). A board is built into staging keys: each live key with
+':rebuild:' after its hash tag ('{P:B}:feed' is staged as '{P:B}:rebuild:feed'), so staging
+shares the board's slot. While the board's flag key is set, submit() journals every event it
+applies; rebuild_finish replays the journal's events the database did not hold yet onto staging
+and puts staging in place of the live keys, in one step.
+]]
+local function staged(key)
+  return (string.gsub(key, '^(%b{}):', '%1:rebuild:', 1))
+end
+
+--[[
+KEYS: flag, journal, outbox, feed. ARGV: ttl in ms (a safety net: a rebuild that dies leaves
+nothing behind for long). Raises the flag and starts an empty journal. Returns the event ids of
+every outbox entry and of the newest feed entry: the events applied before the flag that the
+history database may not hold yet, which the rebuild waits for.
+]]
+local function rebuild_begin(keys, args)
+  local ttl = tonumber(args[1])
+  redis.call('DEL', keys[2])
+  redis.call('SET', keys[1], '1', 'PX', ttl)
+  redis.call('RPUSH', keys[2], 'begin')
+  redis.call('PEXPIRE', keys[2], ttl)
+  local ids = {}
+  for _, entry in ipairs(redis.call('XRANGE', keys[3], '-', '+')) do
+    ids[#ids + 1] = cjson.decode(entry[2][2]).event_id
+  end
+  local newest = redis.call('LINDEX', keys[4], 0)
+  if newest then ids[#ids + 1] = cjson.decode(newest).event_id end
+  return ids
+end
+
+-- KEYS: flag, journal. ARGV: ttl in ms. Keeps a running rebuild's flag up; 0 if it was gone.
+local function rebuild_extend(keys, args)
+  if redis.call('PEXPIRE', keys[1], tonumber(args[1])) == 0 then return 0 end
+  redis.call('PEXPIRE', keys[2], tonumber(args[1]))
+  return 1
+end
+
+--[[
+Apply one event as submit() does, to the keys given (staging ones), leaving no idempotency
+answer and no outbox entry behind: KEYS and ARGV are submit()'s, with KEYS[1] and KEYS[2]
+scratch keys. Returns submit()'s status.
+]]
+local function replay(keys, args)
+  local answer = submit(keys, args)
+  redis.call('DEL', keys[1], keys[2])
+  return answer[1]
+end
+
+--[[
+KEYS: flag, journal, then every live key the rebuild replaces, the event counters first.
+ARGV: how many of those keys are event counters, then the ids of the journal's events that the
+database already held when the board was read from it. Replays the journal's other events onto
+staging; then refuses ({'behind', key}) if a live event counter is above its staged one (an
+event applied before the flag was not in the database yet: the caller reads it again later),
+or ({'expired', ''}) if the flag lapsed. Otherwise renames each staging key over its live one
+(a live key with no staging one is deleted), drops the flag and the journal and returns
+{'ok', events replayed}.
+]]
+local function rebuild_finish(keys, args)
+  if redis.call('EXISTS', keys[1]) == 0 then return {'expired', ''} end
+  local counters, known, live = {}, {}, {}
+  for i = 3, #keys do
+    live[keys[i]] = true
+    if i - 2 <= tonumber(args[1]) then counters[keys[i]] = true end
+  end
+  for i = 2, #args do known[args[i]] = true end
+  local replayed = 0
+  for _, raw in ipairs(redis.call('LRANGE', keys[2], 1, -1)) do
+    local call = cjson.decode(raw)
+    if not known[cjson.decode(call.args[7] .. '}').event_id] then
+      local mapped = {}
+      for i, key in ipairs(call.keys) do
+        mapped[i] = staged(key)
+        if i > KEYS_BEFORE then
+          live[key] = true
+          if (i - KEYS_BEFORE) % KEYS_PER_PERIOD == 0 then counters[key] = true end
+        elseif i > 2 then
+          live[key] = true
+        end
+      end
+      replay(mapped, call.args)
+      replayed = replayed + 1
+    end
+  end
+  for key in pairs(counters) do
+    local now = tonumber(redis.call('GET', key) or '0')
+    if now > tonumber(redis.call('GET', staged(key)) or '0') then return {'behind', key} end
+  end
+  for key in pairs(live) do
+    local from = staged(key)
+    if redis.call('EXISTS', from) == 1 then
+      redis.call('RENAME', from, key)
+    else
+      redis.call('DEL', key)
+    end
+  end
+  redis.call('DEL', keys[1], keys[2])
+  return {'ok', replayed}
+end
+
 redis.register_function('ladder_submit_v1', submit)
 redis.register_function('ladder_take_v1', take)
 redis.register_function('ladder_put_v1', put)
 redis.register_function('ladder_award_v1', award)
 redis.register_function('ladder_contribute_v1', contribute)
+redis.register_function('ladder_replay_v1', replay)
+redis.register_function('ladder_rebuild_begin_v1', rebuild_begin)
+redis.register_function('ladder_rebuild_extend_v1', rebuild_extend)
+redis.register_function('ladder_rebuild_finish_v1', rebuild_finish)

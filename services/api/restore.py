@@ -5,16 +5,13 @@ starts (:meth:`Restorer.attempt`) and, should MySQL be away then, keeps trying i
 (:meth:`Restorer.retry`) while it serves with what Redis holds: scores keep flowing, and boards
 that only MySQL knows answer 404 until it is back.
 
-The cost of a restore is one pass over the ``boards`` table and one over ``friendships``, read
-in pages of the primary key and written with ``SADD`` (idempotent), a pipeline per page: linear
-in the number of friendships, in time, but not in memory.
+The restore itself is :mod:`shared.restore`, which ``make rebuild`` runs too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
 
 import structlog
 from redis.asyncio import Redis
@@ -22,15 +19,10 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.boards import MAIN_BOARD, MAIN_BOARD_ID, BoardCatalog
-from shared.db_boards import (
-    LockTimeout,
-    all_friendships,
-    definitions_lock,
-    load_boards,
-    save_board,
-)
+from shared.boards import BoardCatalog
+from shared.db_boards import LockTimeout
 from shared.keys import Keys
+from shared.restore import restore_definitions, restore_friendships
 
 log = structlog.get_logger(__name__)
 
@@ -51,22 +43,8 @@ class Restorer:
     async def restore(self) -> None:
         """Write every stored definition and friendship over Redis; store board ``main`` in
         MySQL first if it is not there yet."""
-        async with definitions_lock(self._engine) as conn:
-            stored = await load_boards(conn)
-            if all(board.board_id != MAIN_BOARD_ID for board in stored):
-                await save_board(conn, MAIN_BOARD, replace=False)
-                stored = await load_boards(conn)
-            await self._catalog.restore(stored)
-        friendships = 0
-        async for page in all_friendships(self._engine):
-            by_user: dict[str, list[str]] = defaultdict(list)
-            for user_id, friend_id in page:
-                by_user[user_id].append(friend_id)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for user_id, friends in by_user.items():
-                    pipe.sadd(self._keys.friends(user_id), *friends)
-                await pipe.execute()
-            friendships += len(page)
+        stored = await restore_definitions(self._engine, self._catalog)
+        friendships = await restore_friendships(self._engine, self._redis, self._keys)
         self.done = True
         log.info("restored from the history database", boards=len(stored), friendships=friendships)
 

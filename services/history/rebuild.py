@@ -1,0 +1,483 @@
+"""``make rebuild``: every board recreated in Redis, exactly, from the history database.
+
+Run as ``python -m services.history.rebuild [--board ID ...] [--wait SECONDS]``. Redis is a
+projection (DESIGN.md invariant 4): this puts back, from MySQL alone, the board definitions and
+friendships (:mod:`shared.restore`), and for each board its regional views of every period still
+retained, team boards, distinct-score sets, feed, player and event counts, each user's regions
+and team, and display names; then it marks every user of every view dirty, so the aggregator
+merges the global views again through its own code.
+
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v1``:
+the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
+no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made.
+
+Writes may go on meanwhile. Per board:
+
+1. ``ladder_rebuild_begin_v1`` raises the board's ``rebuilding`` flag (with a TTL, kept up while
+   the rebuild works) and starts its journal: from then on every event ``submit()`` applies is
+   also journaled. It returns the ids of the events in the outbox and of the newest in the feed.
+2. Wait until MySQL holds those: then it holds every event applied before the flag (the relay
+   publishes, and history stores, in outbox order).
+3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of the primary
+   key (memory stays bounded by a page), replaying each onto staging.
+4. In the same snapshot, look up which journaled events it held.
+5. ``ladder_rebuild_finish_v1``, one atomic step: replay the other journaled events onto staging,
+   check that no live event counter is ahead of its staged one (an event applied before the flag
+   that MySQL did not hold yet: then all is thrown away and the board read again), rename
+   staging over the live keys, drop the flag and journal.
+
+Running it twice changes nothing: the second run builds the same keys from the same events.
+docs/reliability.md has the argument in full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.boards import Board, BoardCatalog
+from shared.db import from_db_time, open_engine, score_events
+from shared.events import rfc3339
+from shared.keys import Keys, dirty_member
+from shared.logs import configure
+from shared.periods import expire_at, window_at
+from shared.ranking import ENCODINGS, tick
+from shared.redis import open_redis
+from shared.restore import restore_definitions, restore_friendships
+from shared.settings import LadderSettings, load_settings
+
+log = structlog.get_logger(__name__)
+
+REPLAY_FUNCTION = "ladder_replay_v1"
+BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
+EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
+FINISH_FUNCTION = "ladder_rebuild_finish_v1"
+
+PAGE = 2000  # events a MySQL page, and replays a Redis round trip
+ID_CHUNK = 1000  # event ids an IN (...) lookup
+FLAG_TTL_MS = 60_000
+ATTEMPTS = 5
+
+# The board's keys that the rebuild makes (suffixes after the hash tag). Everything else under
+# the tag belongs to others: idempotency answers, the outbox, the aggregator's global views and
+# marks, snapshots' marks, badges, the live views.
+_GLOBAL_SCOPES = (":global", ":global:distinct", ":global:counts")
+
+
+def _rebuilt_here(suffix: str) -> bool:
+    if suffix.startswith("lb:"):
+        return not suffix.endswith(_GLOBAL_SCOPES)
+    if suffix.startswith("user:"):
+        return suffix.endswith(":regions")
+    return suffix in ("names", "feed", "user-team") or suffix.startswith(
+        ("regions:", "players:", "events:")
+    )
+
+
+class RebuildFailed(RuntimeError):
+    """A board could not be rebuilt (MySQL never caught up, or the rebuild kept losing its
+    flag); Redis keeps what it had."""
+
+
+@dataclass
+class BoardRebuild:
+    """What one board's rebuild did, for the summary line."""
+
+    board_id: str
+    events: int = 0
+    journal_replayed: int = 0
+    journal_known: int = 0
+    keys: int = 0
+    dirty: int = 0
+    attempts: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Staged:
+    """The live names of the keys staged so far, event counters apart (checked at the end)."""
+
+    counters: set[str] = field(default_factory=set)
+    others: set[str] = field(default_factory=set)
+
+
+def replay_call(
+    keys: Keys, settings: LadderSettings, board: Board, row: Any
+) -> tuple[list[str], list[str | int]]:
+    """The keys (live names) and arguments of ``submit()`` for one stored event: what
+    :func:`services.api.writes.prepare` built when the event was accepted."""
+    occurred_at = from_db_time(row.occurred_at)
+    event = {
+        "event_id": row.event_id,
+        "board_id": board.board_id,
+        "user_id": row.user_id,
+        "region": row.region,
+        "team_id": row.team_id,
+        "display_name": row.display_name,
+        "value": row.value,
+        "occurred_at": rfc3339(occurred_at),
+        "accepted_at": rfc3339(from_db_time(row.accepted_at)),
+    }
+    bid = board.board_id
+    call_keys = [
+        keys.idempotency(bid, row.event_id),
+        keys.outbox(bid),
+        keys.names(bid),
+        keys.feed(bid),
+        keys.user_regions(bid, row.user_id),
+        keys.user_team(bid),
+    ]
+    period_args: list[str | int] = []
+    for period in board.periods:
+        window = window_at(period, occurred_at, board.timezone)
+        enc = ENCODINGS[period]
+        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        view = keys.region_view(bid, period, window.period_id, row.region)
+        teams = keys.teams_view(bid, period, window.period_id)
+        call_keys += [
+            view,
+            keys.distinct(view),
+            keys.distinct_counts(view),
+            keys.regions(bid, period, window.period_id),
+            teams,
+            keys.distinct(teams),
+            keys.distinct_counts(teams),
+            keys.players(bid, period, window.period_id),
+            keys.event_count(bid, period, window.period_id),
+        ]
+        period_args += [
+            period,
+            window.period_id,
+            enc.scale,
+            tick(window, occurred_at),
+            enc.max_score,
+            expiry or 0,
+        ]
+    args: list[str | int] = [
+        "",  # no body hash: the scratch idempotency answer is deleted at once
+        board.operator,
+        row.value,
+        row.user_id,
+        row.region,
+        row.display_name or "",
+        orjson.dumps(event).decode()[:-1],
+        len(board.periods),
+        settings.idempotency_ttl_seconds,
+        1,  # the scratch outbox is empty at every call
+        ",".join(str(t) for t in board.notify_top),
+        "1" if board.descending else "0",
+        settings.feed_length,
+        row.team_id or "",
+        *period_args,
+    ]
+    return call_keys, args
+
+
+class Rebuilder:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis,
+        keys: Keys,
+        settings: LadderSettings,
+        wait_seconds: float = 120.0,
+    ) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._keys = keys
+        self._settings = settings
+        self._wait_seconds = wait_seconds
+
+    async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
+        """Definitions and friendships, then every board (or only those named)."""
+        boards = await restore_definitions(self._engine, BoardCatalog(self._redis, self._keys))
+        friendships = await restore_friendships(self._engine, self._redis, self._keys)
+        log.info("definitions and friendships restored", boards=len(boards), rows=friendships)
+        wanted = set(only)
+        unknown = wanted - {b.board_id for b in boards}
+        if unknown:
+            raise RebuildFailed(f"no such board in the history database: {sorted(unknown)}")
+        return [await self.board(b) for b in boards if not wanted or b.board_id in wanted]
+
+    async def board(self, board: Board) -> BoardRebuild:
+        """Rebuild one board (see the module's docstring)."""
+        started = time.monotonic()
+        done = BoardRebuild(board.board_id)
+        bid = board.board_id
+        flag, journal = self._keys.rebuilding(bid), self._keys.rebuild_journal(bid)
+        for attempt in range(1, ATTEMPTS + 1):
+            done.attempts = attempt
+            await self._drop_staging(bid)
+            before: list[Any] = await self._redis.fcall(
+                BEGIN_FUNCTION,
+                4,
+                flag,
+                journal,
+                self._keys.outbox(bid),
+                self._keys.feed(bid),
+                FLAG_TTL_MS,
+            )
+            try:
+                await self._wait_stored(bid, before)
+                outcome = await self._build(board, done)
+            except BaseException:
+                await self._redis.delete(flag, journal)
+                await self._drop_staging(bid)
+                raise
+            if outcome == "ok":
+                done.dirty = await self._mark_dirty(board)
+                done.seconds = time.monotonic() - started
+                log.info("board rebuilt", **done.__dict__)
+                return done
+            log.warning("board rebuild starts again", board_id=bid, reason=outcome)
+            await asyncio.sleep(min(2.0 * attempt, 10.0))
+        await self._redis.delete(flag, journal)
+        await self._drop_staging(bid)
+        raise RebuildFailed(f"board {bid!r} not rebuilt after {ATTEMPTS} attempts")
+
+    async def _extend(self, board_id: str) -> None:
+        flag, journal = self._keys.rebuilding(board_id), self._keys.rebuild_journal(board_id)
+        kept = await self._redis.fcall(EXTEND_FUNCTION, 2, flag, journal, FLAG_TTL_MS)
+        if not kept:
+            raise _FlagLost
+
+    async def _wait_stored(self, board_id: str, event_ids: list[str]) -> None:
+        """Until MySQL holds every one of ``event_ids`` of the board."""
+        pending = set(event_ids)
+        end = time.monotonic() + self._wait_seconds
+        while pending:
+            async with self._engine.connect() as conn:
+                pending -= await _held(conn, board_id, pending)
+            if not pending:
+                return
+            if time.monotonic() > end:
+                raise RebuildFailed(
+                    f"board {board_id!r}: {len(pending)} events applied in Redis are not in the "
+                    f"history database after {self._wait_seconds:g} s (is history consuming?), "
+                    f"e.g. {sorted(pending)[:3]}"
+                )
+            await self._extend(board_id)
+            await asyncio.sleep(0.25)
+
+    async def _build(self, board: Board, done: BoardRebuild) -> str:
+        bid = board.board_id
+        staged = _Staged()
+        events = refused = 0
+        try:
+            async with self._engine.connect() as conn:
+                await conn.execution_options(isolation_level="REPEATABLE READ")
+                # Every page below, and the journal lookup after them, read this one snapshot.
+                await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                after = 0
+                while True:
+                    rows = (await conn.execute(_page(bid, after))).all()
+                    if not rows:
+                        break
+                    refused += await self._replay(board, rows, staged)
+                    events += len(rows)
+                    after = rows[-1].id
+                    await self._extend(bid)
+                raw: list[Any] = await self._redis.lrange(self._keys.rebuild_journal(bid), 1, -1)
+                journaled = {
+                    orjson.loads(orjson.loads(e)["args"][6] + "}")["event_id"] for e in raw
+                }
+                known = await _held(conn, bid, journaled)
+                await conn.rollback()
+        except _FlagLost:
+            return "the flag lapsed"
+        live = await self._live_keys(bid)
+        counters = sorted(staged.counters)
+        others = sorted((staged.others | live) - staged.counters)
+        status, detail = await self._redis.fcall(
+            FINISH_FUNCTION,
+            2 + len(counters) + len(others),
+            self._keys.rebuilding(bid),
+            self._keys.rebuild_journal(bid),
+            *counters,
+            *others,
+            len(counters),
+            *sorted(known),
+        )
+        if status != "ok":
+            return f"{status} {detail}".strip()
+        done.events, done.refused = events, refused
+        done.journal_replayed, done.journal_known = int(detail), len(known)
+        done.keys = len(counters) + len(others)
+        return "ok"
+
+    async def _replay(self, board: Board, rows: Sequence[Any], staged: _Staged) -> int:
+        bid = board.board_id
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for row in rows:
+                call_keys, args = replay_call(self._keys, self._settings, board, row)
+                for i, key in enumerate(call_keys[2:], start=3):
+                    if i > 6 and (i - 6) % 9 == 0:
+                        staged.counters.add(key)
+                    else:
+                        staged.others.add(key)
+                pipe.fcall(
+                    REPLAY_FUNCTION,
+                    len(call_keys),
+                    *(self._keys.staged(bid, k) for k in call_keys),
+                    *args,
+                )
+            statuses: list[Any] = await pipe.execute()
+        refused = [s for s in statuses if s != "ok"]
+        if refused:
+            # An event accepted under other bounds or periods than the board has now.
+            log.warning("events the board refuses now", board_id=bid, statuses=refused[:5])
+        return len(refused)
+
+    async def _live_keys(self, board_id: str) -> set[str]:
+        """The board's live keys of the kinds the rebuild makes: those it does not make again
+        are deleted (a user or a period MySQL does not know)."""
+        tag = self._keys.tag(board_id)
+        found = set()
+        async for key in self._redis.scan_iter(match=_glob_escape(tag) + ":*", count=1000):
+            suffix = key[len(tag) + 1 :]
+            if not suffix.startswith(("rebuild:", "rebuilding")) and _rebuilt_here(suffix):
+                found.add(key)
+        return found
+
+    async def _drop_staging(self, board_id: str) -> None:
+        """Staging left by an attempt that did not finish (the journal is not staging)."""
+        tag = self._keys.tag(board_id)
+        journal = self._keys.rebuild_journal(board_id)
+        batch: list[str] = []
+        async for key in self._redis.scan_iter(match=_glob_escape(tag) + ":rebuild:*", count=1000):
+            if key != journal:
+                batch.append(key)
+            if len(batch) >= 500:
+                await self._redis.unlink(*batch)
+                batch = []
+        if batch:
+            await self._redis.unlink(*batch)
+
+    async def _mark_dirty(self, board: Board) -> int:
+        """Every user of every regional view, and of every global view, marked for the next
+        merge: the aggregator then writes each global entry from the rebuilt regions."""
+        bid, tag = board.board_id, self._keys.tag(board.board_id)
+        dirty = self._keys.dirty(bid)
+        marked = 0
+        async for key in self._redis.scan_iter(match=_glob_escape(tag) + ":lb:*", count=1000):
+            parts = key[len(tag) + 1 :].split(":")
+            # lb:<period>:<period_id>:region:<region> or lb:<period>:<period_id>:global
+            if len(parts) == 5 and parts[3] == "region":
+                period, period_id, region = parts[1], parts[2], parts[4]
+            elif len(parts) == 4 and parts[3] == "global":
+                period, period_id = parts[1], parts[2]
+                found: set[Any] = await self._redis.smembers(
+                    self._keys.regions(bid, period, period_id)
+                )
+                regions = sorted(found)
+                region = regions[0] if regions else ""
+            else:
+                continue
+            members: list[str] = []
+            async for member, _ in self._redis.zscan_iter(key, count=1000):
+                members.append(dirty_member(period, period_id, region, member))
+                if len(members) >= 1000:
+                    marked += await self._redis.sadd(dirty, *members)
+                    members = []
+            if members:
+                marked += await self._redis.sadd(dirty, *members)
+        return marked
+
+
+class _FlagLost(Exception):
+    """The rebuilding flag expired under a rebuild: journaling stopped, so it starts over."""
+
+
+def _page(board_id: str, after: int) -> Any:
+    t = score_events.c
+    return (
+        select(
+            t.id,
+            t.event_id,
+            t.user_id,
+            t.region,
+            t.team_id,
+            t.display_name,
+            t.value,
+            t.occurred_at,
+            t.accepted_at,
+        )
+        .where(t.board_id == board_id, t.id > after)
+        .order_by(t.id)
+        .limit(PAGE)
+    )
+
+
+async def _held(conn: AsyncConnection, board_id: str, event_ids: Iterable[str]) -> set[str]:
+    """Which of ``event_ids`` the event log holds for the board."""
+    wanted = sorted(event_ids)
+    held: set[str] = set()
+    t = score_events.c
+    for start in range(0, len(wanted), ID_CHUNK):
+        chunk = wanted[start : start + ID_CHUNK]
+        rows = await conn.execute(
+            select(t.event_id).where(t.board_id == board_id, t.event_id.in_(chunk))
+        )
+        held.update(row.event_id for row in rows)
+    return held
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+async def rebuild(
+    settings: LadderSettings, only: Iterable[str] = (), wait_seconds: float = 120.0
+) -> list[BoardRebuild]:
+    """Open MySQL and Redis (loading the function library, which a Redis that lost its data
+    lacks too) and rebuild."""
+    async with (
+        open_engine(settings.mysql_url) as engine,
+        open_redis(settings.redis_url, load_functions=True) as redis,
+    ):
+        rebuilder = Rebuilder(engine, redis, Keys(settings.key_prefix), settings, wait_seconds)
+        return await rebuilder.run(only)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.history.rebuild",
+        description="Recreate every board in Redis exactly from the history database.",
+    )
+    parser.add_argument("--board", action="append", default=[], help="only this board (repeatable)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait for history to store events Redis applied already (120)",
+    )
+    options = parser.parse_args(argv)
+    settings = load_settings()
+    configure("rebuild", settings.log_level)
+    try:
+        done = asyncio.run(rebuild(settings, options.board, options.wait))
+    except RebuildFailed as exc:
+        log.error("rebuild failed", error=str(exc))
+        sys.exit(1)
+    for board in done:
+        print(
+            f"{board.board_id}: {board.events} events, {board.journal_replayed} written "
+            f"meanwhile, {board.keys} keys, {board.dirty} users to merge, "
+            f"{board.seconds:.1f} s"
+        )
+
+
+if __name__ == "__main__":
+    main()
