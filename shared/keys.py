@@ -38,6 +38,9 @@ key                                                type        holds
 ``{P:B}:hot:events``                                zset        "<event_id>|<user_id>|<value>" of
                                                                the last 60 s; score: occurred_at
                                                                in ms (the hot view's events)
+``{P:B}:hot:window:<window>``                      hash        "s:<user>" sum, "c:<user>" count
+                                                               of its events in the window; "at"
+                                                               the window's start (ms)
 ``{P:B}:hot:<window>``                             string      the hot view last computed (JSON)
 ``{P:B}:mvp:<period>:<period_id>:team:<team_id>``  zset        member -> what it scored for the
                                                                team in the period
@@ -167,6 +170,10 @@ class Keys:
         """A sorted set of the recent on-time events, one member per event id (so a redelivery
         rewrites its own member), scored by ``occurred_at`` in ms and trimmed to the window."""
         return f"{self.tag(board_id)}:hot:events"
+
+    def hot_window(self, board_id: str, window: int) -> str:
+        """A window's per-user sums and counts, kept as events enter it and leave it."""
+        return f"{self.tag(board_id)}:hot:window:{window}"
 
     def hot_view(self, board_id: str, window: int) -> str:
         return f"{self.tag(board_id)}:hot:{window}"

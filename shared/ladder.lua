@@ -236,6 +236,59 @@ local function take(keys, args)
 end
 
 --[[
+The hot view's events (API.md section 8a). KEYS: the board's hot event set (member
+'<event_id>|<user_id>|<value>', score occurred_at in ms), then one hash per window holding, for
+the events inside it, 's:<user>' (their sum) and 'c:<user>' (their count), and 'at': the
+window's start in ms (an event at or before it is outside).
+
+hot_add ARGV: member, occurred_at ms, user, value, ttl ms. Adds the event to the set and to each
+window it is inside, once: a redelivery finds its member already there. Returns 1 if added now.
+]]
+local function hot_add(keys, args)
+  local at, user, ttl = tonumber(args[2]), args[3], tonumber(args[5])
+  if redis.call('ZADD', keys[1], 'NX', at, args[1]) == 0 then return 0 end
+  for i = 2, #keys do
+    if at > tonumber(redis.call('HGET', keys[i], 'at') or 0) then
+      redis.call('HINCRBY', keys[i], 's:' .. user, args[4])
+      redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+    end
+  end
+  for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
+  return 1
+end
+
+--[[
+hot_trim ARGV: ttl ms, then each window's new start in ms. Moves each window's start forward
+(never back: aggregators with different clocks may call it), taking out of its sums the events
+it leaves behind, then drops from the set what every window has left. Each call costs as much as
+the events that left since the last one.
+]]
+local function hot_trim(keys, args)
+  local ttl, oldest = tonumber(args[1]), nil
+  for i = 2, #keys do
+    local start = tonumber(args[i])
+    local old = tonumber(redis.call('HGET', keys[i], 'at') or 0)
+    if start > old then
+      for _, member in ipairs(redis.call('ZRANGEBYSCORE', keys[1], '(' .. old, start)) do
+        local user, value = string.match(member, '^[^|]*|([^|]*)|(-?%d+)$')
+        if redis.call('HINCRBY', keys[i], 'c:' .. user, -1) <= 0 then
+          redis.call('HDEL', keys[i], 'c:' .. user, 's:' .. user)
+        else
+          redis.call('HINCRBY', keys[i], 's:' .. user, 0 - tonumber(value))  -- never '-0'
+        end
+      end
+      redis.call('HSET', keys[i], 'at', start)
+    else
+      start = old
+    end
+    if oldest == nil or start < oldest then oldest = start end
+  end
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', oldest)
+  for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
+  return 0
+end
+
+--[[
 Count one event toward its member's team contribution in every period, exactly once (the MVP
 view, API.md section 8a). KEYS: the aggregator's seen key for the event, then two per period:
 the team's member contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
@@ -366,6 +419,8 @@ redis.register_function('ladder_take_v1', take)
 redis.register_function('ladder_put_v1', put)
 redis.register_function('ladder_award_v1', award)
 redis.register_function('ladder_contribute_v1', contribute)
+redis.register_function('ladder_hot_add_v1', hot_add)
+redis.register_function('ladder_hot_trim_v1', hot_trim)
 redis.register_function('ladder_replay_v1', replay)
 redis.register_function('ladder_rebuild_begin_v1', rebuild_begin)
 redis.register_function('ladder_rebuild_extend_v1', rebuild_extend)

@@ -5,12 +5,11 @@ message counts, so the aggregator that computes them and the API that reads them
 
 Hot streaks
     The users with the highest average value per event over the last 10 or 60 seconds of event
-    time. "The last W seconds" is the window ``(now - W, now]`` of the wall clock, which is taken
-    as the event-time frontier: an event counts from its own ``occurred_at`` (one stamped up to
-    5 s ahead of the clock joins once the clock reaches it) until W seconds later. An event
-    accepted more than :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still
-    counts toward its periods). Ties: the higher average, then more events, then the smaller
-    user id.
+    time. The wall clock is taken as the event-time frontier: an event counts from its arrival
+    until its ``occurred_at`` is W seconds behind the clock (one stamped up to 5 s ahead of the
+    clock, as the API allows, counts at once). An event accepted more than
+    :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still counts toward its
+    periods). Ties: the higher average, then more events, then the smaller user id.
 
 MVPs
     The users with the largest share of their team's total in one period. A user's team in a
@@ -25,8 +24,6 @@ MVPs
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -58,37 +55,19 @@ def hot_member(event: ScoreAccepted) -> str:
     return f"{event.event_id}|{event.user_id}|{event.value}"
 
 
-def parse_hot_member(member: str) -> tuple[str, str, int]:
-    event_id, user_id, value = member.split("|", 2)
-    return event_id, user_id, int(value)
-
-
-def hot_entries(
-    rows: Iterable[tuple[str, float]], since_ms: int, until_ms: int
-) -> list[dict[str, Any]]:
-    """The hot top 10 of the events ``(member, occurred_at ms)`` in ``(since_ms, until_ms]``."""
-    totals: dict[str, int] = defaultdict(int)
-    counts: dict[str, int] = defaultdict(int)
-    for member, at in rows:
-        if since_ms < at <= until_ms:
-            _, user_id, value = parse_hot_member(member)
-            totals[user_id] += value
-            counts[user_id] += 1
-    averages = {user: totals[user] / counts[user] for user in totals}
+def hot_entries(window: dict[str, str]) -> list[dict[str, Any]]:
+    """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts)."""
+    averages: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for field, raw in window.items():
+        if field.startswith("c:") and (count := int(raw)) > 0:
+            user = field[2:]
+            counts[user] = count
+            averages[user] = int(window.get("s:" + user, 0)) / count
     ranked = sorted(averages, key=lambda user: (-averages[user], -counts[user], user))[:TOP]
     return [
         {"rank": i + 1, "user_id": user, "score": averages[user]} for i, user in enumerate(ranked)
     ]
-
-
-async def hot_rows(redis: Redis, keys: Keys, board_id: str, now_ms: int) -> list[tuple[str, float]]:
-    """The events of the widest window, after trimming older ones from the set."""
-    key = keys.hot_events(board_id)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zremrangebyscore(key, "-inf", now_ms - HOT_SPAN_MS)
-        pipe.zrangebyscore(key, f"({now_ms - HOT_SPAN_MS}", now_ms, withscores=True)
-        _, rows = await pipe.execute()
-    return list(rows)
 
 
 async def mvp_entries(

@@ -14,6 +14,8 @@ TAKE_FUNCTION = "ladder_take_v1"
 PUT_FUNCTION = "ladder_put_v1"
 AWARD_FUNCTION = "ladder_award_v1"
 CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
+HOT_ADD_FUNCTION = "ladder_hot_add_v1"
+HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 
 
 def library_source() -> str:

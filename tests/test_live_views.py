@@ -127,6 +127,8 @@ async def test_events_fall_out_of_each_window_and_out_of_the_set(redis: Redis, k
             made("u-recent", 10, now - timedelta(seconds=3)),
             made("u-recent", 30, now - timedelta(seconds=4)),
             made("u-older", 100, now - timedelta(seconds=30)),
+            made("u-zero", 0, now - timedelta(seconds=30)),
+            made("u-zero", 0, now - timedelta(seconds=2)),
             made("u-gone", 1000, now - timedelta(seconds=70)),  # before the widest window
         ]
     )
@@ -141,17 +143,20 @@ async def test_events_fall_out_of_each_window_and_out_of_the_set(redis: Redis, k
         return found[0], found[1]
 
     assert await views(now) == (
-        [("u-recent", 20.0)],
-        [("u-older", 100.0), ("u-recent", 20.0)],
+        [("u-recent", 20.0), ("u-zero", 0.0)],
+        [("u-older", 100.0), ("u-recent", 20.0), ("u-zero", 0.0)],
     )
-    # 8 s on, the recent events are 11-12 s old: out of the 10 s window, still in the 60 s one.
+    # 8 s on, the recent events are 10-12 s old: out of the 10 s window, still in the 60 s one.
     assert await views(now + timedelta(seconds=8)) == (
         [],
-        [("u-older", 100.0), ("u-recent", 20.0)],
+        [("u-older", 100.0), ("u-recent", 20.0), ("u-zero", 0.0)],
     )
-    # 31 s on, the older event is 61 s old and leaves the 60 s window, and the set itself.
-    assert await views(now + timedelta(seconds=31)) == ([], [("u-recent", 20.0)])
-    assert await redis.zcard(keys.hot_events("main")) == 2
+    # 31 s on, the events of 30 s ago are 61 s old: they leave the 60 s window and the set.
+    assert await views(now + timedelta(seconds=31)) == (
+        [],
+        [("u-recent", 20.0), ("u-zero", 0.0)],
+    )
+    assert await redis.zcard(keys.hot_events("main")) == 3
     assert await views(now + timedelta(seconds=65)) == ([], [])
     assert await redis.zcard(keys.hot_events("main")) == 0
 

@@ -3,12 +3,16 @@
 Consumed events are recorded in Redis, idempotently and with no regard to order:
 
 - each on-time event of the last 60 s becomes one member of the board's hot set, named by its
-  event id, so a redelivery rewrites that member instead of adding one;
+  event id, and is added to the per-user sum and count of each window it is inside; one
+  ``ladder_hot_add_v1`` call does both, and only if the member is new, so a redelivery adds
+  nothing;
 - each team event of an ``incr`` board adds its value to its member's contribution to the team
   in every period, once per event id (``ladder_contribute_v1``: a seen key and the increments in
   one atomic step).
 
-On the ticker every board's hot windows are recomputed from the hot set, and the MVPs of each
+On the ticker each window's start moves up to the clock (``ladder_hot_trim_v1`` takes the
+events it leaves out of its sums, so a tick costs what arrived and left since the last one plus
+one read per window of its users' sums), and the MVPs of each
 current period whose contributions changed (or, at least every ``FULL_PASS_SECONDS``, all of
 them). Each result is swapped into its view key with ``SET ... GET``; it is pushed only when its
 entries differ from those it replaced, so several aggregators computing the same view push it
@@ -28,10 +32,10 @@ from redis.asyncio import Redis
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
-from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, hot_rows, mvp_entries
+from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live import on_time as is_on_time
 from shared.periods import expire_at, window_at, window_of
-from shared.redis import CONTRIBUTE_FUNCTION
+from shared.redis import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
 RECORDED = Counter(
@@ -39,8 +43,10 @@ RECORDED = Counter(
 )
 
 SEEN_TTL_SECONDS = 86_400
-# A hot view nobody recomputes (no aggregator running) disappears rather than going stale.
-HOT_VIEW_TTL_SECONDS = 2 * HOT_SPAN_MS // 1000
+# Hot state nobody trims, and a hot view nobody recomputes (no aggregator running), disappear
+# rather than go stale.
+HOT_TTL_MS = 2 * HOT_SPAN_MS
+HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
 FULL_PASS_SECONDS = 30.0
 
 
@@ -57,16 +63,15 @@ class RecordLive:
         self._catalog = catalog
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
-        keys = self._keys
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
         hot = mvp = 0
         async with self._redis.pipeline(transaction=False) as pipe:
             for event in events:
                 occurred = _ms(event.occurred_at)
                 if is_on_time(event) and occurred > horizon:
-                    key = keys.hot_events(event.board_id)
-                    pipe.zadd(key, {hot_member(event): occurred})
-                    pipe.pexpire(key, 2 * HOT_SPAN_MS)
+                    hot_keys = self._hot_keys(event.board_id)
+                    args = [hot_member(event), occurred, event.user_id, event.value, HOT_TTL_MS]
+                    pipe.fcall(HOT_ADD_FUNCTION, len(hot_keys), *hot_keys, *args)
                     hot += 1
                 if event.team_id is None:
                     continue
@@ -78,6 +83,10 @@ class RecordLive:
             await pipe.execute()
         RECORDED.labels("hot").inc(hot)
         RECORDED.labels("mvps").inc(mvp)
+
+    def _hot_keys(self, board_id: str) -> list[str]:
+        windows = [self._keys.hot_window(board_id, w) for w in HOT_WINDOWS]
+        return [self._keys.hot_events(board_id), *windows]
 
     def _contribute(self, pipe: Any, board: Board, event: ScoreAccepted, team: str) -> None:
         keys, bid = self._keys, board.board_id
@@ -114,10 +123,23 @@ class LiveViews:
 
     async def hot(self, board: Board, now: datetime | None = None) -> int:
         now = now or datetime.now(UTC)
-        now_ms = _ms(now)
-        rows = await hot_rows(self._redis, self._keys, board.board_id, now_ms)
+        now_ms, keys, bid = _ms(now), self._keys, board.board_id
+        windows = [keys.hot_window(bid, w) for w in HOT_WINDOWS]
+        starts = [now_ms - w * 1000 for w in HOT_WINDOWS]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.fcall(
+                HOT_TRIM_FUNCTION,
+                1 + len(windows),
+                keys.hot_events(bid),
+                *windows,
+                HOT_TTL_MS,
+                *starts,
+            )
+            for window_key in windows:
+                pipe.hgetall(window_key)
+            replies: list[Any] = await pipe.execute()
         pushed = 0
-        for window in HOT_WINDOWS:
+        for window, fields in zip(HOT_WINDOWS, replies[1:], strict=True):
             message = {
                 "type": "leaderboard",
                 "view": "hot",
@@ -125,7 +147,7 @@ class LiveViews:
                 "scope": "hot",
                 "window": window,
                 "as_of": rfc3339(now),
-                "entries": hot_entries(rows, now_ms - window * 1000, now_ms),
+                "entries": hot_entries(fields),
             }
             channel = self._keys.board_channel(board.board_id, "hot", str(window))
             key = self._keys.hot_view(board.board_id, window)

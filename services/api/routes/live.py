@@ -72,9 +72,9 @@ class MvpOut(BaseModel):
     responses=problems(401, 404, 422, 503),
     description=(
         "The 10 users with the highest average value per event over the last `window` seconds "
-        "of event time: events whose `occurred_at` lies in `(now - window, now]`. An event "
-        "accepted more than 5 s after its `occurred_at` counts toward its periods but not "
-        "here. Ties: more events, then the smaller user id. The view is the one the aggregator "
+        "of event time: events whose `occurred_at` is less than `window` seconds behind the "
+        "server clock (one stamped up to 5 s ahead counts at once). An event accepted more "
+        "than 5 s after its `occurred_at` counts toward its periods but not here. Ties: more events, then the smaller user id. The view is the one the aggregator "
         "computed on its last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
     ),
 )
