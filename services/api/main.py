@@ -18,7 +18,16 @@ from services.api.hub import Hub
 from services.api.limits import BodyLimit, JsonBodies
 from services.api.relay import Relay
 from services.api.restore import Restorer
-from services.api.routes import activity, badges, boards, friends, reads, scores, snapshots
+from services.api.routes import (
+    activity,
+    badges,
+    boards,
+    dashboard,
+    friends,
+    reads,
+    scores,
+    snapshots,
+)
 from services.api.routes import live as live_views
 from services.api.state import ApiState, State
 from services.api.ws import router as ws_router
@@ -123,6 +132,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(snapshots.router)
     app.include_router(live_views.router)
     app.include_router(ws_router)
+    dashboard.install(app)
 
     @app.get("/healthz", tags=["operations"], response_model=Health)
     async def healthz() -> dict[str, str]:
