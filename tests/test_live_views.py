@@ -390,6 +390,7 @@ async def test_live_topics_push_changes_and_send_the_current_view_on_subscribe(
             changed = await recv(ws)
 
             assert await live.mvps(MAIN_BOARD) == 4  # one view per period of the board
+            assert await live.mvps(MAIN_BOARD) == 0  # nothing changed since
             mvp_current = await subscribe(ws, "leaderboard:main:mvps:weekly")
             hot_current = await subscribe(ws, "leaderboard:main:hot:60")
     assert {k: pushed[k] for k in ("type", "view", "scope", "board_id", "window")} == {

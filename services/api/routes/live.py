@@ -45,7 +45,8 @@ class HotOut(BaseModel):
     board_id: str
     window: Literal[10, 60] = Field(description="Seconds of event time")
     as_of: str | None = Field(
-        description="When the aggregator computed the view (RFC 3339); null if it has not yet"
+        description="When the aggregator computed the view (RFC 3339); null if no aggregator "
+        "has computed it in the last two minutes (the view is then empty)"
     )
     entries: list[HotEntry] = Field(description="At most 10, the highest average first")
 
@@ -74,8 +75,9 @@ class MvpOut(BaseModel):
         "The 10 users with the highest average value per event over the last `window` seconds "
         "of event time: events whose `occurred_at` is less than `window` seconds behind the "
         "server clock (one stamped up to 5 s ahead counts at once). An event accepted more "
-        "than 5 s after its `occurred_at` counts toward its periods but not here. Ties: more events, then the smaller user id. The view is the one the aggregator "
-        "computed on its last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
+        "than 5 s after its `occurred_at` counts toward its periods but not here. Ties: more "
+        "events, then the smaller user id. The view is the one the aggregator computed on its "
+        "last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
     ),
 )
 async def hot(
