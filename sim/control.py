@@ -3,6 +3,7 @@
 ``<broker prefix>.control`` (``ladder.control`` by default, ``LADDER_BROKER_PREFIX``) is a
 fanout exchange. Each running simulation binds its own exclusive, auto-deleted queue to it, so a
 change published once reaches every simulation running at that moment and none that start later.
+The exchange is auto-deleted too: it exists while a simulation runs, and goes with the last one.
 A message is JSON, ``{"name": "robot_share", "value": 1.0}``, checked by the publisher and again
 by each simulation before it applies it.
 """
@@ -33,9 +34,15 @@ def exchange_name(broker_prefix: str) -> str:
     return f"{broker_prefix}.control"
 
 
-async def declare_exchange(channel: AbstractChannel, broker_prefix: str) -> AbstractExchange:
+async def declare_exchange(
+    channel: AbstractChannel, broker_prefix: str, *, passive: bool = False
+) -> AbstractExchange:
     return await channel.declare_exchange(
-        exchange_name(broker_prefix), aio_pika.ExchangeType.FANOUT, durable=True
+        exchange_name(broker_prefix),
+        aio_pika.ExchangeType.FANOUT,
+        durable=False,
+        auto_delete=True,
+        passive=passive,
     )
 
 
@@ -46,7 +53,12 @@ async def publish(amqp_url: str, broker_prefix: str, name: str, value: Any) -> A
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange = await declare_exchange(channel, broker_prefix)
+        nobody = NobodyListening(f"no simulation listens on {exchange_name(broker_prefix)}")
+        try:
+            # Passive: a running simulation made the exchange; sim.set never makes one.
+            exchange = await declare_exchange(channel, broker_prefix, passive=True)
+        except aio_pika.exceptions.ChannelNotFoundEntity:
+            raise nobody from None
         message = aio_pika.Message(
             orjson.dumps({"name": name, "value": parsed}),
             content_type="application/json",
@@ -55,9 +67,7 @@ async def publish(amqp_url: str, broker_prefix: str, name: str, value: Any) -> A
         try:
             await exchange.publish(message, routing_key="", mandatory=True)
         except PublishError as exc:
-            raise NobodyListening(
-                f"no simulation listens on {exchange_name(broker_prefix)}"
-            ) from exc
+            raise nobody from exc
     return parsed
 
 

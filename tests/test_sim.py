@@ -309,13 +309,15 @@ async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_r
     finally:
         sim.request_stop()
         await asyncio.wait_for(running, 30)
-        connection = await aio_pika.connect(settings.amqp_url)
-        async with connection:
-            channel = await connection.channel()
-            await channel.exchange_delete(exchange_name(settings.broker_prefix))
+    # The control exchange went with the last simulation bound to it.
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await channel.declare_exchange(exchange_name(settings.broker_prefix), passive=True)
     before = [s for s in game.scores if s.params_version <= version]
     after = [s for s in game.scores if s.params_version > version]
-    assert len(after) > 300
+    assert len(after) > 100
     # Rounds begun before the change keep the old range; every round after it has the new one.
     assert max(s.value for s in before) > 1
     assert all(s.value <= 1 for s in after)
@@ -326,16 +328,16 @@ async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_r
 
 
 async def test_a_change_with_nobody_listening_is_reported(settings: LadderSettings) -> None:
-    try:
-        with pytest.raises(NobodyListening):
-            await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "0.5")
-        with pytest.raises(InvalidValue):
-            await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "5")
-    finally:
-        connection = await aio_pika.connect(settings.amqp_url)
-        async with connection:
-            channel = await connection.channel()
-            await channel.exchange_delete(exchange_name(settings.broker_prefix))
+    with pytest.raises(NobodyListening):
+        await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "0.5")
+    with pytest.raises(InvalidValue):
+        await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "5")
+    # Publishing made no exchange.
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
+            await channel.declare_exchange(exchange_name(settings.broker_prefix), passive=True)
 
 
 async def _true(value: bool) -> bool:
