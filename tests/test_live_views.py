@@ -4,7 +4,8 @@ Most tests run the API in-process against real Redis with an unreachable broker,
 events stay in the outbox; the test hands them to the aggregator's own handler and ticker
 (:mod:`services.aggregator.live`) as the consumer would, at times it chooses. Where a test needs
 its own timing it hands the handler events it made itself. The last test runs the four real
-services and watches a hot view change arrive on the WebSocket.
+services, watches a hot view change arrive on the WebSocket, and has the broker deliver the
+events to the aggregator again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aio_pika
 import httpx
 import pytest
 import websockets
@@ -26,7 +28,15 @@ from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
-from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, eventually, snapshot
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    UNREACHABLE_BROKER,
+    api_client,
+    eventually,
+    republish,
+    snapshot,
+)
 from tests.stack import Stack
 from tests.test_ws_security import serve
 
@@ -410,19 +420,30 @@ async def test_live_topics_push_changes_and_send_the_current_view_on_subscribe(
 
 
 @pytest.mark.stack
-async def test_the_running_aggregator_pushes_hot_changes_over_the_websocket(stack: Stack) -> None:
-    user = f"hot-{uuid.uuid4().hex[:6]}"
+async def test_the_running_aggregator_pushes_hot_changes_and_counts_a_redelivery_once(
+    stack: Stack,
+) -> None:
+    user, other = f"hot-{uuid.uuid4().hex[:6]}", f"mark-{uuid.uuid4().hex[:6]}"
+    connection = await aio_pika.connect(stack.settings.amqp_url)
     async with (
+        connection,
         websockets.connect(f"{stack.ws}?token={DEV_SERVER_KEY}") as ws,
-        httpx.AsyncClient(base_url=stack.api, headers=SERVER) as client,
+        httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as client,
     ):
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(f"{stack.settings.broker_prefix}.scores")
+        # A tap of our own on the fanout sees exactly what the aggregator sees.
+        tap = await channel.declare_queue(exclusive=True)
+        await tap.bind(exchange)
         await subscribe(ws, "leaderboard:main:hot:10")
-        for value in (12, 18):
-            response = await client.post(
-                "/v1/boards/main/scores",
-                json={"user_id": user, "region": "eu", "value": value, "team_id": "red"},
-            )
+
+        async def score(who: str, value: int, team: str) -> None:
+            body = {"user_id": who, "region": "eu", "value": value, "team_id": team}
+            response = await client.post("/v1/boards/main/scores", json=body)
             assert response.status_code == 200, response.text
+
+        await score(user, 12, "red")
+        await score(user, 18, "red")
 
         async def pushed() -> dict[str, Any] | None:
             message = await recv(ws, 15)
@@ -431,15 +452,35 @@ async def test_the_running_aggregator_pushes_hot_changes_over_the_websocket(stac
 
         message = await eventually(pushed, within=15)
 
-        async def read(path: str) -> dict[str, Any] | None:
-            body: dict[str, Any] = (await client.get(path)).json()
-            return body if body["entries"] else None
+        # Both events delivered to the aggregator again (the relay may have sent them as one
+        # message or two) after a third, then a fresh event behind them: once it shows, they
+        # were handled.
+        seen: list[Any] = []
+        while sum(m.body.decode().count(user) for m in seen) < 2:
+            seen.append(await eventually(lambda: tap.get(no_ack=True, fail=False)))
+        await score(user, 30, "red")  # so that counting the first two again would show
+        for again in seen:
+            await republish(exchange, again)
+        await score(other, 5, "blue")
 
-        hot = await eventually(lambda: read(HOT + "?window=10"), within=10)
-        mvps = await eventually(lambda: read(MVPS), within=10)
+        async def read(path: str, size: int) -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(path)).json()
+            return body if len(body["entries"]) == size else None
+
+        hot = await eventually(lambda: read(HOT + "?window=10", 2), within=10)
+        mvps = await eventually(lambda: read(MVPS, 2), within=10)
+        metrics = (await client.get(stack.ops("aggregator") + "/metrics")).text
+    handed = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('ladder_consumer_events_total{consumer="aggregator"}')
+    )
+    assert handed >= 6, "four events, and two of them delivered again"
     assert (message["view"], message["window"]) == ("hot", 10)
     assert ranking(message["entries"], "user_id", "score") == [(user, 15.0)]
-    assert ranking(hot["entries"], "user_id", "score") == [(user, 15.0)]
+    # (12 + 18 + 30) / 3; with the first two counted again it would be 90 / 5 = 18.
+    assert ranking(hot["entries"], "user_id", "score") == [(user, 20.0), (other, 5.0)]
     assert ranking(mvps["entries"], "user_id", "team_id", "user_score", "share") == [
-        (user, "red", 30, 1.0)
+        (user, "red", 60, 1.0),  # equal shares: the larger user_score first
+        (other, "blue", 5, 1.0),
     ]
