@@ -43,13 +43,14 @@ from typing import Any
 import orjson
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.boards import Board, BoardCatalog
 from shared.db import from_db_time, open_engine, score_events
 from shared.events import rfc3339
-from shared.keys import Keys, dirty_member
+from shared.keys import OUTBOX_GROUP, Keys, dirty_member
 from shared.logs import configure
 from shared.periods import expire_at, window_at
 from shared.ranking import ENCODINGS, tick
@@ -217,6 +218,7 @@ class Rebuilder:
         done = BoardRebuild(board.board_id)
         bid = board.board_id
         flag, journal = self._keys.rebuilding(bid), self._keys.rebuild_journal(bid)
+        await self._ensure_outbox_group(bid)
         for attempt in range(1, ATTEMPTS + 1):
             done.attempts = attempt
             await self._drop_staging(bid)
@@ -246,6 +248,17 @@ class Rebuilder:
         await self._redis.delete(flag, journal)
         await self._drop_staging(bid)
         raise RebuildFailed(f"board {bid!r} not rebuilt after {ATTEMPTS} attempts")
+
+    async def _ensure_outbox_group(self, board_id: str) -> None:
+        """The relay's consumer group on the outbox, made again if Redis lost it: the relays
+        then publish what was accepted since (the rebuild waits for it), without a restart."""
+        try:
+            await self._redis.xgroup_create(
+                self._keys.outbox(board_id), OUTBOX_GROUP, id="0", mkstream=True
+            )
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
     async def _extend(self, board_id: str) -> None:
         flag, journal = self._keys.rebuilding(board_id), self._keys.rebuild_journal(board_id)

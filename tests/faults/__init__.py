@@ -23,6 +23,11 @@ module                                    fault
                                           mid-stream, restarted by supervisord
 ``test_mysql.py``                         MySQL stopped under load and started again;
                                           history restarted while MySQL is down
+``test_messages.py``                      poison messages in the fanout under load; a relay
+                                          killed between the broker's confirm and the
+                                          outbox removal, two API processes on one outbox
+``test_rebuild.py``                       Redis flushed, then ``make rebuild``: every view
+                                          equal to before, twice; a rebuild under load
 ========================================  ===============================================
 
 A consumer restarted while its broker or its database is down waits for it, and catches up

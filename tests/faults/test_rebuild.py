@@ -188,6 +188,15 @@ async def test_flushall_then_rebuild_restores_every_view(
         leftovers = [k async for k in redis.scan_iter(match="*rebuild*")]
         matched = await boards_equal_history(redis, keys, stored)
 
+    # And Ladder flows on, without a restart: scores accepted now reach MySQL, once.
+    async with TeamLoad(fault_stack.api, tag="fa", users=120, concurrency=4, seed=3) as after_load:
+        await after_load.more(200)
+        await after_load.stop()
+    loads[0].accepted.update(after_load.accepted)
+    loads[0].sent += after_load.sent
+    loads[0].statuses.update(after_load.statuses)
+    stored = await history_complete(settings, loads[0], within=120)
+
     kinds: dict[str, int] = defaultdict(int)
     for key in before:
         kinds[key.split(":", 2)[2].split(":", 1)[0] if key.startswith("{") else "global"] += 1
@@ -203,8 +212,10 @@ async def test_flushall_then_rebuild_restores_every_view(
         rebuild_said=first_out,
         second_rebuild_said=second_out,
         region_entries_checked=matched,
+        accepted_after_rebuild=len(after_load.accepted),
     )
     assert after == before and again == before
+    assert set(after_load.statuses) == {200}, after_load.refused[:5]
     assert not leftovers, leftovers
     assert len(before) > 50
 
