@@ -487,8 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     for board in done:
         print(
             f"{board.board_id}: {board.events} events, {board.journal_replayed} written "
-            f"meanwhile, {board.keys} keys, {board.dirty} users to merge, "
-            f"{board.seconds:.1f} s"
+            f"meanwhile (and {board.journal_known} more already in MySQL), {board.keys} keys, "
+            f"{board.dirty} users to merge, {board.attempts} attempt(s), {board.seconds:.1f} s"
         )
 
 
