@@ -241,20 +241,29 @@ The hot view's events (API.md section 8a). KEYS: the board's hot event set (memb
 the events inside it, 's:<user>' (their sum) and 'c:<user>' (their count), and 'at': the
 window's start in ms (an event at or before it is outside).
 
-hot_add ARGV: member, occurred_at ms, user, value, ttl ms. Adds the event to the set and to each
-window it is inside, once: a redelivery finds its member already there. Returns 1 if added now.
+hot_add ARGV: ttl ms, then four per event: member, occurred_at ms, user, value. Adds each event
+to the set and to each window it is inside, once: a redelivery finds its member already there.
+Returns how many were added now.
 ]]
 local function hot_add(keys, args)
-  local at, user, ttl = tonumber(args[2]), args[3], tonumber(args[5])
-  if redis.call('ZADD', keys[1], 'NX', at, args[1]) == 0 then return 0 end
-  for i = 2, #keys do
-    if at > tonumber(redis.call('HGET', keys[i], 'at') or 0) then
-      redis.call('HINCRBY', keys[i], 's:' .. user, args[4])
-      redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+  local ttl, added, starts = tonumber(args[1]), 0, {}
+  for i = 2, #keys do starts[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0) end
+  for j = 2, #args, 4 do
+    local at, user = tonumber(args[j + 1]), args[j + 2]
+    if redis.call('ZADD', keys[1], 'NX', at, args[j]) == 1 then
+      added = added + 1
+      for i = 2, #keys do
+        if at > starts[i] then
+          redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3])
+          redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+        end
+      end
     end
   end
-  for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
-  return 1
+  if added > 0 then
+    for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
+  end
+  return added
 end
 
 --[[

@@ -4,8 +4,8 @@ Consumed events are recorded in Redis, idempotently and with no regard to order:
 
 - each on-time event of the last 60 s becomes one member of the board's hot set, named by its
   event id, and is added to the per-user sum and count of each window it is inside; one
-  ``ladder_hot_add_v1`` call does both, and only if the member is new, so a redelivery adds
-  nothing;
+  ``ladder_hot_add_v1`` call per board and batch does both, for each event whose member is new,
+  so a redelivery adds nothing;
 - each team event of an ``incr`` board adds its value to its member's contribution to the team
   in every period, once per event id (``ladder_contribute_v1``: a seen key and the increments in
   one atomic step).
@@ -22,6 +22,7 @@ once. State lives in Redis only: a restarted aggregator carries on where the las
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +35,7 @@ from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live import on_time as is_on_time
-from shared.periods import expire_at, window_at, window_of
+from shared.periods import Period, expire_at, window_at, window_of
 from shared.redis import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
@@ -48,6 +49,7 @@ SEEN_TTL_SECONDS = 86_400
 HOT_TTL_MS = 2 * HOT_SPAN_MS
 HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
 FULL_PASS_SECONDS = 30.0
+EXPIRY_MEMO = 1024
 
 
 def _ms(moment: datetime) -> int:
@@ -61,38 +63,57 @@ class RecordLive:
         self._redis = redis
         self._keys = keys
         self._catalog = catalog
+        # A period's expiry takes a walk over its retention; every event of it shares the answer.
+        self._expiries: dict[tuple[str, int | None, Period, str], int] = {}
+
+    def _expiry(self, board: Board, period: Period, period_id: str) -> int:
+        retention = board.retention.of(period)
+        memo = (board.timezone, retention, period, period_id)
+        if (known := self._expiries.get(memo)) is not None:
+            return known
+        if len(self._expiries) >= EXPIRY_MEMO:
+            self._expiries.clear()
+        window = window_of(period, period_id, board.timezone)
+        found = self._expiries[memo] = expire_at(window, board.timezone, retention) or 0
+        return found
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
-        hot = mvp = 0
+        hot: dict[str, list[object]] = defaultdict(list)  # board -> hot_add's event arguments
+        dirty: dict[str, set[str]] = defaultdict(set)  # board -> "<period>|<period_id>"
+        mvp = 0
         async with self._redis.pipeline(transaction=False) as pipe:
             for event in events:
                 occurred = _ms(event.occurred_at)
                 if is_on_time(event) and occurred > horizon:
-                    hot_keys = self._hot_keys(event.board_id)
-                    args = [hot_member(event), occurred, event.user_id, event.value, HOT_TTL_MS]
-                    pipe.fcall(HOT_ADD_FUNCTION, len(hot_keys), *hot_keys, *args)
-                    hot += 1
+                    hot[event.board_id] += [hot_member(event), occurred, event.user_id, event.value]
                 if event.team_id is None:
                     continue
                 board = await self._catalog.get(event.board_id)
                 if board is None or board.operator != "incr":
                     continue
-                self._contribute(pipe, board, event, event.team_id)
+                dirty[board.board_id] |= self._contribute(pipe, board, event, event.team_id)
                 mvp += 1
+            for board_id, args in hot.items():
+                hot_keys = self._hot_keys(board_id)
+                pipe.fcall(HOT_ADD_FUNCTION, len(hot_keys), *hot_keys, HOT_TTL_MS, *args)
+            for board_id, marks in dirty.items():
+                if marks:
+                    pipe.sadd(self._keys.mvp_dirty(board_id), *marks)
             await pipe.execute()
-        RECORDED.labels("hot").inc(hot)
+        RECORDED.labels("hot").inc(sum(len(args) // 4 for args in hot.values()))
         RECORDED.labels("mvps").inc(mvp)
 
     def _hot_keys(self, board_id: str) -> list[str]:
         windows = [self._keys.hot_window(board_id, w) for w in HOT_WINDOWS]
         return [self._keys.hot_events(board_id), *windows]
 
-    def _contribute(self, pipe: Any, board: Board, event: ScoreAccepted, team: str) -> None:
+    def _contribute(self, pipe: Any, board: Board, event: ScoreAccepted, team: str) -> set[str]:
+        """Queue the event's ``ladder_contribute_v1`` call; the periods it marks dirty."""
         keys, bid = self._keys, board.board_id
         view_keys: list[str] = [keys.seen(bid, "aggregator", event.event_id)]
         expiries: list[int] = []
-        dirty: list[str] = []
+        dirty: set[str] = set()
         for period, result in event.periods.items():
             if period not in board.periods:
                 continue
@@ -100,13 +121,11 @@ class RecordLive:
                 keys.team_members(bid, period, result.period_id, team),
                 keys.member_team(bid, period, result.period_id),
             ]
-            window = window_of(period, result.period_id, board.timezone)
-            expiries.append(expire_at(window, board.timezone, board.retention.of(period)) or 0)
-            dirty.append(f"{period}|{result.period_id}")
+            expiries.append(self._expiry(board, period, result.period_id))
+            dirty.add(f"{period}|{result.period_id}")
         args = [SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at)]
         pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys), *view_keys, *args, *expiries)
-        if dirty:
-            pipe.sadd(keys.mvp_dirty(bid), *dirty)
+        return dirty
 
 
 class LiveViews:
