@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -70,20 +71,18 @@ ID_CHUNK = 1000  # event ids an IN (...) lookup
 FLAG_TTL_MS = 60_000
 ATTEMPTS = 5
 
-# The board's keys that the rebuild makes (suffixes after the hash tag). Everything else under
-# the tag belongs to others: idempotency answers, the outbox, the aggregator's global views and
-# marks, snapshots' marks, badges, the live views.
-_GLOBAL_SCOPES = (":global", ":global:distinct", ":global:counts")
+# The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
+# tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
+# global views and marks, snapshot marks, badges, the live views, rate buckets.
+_REBUILT = re.compile(
+    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:counts)?"
+    r"|(regions|players|events):[a-z]+:[^:]+"
+    r"|user:.+:regions|names|feed|user-team"
+)
 
 
 def _rebuilt_here(suffix: str) -> bool:
-    if suffix.startswith("lb:"):
-        return not suffix.endswith(_GLOBAL_SCOPES)
-    if suffix.startswith("user:"):
-        return suffix.endswith(":regions")
-    return suffix in ("names", "feed", "user-team") or suffix.startswith(
-        ("regions:", "players:", "events:")
-    )
+    return _REBUILT.fullmatch(suffix) is not None
 
 
 class RebuildFailed(RuntimeError):
