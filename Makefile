@@ -37,7 +37,7 @@ migrate: venv ## create the history database and run its migrations
 up: venv infra migrate ## run Ladder: the four services under supervisord; returns once all are ready
 	@mkdir -p $(LADDER_RUN_DIR)/logs
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
-		$(SUPERVISORCTL) start all >/dev/null; \
+		$(SUPERVISORCTL) start $(SERVICES) >/dev/null; \
 	else \
 		$(SUPERVISORD); \
 	fi
@@ -80,6 +80,39 @@ logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
 	@test -n "$(SERVICE)" || { echo "usage: make logs SERVICE=<$(SERVICES)>"; exit 2; }
 	@tail -n $(LINES) $(if $(FOLLOW),-F) $(LADDER_RUN_DIR)/logs/$(SERVICE).log
 
+# The game simulation (sim/) feeding board arena: `make demo` runs it under supervisord beside
+# the services (its program is not started by `make up`); `make sim` runs one in the foreground.
+.PHONY: sim sim-set demo clean
+
+demo: up ## Ladder with the game simulation feeding it; prints the dashboard's address
+	@$(SUPERVISORCTL) start sim >/dev/null
+	@echo "The game simulation feeds board arena (make logs SERVICE=sim; make stop SERVICE=sim)."
+	@echo "Change it live: make sim-set NAME=robot_share VALUE=1.0 (make sim-set lists them all)"
+	@echo "Dashboard: http://$${LADDER_API_HOST:-127.0.0.1}:$${LADDER_API_PORT:-8000}/"
+
+sim: venv ## the game simulation in the foreground: make sim SIM_ARGS="--speed 10 --seed 7"
+	$(PY) -m sim $(SIM_ARGS)
+
+sim-set: venv ## change a running simulation: make sim-set NAME=robot_share VALUE=1.0
+	@if [ -z "$(NAME)" ] || [ -z "$(VALUE)" ]; then $(PY) -m sim.set --help; exit 2; fi
+	@$(PY) -m sim.set '$(NAME)' '$(VALUE)'
+
+# clean: services that run are stopped first (so that nothing is recreated halfway), then started
+# again on a fresh schema and topology; with nothing running, nothing of the prefixes is left.
+clean: ## remove all Ladder made: its keys, queues, exchanges and history database
+	@running=""; \
+	if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
+		running=$$($(SUPERVISORCTL) status $(SERVICES) sim 2>/dev/null | awk '$$2 == "RUNNING" {print $$1}' | xargs); \
+		if [ -n "$$running" ]; then $(SUPERVISORCTL) stop $$running >/dev/null; fi; \
+	fi; \
+	$(PY) scripts/clean.py || exit $$?; \
+	if [ -n "$$running" ]; then \
+		$(PY) -m services.history.migrate && \
+		$(SUPERVISORCTL) start $$running >/dev/null && \
+		$(PY) scripts/wait_ready.py && \
+		echo "clean: started again: $$running"; \
+	fi
+
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (faults: make test-faults)
 	$(PY) -m pytest -m "not faults" $(PYTEST_ARGS)
 
@@ -88,6 +121,6 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 	$(PY) -m pytest -m faults tests/faults -rP $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
-	$(VENV)/bin/ruff check services shared tests scripts
-	$(VENV)/bin/ruff format --check services shared tests scripts
-	$(VENV)/bin/mypy services shared
+	$(VENV)/bin/ruff check services shared sim tests scripts
+	$(VENV)/bin/ruff format --check services shared sim tests scripts
+	$(VENV)/bin/mypy services shared sim
