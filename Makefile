@@ -15,7 +15,7 @@ export LADDER_PYTHON := $(PY)
 export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
-.PHONY: help up down ps stop start restart logs test test-faults lint infra migrate venv rebuild
+.PHONY: help up down ps stop start restart logs test test-faults lint bench infra migrate venv rebuild
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -119,6 +119,14 @@ test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (fau
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
 	$(PY) -m pytest -m faults tests/faults -rP $(PYTEST_ARGS)
+
+# bench: Ladder is started only if it does not answer, and then with a credential rate
+# (LADDER_KEY_RATE, 5000 a second by default) the load would otherwise run into.
+bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md (about 5 min)
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; } \
+		|| { sudo apt-get update -qq && sudo apt-get install -y -qq wrk; }
+	@$(PY) -m bench --check || LADDER_KEY_RATE=$${LADDER_KEY_RATE:-1000000} $(MAKE) --no-print-directory up
+	$(PY) -m bench
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check services shared sim tests scripts

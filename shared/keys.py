@@ -54,9 +54,11 @@ key                                                type        holds
 ``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v1`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
+``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
+                                                               board, so that the write takes
+                                                               it in the board's hash slot
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
-``P:rate:<user|key>:<id>``                         hash        a rate-limit token bucket
 =================================================  ==========  ===============================
 
 Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>`` (the live
@@ -90,10 +92,6 @@ class Keys:
     def board_channel(self, board_id: str, scope: str, period: str) -> str:
         return f"{self.prefix}:push:lb:{board_id}:{scope}:{period}"
 
-    def rate_bucket(self, kind: str, who: str) -> str:
-        """A token bucket; ``kind`` is ``user`` or ``key``. One key, so no hash tag is needed."""
-        return f"{self.prefix}:rate:{kind}:{who}"
-
     # -- per-board keys (one hash tag) ---------------------------------------------------------
     def tag(self, board_id: str) -> str:
         return "{" + f"{self.prefix}:{board_id}" + "}"
@@ -113,6 +111,11 @@ class Keys:
 
     def names(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:names"
+
+    def rate_bucket(self, board_id: str, kind: str, who: str) -> str:
+        """A token bucket; ``kind`` is ``user`` or ``key``. Under the board's hash tag, so that
+        the rate-limited write checks and takes it in the same atomic call (one slot)."""
+        return f"{self.tag(board_id)}:rate:{kind}:{who}"
 
     def idempotency(self, board_id: str, event_id: str) -> str:
         return f"{self.tag(board_id)}:idem:{event_id}"

@@ -235,6 +235,48 @@ local function take(keys, args)
   return {1, 0}
 end
 
+-- A token bucket's tokens at `now` (ms), refilled since its last take; writes nothing.
+local function tokens_at(bucket, rate, burst, now)
+  local state = redis.call('HMGET', bucket, 'tokens', 'at')
+  local tokens, at = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil then return burst end
+  return math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+end
+
+--[[
+A rate-limited score write, in one call (API.md sections 4 and 9a): the user's and the
+credential's token buckets are checked, then submit() runs, and only a write it accepted takes
+one token from each. A refusal by either bucket returns before anything is read or written; so
+does every other refusal of submit(), which leaves the buckets as they were. Both buckets are
+the board's own ({P:B}:rate:...), so that the whole call stays in the board's hash slot.
+
+KEYS: the user's bucket, the credential's bucket, then submit()'s keys.
+ARGV: user rate a second, user burst, credential rate, credential burst, now in ms, then
+      submit()'s arguments.
+Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token is there>'}.
+]]
+local function write(keys, args)
+  local now = tonumber(args[5])
+  local limits = {{'user', keys[1], tonumber(args[1]), tonumber(args[2])},
+                  {'credential', keys[2], tonumber(args[3]), tonumber(args[4])}}
+  local left = {}
+  for i, limit in ipairs(limits) do
+    local tokens = tokens_at(limit[2], limit[3], limit[4], now)
+    if tokens < 1 then
+      return {'limited', limit[1] .. ' ' .. math.ceil((1 - tokens) * 1000 / limit[3])}
+    end
+    left[i] = tokens - 1
+  end
+  local result = submit({unpack(keys, 3)}, {unpack(args, 6)})
+  if result[1] == 'ok' then
+    for i, limit in ipairs(limits) do
+      redis.call('HSET', limit[2], 'tokens', tostring(left[i]), 'at', tostring(now))
+      redis.call('PEXPIRE', limit[2], math.ceil(limit[4] / limit[3] * 1000) + 1000)
+    end
+  end
+  return result
+end
+
 --[[
 The hot view's events (API.md section 8a). KEYS: the board's hot event set (member
 '<event_id>|<user_id>|<value>', score occurred_at in ms), then one hash per window holding, for
@@ -425,6 +467,7 @@ end
 
 redis.register_function('ladder_submit_v1', submit)
 redis.register_function('ladder_take_v1', take)
+redis.register_function('ladder_write_v1', write)
 redis.register_function('ladder_put_v1', put)
 redis.register_function('ladder_award_v1', award)
 redis.register_function('ladder_contribute_v1', contribute)

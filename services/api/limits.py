@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
+from dataclasses import dataclass
 
 from prometheus_client import Counter
-from redis.asyncio import Redis
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -15,7 +14,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api.auth import Principal
 from services.api.errors import Problem, problem_response
 from shared.keys import Keys
-from shared.redis import TAKE_FUNCTION
 from shared.settings import LadderSettings
 
 LIMITED = Counter("ladder_api_rate_limited_total", "Submissions refused with 429", ["bucket"])
@@ -94,54 +92,57 @@ def _credential_id(principal: Principal, credential: str) -> str:
     return "key:" + hashlib.sha256(credential.encode()).hexdigest()[:16]
 
 
-async def take(
-    redis: Redis,
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """The rate limits one request's score writes are held to (API.md section 9a).
+
+    The limits are checked and taken inside the write itself (``ladder_write_v1``), so a score
+    costs one Redis round trip and a refused one writes nothing at all. Both buckets live under
+    the board's hash tag: a Redis Function may touch keys of one hash slot only, and the write's
+    keys are the board's. So a user's and a credential's rates hold per board, across every API
+    process (docs/architecture.md, "Rate limits").
+    """
+
+    keys: Keys
+    board_id: str
+    credential_id: str
+    user_rate: float
+    key_rate: float
+
+    def call(self, user_id: str, now_ms: int) -> tuple[list[str], list[str | int | float]]:
+        """The bucket keys and arguments that go in front of a write's own."""
+        return (
+            [
+                self.keys.rate_bucket(self.board_id, "user", user_id),
+                self.keys.rate_bucket(self.board_id, "key", self.credential_id),
+            ],
+            # A user may burst to twice its rate; a credential to its rate.
+            [self.user_rate, 2 * self.user_rate, self.key_rate, self.key_rate, now_ms],
+        )
+
+
+def quota(
     keys: Keys,
     settings: LadderSettings,
+    board_id: str,
     principal: Principal,
     credential: str,
-    user_ids: list[str],
-) -> dict[str, RateLimited]:
-    """Take one submission per event from the credential's bucket and each user's, in Redis,
-    so that every API process shares them; all in one round trip.
+) -> Quota:
+    return Quota(
+        keys,
+        board_id,
+        _credential_id(principal, credential),
+        settings.user_rate,
+        settings.key_rate,
+    )
 
-    Raises :class:`RateLimited` if the credential is over its limit. Returns the users that are
-    over theirs, each with its 429, so that a batch can refuse just their events. A refusal by
-    one bucket may still have taken from another, which only errs towards limiting.
-    """
-    now_ms = int(time.time() * 1000)
-    counts: dict[str, int] = {}
-    for user in user_ids:
-        counts[user] = counts.get(user, 0) + 1
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.fcall(
-            TAKE_FUNCTION,
-            1,
-            keys.rate_bucket("key", _credential_id(principal, credential)),
-            settings.key_rate,
-            settings.key_rate,
-            now_ms,
-            len(user_ids),
-        )
-        for user, count in counts.items():
-            pipe.fcall(
-                TAKE_FUNCTION,
-                1,
-                keys.rate_bucket("user", user),
-                settings.user_rate,
-                2 * settings.user_rate,
-                now_ms,
-                count,
-            )
-        (key_ok, key_wait_ms), *replies = await pipe.execute()
-    if not key_ok:
-        LIMITED.labels("credential").inc()
-        raise RateLimited("Score submissions by this credential are over the limit.", key_wait_ms)
-    denied: dict[str, RateLimited] = {}
-    for user, (ok, wait_ms) in zip(counts, replies, strict=True):
-        if not ok:
-            LIMITED.labels("user").inc()
-            denied[user] = RateLimited(
-                f"Score submissions by user {user!r} are over the limit.", wait_ms
-            )
-    return denied
+
+def refusal(payload: str, user_id: str) -> RateLimited:
+    """The 429 for a write the function refused with ``limited``: ``"<bucket> <ms>"``."""
+    bucket, _, wait_ms = payload.partition(" ")
+    LIMITED.labels(bucket).inc()
+    if bucket == "user":
+        detail = f"Score submissions by user {user_id!r} are over the limit."
+    else:
+        detail = "Score submissions by this credential are over the limit."
+    return RateLimited(detail, int(float(wait_ms or "1000")))

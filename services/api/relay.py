@@ -1,12 +1,16 @@
 """The outbox relay: accepted events from Redis to the broker, confirmed, then removed.
 
 Each board's outbox is a Redis stream read through the consumer group ``relay``; every API
-process is one consumer of it. A batch of entries becomes one persistent message (see
-:mod:`shared.events`), published with a publisher confirm; only once the broker has confirmed it
-are the entries acknowledged and deleted. A batch that could not be confirmed stays pending for
-this consumer and is published again; entries left pending by a crashed process are claimed by a
-live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on ``event_id``, so a
-batch published twice has one effect.
+process (every worker) is one consumer of it, so each entry goes to one of them. A read takes up
+to ``IN_FLIGHT`` batches of ``LADDER_RELAY_BATCH`` entries; each batch becomes one persistent
+message (see :mod:`shared.events`), all of them published at once with their publisher confirms
+awaited together; only once the broker has confirmed every one are the entries acknowledged and
+deleted, in one round trip. Under load the outbox fills between two reads and the messages fill
+up: the broker, which tops out at a few thousand persistent messages a second to the three
+quorum queues, sees a few hundred events in each. A read that could not be confirmed stays
+pending for this consumer and is published again; entries left pending by a crashed process are
+claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
+``event_id``, so a batch published twice has one effect.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ BACKLOG = Gauge("ladder_relay_backlog", "Entries in the outbox at the last look"
 
 _BOARDS_REFRESH_SECONDS = 2.0
 _CLAIM_EVERY_SECONDS = 5.0
+# Messages awaiting their confirms at once, a read.
+IN_FLIGHT = 8
 
 
 class Relay:
@@ -56,6 +62,8 @@ class Relay:
         self._connection: AbstractRobustConnection | None = None
         self._exchange: AbstractExchange | None = None
         self._groups: set[str] = set()
+        # Streams known to hold no entry pending for this consumer (read, not yet confirmed).
+        self._settled: set[str] = set()
         self._written: set[str] = set()
 
     @property
@@ -101,6 +109,7 @@ class Relay:
             self._settings.amqp_url, reconnect_interval=1.0
         )
         channel = await self._connection.channel(publisher_confirms=True)
+        self._settled.clear()
         await self._topology.declare(channel)
         self._exchange = await self._topology.declare_exchange(channel)
         log.info("relay connected", exchange=self._topology.scores_exchange)
@@ -153,7 +162,7 @@ class Relay:
         stream = self._keys.outbox(board_id)
         await self._ensure_group(stream)
         if claim:
-            await self._redis.xautoclaim(
+            claimed = await self._redis.xautoclaim(
                 stream,
                 OUTBOX_GROUP,
                 self._consumer,
@@ -161,41 +170,62 @@ class Relay:
                 start_id="0-0",
                 count=self._settings.relay_batch,
             )
-        # Our own pending entries first (a batch not yet confirmed), then new ones.
-        for start in ("0", ">"):
-            reply = await self._redis.xreadgroup(
-                OUTBOX_GROUP,
-                self._consumer,
-                {stream: start},
-                count=self._settings.relay_batch,
-            )
+            if claimed and claimed[1]:
+                self._settled.discard(stream)
+        # Our own pending entries first (a read not yet confirmed), then new ones.
+        for start in (">",) if stream in self._settled else ("0", ">"):
+            try:
+                reply = await self._redis.xreadgroup(
+                    OUTBOX_GROUP,
+                    self._consumer,
+                    {stream: start},
+                    count=self._settings.relay_batch * IN_FLIGHT,
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                # The stream went away (its board was deleted): make the group again next time.
+                self._groups.discard(stream)
+                return 0
             replies = cast(list[Any], reply)
             read: list[tuple[str, dict[str, str] | None]] = replies[0][1] if replies else []
             entries = [(eid, fields) for eid, fields in read if fields]
             if entries:
+                self._settled.discard(stream)
                 await self._publish(board_id, stream, entries)
+                if start == ">":
+                    # Nothing was pending before this read, and this read is confirmed now.
+                    self._settled.add(stream)
                 return len(entries)
+            if start == "0":
+                self._settled.add(stream)
         BACKLOG.labels(board_id).set(0)
         return 0
 
     async def _publish(
         self, board_id: str, stream: str, entries: list[tuple[str, dict[str, str]]]
     ) -> None:
-        if self._exchange is None:
+        exchange = self._exchange
+        if exchange is None:
             raise aio_pika.exceptions.AMQPConnectionError("no channel")
         ids = [eid for eid, _ in entries]
-        message = aio_pika.Message(
-            message_body([fields["e"] for _, fields in entries]),
-            content_type="application/json",
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=f"{board_id}:{ids[0]}:{ids[-1]}",
-            type="score.accepted",
-        )
+        size = self._settings.relay_batch
+        batches = [entries[i : i + size] for i in range(0, len(entries), size)]
         try:
-            await self._exchange.publish(message, routing_key="", timeout=10)
-        except Exception:
+            # Every message of the read in flight at once; each publish returns on its confirm.
+            async with asyncio.TaskGroup() as group:
+                for batch in batches:
+                    message = aio_pika.Message(
+                        message_body([fields["e"] for _, fields in batch]),
+                        content_type="application/json",
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        message_id=f"{board_id}:{batch[0][0]}:{batch[-1][0]}",
+                        type="score.accepted",
+                    )
+                    group.create_task(exchange.publish(message, routing_key="", timeout=10))
+        except BaseExceptionGroup as group_error:
             FAILURES.inc()
-            raise
+            raise group_error.exceptions[0] from group_error
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.xack(stream, OUTBOX_GROUP, *ids)
             pipe.xdel(stream, *ids)
@@ -203,4 +233,4 @@ class Relay:
             _, _, backlog = await pipe.execute()
         BACKLOG.labels(board_id).set(backlog)
         RELAYED.inc(len(ids))
-        MESSAGES.inc()
+        MESSAGES.inc(len(batches))

@@ -1,8 +1,15 @@
-"""The score write: validate, then one Redis Function call (API.md section 4)."""
+"""The score write: validate, then one Redis Function call (API.md section 4).
+
+A client's write runs as ``ladder_write_v1``: the rate limits of API.md section 9a checked and
+taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
+pipeline) and a refused one writes nothing. ``ladder_submit_v1`` is the write alone.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,13 +20,16 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt
 from redis.asyncio import Redis
 
 from services.api.errors import Conflict, Invalid, Unavailable
+from services.api.limits import Quota, refusal
 from shared.boards import Board
 from shared.events import DisplayName, EventId, Region, TeamId, UserId, rfc3339
 from shared.keys import Keys
-from shared.periods import PERIODS, expire_at, window_at
+from shared.periods import PERIODS, Period, PeriodWindow, expire_at, window_at
 from shared.ranking import ENCODINGS, tick
 from shared.redis import SUBMIT_FUNCTION
 from shared.settings import LadderSettings
+
+WRITE_FUNCTION = "ladder_write_v1"
 
 
 class ScoreIn(BaseModel):
@@ -103,6 +113,24 @@ def check_value(value: int, board: Board) -> None:
         )
 
 
+# The window of each (period, timezone) last seen: almost every write falls in the current one,
+# and working a window out (zoneinfo, calendar) is a good part of a write's CPU time otherwise.
+_windows: dict[tuple[Period, str], PeriodWindow] = {}
+
+
+def _window(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
+    window = _windows.get((period, timezone))
+    if window is None or moment < window.start or (window.end is not None and moment >= window.end):
+        window = _windows[(period, timezone)] = window_at(period, moment, timezone)
+    return window
+
+
+@functools.lru_cache(maxsize=1024)
+def _expiry(window: PeriodWindow, timezone: str, retention: int | None) -> int:
+    """When a period's keys expire (0: never); the same for every write of the period."""
+    return expire_at(window, timezone, retention) or 0
+
+
 def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     accepted = orjson.loads(entry)
     return {
@@ -124,9 +152,24 @@ class Call:
     """One prepared ``ladder_submit_v1`` call, or the answer already known without one."""
 
     event_id: str
+    user_id: str
     keys: list[str]
     args: list[str | int]
     known: dict[str, Any] | None = None
+
+    def command(self, quota: Quota | None, now_ms: int) -> list[Any]:
+        """The FCALL arguments: the write under ``quota``'s limits, or the bare write."""
+        if quota is None:
+            return [SUBMIT_FUNCTION, len(self.keys), *self.keys, *self.args]
+        limit_keys, limit_args = quota.call(self.user_id, now_ms)
+        return [
+            WRITE_FUNCTION,
+            len(limit_keys) + len(self.keys),
+            *limit_keys,
+            *self.keys,
+            *limit_args,
+            *self.args,
+        ]
 
 
 async def prepare(
@@ -153,7 +196,9 @@ async def prepare(
             raise Conflict(
                 f"event_id {event_id!r} was already accepted with a different body."
             ) from None
-        return Call(event_id, [], [], known=response_from_entry(entry, duplicate=True))
+        return Call(
+            event_id, score.user_id, [], [], known=response_from_entry(entry, duplicate=True)
+        )
     check_value(score.value, board)
     event = {
         "event_id": event_id,
@@ -177,9 +222,9 @@ async def prepare(
     ]
     period_args: list[str | int] = []
     for period in board.periods:
-        window = window_at(period, occurred_at, board.timezone)
+        window = _window(period, occurred_at, board.timezone)
         enc = ENCODINGS[period]
-        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        expiry = _expiry(window, board.timezone, board.retention.of(period))
         view = keys.region_view(bid, period, window.period_id, score.region)
         teams = keys.teams_view(bid, period, window.period_id)
         call_keys += [
@@ -199,7 +244,7 @@ async def prepare(
             enc.scale,
             tick(window, occurred_at),
             enc.max_score,
-            expiry or 0,
+            expiry,
         ]
     args: list[str | int] = [
         digest,
@@ -218,11 +263,12 @@ async def prepare(
         score.team_id or "",
         *period_args,
     ]
-    return Call(event_id, call_keys, args)
+    return Call(event_id, score.user_id, call_keys, args)
 
 
-def answer(status: str, payload: str, event_id: str) -> dict[str, Any]:
+def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
     """The answer to a client from what the write function returned; or a :class:`Problem`."""
+    event_id = call.event_id
     if status == "ok":
         return response_from_entry(payload, duplicate=False)
     if status == "duplicate":
@@ -233,6 +279,8 @@ def answer(status: str, payload: str, event_id: str) -> dict[str, Any]:
         raise Invalid(f"The score cannot be ranked exactly: {payload}.", loc=("body", "value"))
     if status == "outbox_full":
         raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
+    if status == "limited":
+        raise refusal(payload, call.user_id)
     raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")
 
 
@@ -243,24 +291,32 @@ async def submit(
     board: Board,
     score: ScoreIn,
     event_id: str,
+    quota: Quota | None = None,
 ) -> dict[str, Any]:
-    """Write one score atomically; the answer of API.md section 4, or a :class:`Problem`."""
+    """Write one score atomically, within ``quota`` if given: the answer of API.md section 4,
+    or a :class:`Problem`."""
     call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
     if call.known is not None:
         return call.known
-    status, payload = await redis.fcall(SUBMIT_FUNCTION, len(call.keys), *call.keys, *call.args)
-    return answer(status, payload, event_id)
+    # Straight to execute_command: fcall()'s deprecation wrapper costs more than the call.
+    status, payload = await redis.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL", *call.command(quota, int(time.time() * 1000))
+    )
+    return answer(status, payload, call)
 
 
-async def submit_many(redis: Redis, calls: list[Call]) -> list[tuple[str, str]]:
+async def submit_many(
+    redis: Redis, calls: list[Call], quota: Quota | None = None
+) -> list[tuple[str, str]]:
     """Run prepared writes in one round trip; ``(status, payload)`` for each, in order.
 
     Each call is atomic on its own; a later call sees what an earlier one wrote (so an
     ``event_id`` twice in one batch is a duplicate the second time).
     """
+    now_ms = int(time.time() * 1000)
     async with redis.pipeline(transaction=False) as pipe:
         for call in calls:
-            pipe.fcall(SUBMIT_FUNCTION, len(call.keys), *call.keys, *call.args)
+            pipe.execute_command("FCALL", *call.command(quota, now_ms))
         replies: list[Any] = await pipe.execute(raise_on_error=False)
     out = []
     for reply in replies:

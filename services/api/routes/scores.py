@@ -6,7 +6,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+import orjson
+from fastapi import APIRouter, Header, Request, Response
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,7 +58,7 @@ async def post_score(
     idempotency_key: Annotated[
         str | None, Header(alias="Idempotency-Key", pattern=EVENT_ID_PATTERN)
     ] = None,
-) -> dict[str, Any]:
+) -> Response:
     """Submit one score; answers with the user's regional score and rank in every period.
 
     A server key may submit for any user; a player token only for itself, and only on a board
@@ -73,16 +74,14 @@ async def post_score(
             raise Forbidden("A player token may submit only its own scores.")
     event_id = resolve_event_id(score, idempotency_key)
     credential = bearer(request.headers.get("authorization")) or ""
-    denied = await limits.take(
-        state.redis, state.keys, state.settings, caller, credential, [score.user_id]
-    )
-    if denied:
-        raise denied[score.user_id]
+    quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential)
     with WRITE_SECONDS.time():
-        result = await submit(state.redis, state.keys, state.settings, board, score, event_id)
+        result = await submit(
+            state.redis, state.keys, state.settings, board, score, event_id, quota
+        )
     SCORES.labels("duplicate" if result["duplicate"] else "accepted").inc()
     state.relay.wake(board.board_id)
-    return result
+    return _json(result)
 
 
 MAX_BATCH = 1000
@@ -109,6 +108,13 @@ class BatchOut(BaseModel):
     results: list[ScoreOut | BatchError]
 
 
+def _json(content: dict[str, Any]) -> Response:
+    """The answer as it is: built from what the write function returned, already in the shape
+    of the response model, which therefore only documents it (validating it again would cost
+    as much as the rest of a write's Python time)."""
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
 def _validation_problem(exc: ValidationError) -> dict[str, Any]:
     body = Invalid("The event failed validation.").body()
     body["errors"] = [
@@ -121,12 +127,14 @@ def _validation_problem(exc: ValidationError) -> dict[str, Any]:
 @router.post("/scores/batch", response_model=BatchOut, responses=REFUSALS)
 async def post_batch(
     batch: BatchIn, request: Request, board: BoardDep, caller: Caller, state: State
-) -> dict[str, Any]:
+) -> Response:
     """Submit up to 1000 scores (server key): every valid one in a single Redis round trip.
 
     ``results`` holds one entry per event, in order: the single-event answer, or
     ``{"event_id", "error": {problem}}`` for an event refused on its own (validation, value
-    bounds, lateness, a reused ``event_id`` with another body, its user over the rate limit).
+    bounds, lateness, a reused ``event_id`` with another body, its user or the credential over
+    the rate limit). A batch of which the credential's limit let no event through answers 429
+    as a whole.
     """
     caller.require_server()
     results: list[dict[str, Any] | None] = [None] * len(batch.events)
@@ -141,21 +149,12 @@ async def post_batch(
                 "error": _validation_problem(exc),
             }
     credential = bearer(request.headers.get("authorization")) or ""
-    denied = await limits.take(
-        state.redis,
-        state.keys,
-        state.settings,
-        caller,
-        credential,
-        [score.user_id for score in scores.values()],
-    )
+    quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential)
     now = datetime.now(UTC)
     calls: dict[int, Call] = {}
     for i, score in scores.items():
         event_id = score.event_id or uuid.uuid4().hex
         try:
-            if score.user_id in denied:
-                raise denied[score.user_id]
             call = await prepare(
                 state.redis, state.keys, state.settings, board, score, event_id, now
             )
@@ -167,10 +166,13 @@ async def post_batch(
         else:
             calls[i] = call
     with WRITE_SECONDS.time():
-        replies = await submit_many(state.redis, list(calls.values()))
+        replies = await submit_many(state.redis, list(calls.values()), quota)
+    if replies and all(r == "limited" and p.startswith("credential ") for r, p in replies):
+        # The credential was over its limit for the whole batch, and nothing was written.
+        raise limits.refusal(replies[0][1], "")
     for (i, call), (status, payload) in zip(calls.items(), replies, strict=True):
         try:
-            results[i] = answer(status, payload, call.event_id)
+            results[i] = answer(status, payload, call)
         except Problem as problem:
             results[i] = {"event_id": call.event_id, "error": problem.body()}
     for result in results:
@@ -183,4 +185,4 @@ async def post_batch(
         SCORES.labels(outcome).inc()
     if calls:
         state.relay.wake(board.board_id)
-    return {"results": results}
+    return _json({"results": results})

@@ -1,0 +1,323 @@
+"""What the bench measures from outside Ladder: how far an ingest got through the consumers,
+POST-to-push latency on a WebSocket, a board of a million members, the aggregator's merge,
+memory and row sizes; and how it cleans up after itself."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+import websockets
+from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
+from sqlalchemy import bindparam, text
+from sqlalchemy.engine import make_url
+
+from services.aggregator.merge import Merger
+from services.history.handlers import HistoryHandler
+from services.history.migrate import migrate
+from shared.boards import Board
+from shared.db import open_engine
+from shared.events import ScoreAccepted, rfc3339
+from shared.keys import Keys, dirty_member
+from shared.ranking import ENCODINGS, encode
+from shared.settings import LadderSettings
+
+BOARDS = ("bench-single", "bench-batch", "bench-ws", "bench-reads")
+CONSUMERS = {
+    "aggregator": "aggregator_port",
+    "history": "history_port",
+    "notifier": "notifier_port",
+}
+# Regions of the board the merge is measured on.
+MERGE_REGIONS = 8
+
+
+@dataclass
+class Ladder:
+    """The running Ladder, as the bench sees it."""
+
+    settings: LadderSettings
+    redis: Redis
+    http: httpx.AsyncClient
+    server_key: str
+    admin_key: str
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.settings.api_port}"
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.key_prefix)
+
+    def auth(self, admin: bool = False) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key if admin else self.server_key}"}
+
+    async def define(self, board_id: str, **spec: Any) -> None:
+        response = await self.http.put(
+            f"{self.api}/v1/boards/{board_id}", json=spec, headers=self.auth(admin=True)
+        )
+        response.raise_for_status()
+
+    async def accepted(self, board_id: str) -> int:
+        """Events the API accepted on a board: its all-time event counter, written by the
+        same atomic step as each accepted score."""
+        stored = await self.redis.get(self.keys.event_count(board_id, "alltime", "all"))
+        return int(stored or 0)
+
+    async def consumed(self) -> dict[str, float]:
+        """Events each consumer has handled (its ``ladder_consumer_events_total``)."""
+        out: dict[str, float] = {}
+        for name, port_field in CONSUMERS.items():
+            port = getattr(self.settings, port_field)
+            response = await self.http.get(f"http://127.0.0.1:{port}/metrics")
+            total = 0.0
+            for family in text_string_to_metric_families(response.text):
+                if family.name == "ladder_consumer_events":
+                    total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+            out[name] = total
+        return out
+
+    async def stored_rows(self, board_id: str) -> int:
+        async with open_engine(self.settings.mysql_url) as engine, engine.connect() as conn:
+            result = await conn.execute(
+                text("SELECT COUNT(*) FROM score_events WHERE board_id = :b"), {"b": board_id}
+            )
+            return int(result.scalar_one())
+
+    async def drained(
+        self, board_id: str, rows: int, consumed: dict[str, float], events: int, deadline: float
+    ) -> float | None:
+        """Wait until ``rows`` rows of the board are in MySQL, every consumer has handled
+        ``events`` more events than ``consumed`` and the outbox is empty; the time it happened
+        (``time.monotonic``), or ``None`` past ``deadline``."""
+        async with open_engine(self.settings.mysql_url) as engine:
+            while time.monotonic() < deadline:
+                async with engine.connect() as conn:
+                    result = await conn.execute(
+                        text("SELECT COUNT(*) FROM score_events WHERE board_id = :b"),
+                        {"b": board_id},
+                    )
+                    stored = int(result.scalar_one())
+                now_consumed = await self.consumed()
+                backlog = await self.redis.xlen(self.keys.outbox(board_id))
+                if (
+                    stored >= rows
+                    and backlog == 0
+                    and all(now_consumed[c] - consumed[c] >= events for c in CONSUMERS)
+                ):
+                    return time.monotonic()
+                await asyncio.sleep(0.1)
+        return None
+
+    async def clean(self, bench_prefix: str) -> None:
+        """Remove every trace of the bench boards and of the bench prefix."""
+        patterns = [self.keys.tag(b) + ":*" for b in BOARDS]
+        patterns += [bench_prefix + ":*", "{" + bench_prefix + ":*"]
+        for pattern in patterns:
+            batch: list[str] = []
+            async for key in self.redis.scan_iter(match=pattern, count=5000):
+                batch.append(key)
+                if len(batch) >= 5000:
+                    await self.redis.unlink(*batch)
+                    batch.clear()
+            if batch:
+                await self.redis.unlink(*batch)
+        await self.redis.hdel(self.keys.boards, *BOARDS)
+        async with open_engine(self.settings.mysql_url) as engine, engine.begin() as conn:
+            for table in ("score_events", "boards", "snapshots"):
+                exists = await conn.execute(
+                    text(
+                        "SELECT COUNT(*) FROM information_schema.TABLES "
+                        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t"
+                    ),
+                    {"t": table},
+                )
+                if exists.scalar_one():
+                    statement = text(f"DELETE FROM {table} WHERE board_id IN :boards")
+                    await conn.execute(
+                        statement.bindparams(bindparam("boards", expanding=True)),
+                        {"boards": list(BOARDS)},
+                    )
+
+
+# --- POST -> WebSocket push --------------------------------------------------------------------
+
+
+async def push_latency(ladder: Ladder, samples: int) -> list[float]:
+    """Milliseconds from sending a POST to receiving the ``rank`` push it causes, one sample a
+    socket: a fresh user that scores more than anyone before it enters the top 1 of its region,
+    so the notifier pushes ``entered_top`` to its ``user:`` topic."""
+    board = "bench-ws"
+    run = uuid.uuid4().hex[:8]
+    url = f"ws://127.0.0.1:{ladder.settings.api_port}/v1/ws?token={ladder.server_key}"
+    latencies: list[float] = []
+    for i in range(samples):
+        user = f"w{run}-{i}"
+        async with websockets.connect(url) as socket:
+            await socket.send(orjson.dumps({"op": "subscribe", "topic": f"user:{user}"}).decode())
+            await socket.send('{"op": "ping"}')
+            while orjson.loads(await socket.recv()).get("type") != "pong":
+                pass
+            body = {"event_id": f"{user}-e", "user_id": user, "region": "eu", "value": 10 + i}
+            started = time.perf_counter()
+            response = await ladder.http.post(
+                f"{ladder.api}/v1/boards/{board}/scores", json=body, headers=ladder.auth()
+            )
+            response.raise_for_status()
+            while True:
+                message = orjson.loads(await asyncio.wait_for(socket.recv(), 10))
+                if message.get("type") == "rank" and message.get("user_id") == user:
+                    break
+            latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+# --- a board of a million members ----------------------------------------------------------------
+
+
+async def fill_board(redis: Redis, key: str, members: int, *, chunk: int = 1000) -> float:
+    """Write ``members`` correctly encoded all-time entries straight into a board's sorted set,
+    pipelined; returns the seconds it took."""
+    rng = random.Random(7)
+    started = time.monotonic()
+    max_tick = ENCODINGS["alltime"].scale - 1
+    for start in range(0, members, chunk * 20):
+        async with redis.pipeline(transaction=False) as pipe:
+            for offset in range(start, min(members, start + chunk * 20), chunk):
+                mapping = {
+                    f"u{i}": encode(
+                        "alltime", rng.randrange(1_000_000), rng.randrange(max_tick), True
+                    )
+                    for i in range(offset, min(members, offset + chunk))
+                }
+                pipe.zadd(key, mapping)
+            await pipe.execute()
+    return time.monotonic() - started
+
+
+def read_paths(board: str, members: int, count: int = 500) -> dict[str, list[str]]:
+    rng = random.Random(11)
+    users = [f"u{rng.randrange(members)}" for _ in range(count)]
+    base = f"/v1/boards/{board}"
+    query = "scope=region:eu&period=alltime"
+    return {
+        "rank": [f"{base}/users/{u}?{query}" for u in users],
+        "around-me (±5)": [f"{base}/users/{u}?{query}&around=5" for u in users],
+        "top-100": [f"{base}/leaderboard?{query}&limit=100"],
+    }
+
+
+async def memory_of(redis: Redis, key: str) -> int:
+    return int(await redis.memory_usage(key, samples=0) or 0)
+
+
+async def used_memory(redis: Redis) -> int:
+    info = await redis.info("memory")
+    return int(info["used_memory"])
+
+
+# --- the aggregator's merge --------------------------------------------------------------------
+
+
+async def merge_time(redis: Redis, prefix: str, members: int) -> float:
+    """Seconds the aggregator's merge takes to recompute a global board of ``members`` users
+    spread over 8 regions, every one of them dirty (the worst case: all moved since the last
+    merge), on a bench-only key prefix. The regional boards are filled first, not timed."""
+    keys = Keys(prefix)
+    board = Board(board_id="merge", periods=["alltime"], notify_top=[1, 10, 100])
+    rng = random.Random(3)
+    max_tick = ENCODINGS["alltime"].scale - 1
+    chunk = 1000
+    for start in range(0, members, chunk * 20):
+        async with redis.pipeline(transaction=False) as pipe:
+            for offset in range(start, min(members, start + chunk * 20), chunk):
+                users = range(offset, min(members, offset + chunk))
+                by_region: dict[str, dict[str, float]] = {}
+                for i in users:
+                    region = f"r{i % MERGE_REGIONS}"
+                    by_region.setdefault(region, {})[f"u{i}"] = encode(
+                        "alltime", rng.randrange(1_000_000), rng.randrange(max_tick), True
+                    )
+                for region, mapping in by_region.items():
+                    pipe.zadd(keys.region_view("merge", "alltime", "all", region), mapping)
+                    pipe.sadd(
+                        keys.dirty("merge"),
+                        *(dirty_member("alltime", "all", region, u) for u in mapping),
+                    )
+            await pipe.execute()
+    await redis.sadd(
+        keys.regions("merge", "alltime", "all"), *(f"r{r}" for r in range(MERGE_REGIONS))
+    )
+    started = time.monotonic()
+    written = await Merger(redis, keys).merge_board(board)
+    elapsed = time.monotonic() - started
+    if written != members:
+        raise RuntimeError(f"the merge wrote {written} entries, not {members}")
+    return elapsed
+
+
+# --- MySQL bytes per event -----------------------------------------------------------------------
+
+
+async def mysql_bytes_per_event(mysql_url: str, rows: int) -> tuple[float, float]:
+    """Store ``rows`` events through the history handler into a bench-only database; returns
+    (data + index bytes per row after ANALYZE, rows a second stored). The database is dropped."""
+    url = make_url(mysql_url).set(database="ladder_bench")
+    bench_url = url.render_as_string(hide_password=False)
+    await migrate(bench_url)
+    try:
+        async with open_engine(bench_url) as engine:
+            handler = HistoryHandler(engine)
+            now = datetime.now(UTC)
+            started = time.monotonic()
+            for start in range(0, rows, 500):
+                events = [
+                    ScoreAccepted.model_validate(
+                        {
+                            "event_id": f"e{i}-{uuid.uuid4().hex[:12]}",
+                            "board_id": "bench",
+                            "user_id": f"u{i % 100_000}",
+                            "region": f"r{i % 8}",
+                            "team_id": f"t{i % 100}",
+                            "value": i % 1000,
+                            "occurred_at": rfc3339(now),
+                            "accepted_at": rfc3339(now),
+                            "periods": {},
+                        }
+                    )
+                    for i in range(start, min(rows, start + 500))
+                ]
+                await handler(events)
+            rate = rows / (time.monotonic() - started)
+            async with engine.connect() as conn:
+                await conn.execute(text("ANALYZE TABLE score_events"))
+                result = await conn.execute(
+                    text(
+                        "SELECT DATA_LENGTH + INDEX_LENGTH FROM information_schema.TABLES "
+                        "WHERE TABLE_SCHEMA = 'ladder_bench' AND TABLE_NAME = 'score_events'"
+                    )
+                )
+                size = int(result.scalar_one())
+    finally:
+        async with open_engine(mysql_url) as engine, engine.begin() as conn:
+            await conn.execute(text("DROP DATABASE IF EXISTS ladder_bench"))
+    return size / rows, rate
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
