@@ -11,6 +11,7 @@ import asyncio
 import math
 import random
 import statistics
+import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
@@ -304,6 +305,13 @@ async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_r
         assert game.params_version == version + 1
         rounds_at_change = game.rounds
         await eventually(lambda: _true(game.rounds > rounds_at_change + 300), within=20)
+        # A new speed re-times the real-time clock from the next tick on.
+        await publish(settings.amqp_url, settings.broker_prefix, "speed", "80")
+        await eventually(lambda: _true(sim.env.factor == pytest.approx(1 / 80)), within=10)
+        sim_start, wall_start = game.env.now, time.monotonic()
+        await asyncio.sleep(1.0)
+        rate = (game.env.now - sim_start) / (time.monotonic() - wall_start)
+        assert 40 <= rate <= 100, rate
         sim.request_stop()
         await asyncio.wait_for(running, 30)
     finally:
