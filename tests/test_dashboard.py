@@ -193,7 +193,7 @@ def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
     log_path = tmp_path / "sim.log"
     with log_path.open("w") as log_file:
         sim = subprocess.Popen(
-            [sys.executable, "-m", "sim", "--seed", "3", "--speed", "10", "--set", "tick_s=0.5"],
+            [sys.executable, "-m", "sim", "--seed", "3", "--speed", "20", "--set", "tick_s=0.5"],
             cwd=ROOT,
             env=stack.env,
             stdout=log_file,
@@ -213,6 +213,7 @@ def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
         wait_until(lambda: rows(browser, "#hot60") == 10, 20, "hot streaks")
         wait_until(lambda: rows(browser, "#mvps") == 10, 20, "team MVPs")
         wait_until(lambda: rows(browser, "#regions") >= 4 * 5, 20, "regions")
+        wait_until(lambda: rows(browser, "#teams") >= 5, 30, "teams")
         # The picture in the README: the simulation's game as the page shows it.
         SCREENSHOT.parent.mkdir(exist_ok=True)
         assert browser.save_screenshot(str(SCREENSHOT))

@@ -15,6 +15,8 @@
 const PERIODS = ["alltime", "monthly", "weekly", "daily"];
 const DEFAULT_BOARD = "arena";
 const REFRESH_MS = 1000;
+const NAME_RETRY_MS = 10000; // a player not found yet (not merged yet) is looked up again after this
+const MAX_LOOKUPS = 8; // name look-ups in flight at once
 const SEND_GAP_MS = 150; // stay well inside the socket's message rate
 const MAX_BACKOFF_MS = 15000;
 
@@ -31,6 +33,10 @@ const state = {
   outbox: [],
   sending: null,
   previous: new Map(),
+  shown: new Map(), // the last view each table showed, to show again once names are known
+  lookups: new Map(), // user_id -> when its name was last looked up
+  inFlight: 0,
+  renameTimer: null,
 };
 
 const $ = (selector) => document.querySelector(selector);
@@ -65,7 +71,7 @@ async function load(name) {
   const board = state.board;
   try {
     const view = await readers[name]();
-    if (board === state.board) renderers[name](view);
+    if (board === state.board) show(name, view);
   } catch (error) {
     if (board === state.board) renderError(name, error);
   }
@@ -78,7 +84,7 @@ async function loadRegion(region) {
     const view = await getJSON(
       boardPath(`/leaderboard?scope=${encodeURIComponent(scope)}&period=${state.period}&limit=5`),
     );
-    if (board === state.board) renderRegion(region, view.entries);
+    if (board === state.board) show(`region:${region}`, view);
   } catch (error) {
     console.warn("region", region, error);
   }
@@ -109,8 +115,48 @@ function cell(text, className) {
   return td;
 }
 
+function show(name, view) {
+  state.shown.set(name, view);
+  if (name.startsWith("region:")) renderRegion(name.slice("region:".length), view.entries);
+  else renderers[name](view);
+}
+
+// Hot streaks, MVPs and the feed carry user ids only: names come from the boards' entries, or
+// are looked up once (the player's global standing) and the tables shown again with them.
 function nameOf(userId) {
-  return state.names.get(userId) || userId;
+  const known = state.names.get(userId);
+  if (known) return known;
+  const last = state.lookups.get(userId);
+  if (state.inFlight < MAX_LOOKUPS && (last === undefined || Date.now() - last > NAME_RETRY_MS)) {
+    lookUp(userId);
+  }
+  return userId;
+}
+
+async function lookUp(userId) {
+  state.lookups.set(userId, Date.now());
+  state.inFlight += 1;
+  try {
+    const path = boardPath(`/users/${encodeURIComponent(userId)}?scope=global&around=0`);
+    const standing = await getJSON(path);
+    const me = standing.around.find((e) => e.user_id === userId);
+    if (me && me.display_name) {
+      state.names.set(userId, me.display_name);
+      scheduleRename();
+    }
+  } catch (error) {
+    // Not on the merged board yet: tried again later.
+  } finally {
+    state.inFlight -= 1;
+  }
+}
+
+function scheduleRename() {
+  if (state.renameTimer !== null) return;
+  state.renameTimer = setTimeout(() => {
+    state.renameTimer = null;
+    for (const [name, view] of state.shown) show(name, view);
+  }, 300);
 }
 
 function remember(entries) {
@@ -325,15 +371,15 @@ function onMessage(message) {
   if (message.type !== "leaderboard" || message.board_id !== state.board) return;
   const scope = message.scope;
   if (scope === "hot") {
-    renderHot(`hot${message.window}`, message.entries);
+    show(`hot${message.window}`, message);
   } else if (message.period !== state.period) {
     return;
   } else if (scope === "global") {
-    renderers.players(message);
+    show("players", message);
   } else if (scope === "mvps") {
-    renderers.mvps(message);
+    show("mvps", message);
   } else if (scope.startsWith("region:")) {
-    renderRegion(scope.slice("region:".length), message.entries);
+    show(scope, message);
   }
   scheduleRefresh();
 }
@@ -361,6 +407,7 @@ function choose(board, period) {
   history.replaceState(null, "", url);
   state.regions = new Set();
   state.previous = new Map();
+  state.shown = new Map();
   $("#regions").replaceChildren();
   $("#stats").textContent = "";
   if (state.socket && state.socket.readyState === WebSocket.OPEN) resubscribe();
