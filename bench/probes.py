@@ -100,6 +100,7 @@ class Ladder:
         """Wait until ``rows`` rows of the board are in MySQL, every consumer has handled
         ``events`` more events than ``consumed`` and the outbox is empty; the time it happened
         (``time.monotonic``), or ``None`` past ``deadline``."""
+        report_at = time.monotonic() + 10
         async with open_engine(self.settings.mysql_url) as engine:
             while time.monotonic() < deadline:
                 async with engine.connect() as conn:
@@ -110,12 +111,16 @@ class Ladder:
                     stored = int(result.scalar_one())
                 now_consumed = await self.consumed()
                 backlog = await self.redis.xlen(self.keys.outbox(board_id))
-                if (
-                    stored >= rows
-                    and backlog == 0
-                    and all(now_consumed[c] - consumed[c] >= events for c in CONSUMERS)
-                ):
+                behind = {c: events - (now_consumed[c] - consumed[c]) for c in CONSUMERS}
+                if stored >= rows and backlog == 0 and all(n <= 0 for n in behind.values()):
                     return time.monotonic()
+                if time.monotonic() >= report_at:
+                    report_at += 10
+                    print(
+                        f"    waiting: {stored}/{rows} rows in MySQL, outbox {backlog}, "
+                        f"events not yet handled {behind}",
+                        flush=True,
+                    )
                 await asyncio.sleep(0.1)
         return None
 

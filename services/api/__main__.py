@@ -1,14 +1,12 @@
-"""``python -m services.api``: serve the API with uvicorn (uvloop, httptools); see ``server.py``
-for how it stops."""
+"""``python -m services.api``: serve the API with uvicorn (uvloop, httptools), in
+``LADDER_API_WORKERS`` processes; see ``server.py`` for how it stops and how workers share the
+port."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
-from uvicorn.config import STARTUP_FAILURE
-
-from services.api.server import build_server
+from services.api.server import run_workers, serve
 from shared.logs import configure
 from shared.settings import load_settings
 
@@ -16,11 +14,7 @@ from shared.settings import load_settings
 def main() -> None:
     settings = load_settings()
     configure("api", settings.log_level)
-    server = build_server(settings)
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
-    if not server.started:
-        sys.exit(STARTUP_FAILURE)
+    sys.exit(serve(settings) if settings.api_workers == 1 else run_workers(settings))
 
 
 if __name__ == "__main__":

@@ -14,23 +14,39 @@ transport, which waits to flush. A peer that stopped reading keeps the transport
 close would never be sent and its connection never end. :class:`WebSocketProtocol` writes the
 close frame at once, behind what is already buffered, and aborts the connection (a TCP reset)
 if the peer has not answered the close within ``CLOSE_TIMEOUT`` seconds.
+
+With ``LADDER_API_WORKERS`` above 1, :func:`run_workers` binds the port once and starts that many
+worker processes on it, each a whole API (its own relay and Pub/Sub hub): the relays are
+consumers of the same outbox group, so each entry is published by one of them, and every hub
+hears every push, so a push reaches a socket whichever worker holds it. The parent only passes
+SIGTERM on and waits; if a worker dies, it stops the others and exits, for the process manager
+to start the API again whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import socket
+import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
 from services.api.main import create_app
 from services.api.state import ApiState
-from shared.settings import LadderSettings
+from shared.logs import configure
+from shared.settings import LadderSettings, load_settings
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGISendEvent, WebSocketCloseEvent
@@ -132,3 +148,56 @@ def build_server(settings: LadderSettings, server_class: type[Server] = Server) 
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
     )
     return server_class(config)
+
+
+def serve(settings: LadderSettings, sockets: list[socket.socket] | None = None) -> int:
+    """Run one API process until it is stopped; its exit status."""
+    server = build_server(settings)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=sockets)
+    return 0 if server.started else STARTUP_FAILURE
+
+
+def _worker(listener: socket.socket) -> None:
+    # A spawned process: settings and logging are made again from the inherited environment.
+    settings = load_settings()
+    configure("api", settings.log_level)
+    sys.exit(serve(settings, [listener]))
+
+
+def run_workers(settings: LadderSettings) -> int:
+    """``LADDER_API_WORKERS`` API processes on one listening socket; the exit status."""
+    app = "services.api.main:create_app"  # only to bind: each worker builds its own
+    listener = uvicorn.Config(app, host=settings.api_host, port=settings.api_port).bind_socket()
+    multiprocessing.allow_connection_pickling()
+    spawn = multiprocessing.get_context("spawn")
+    workers = [
+        spawn.Process(target=_worker, args=(listener,), name=f"api-{n}")
+        for n in range(settings.api_workers)
+    ]
+    stopping = False
+
+    def stop(signum: int, _: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.pid is not None and worker.exitcode is None:
+                # A process group stop has signalled them already; a second SIGTERM is harmless.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for worker in workers:
+        worker.start()
+    log.info("api workers started", workers=[w.pid for w in workers])
+    status = 0
+    while running := [w for w in workers if w.exitcode is None]:
+        multiprocessing.connection.wait([w.sentinel for w in running])
+        for worker in workers:
+            if worker.exitcode is not None and not stopping:
+                log.error("api worker ended; stopping the others", pid=worker.pid)
+                status = worker.exitcode or 1
+                stop(signal.SIGTERM, None)
+    listener.close()
+    return status
