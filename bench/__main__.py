@@ -27,6 +27,7 @@ from sqlalchemy import text
 from bench import load, probes
 from bench.load import WrkResult
 from shared.db import open_engine
+from shared.logs import configure
 from shared.redis import library_source, open_redis
 from shared.settings import LadderSettings, load_settings
 
@@ -85,9 +86,10 @@ async def ingest(
     connections: int,
     per_request: int,
     env: dict[str, str],
-) -> tuple[WrkResult, float, float | None]:
+) -> tuple[WrkResult, float, float | None, float]:
     """Load a board with wrk and follow the events through the consumers: (the wrk result,
-    events accepted a second, events a second all the way through every consumer)."""
+    events accepted a second, events a second all the way through every consumer, events a
+    broker message)."""
     url = ladder.api
     # Warm-up: connections, caches, the consumers' first batches; then let it drain.
     load.wrk(
@@ -101,6 +103,7 @@ async def ingest(
     await ladder.drained(board, accepted0, await ladder.consumed(), 0, time.monotonic() + 120)
     rows0 = await ladder.stored_rows(board)
     consumed0 = await ladder.consumed()
+    relayed0 = await ladder.relayed()
     started = time.monotonic()
     result = await asyncio.to_thread(
         load.wrk,
@@ -121,7 +124,8 @@ async def ingest(
         board, rows0 + accepted, consumed0, accepted, time.monotonic() + 300
     )
     through = None if drained_at is None else accepted / (drained_at - started)
-    return result, accepted / result.seconds, through
+    events, messages = (b - a for a, b in zip(relayed0, await ladder.relayed(), strict=True))
+    return result, accepted / result.seconds, through, events / max(1.0, messages)
 
 
 async def versions(settings: LadderSettings, ladder: probes.Ladder) -> dict[str, str]:
@@ -133,7 +137,7 @@ async def versions(settings: LadderSettings, ladder: probes.Ladder) -> dict[str,
         "FastAPI": metadata.version("fastapi"),
         "redis-py": metadata.version("redis"),
         "aio-pika": metadata.version("aio-pika"),
-        "wrk": load.wrk_version(),
+        "wrk": load.wrk_version().split()[1].removeprefix("debian/"),
     }
     async with open_engine(settings.mysql_url) as engine, engine.connect() as conn:
         out["MariaDB"] = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
@@ -159,6 +163,7 @@ def ms(value: float) -> str:
 
 async def main() -> int:
     settings = load_settings()
+    configure("bench", "WARNING")
     seconds = float(os.environ.get("BENCH_SECONDS", "15"))
     members = int(os.environ.get("BENCH_MEMBERS", "1000000"))
     ws_samples = int(os.environ.get("BENCH_WS_SAMPLES", "200"))
@@ -211,7 +216,7 @@ async def main() -> int:
 
             print("single-event POSTs", flush=True)
             env = {"BENCH_BOARD": "bench-single", "BENCH_KEY": ladder.server_key}
-            single, single_accepted, single_through = await ingest(
+            single, single_accepted, single_through, single_packing = await ingest(
                 ladder,
                 run,
                 board="bench-single",
@@ -224,8 +229,7 @@ async def main() -> int:
             run.add(
                 "single POST, accepted (64 connections)",
                 f"{single_accepted:,.0f} /s",
-                f"{single_accepted / redis_rate:.2f} R",
-                f"{single_accepted / bare.rate:.2f} U",
+                f"{single_accepted / redis_rate:.2f} R, {single_accepted / bare.rate:.2f} U",
             )
             if single_through is None:
                 run.add(
@@ -243,6 +247,7 @@ async def main() -> int:
                     "≥ 1.0 R",
                     single_through >= redis_rate,
                 )
+            run.add("  … events a broker message", f"{single_packing:,.0f}")
             half = max(10.0, single.rate / 2)
             fixed = await asyncio.to_thread(
                 load.wrk,
@@ -265,7 +270,7 @@ async def main() -> int:
                 "BENCH_KEY": ladder.server_key,
                 "BENCH_BATCH": "500",
             }
-            _, batch_accepted, batch_through = await ingest(
+            _, batch_accepted, batch_through, batch_packing = await ingest(
                 ladder,
                 run,
                 board="bench-batch",
@@ -296,6 +301,7 @@ async def main() -> int:
                     "≥ 5 R",
                     batch_through >= 5 * redis_rate,
                 )
+            run.add("  … events a broker message", f"{batch_packing:,.0f}")
             # Redis memory of the whole write path: every key of the batch board.
             per_user, per_event = await write_path_memory(ladder, "bench-batch")
             run.add("Redis bytes per member, all 4 periods' keys of a board", f"{per_user:,.0f} B")
@@ -399,6 +405,7 @@ async def write_path_memory(ladder: probes.Ladder, board: str) -> tuple[float, f
     other = idem = 0
     idem_count = 0
     batch: list[str] = []
+    rest: list[str] = []
 
     async def measure(keys: list[str]) -> list[int]:
         async with ladder.redis.pipeline(transaction=False) as pipe:
@@ -412,13 +419,18 @@ async def write_path_memory(ladder: probes.Ladder, board: str) -> tuple[float, f
             if idem_count <= 2000:
                 batch.append(key)
             continue
-        other += sum(await measure([key]))
+        rest.append(key)
+        if len(rest) >= 1000:
+            other += sum(await measure(rest))
+            rest.clear()
+    other += sum(await measure(rest)) if rest else 0
     sampled = await measure(batch) if batch else [0]
     idem = int(sum(sampled) / max(1, len(sampled)))
     users = 0
     regions = await ladder.redis.smembers(ladder.keys.regions(board, "alltime", "all"))
     for region in regions:
-        users += await ladder.redis.zcard(ladder.keys.region_view(board, "alltime", "all", region))
+        view = ladder.keys.region_view(board, "alltime", "all", str(region))
+        users += await ladder.redis.zcard(view)
     return other / max(1, users), float(idem)
 
 

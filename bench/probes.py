@@ -87,6 +87,17 @@ class Ladder:
             out[name] = total
         return out
 
+    async def relayed(self) -> tuple[float, float]:
+        """(events, messages) the API's relays have had confirmed, all workers together."""
+        response = await self.http.get(f"{self.api}/metrics")
+        found = {"ladder_relay_events": 0.0, "ladder_relay_messages": 0.0}
+        for family in text_string_to_metric_families(response.text):
+            if family.name in found:
+                found[family.name] = sum(
+                    s.value for s in family.samples if s.name.endswith("_total")
+                )
+        return found["ladder_relay_events"], found["ladder_relay_messages"]
+
     async def stored_rows(self, board_id: str) -> int:
         async with open_engine(self.settings.mysql_url) as engine, engine.connect() as conn:
             result = await conn.execute(

@@ -52,7 +52,7 @@ class LadderSettings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     api_workers: int = Field(
-        default=1, ge=1, le=32, description="API processes sharing the port (BENCHMARKS.md)"
+        default=2, ge=1, le=32, description="API processes sharing the port (BENCHMARKS.md)"
     )
     aggregator_port: int = 9101
     history_port: int = 9102

@@ -20,7 +20,8 @@ worker processes on it, each a whole API (its own relay and Pub/Sub hub): the re
 consumers of the same outbox group, so each entry is published by one of them, and every hub
 hears every push, so a push reaches a socket whichever worker holds it. The parent only passes
 SIGTERM on and waits; if a worker dies, it stops the others and exits, for the process manager
-to start the API again whole.
+to start the API again whole. ``/metrics`` sums the counters of every worker (Prometheus'
+multiprocess mode); gauges carry a ``pid`` label.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +174,9 @@ def run_workers(settings: LadderSettings) -> int:
     listener = uvicorn.Config(app, host=settings.api_host, port=settings.api_port).bind_socket()
     multiprocessing.allow_connection_pickling()
     spawn = multiprocessing.get_context("spawn")
+    # Every worker's metrics, summed by whichever answers /metrics (shared/ops.py).
+    metrics_dir = tempfile.mkdtemp(prefix="ladder-api-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     workers = [
         spawn.Process(target=_worker, args=(listener,), name=f"api-{n}")
         for n in range(settings.api_workers)
@@ -200,4 +206,5 @@ def run_workers(settings: LadderSettings) -> int:
                 status = worker.exitcode or 1
                 stop(signal.SIGTERM, None)
     listener.close()
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     return status
