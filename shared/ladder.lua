@@ -376,17 +376,18 @@ end
 
 --[[
 KEYS: flag, journal, outbox, feed. ARGV: ttl in ms (a safety net: a rebuild that dies leaves
-nothing behind for long). Raises the flag and starts an empty journal. Returns the event ids of
-every outbox entry and of the newest feed entry: the events applied before the flag that the
-history database may not hold yet, which the rebuild waits for.
+nothing behind for long), the rebuild's token. Raises the flag, holding the token, and starts an
+empty journal; or returns {'busy'} if another rebuild of the board holds the flag. Returns
+{'ok', event ids...}: those of every outbox entry and of the newest feed entry, the events
+applied before the flag that the history database may not hold yet, which the rebuild waits for.
 ]]
 local function rebuild_begin(keys, args)
   local ttl = tonumber(args[1])
+  if not redis.call('SET', keys[1], args[2], 'NX', 'PX', ttl) then return {'busy'} end
   redis.call('DEL', keys[2])
-  redis.call('SET', keys[1], '1', 'PX', ttl)
   redis.call('RPUSH', keys[2], 'begin')
   redis.call('PEXPIRE', keys[2], ttl)
-  local ids = {}
+  local ids = {'ok'}
   for _, entry in ipairs(redis.call('XRANGE', keys[3], '-', '+')) do
     ids[#ids + 1] = cjson.decode(entry[2][2]).event_id
   end
@@ -395,10 +396,19 @@ local function rebuild_begin(keys, args)
   return ids
 end
 
--- KEYS: flag, journal. ARGV: ttl in ms. Keeps a running rebuild's flag up; 0 if it was gone.
+-- KEYS: flag, journal. ARGV: ttl in ms, token. Keeps the token's rebuild flag up; 0 if the flag
+-- lapsed (journaling stopped meanwhile: the rebuild must start over).
 local function rebuild_extend(keys, args)
-  if redis.call('PEXPIRE', keys[1], tonumber(args[1])) == 0 then return 0 end
+  if redis.call('GET', keys[1]) ~= args[2] then return 0 end
+  redis.call('PEXPIRE', keys[1], tonumber(args[1]))
   redis.call('PEXPIRE', keys[2], tonumber(args[1]))
+  return 1
+end
+
+-- KEYS: flag, journal. ARGV: token. Ends the token's rebuild without a result.
+local function rebuild_abort(keys, args)
+  if redis.call('GET', keys[1]) ~= args[1] then return 0 end
+  redis.call('DEL', keys[1], keys[2])
   return 1
 end
 
@@ -415,22 +425,22 @@ end
 
 --[[
 KEYS: flag, journal, then every live key the rebuild replaces, the event counters first.
-ARGV: how many of those keys are event counters, then the ids of the journal's events that the
-database already held when the board was read from it. Replays the journal's other events onto
-staging; then refuses ({'behind', key}) if a live event counter is above its staged one (an
-event applied before the flag was not in the database yet: the caller reads it again later),
-or ({'expired', ''}) if the flag lapsed. Otherwise renames each staging key over its live one
-(a live key with no staging one is deleted), drops the flag and the journal and returns
-{'ok', events replayed}.
+ARGV: how many of those keys are event counters, the token, then the ids of the journal's
+events that the database already held when the board was read from it. Returns
+{'expired', ''} if the token's flag lapsed. Replays the journal's other events onto staging;
+then refuses with {'behind', key} if a live event counter is above its staged one (an event
+applied before the flag was not in the database yet: the caller aborts and starts over later).
+Otherwise renames each staging key over its live one (a live key with no staging one is
+deleted), drops the flag and the journal and returns {'ok', events replayed}.
 ]]
 local function rebuild_finish(keys, args)
-  if redis.call('EXISTS', keys[1]) == 0 then return {'expired', ''} end
+  if redis.call('GET', keys[1]) ~= args[2] then return {'expired', ''} end
   local counters, known, live = {}, {}, {}
   for i = 3, #keys do
     live[keys[i]] = true
     if i - 2 <= tonumber(args[1]) then counters[keys[i]] = true end
   end
-  for i = 2, #args do known[args[i]] = true end
+  for i = 3, #args do known[args[i]] = true end
   local replayed = 0
   for _, raw in ipairs(redis.call('LRANGE', keys[2], 1, -1)) do
     local call = cjson.decode(raw)
@@ -477,3 +487,4 @@ redis.register_function('ladder_replay_v1', replay)
 redis.register_function('ladder_rebuild_begin_v1', rebuild_begin)
 redis.register_function('ladder_rebuild_extend_v1', rebuild_extend)
 redis.register_function('ladder_rebuild_finish_v1', rebuild_finish)
+redis.register_function('ladder_rebuild_abort_v1', rebuild_abort)

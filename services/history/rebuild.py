@@ -37,6 +37,7 @@ import asyncio
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,7 @@ REPLAY_FUNCTION = "ladder_replay_v1"
 BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
 EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 FINISH_FUNCTION = "ladder_rebuild_finish_v1"
+ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 
 PAGE = 2000  # events a MySQL page, and replays a Redis round trip
 ID_CHUNK = 1000  # event ids an IN (...) lookup
@@ -79,6 +81,10 @@ _REBUILT = re.compile(
     r"|(regions|players|events):[a-z]+:[^:]+"
     r"|user:.+:regions|names|feed|user-team"
 )
+
+
+_REGION_VIEW = re.compile(r"lb:[a-z]+:[^:]+:region:[^:]+")
+_GLOBAL_VIEW = re.compile(r"lb:[a-z]+:[^:]+:global")
 
 
 def _rebuilt_here(suffix: str) -> bool:
@@ -103,6 +109,15 @@ class BoardRebuild:
     attempts: int = 0
     refused: int = 0
     seconds: float = 0.0
+
+
+@dataclass
+class _Existing:
+    """One board's keys before its rebuild (see :meth:`Rebuilder._existing`)."""
+
+    live: set[str] = field(default_factory=set)
+    staging: set[str] = field(default_factory=set)
+    global_views: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -199,6 +214,7 @@ class Rebuilder:
         self._keys = keys
         self._settings = settings
         self._wait_seconds = wait_seconds
+        self._tokens: dict[str, str] = {}
 
     async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
         """Definitions and friendships, then every board (or only those named)."""
@@ -209,19 +225,27 @@ class Rebuilder:
         unknown = wanted - {b.board_id for b in boards}
         if unknown:
             raise RebuildFailed(f"no such board in the history database: {sorted(unknown)}")
-        return [await self.board(b) for b in boards if not wanted or b.board_id in wanted]
+        chosen = [b for b in boards if not wanted or b.board_id in wanted]
+        # One pass over the keyspace for every board, rather than one a board.
+        found = await self._existing([b.board_id for b in chosen], "{" + self._keys.prefix + ":")
+        return [await self.board(b, found[b.board_id]) for b in chosen]
 
-    async def board(self, board: Board) -> BoardRebuild:
-        """Rebuild one board (see the module's docstring)."""
+    async def board(self, board: Board, found: _Existing | None = None) -> BoardRebuild:
+        """Rebuild one board (see the module's docstring); ``found``: its keys as they were
+        before (looked up here if not given)."""
         started = time.monotonic()
         done = BoardRebuild(board.board_id)
         bid = board.board_id
+        if found is None:
+            found = (await self._existing([bid], self._keys.tag(bid) + ":"))[bid]
         flag, journal = self._keys.rebuilding(bid), self._keys.rebuild_journal(bid)
+        # Whose flag it is: a second rebuild of the board at once is refused, and one whose flag
+        # lapsed cannot finish over the next one's.
+        token = self._tokens[bid] = uuid.uuid4().hex
         await self._ensure_outbox_group(bid)
         for attempt in range(1, ATTEMPTS + 1):
             done.attempts = attempt
-            await self._drop_staging(bid)
-            before: list[Any] = await self._redis.fcall(
+            begun: list[Any] = await self._redis.fcall(
                 BEGIN_FUNCTION,
                 4,
                 flag,
@@ -229,24 +253,40 @@ class Rebuilder:
                 self._keys.outbox(bid),
                 self._keys.feed(bid),
                 FLAG_TTL_MS,
+                token,
             )
+            if begun[0] != "ok":
+                raise RebuildFailed(
+                    f"board {bid!r} is being rebuilt by another process (its flag {flag} "
+                    f"lapses within {FLAG_TTL_MS // 1000} s if that one died)"
+                )
             try:
-                await self._wait_stored(bid, before)
-                outcome = await self._build(board, done)
+                # Staging a dead rebuild left behind: the board is ours now.
+                if found.staging:
+                    await self._redis.unlink(*found.staging)
+                    found.staging.clear()
+                await self._wait_stored(bid, begun[1:])
+                outcome, views = await self._build(board, done, found.live)
             except BaseException:
-                await self._redis.delete(flag, journal)
-                await self._drop_staging(bid)
+                await self._abort(bid)
                 raise
             if outcome == "ok":
-                done.dirty = await self._mark_dirty(board)
+                done.dirty = await self._mark_dirty(board, views | found.global_views)
                 done.seconds = time.monotonic() - started
                 log.info("board rebuilt", **done.__dict__)
                 return done
+            await self._abort(bid)
             log.warning("board rebuild starts again", board_id=bid, reason=outcome)
             await asyncio.sleep(min(2.0 * attempt, 10.0))
-        await self._redis.delete(flag, journal)
-        await self._drop_staging(bid)
         raise RebuildFailed(f"board {bid!r} not rebuilt after {ATTEMPTS} attempts")
+
+    async def _abort(self, board_id: str) -> None:
+        """Staging, flag and journal dropped, while the flag is still this rebuild's."""
+        flag, journal = self._keys.rebuilding(board_id), self._keys.rebuild_journal(board_id)
+        token = self._tokens[board_id]
+        if await self._redis.get(flag) == token:
+            await self._drop_staging(board_id)
+        await self._redis.fcall(ABORT_FUNCTION, 2, flag, journal, token)
 
     async def _ensure_outbox_group(self, board_id: str) -> None:
         """The relay's consumer group on the outbox, made again if Redis lost it: the relays
@@ -261,7 +301,9 @@ class Rebuilder:
 
     async def _extend(self, board_id: str) -> None:
         flag, journal = self._keys.rebuilding(board_id), self._keys.rebuild_journal(board_id)
-        kept = await self._redis.fcall(EXTEND_FUNCTION, 2, flag, journal, FLAG_TTL_MS)
+        kept = await self._redis.fcall(
+            EXTEND_FUNCTION, 2, flag, journal, FLAG_TTL_MS, self._tokens[board_id]
+        )
         if not kept:
             raise _FlagLost
 
@@ -283,7 +325,11 @@ class Rebuilder:
             await self._extend(board_id)
             await asyncio.sleep(0.25)
 
-    async def _build(self, board: Board, done: BoardRebuild) -> str:
+    async def _build(
+        self, board: Board, done: BoardRebuild, live: set[str]
+    ) -> tuple[str, set[str]]:
+        """One attempt: MySQL onto staging, then the finish step. Returns its outcome ("ok" or
+        why not) and the regional views it made."""
         bid = board.board_id
         staged = _Staged()
         events = refused = 0
@@ -308,8 +354,7 @@ class Rebuilder:
                 known = await _held(conn, bid, journaled)
                 await conn.rollback()
         except _FlagLost:
-            return "the flag lapsed"
-        live = await self._live_keys(bid)
+            return "the flag lapsed", set()
         counters = sorted(staged.counters)
         others = sorted((staged.others | live) - staged.counters)
         status, detail = await self._redis.fcall(
@@ -320,14 +365,16 @@ class Rebuilder:
             *counters,
             *others,
             len(counters),
+            self._tokens[bid],
             *sorted(known),
         )
         if status != "ok":
-            return f"{status} {detail}".strip()
+            return f"{status} {detail}".strip(), set()
         done.events, done.refused = events, refused
         done.journal_replayed, done.journal_known = int(detail), len(known)
         done.keys = len(counters) + len(others)
-        return "ok"
+        tag = self._keys.tag(bid)
+        return "ok", {k for k in staged.others if _REGION_VIEW.fullmatch(k[len(tag) + 1 :])}
 
     async def _replay(self, board: Board, rows: Sequence[Any], staged: _Staged) -> int:
         bid = board.board_id
@@ -352,15 +399,25 @@ class Rebuilder:
             log.warning("events the board refuses now", board_id=bid, statuses=refused[:5])
         return len(refused)
 
-    async def _live_keys(self, board_id: str) -> set[str]:
-        """The board's live keys of the kinds the rebuild makes: those it does not make again
-        are deleted (a user or a period MySQL does not know)."""
-        tag = self._keys.tag(board_id)
-        found = set()
-        async for key in self._redis.scan_iter(match=_glob_escape(tag) + ":*", count=1000):
-            suffix = key[len(tag) + 1 :]
-            if not suffix.startswith(("rebuild:", "rebuilding")) and _rebuilt_here(suffix):
-                found.add(key)
+    async def _existing(self, board_ids: list[str], prefix: str) -> dict[str, _Existing]:
+        """What the boards hold now, from one SCAN of ``prefix``: the keys of the kinds the
+        rebuild makes (those it does not make again are deleted: a user or a period MySQL does
+        not know), staging a dead rebuild left, and the global views (their users are merged
+        again)."""
+        tags = {self._keys.tag(b): b for b in board_ids}
+        found = {b: _Existing() for b in board_ids}
+        async for key in self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=1000):
+            tag, _, suffix = key.partition("}:")
+            board = tags.get(tag + "}")
+            if board is None:
+                continue
+            if suffix.startswith("rebuild:"):
+                if suffix != "rebuild:journal":
+                    found[board].staging.add(key)
+            elif _rebuilt_here(suffix):
+                found[board].live.add(key)
+            elif _GLOBAL_VIEW.fullmatch(suffix):
+                found[board].global_views.add(key)
         return found
 
     async def _drop_staging(self, board_id: str) -> None:
@@ -377,26 +434,23 @@ class Rebuilder:
         if batch:
             await self._redis.unlink(*batch)
 
-    async def _mark_dirty(self, board: Board) -> int:
-        """Every user of every regional view, and of every global view, marked for the next
-        merge: the aggregator then writes each global entry from the rebuilt regions."""
+    async def _mark_dirty(self, board: Board, views: set[str]) -> int:
+        """Every user of the given regional and global views marked for the next merge: the
+        aggregator then writes each global entry from the rebuilt regions."""
         bid, tag = board.board_id, self._keys.tag(board.board_id)
         dirty = self._keys.dirty(bid)
         marked = 0
-        async for key in self._redis.scan_iter(match=_glob_escape(tag) + ":lb:*", count=1000):
+        for key in sorted(views):
             parts = key[len(tag) + 1 :].split(":")
             # lb:<period>:<period_id>:region:<region> or lb:<period>:<period_id>:global
-            if len(parts) == 5 and parts[3] == "region":
-                period, period_id, region = parts[1], parts[2], parts[4]
-            elif len(parts) == 4 and parts[3] == "global":
-                period, period_id = parts[1], parts[2]
+            period, period_id = parts[1], parts[2]
+            if parts[3] == "region":
+                region = parts[4]
+            else:
                 found: set[Any] = await self._redis.smembers(
                     self._keys.regions(bid, period, period_id)
                 )
-                regions = sorted(found)
-                region = regions[0] if regions else ""
-            else:
-                continue
+                region = min(found) if found else ""
             members: list[str] = []
             async for member, _ in self._redis.zscan_iter(key, count=1000):
                 members.append(dirty_member(period, period_id, region, member))
@@ -413,6 +467,8 @@ class _FlagLost(Exception):
 
 
 def _page(board_id: str, after: int) -> Any:
+    """A page of the board's events in the order the log stored them: the order they were
+    applied in, for the events one relay published (see docs/reliability.md)."""
     t = score_events.c
     return (
         select(

@@ -9,6 +9,7 @@ before starting it again does not break the next one: every test starts what is 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,25 +78,31 @@ async def fault_database(fault_settings: LadderSettings) -> str:
     return fault_settings.mysql_url
 
 
-@pytest.fixture
-def fault_stack(
-    fault_settings: LadderSettings, fault_database: str, tmp_path: Path
-) -> Iterator[FaultStack]:
-    """The four services as processes under supervisord, on the private servers."""
-    ladder = FaultStack(
-        fault_settings,
-        tmp_path / "run",
-        extra_env={
-            # Load comes from a few hundred users at a time: no rate limit is the subject here.
-            "LADDER_USER_RATE": "1000",
-            "LADDER_KEY_RATE": "100000",
-            # A relay's unconfirmed entries are taken over soon after a crash.
-            "LADDER_RELAY_CLAIM_IDLE_MS": "2000",
-            "LADDER_SHUTDOWN_GRACE_SECONDS": "5",
-        },
-    )
+FAULT_ENV = {
+    # Load comes from a few hundred users at a time: no rate limit is the subject here.
+    "LADDER_USER_RATE": "1000",
+    "LADDER_KEY_RATE": "100000",
+    # A relay's unconfirmed entries are taken over soon after a crash.
+    "LADDER_RELAY_CLAIM_IDLE_MS": "2000",
+    "LADDER_SHUTDOWN_GRACE_SECONDS": "5",
+}
+
+
+@contextlib.contextmanager
+def running(settings: LadderSettings, run_dir: Path, **env: str) -> Iterator[FaultStack]:
+    """A :class:`FaultStack` with :data:`FAULT_ENV` and ``env`` on top, shut down at the end."""
+    ladder = FaultStack(settings, run_dir, extra_env={**FAULT_ENV, **env})
     try:
         ladder.start()
         yield ladder
     finally:
         ladder.shutdown()
+
+
+@pytest.fixture
+def fault_stack(
+    fault_settings: LadderSettings, fault_database: str, tmp_path: Path
+) -> Iterator[FaultStack]:
+    """The four services as processes under supervisord, on the private servers."""
+    with running(fault_settings, tmp_path / "run") as ladder:
+        yield ladder
