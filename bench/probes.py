@@ -74,6 +74,17 @@ class Ladder:
         stored = await self.redis.get(self.keys.event_count(board_id, "alltime", "all"))
         return int(stored or 0)
 
+    async def settled(self, board_id: str) -> int:
+        """:meth:`accepted` once it stops moving: requests still in flight when wrk stopped
+        are answered (and counted) after it returns."""
+        last = await self.accepted(board_id)
+        while True:
+            await asyncio.sleep(1.0)
+            now = await self.accepted(board_id)
+            if now == last:
+                return now
+            last = now
+
     async def consumed(self) -> dict[str, float]:
         """Events each consumer has handled (its ``ladder_consumer_events_total``)."""
         out: dict[str, float] = {}
