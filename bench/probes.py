@@ -37,6 +37,8 @@ CONSUMERS = {
     "history": "history_port",
     "notifier": "notifier_port",
 }
+# How long the push probe waits for a push before counting it missed.
+PUSH_WAIT_SECONDS = 5.0
 # Regions of the board the merge is measured on.
 MERGE_REGIONS = 8
 
@@ -180,14 +182,16 @@ class Ladder:
 # --- POST -> WebSocket push --------------------------------------------------------------------
 
 
-async def push_latency(ladder: Ladder, samples: int) -> list[float]:
+async def push_latency(ladder: Ladder, samples: int) -> tuple[list[float], int]:
     """Milliseconds from sending a POST to receiving the ``rank`` push it causes, one sample a
     socket: a fresh user that scores more than anyone before it enters the top 1 of its region,
-    so the notifier pushes ``entered_top`` to its ``user:`` topic."""
+    so the notifier pushes ``entered_top`` to its ``user:`` topic. Also how many pushes did not
+    come within ``PUSH_WAIT_SECONDS``."""
     board = "bench-ws"
     run = uuid.uuid4().hex[:8]
     url = f"ws://127.0.0.1:{ladder.settings.api_port}/v1/ws?token={ladder.server_key}"
     latencies: list[float] = []
+    missed = 0
     for i in range(samples):
         user = f"w{run}-{i}"
         async with websockets.connect(url) as socket:
@@ -201,12 +205,17 @@ async def push_latency(ladder: Ladder, samples: int) -> list[float]:
                 f"{ladder.api}/v1/boards/{board}/scores", json=body, headers=ladder.auth()
             )
             response.raise_for_status()
-            while True:
-                message = orjson.loads(await asyncio.wait_for(socket.recv(), 10))
-                if message.get("type") == "rank" and message.get("user_id") == user:
-                    break
+            try:
+                async with asyncio.timeout(PUSH_WAIT_SECONDS):
+                    while True:
+                        message = orjson.loads(await socket.recv())
+                        if message.get("type") == "rank" and message.get("user_id") == user:
+                            break
+            except TimeoutError:
+                missed += 1
+                continue
             latencies.append((time.perf_counter() - started) * 1000)
-    return latencies
+    return latencies, missed
 
 
 # --- a board of a million members ----------------------------------------------------------------
