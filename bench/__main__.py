@@ -213,7 +213,8 @@ async def main() -> int:
     members = int(os.environ.get("BENCH_MEMBERS", "1000000"))
     ws_samples = int(os.environ.get("BENCH_WS_SAMPLES", "200"))
     out = Path(os.environ.get("BENCH_OUT", ROOT / "BENCHMARKS.md"))
-    workers = int(getattr(settings, "api_workers", 1))
+    workers = settings.api_workers
+    load_before = os.getloadavg()[0]
     run = Run()
     began = time.monotonic()
     async with (
@@ -450,7 +451,8 @@ async def main() -> int:
             await ladder.clean(BENCH_PREFIX)
     elapsed = time.monotonic() - began
     print(f"done in {elapsed / 60:.1f} min", flush=True)
-    write_report(out, run, the_versions, workers, seconds, elapsed)
+    loads = (load_before, os.getloadavg()[0])
+    write_report(out, run, the_versions, workers, seconds, elapsed, loads)
     print(f"wrote {out}")
     return 0
 
@@ -492,7 +494,13 @@ async def write_path_memory(ladder: probes.Ladder, board: str) -> tuple[float, f
 
 
 def write_report(
-    out: Path, run: Run, the_versions: dict[str, str], workers: int, seconds: float, elapsed: float
+    out: Path,
+    run: Run,
+    the_versions: dict[str, str],
+    workers: int,
+    seconds: float,
+    elapsed: float,
+    loads: tuple[float, float],
 ) -> None:
     lines = [
         "# Ladder benchmarks",
@@ -506,7 +514,9 @@ def write_report(
         "[docs/architecture.md](docs/architecture.md#performance).",
         "",
         f"Run of {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} minutes, load phases "
-        f"of {seconds:.0f} s; the API ran {workers} worker process(es).",
+        f"of {seconds:.0f} s; the API ran {workers} worker process(es). Load average (1 min) "
+        f"at the start {loads[0]:.1f}, at the end {loads[1]:.1f}, on {os.cpu_count()} cores: "
+        "above the core count, the machine was busy with more than Ladder and the bench.",
         "",
         "| figure | value | ratio | target | |",
         "|---|---:|---:|---|---|",
@@ -535,8 +545,7 @@ def write_report(
         "Ladder, the key prefix `ladder-bench` and the database `ladder_bench`, and removes all of",
         "them at the end (and at the start, after an interrupted run). The million-member board is",
         "filled by pipelined ZADDs of correctly encoded all-time entries straight into its",
-        "region's",
-        "sorted set; the reads then go through the API. Load comes from wrk (`bench/wrk/*.lua`);",
+        "region's sorted set; the reads then go through the API. Load comes from wrk (`bench/wrk/*.lua`);",
         "the WebSocket probe is a Python client that times, from outside, a POST until the push it",
         "causes arrives.",
         "",
