@@ -545,9 +545,9 @@ def write_report(
         "Ladder, the key prefix `ladder-bench` and the database `ladder_bench`, and removes all of",
         "them at the end (and at the start, after an interrupted run). The million-member board is",
         "filled by pipelined ZADDs of correctly encoded all-time entries straight into its",
-        "region's sorted set; the reads then go through the API. Load comes from wrk (`bench/wrk/*.lua`);",
-        "the WebSocket probe is a Python client that times, from outside, a POST until the push it",
-        "causes arrives.",
+        "region's sorted set; the reads then go through the API. Load comes from wrk",
+        "(`bench/wrk/*.lua`); the WebSocket probe is a Python client that times, from outside, a",
+        "POST until the push it causes arrives.",
         "",
     ]
     out.write_text("\n".join(lines))
