@@ -9,12 +9,15 @@ merges the global views again through its own code.
 
 Each event is replayed, in the order the event log stored it, through ``ladder_replay_v1``:
 the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
-no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made.
+no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
+the log holds the events in the order they were applied (one relay a board; with several, events
+accepted within milliseconds of each other may be stored in another order: docs/reliability.md).
 
 Writes may go on meanwhile. Per board:
 
-1. ``ladder_rebuild_begin_v1`` raises the board's ``rebuilding`` flag (with a TTL, kept up while
-   the rebuild works) and starts its journal: from then on every event ``submit()`` applies is
+1. ``ladder_rebuild_begin_v1`` raises the board's ``rebuilding`` flag, holding this rebuild's
+   token (a second rebuild of the board at once is refused), with a TTL kept up while the
+   rebuild works, and starts its journal: from then on every event ``submit()`` applies is
    also journaled. It returns the ids of the events in the outbox and of the newest in the feed.
 2. Wait until MySQL holds those: then it holds every event applied before the flag (the relay
    publishes, and history stores, in outbox order).
