@@ -293,3 +293,40 @@ async def test_a_second_rebuild_of_a_board_at_once_is_refused(
         await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(BOARDS[0])
     assert await redis.get(keys.rebuilding("main")) == "another-rebuild"
     assert await redis.lrange(keys.rebuild_journal("main"), 0, -1) == ["begin"]
+
+
+async def test_without_history_catching_up_the_rebuild_gives_up_and_changes_nothing(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """An accepted event still in the outbox, never stored (history is not consuming): the
+    rebuild waits ``--wait`` seconds for it, then fails, leaving Redis as it was."""
+    board = BOARDS[0]
+    now = datetime.now(UTC).isoformat()
+    await write(
+        redis,
+        keys,
+        settings,
+        board,
+        event_id="e1",
+        user_id="u1",
+        region="eu",
+        value=3,
+        occurred_at=now,
+    )
+    await relay(redis, keys, db, board)
+    await write(
+        redis,
+        keys,
+        settings,
+        board,
+        event_id="e2",
+        user_id="u1",
+        region="eu",
+        value=4,
+        occurred_at=now,
+    )
+    before = await snapshot(redis, settings.key_prefix)
+
+    with pytest.raises(RebuildFailed, match="1 events applied in Redis are not in the history"):
+        await Rebuilder(db, redis, keys, settings, wait_seconds=1).board(board)
+    assert await snapshot(redis, settings.key_prefix) == before
