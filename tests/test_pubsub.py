@@ -295,3 +295,24 @@ async def test_a_client_that_never_reads_is_dropped(
         f"\nthe client that never read: dropped {dropped_at - cut_at:.2f} s after the cut-off "
         f"(close timeout 1 s); it saw close code {slow.close_code}"
     )
+
+
+async def test_a_quiet_healthy_pubsub_connection_is_kept(
+    quiet: LadderSettings, redis: Redis, broker: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pings on a connection with nothing to carry are answered: no reconnect, no resync, and
+    nothing published meanwhile is lost."""
+    monkeypatch.setattr(hub, "PING_AFTER", 0.2)
+    monkeypatch.setattr(hub, "PONG_WITHIN", 0.3)
+    channel = Keys(quiet.key_prefix).user_channel("u-1")
+    reconnects = REGISTRY.get_sample_value("ladder_ws_pubsub_reconnects_total") or 0.0
+    async with serve(quiet) as url, websockets.connect(f"{url}?{TOKEN}") as ws:
+        await subscribe(ws, "user:u-1")
+        quiet_for = 3.0  # ten pings and more
+        with pytest.raises(TimeoutError):
+            await next_message(ws, quiet_for)
+        await redis.publish(channel, json.dumps({"type": "badge", "n": 1}))
+        assert (await next_message(ws, 5))["n"] == 1
+    after = REGISTRY.get_sample_value("ladder_ws_pubsub_reconnects_total") or 0.0
+    print(f"\nquiet hub connection: {quiet_for} s idle, reconnects {after - reconnects:.0f}")
+    assert after == reconnects

@@ -40,6 +40,7 @@ RESYNC = orjson.dumps({"type": "resync"}).decode()
 
 PING_AFTER = 5.0
 PONG_WITHIN = 3.0
+PING_MESSAGE = "ladder-hub"
 
 
 class Subscriber(Protocol):
@@ -106,6 +107,11 @@ class Hub:
             decode_responses=True,
             client_name=self._name,
             retry=Retry(NoBackoff(), 0),
+            # RESP2: a subscribed connection answers PING with ["pong", message], which
+            # get_message hands back. Under RESP3 the answer is a plain string, which redis-py's
+            # Pub/Sub parser mistakes for something else once replies are decoded, so every
+            # ping would look unanswered and the connection be remade every few seconds.
+            protocol=2,
         )
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         loop = asyncio.get_running_loop()
@@ -135,7 +141,7 @@ class Hub:
                     if message["type"] == "message":
                         self._dispatch(message["channel"], message["data"])
                 elif pinged is None and now - heard >= PING_AFTER:
-                    await pubsub.ping()
+                    await pubsub.ping(PING_MESSAGE)
                     pinged = now
                 elif pinged is not None and now - pinged >= PONG_WITHIN:
                     raise RedisConnectionError("no answer to a ping on the pub/sub connection")
