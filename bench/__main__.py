@@ -515,8 +515,12 @@ def write_report(
         "",
         f"Run of {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {elapsed / 60:.1f} minutes, load phases "
         f"of {seconds:.0f} s; the API ran {workers} worker process(es). Load average (1 min) "
-        f"at the start {loads[0]:.1f}, at the end {loads[1]:.1f}, on {os.cpu_count()} cores: "
-        "above the core count, the machine was busy with more than Ladder and the bench.",
+        f"at the start {loads[0]:.1f}, at the end {loads[1]:.1f}, on {os.cpu_count()} cores"
+        + (
+            ": the machine was busy with more than Ladder and the bench."
+            if max(loads) > (os.cpu_count() or 1)
+            else "."
+        ),
         "",
         "| figure | value | ratio | target | |",
         "|---|---:|---:|---|---|",
