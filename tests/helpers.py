@@ -29,7 +29,8 @@ UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1/"
 def player_token(
     sub: str | None = "u-1",
     *,
-    expires_in: float | None = 600.0,
+    # Long enough for tokens made when tests are collected to outlive a slow run of the suite.
+    expires_in: float | None = 3 * 3600.0,
     secret: str = DEV_JWT_SECRET,
     algorithm: str = "HS256",
     **claims: Any,
