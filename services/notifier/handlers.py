@@ -49,7 +49,7 @@ class Notify:
             if was_seen is None and key not in fresh:
                 fresh[key] = event
         SKIPPED.inc(len(events) - len(fresh))
-        messages: list[tuple[str, dict[str, object]]] = []
+        found: list[tuple[ScoreAccepted, bool, Period, Crossing]] = []
         awards: list[tuple[str, str, str, str, bytes]] = []
         for event in fresh.values():
             board = await self._catalog.get(event.board_id)
@@ -57,9 +57,10 @@ class Notify:
                 continue
             for period, result in event.periods.items():
                 for crossing in crossings(event.user_id, result, board.notify_top):
-                    messages.append(await self._message(event, period, result.period_id, crossing))
+                    found.append((event, board.descending, period, crossing))
             for badge in earned(event.value, board.badges, board.descending):
                 awards.append(self._award(event, badge))
+        messages = await self._messages(found)
         async with self._redis.pipeline(transaction=False) as pipe:
             # In event order, so that of two events earning one badge the first one's time holds.
             for key, badge, awarded_at, channel, message in awards:
@@ -89,27 +90,54 @@ class Notify:
             orjson.dumps(message),
         )
 
-    async def _message(
-        self, event: ScoreAccepted, period: Period, period_id: str, crossing: Crossing
-    ) -> tuple[str, dict[str, object]]:
-        if crossing.user_id == event.user_id:
-            score: int | None = event.periods[period].score
-        else:
-            key = self._keys.region_view(event.board_id, period, period_id, event.region)
-            composite = await self._redis.zscore(key, crossing.user_id)
-            board = await self._catalog.get(event.board_id)
-            descending = board.descending if board else True
-            score = decode_score(period, composite, descending) if composite is not None else None
-        return self._keys.user_channel(crossing.user_id), {
-            "type": "rank",
-            "board_id": event.board_id,
-            "scope": f"region:{event.region}",
-            "period": period,
-            "period_id": period_id,
-            "user_id": crossing.user_id,
-            "rank": crossing.rank,
-            "previous_rank": crossing.previous_rank,
-            "score": score,
-            "reason": crossing.reason,
-            "top": crossing.top,
-        }
+    async def _messages(
+        self, found: list[tuple[ScoreAccepted, bool, Period, Crossing]]
+    ) -> list[tuple[str, dict[str, object]]]:
+        """The rank messages of ``found``. A displaced user's score is read from its region's
+        view, all of the batch's in one pipelined round trip."""
+        others = [
+            (event, descending, period, crossing)
+            for event, descending, period, crossing in found
+            if crossing.user_id != event.user_id
+        ]
+        scores: dict[tuple[str, str, Period], int | None] = {}
+        if others:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for event, _, period, crossing in others:
+                    period_id = event.periods[period].period_id
+                    key = self._keys.region_view(event.board_id, period, period_id, event.region)
+                    pipe.zscore(key, crossing.user_id)
+                composites: list[Any] = await pipe.execute()
+            for (event, descending, period, crossing), composite in zip(
+                others, composites, strict=True
+            ):
+                scores[(event.event_id, crossing.user_id, period)] = (
+                    decode_score(period, composite, descending) if composite is not None else None
+                )
+        out: list[tuple[str, dict[str, object]]] = []
+        for event, _, period, crossing in found:
+            result = event.periods[period]
+            score = (
+                result.score
+                if crossing.user_id == event.user_id
+                else scores[(event.event_id, crossing.user_id, period)]
+            )
+            out.append(
+                (
+                    self._keys.user_channel(crossing.user_id),
+                    {
+                        "type": "rank",
+                        "board_id": event.board_id,
+                        "scope": f"region:{event.region}",
+                        "period": period,
+                        "period_id": result.period_id,
+                        "user_id": crossing.user_id,
+                        "rank": crossing.rank,
+                        "previous_rank": crossing.previous_rank,
+                        "score": score,
+                        "reason": crossing.reason,
+                        "top": crossing.top,
+                    },
+                )
+            )
+        return out
