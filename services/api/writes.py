@@ -7,7 +7,6 @@ pipeline) and a refused one writes nothing. ``ladder_submit_v1`` is the write al
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import time
 import uuid
@@ -22,12 +21,12 @@ from redis.asyncio import Redis
 from services.api.errors import Conflict, Invalid, Unavailable
 from services.api.limits import Quota, refusal
 from shared.boards import Board
-from shared.events import DisplayName, EventId, Region, TeamId, UserId, rfc3339
+from shared.events import DisplayName, EventId, Region, TeamId, UserId
 from shared.keys import Keys
-from shared.periods import PERIODS, Period, PeriodWindow, expire_at, window_at
-from shared.ranking import ENCODINGS, tick
+from shared.periods import PERIODS
 from shared.redis import SUBMIT_FUNCTION
 from shared.settings import LadderSettings
+from shared.submit import SubmitEvent, submit_call
 
 WRITE_FUNCTION = "ladder_write_v1"
 
@@ -113,24 +112,6 @@ def check_value(value: int, board: Board) -> None:
         )
 
 
-# The window of each (period, timezone) last seen: almost every write falls in the current one,
-# and working a window out (zoneinfo, calendar) is a good part of a write's CPU time otherwise.
-_windows: dict[tuple[Period, str], PeriodWindow] = {}
-
-
-def _window(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
-    window = _windows.get((period, timezone))
-    if window is None or moment < window.start or (window.end is not None and moment >= window.end):
-        window = _windows[(period, timezone)] = window_at(period, moment, timezone)
-    return window
-
-
-@functools.lru_cache(maxsize=1024)
-def _expiry(window: PeriodWindow, timezone: str, retention: int | None) -> int:
-    """When a period's keys expire (0: never); the same for every write of the period."""
-    return expire_at(window, timezone, retention) or 0
-
-
 def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     accepted = orjson.loads(entry)
     return {
@@ -200,69 +181,25 @@ async def prepare(
             event_id, score.user_id, [], [], known=response_from_entry(entry, duplicate=True)
         )
     check_value(score.value, board)
-    event = {
-        "event_id": event_id,
-        "board_id": board.board_id,
-        "user_id": score.user_id,
-        "region": score.region,
-        "team_id": score.team_id,
-        "display_name": score.display_name,
-        "value": score.value,
-        "occurred_at": rfc3339(occurred_at),
-        "accepted_at": rfc3339(now),
-    }
-    bid = board.board_id
-    call_keys = [
-        keys.idempotency(bid, event_id),
-        keys.outbox(bid),
-        keys.names(bid),
-        keys.feed(bid),
-        keys.user_regions(bid, score.user_id),
-        keys.user_team(bid),
-    ]
-    period_args: list[str | int] = []
-    for period in board.periods:
-        window = _window(period, occurred_at, board.timezone)
-        enc = ENCODINGS[period]
-        expiry = _expiry(window, board.timezone, board.retention.of(period))
-        view = keys.region_view(bid, period, window.period_id, score.region)
-        teams = keys.teams_view(bid, period, window.period_id)
-        call_keys += [
-            view,
-            keys.distinct(view),
-            keys.distinct_counts(view),
-            keys.regions(bid, period, window.period_id),
-            teams,
-            keys.distinct(teams),
-            keys.distinct_counts(teams),
-            keys.players(bid, period, window.period_id),
-            keys.event_count(bid, period, window.period_id),
-        ]
-        period_args += [
-            period,
-            window.period_id,
-            enc.scale,
-            tick(window, occurred_at),
-            enc.max_score,
-            expiry,
-        ]
-    args: list[str | int] = [
-        digest,
-        board.operator,
-        score.value,
+    event = SubmitEvent(
+        event_id,
         score.user_id,
         score.region,
-        score.display_name or "",
-        orjson.dumps(event).decode()[:-1],
-        len(board.periods),
-        settings.idempotency_ttl_seconds,
-        settings.outbox_max,
-        ",".join(str(t) for t in board.notify_top),
-        "1" if board.descending else "0",
-        settings.feed_length,
-        score.team_id or "",
-        *period_args,
-    ]
+        score.team_id,
+        score.display_name,
+        score.value,
+        occurred_at,
+        now,
+    )
+    call_keys, args = submit_call(
+        keys,
+        board,
+        event,
+        body_hash=digest,
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+        outbox_max=settings.outbox_max,
+        feed_length=settings.feed_length,
+    )
     return Call(event_id, score.user_id, call_keys, args)
 
 

@@ -54,14 +54,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.boards import Board, BoardCatalog
 from shared.db import from_db_time, open_engine, score_events
-from shared.events import rfc3339
 from shared.keys import OUTBOX_GROUP, Keys, dirty_member
 from shared.logs import configure
-from shared.periods import expire_at, window_at
-from shared.ranking import ENCODINGS, tick
 from shared.redis import open_redis
 from shared.restore import restore_definitions, restore_friendships
 from shared.settings import LadderSettings, load_settings
+from shared.submit import SubmitEvent, submit_call
 
 log = structlog.get_logger(__name__)
 
@@ -136,71 +134,27 @@ def replay_call(
 ) -> tuple[list[str], list[str | int]]:
     """The keys (live names) and arguments of ``submit()`` for one stored event: what
     :func:`services.api.writes.prepare` built when the event was accepted."""
-    occurred_at = from_db_time(row.occurred_at)
-    event = {
-        "event_id": row.event_id,
-        "board_id": board.board_id,
-        "user_id": row.user_id,
-        "region": row.region,
-        "team_id": row.team_id,
-        "display_name": row.display_name,
-        "value": row.value,
-        "occurred_at": rfc3339(occurred_at),
-        "accepted_at": rfc3339(from_db_time(row.accepted_at)),
-    }
-    bid = board.board_id
-    call_keys = [
-        keys.idempotency(bid, row.event_id),
-        keys.outbox(bid),
-        keys.names(bid),
-        keys.feed(bid),
-        keys.user_regions(bid, row.user_id),
-        keys.user_team(bid),
-    ]
-    period_args: list[str | int] = []
-    for period in board.periods:
-        window = window_at(period, occurred_at, board.timezone)
-        enc = ENCODINGS[period]
-        expiry = expire_at(window, board.timezone, board.retention.of(period))
-        view = keys.region_view(bid, period, window.period_id, row.region)
-        teams = keys.teams_view(bid, period, window.period_id)
-        call_keys += [
-            view,
-            keys.distinct(view),
-            keys.distinct_counts(view),
-            keys.regions(bid, period, window.period_id),
-            teams,
-            keys.distinct(teams),
-            keys.distinct_counts(teams),
-            keys.players(bid, period, window.period_id),
-            keys.event_count(bid, period, window.period_id),
-        ]
-        period_args += [
-            period,
-            window.period_id,
-            enc.scale,
-            tick(window, occurred_at),
-            enc.max_score,
-            expiry or 0,
-        ]
-    args: list[str | int] = [
-        "",  # no body hash: the scratch idempotency answer is deleted at once
-        board.operator,
-        row.value,
+    event = SubmitEvent(
+        row.event_id,
         row.user_id,
         row.region,
-        row.display_name or "",
-        orjson.dumps(event).decode()[:-1],
-        len(board.periods),
-        settings.idempotency_ttl_seconds,
-        1,  # the scratch outbox is empty at every call
-        ",".join(str(t) for t in board.notify_top),
-        "1" if board.descending else "0",
-        settings.feed_length,
-        row.team_id or "",
-        *period_args,
-    ]
-    return call_keys, args
+        row.team_id,
+        row.display_name,
+        row.value,
+        from_db_time(row.occurred_at),
+        from_db_time(row.accepted_at),
+    )
+    # No body hash: the scratch idempotency answer is deleted at once; and the scratch outbox
+    # is empty at every call.
+    return submit_call(
+        keys,
+        board,
+        event,
+        body_hash="",
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+        outbox_max=1,
+        feed_length=settings.feed_length,
+    )
 
 
 class Rebuilder:
