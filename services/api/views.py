@@ -22,9 +22,10 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import orjson
+from fastapi import Query
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
@@ -51,6 +52,11 @@ SCOPE_PATTERN = (
     r"^(global|teams|region:[a-z0-9][a-z0-9_-]{0,31}|friends:[A-Za-z0-9][A-Za-z0-9_.:-]{0,63})$"
 )
 PERIOD_ID_PATTERN = r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all)$"
+# A read's `period_id` query: one period of the chosen kind, the current one when left out.
+PeriodIdQuery = Annotated[
+    str | None,
+    Query(max_length=16, pattern=PERIOD_ID_PATTERN, description="Defaults to the current period"),
+]
 # The most friends a friends scope reads; the owner comes on top of them.
 MAX_FRIENDS = 1000
 

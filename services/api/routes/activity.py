@@ -76,14 +76,7 @@ async def stats(
     state: State,
     _: Reader,
     period: Annotated[Period, Query()] = "alltime",
-    period_id: Annotated[
-        str | None,
-        Query(
-            max_length=16,
-            pattern=views.PERIOD_ID_PATTERN,
-            description="Defaults to the current period",
-        ),
-    ] = None,
+    period_id: views.PeriodIdQuery = None,
 ) -> dict[str, Any]:
     """How many distinct players scored in a period (approximate) and how many events were
     accepted in it (exact)."""

@@ -117,14 +117,7 @@ async def mvps(
     state: State,
     _: Reader,
     period: Annotated[Period, Query()] = "alltime",
-    period_id: Annotated[
-        str | None,
-        Query(
-            max_length=16,
-            pattern=views.PERIOD_ID_PATTERN,
-            description="Defaults to the current period",
-        ),
-    ] = None,
+    period_id: views.PeriodIdQuery = None,
 ) -> dict[str, Any]:
     if board.operator != "incr":
         raise Invalid(
