@@ -54,9 +54,11 @@ BOUNDS = """\
   uvicorn, Starlette and FastAPI, about a seventh redis-py packing and parsing the 90-argument
   call, about a tenth Ladder's own validation. Loopback TCP itself is slow here: a 10-byte
   redis-py ECHO round trip took 141 µs and a 3 KB one (the size of a write's arguments) 233 µs.
-- **The notifier.** It is the consumer seen falling behind under batch load: it reads the score
-  of every user a write pushed out of a bracket with one `ZSCORE` round trip each, in sequence
-  (`services/notifier/handlers.py`); pipelining those reads per batch would move it.
+- **The consumers.** What goes through all three is below what the API accepts: they share the
+  cores with everything above. The notifier, once seen falling behind under batch load, now
+  reads the scores of the users a batch pushed out of a bracket in one pipelined round trip;
+  the aggregator's recording of the live views (hot, MVPs) costs it about four times what
+  marking events for the merge alone does (docs/architecture.md).
 - **Latency at half saturation, and the push.** With the machine saturated by the rest of the
   pipeline, tail latency is scheduling delay: p99 far above p50. A push waits for the relay,
   the broker's quorum-queue commit, the notifier's batch and Redis Pub/Sub; consumers now hand a
