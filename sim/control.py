@@ -3,7 +3,8 @@
 ``<broker prefix>.control`` (``ladder.control`` by default, ``LADDER_BROKER_PREFIX``) is a
 fanout exchange. Each running simulation binds its own exclusive, auto-deleted queue to it, so a
 change published once reaches every simulation running at that moment and none that start later.
-The exchange is auto-deleted too: it exists while a simulation runs, and goes with the last one.
+The exchange is auto-deleted too: it exists while a simulation runs, and goes with the last one
+(an exchange of that name that exists already, durable or not, is used as it is).
 A message is JSON, ``{"name": "robot_share", "value": 1.0}``, checked by the publisher and again
 by each simulation before it applies it.
 """
@@ -103,7 +104,14 @@ class Listener:
         connection = await aio_pika.connect_robust(self.amqp_url)
         async with connection:
             channel = await connection.channel()
-            exchange = await declare_exchange(channel, self.broker_prefix)
+            try:
+                # One that exists already is used as it is, whatever it was declared with (a
+                # durable one made by an operator, say): declaring it again with other arguments
+                # would be refused.
+                exchange = await declare_exchange(channel, self.broker_prefix, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                channel = await connection.channel()  # the broker closed the one that asked
+                exchange = await declare_exchange(channel, self.broker_prefix)
             queue = await channel.declare_queue(exclusive=True, auto_delete=True)
             await queue.bind(exchange)
             tag = await queue.consume(self._on_message)

@@ -20,7 +20,7 @@ import pytest
 import simpy
 
 from shared.settings import LadderSettings
-from sim.control import NobodyListening, exchange_name, publish
+from sim.control import Listener, NobodyListening, exchange_name, publish
 from sim.model import REGIONS, Game, Score, is_robot
 from sim.names import TEAM_ID, team_name
 from sim.params import InvalidValue, SimParams, UnknownParameter, lognormal_mu_sigma
@@ -350,3 +350,36 @@ async def test_a_change_with_nobody_listening_is_reported(settings: LadderSettin
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_control_exchange_made_durable_beforehand_is_used_as_it_is(
+    settings: LadderSettings,
+) -> None:
+    """An operator's durable exchange of the same name: the simulation binds to it instead of
+    failing to declare it with other arguments, and a change reaches it."""
+    name = exchange_name(settings.broker_prefix)
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_exchange(name, aio_pika.ExchangeType.FANOUT, durable=True)
+        try:
+            changes: list[tuple[str, object]] = []
+            listener = Listener(
+                settings.amqp_url,
+                settings.broker_prefix,
+                lambda key, value: changes.append((key, value)),
+            )
+            running = asyncio.create_task(listener.run())
+            try:
+                await asyncio.wait_for(listener.bound.wait(), 10)
+                await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "0.25")
+
+                async def applied() -> bool:
+                    return changes == [("robot_share", 0.25)]
+
+                await eventually(applied)
+            finally:
+                listener.stop()
+                await asyncio.wait_for(running, 10)
+        finally:
+            await channel.exchange_delete(name)
