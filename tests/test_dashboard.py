@@ -156,8 +156,13 @@ def rows(driver: Any, selector: str) -> int:
 
 
 def first_key(driver: Any, selector: str) -> str | None:
-    found = driver.find_elements("css selector", f"{selector} tr[data-key]")
-    return str(found[0].get_attribute("data-key")) if found else None
+    """The first entry's key, read in one step: the page may redraw the table at any moment,
+    which would leave an element found beforehand stale."""
+    key = driver.execute_script(
+        f"const row = document.querySelector({selector + ' tr[data-key]'!r});"
+        " return row ? row.dataset.key : null"
+    )
+    return None if key is None else str(key)
 
 
 def status_of(driver: Any) -> str:
@@ -224,8 +229,7 @@ def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
 
         post_score(stack, "dash-hero", "Dashboard Hero", 2)
         wait_until(lambda: "Dashboard Hero" in text_of(browser, "#players"), 15, "the new score")
-        first = browser.find_element("css selector", "#players tr[data-key]")
-        assert first.get_attribute("data-key") == "dash-hero"
+        assert wait_until(lambda: first_key(browser, "#players") == "dash-hero", 5, "it on top")
         # The feed has no topic: it follows the pushes of the others.
         newest = first_key(browser, "#feed")
         wait_until(lambda: first_key(browser, "#feed") not in (None, newest), 10, "the feed")
