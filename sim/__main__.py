@@ -40,6 +40,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="start with this parameter changed (repeatable)",
     )
+    p.add_argument(
+        "--already-playing",
+        type=int,
+        default=0,
+        metavar="N",
+        help="players in the game from the first moment, each at the start of a session "
+        "(make demo starts with 30, so the board moves at once)",
+    )
     p.add_argument("--dry-run", action="store_true", help="run the model without posting")
     return p
 
@@ -72,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         allowed_lateness=settings.allowed_lateness,
         duration=args.duration,
         dry_run=args.dry_run,
+        already_playing=max(0, args.already_playing),
     )
     try:
         asyncio.run(Simulation(config, params).run())

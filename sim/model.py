@@ -151,7 +151,11 @@ class Game:
         self.params_version += 1
 
     # -- processes -------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, already_playing: int = 0) -> None:
+        """Start the arrivals; ``already_playing`` players are in the game from the first moment
+        (a game that was running before the simulation started, rather than an empty one)."""
+        for _ in range(already_playing):
+            self.env.process(self._session(self._arrive()))
         self.env.process(self._arrivals())
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:

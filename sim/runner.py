@@ -63,6 +63,7 @@ class Config:
     duration: float | None = None  # wall seconds; None runs until a signal
     dry_run: bool = False
     keep_records: bool = False  # the model keeps every player and score (tests)
+    already_playing: int = 0  # players in the game from the first moment
 
 
 class Simulation:
@@ -107,7 +108,7 @@ class Simulation:
 
     def _run_model(self) -> None:
         ticker = self.env.process(self._ticker())
-        self.game.start()
+        self.game.start(self.config.already_playing)
         self.env.sync()
         self.env.run(until=ticker)
 

@@ -31,7 +31,9 @@ START = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 HOURS = 4 * 3600.0
 
 
-def run_game(params: SimParams, until: float = HOURS, seed: int = 7) -> Game:
+def run_game(
+    params: SimParams, until: float = HOURS, seed: int = 7, already_playing: int = 0
+) -> Game:
     env = simpy.Environment()
     game = Game(
         env,
@@ -42,7 +44,7 @@ def run_game(params: SimParams, until: float = HOURS, seed: int = 7) -> Game:
         late_cap_wall_s=540.0,
         keep=True,
     )
-    game.start()
+    game.start(already_playing)
     env.run(until=until)
     return game
 
@@ -383,3 +385,16 @@ async def test_a_control_exchange_made_durable_beforehand_is_used_as_it_is(
                 await asyncio.wait_for(running, 10)
         finally:
             await channel.exchange_delete(name)
+
+
+def test_a_game_can_start_with_players_already_in_it() -> None:
+    """`--already-playing N` (make demo: 30): N sessions from the first moment, so the first
+    scores come within the first rounds instead of after the first arrivals' rounds."""
+    warm = run_game(SimParams(), until=5.0, seed=3, already_playing=30)
+    cold = run_game(SimParams(), until=5.0, seed=3)
+    assert sum(1 for a in warm.arrivals if a == 0.0) == 30
+    assert not any(a == 0.0 for a in cold.arrivals)
+    # Rounds of mean 6 s, sd 2 s: of 30 players, some finish one within 5 s.
+    assert len(warm.scores) >= 3
+    assert len(cold.scores) <= 1
+    assert all(len(t.members) <= SimParams().team_max for t in warm.teams.values())
