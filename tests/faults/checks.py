@@ -30,6 +30,7 @@ from sqlalchemy import text
 from shared.db import open_engine
 from shared.keys import Keys
 from shared.ranking import decode_score
+from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
 from tests.faults.load import Load
@@ -193,6 +194,23 @@ def broker_queues(rabbitmq: PrivateRabbitMQ, prefix: str) -> dict[str, QueueStat
         if len(fields) == 4 and fields[0].startswith(f"{prefix}."):
             states[fields[0]] = QueueState(*(int(f) for f in fields[1:]))
     return states
+
+
+async def settled(
+    settings: LadderSettings,
+    keys: Keys,
+    stored: Stored,
+    consumer_urls: Iterable[str],
+    rabbitmq: PrivateRabbitMQ,
+) -> tuple[int, int, dict[str, QueueState]]:
+    """The checks after a fault: every regional all-time board equals its history, every global
+    view the sum of the regions, and nothing left behind (:func:`nothing_left_behind`). Returns
+    the regional and global entries checked, and the queues' state."""
+    async with open_redis(settings.redis_url) as redis:
+        matched = await boards_equal_history(redis, keys, stored)
+        merged = await global_is_sum_of_regions(redis, keys, stored)
+        queues = await nothing_left_behind(settings, redis, keys, consumer_urls, rabbitmq)
+    return matched, merged, queues
 
 
 async def nothing_left_behind(

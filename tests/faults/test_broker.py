@@ -18,14 +18,12 @@ from shared.redis import open_redis
 from tests.faults.checks import (
     BOARD,
     Sampler,
-    boards_equal_history,
     consumed,
     figures,
-    global_is_sum_of_regions,
     history_complete,
     metric,
-    nothing_left_behind,
     restarted_while_down,
+    settled,
     wait_for,
 )
 from tests.faults.load import Load
@@ -82,10 +80,7 @@ async def test_broker_stopped_under_load(servers: PrivateServers, fault_stack: F
         )
     }
     stored = await history_complete(settings, load, within=120)
-    async with open_redis(settings.redis_url) as redis:
-        matched = await boards_equal_history(redis, keys, stored)
-        merged = await global_is_sum_of_regions(redis, keys, stored)
-        queues = await nothing_left_behind(settings, redis, keys, consumer_urls, servers.rabbitmq)
+    matched, merged, queues = await settled(settings, keys, stored, consumer_urls, servers.rabbitmq)
     figures(
         "broker_stopped",
         load,

@@ -10,15 +10,12 @@ import time
 import pytest
 
 from shared.keys import Keys
-from shared.redis import open_redis
 from tests.faults.checks import (
-    boards_equal_history,
     consumed,
     figures,
-    global_is_sum_of_regions,
     history_complete,
     metric,
-    nothing_left_behind,
+    settled,
 )
 from tests.faults.load import Load
 from tests.faults.servers import PrivateServers
@@ -57,12 +54,9 @@ async def test_consumers_killed_mid_stream(
     redelivered = await metric(
         fault_stack.ops("history"), 'ladder_history_events_total{outcome="duplicate"}'
     )
-    async with open_redis(settings.redis_url) as redis:
-        matched = await boards_equal_history(redis, keys, stored)
-        merged = await global_is_sum_of_regions(redis, keys, stored)
-        queues = await nothing_left_behind(
-            settings, redis, keys, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
-        )
+    matched, merged, queues = await settled(
+        settings, keys, stored, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
+    )
     figures(
         "consumers_killed",
         load,

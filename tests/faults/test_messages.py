@@ -32,10 +32,10 @@ from tests.faults.checks import (
     boards_equal_history,
     consumed,
     figures,
-    global_is_sum_of_regions,
     history_complete,
     metric,
     nothing_left_behind,
+    settled,
     wait_for,
 )
 from tests.faults.load import Load
@@ -108,12 +108,9 @@ async def test_poison_messages_are_dead_lettered_and_the_stream_flows(
         )
         for name in CONSUMERS
     }
-    async with open_redis(settings.redis_url) as redis:
-        matched = await boards_equal_history(redis, keys, stored)
-        merged = await global_is_sum_of_regions(redis, keys, stored)
-        queues = await nothing_left_behind(
-            settings, redis, keys, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
-        )
+    matched, merged, queues = await settled(
+        settings, keys, stored, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
+    )
     figures(
         "poison_messages",
         load,

@@ -9,17 +9,14 @@ import httpx
 import pytest
 
 from shared.keys import Keys
-from shared.redis import open_redis
 from tests.faults.checks import (
     Sampler,
-    boards_equal_history,
     consumed,
     figures,
-    global_is_sum_of_regions,
     history_complete,
-    nothing_left_behind,
     queue_depths,
     restarted_while_down,
+    settled,
     wait_for,
 )
 from tests.faults.load import Load
@@ -70,12 +67,9 @@ async def test_mysql_stopped_under_load(servers: PrivateServers, fault_stack: Fa
     ready_during = api_ready.between(stopping, up)
     stored = await history_complete(settings, load, within=120)
     caught_up = time.monotonic() - up
-    async with open_redis(settings.redis_url) as redis:
-        matched = await boards_equal_history(redis, keys, stored)
-        merged = await global_is_sum_of_regions(redis, keys, stored)
-        queues = await nothing_left_behind(
-            settings, redis, keys, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
-        )
+    matched, merged, queues = await settled(
+        settings, keys, stored, [fault_stack.ops(c) for c in CONSUMERS], servers.rabbitmq
+    )
     figures(
         "mysql_stopped",
         load,
