@@ -25,6 +25,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def answers_ok(url: str, within: float) -> bool:
+    """Whether ``url`` answers 200 within ``within`` seconds (polled every 0.1 s)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 @dataclass
 class Stack:
     settings: LadderSettings
@@ -98,15 +111,8 @@ class Stack:
 
     def wait_ready(self, service: str, deadline: float = 60.0) -> None:
         url = (self.api if service == "api" else self.ops(service)) + "/readyz"
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{service} not ready after {deadline} s\n{self.log(service)}")
+        if not answers_ok(url, deadline):
+            raise TimeoutError(f"{service} not ready after {deadline} s\n{self.log(service)}")
 
     def log(self, service: str) -> str:
         path = self.run_dir / "logs" / f"{service}.log"

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -41,7 +40,7 @@ from tests.faults.checks import (
 from tests.faults.load import Load
 from tests.faults.servers import PrivateServers
 from tests.faults.stack import CONSUMERS, FaultStack
-from tests.stack import ROOT, free_port
+from tests.stack import ROOT, answers_ok, free_port
 
 pytestmark = pytest.mark.faults
 
@@ -156,7 +155,8 @@ async def second_api(stack: FaultStack) -> AsyncIterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        await asyncio.to_thread(_wait_http, f"{url}/readyz", 60)
+        if not await asyncio.to_thread(answers_ok, f"{url}/readyz", 60):
+            raise TimeoutError(f"{url}/readyz not ready in 60 s")
         yield url
     finally:
         process.terminate()
@@ -166,20 +166,6 @@ async def second_api(stack: FaultStack) -> AsyncIterator[str]:
             process.kill()
             await process.wait()
         log.close()
-
-
-def _wait_http(url: str, within: float) -> None:
-    import httpx
-
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready in {within} s")
 
 
 def _children(pid: int) -> list[int]:
