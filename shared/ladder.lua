@@ -30,27 +30,38 @@ local function signed_of(composite, scale)
 end
 
 -- Move one member of a view from old_signed (nil: absent) to new_signed, keeping the view's
--- distinct-score set and counts right.
+-- distinct-score set and counts right. The new score is counted before the old one is let go,
+-- so neither the counts nor the distinct set is ever emptied (and so deleted by Redis) while
+-- the view has members: all three keys are made together, by a view's first member. Returns
+-- 1 if the member is new to the view, else 0.
 local function put_entry(view, distinct, counts, member, composite, old_signed, new_signed)
-  redis.call('ZADD', view, fmt(composite), member)
-  if old_signed == new_signed then return end
+  local added = redis.call('ZADD', view, fmt(composite), member)
+  if old_signed == new_signed then return added end
+  local k = fmt(new_signed)
+  if redis.call('HINCRBY', counts, k, 1) == 1 then
+    redis.call('ZADD', distinct, k, k)
+  end
   if old_signed ~= nil then
-    local k = fmt(old_signed)
+    k = fmt(old_signed)
     if redis.call('HINCRBY', counts, k, -1) <= 0 then
       redis.call('HDEL', counts, k)
       redis.call('ZREM', distinct, k)
     end
   end
-  local k = fmt(new_signed)
-  if redis.call('HINCRBY', counts, k, 1) == 1 then
-    redis.call('ZADD', distinct, k, k)
-  end
+  return added
 end
 
 local function expire(keys, at)
   if at > 0 then
     for _, key in ipairs(keys) do redis.call('EXPIREAT', key, at) end
   end
+end
+
+-- expire(), when `made` says the write just made the keys. A period's keys all expire at the
+-- same moment, so a key needs it once, when it is made; setting it on every write was a third
+-- of a write's Redis commands. (A changed retention therefore applies to keys made after it.)
+local function expire_made(made, keys, at)
+  if made then expire(keys, at) end
 end
 
 local function submit(keys, args)
@@ -122,22 +133,30 @@ local function submit(keys, args)
     local p = plan[i]
     local reached = p.scale - 1 - p.tick
     local prev = redis.call('ZREVRANK', p.board, user)
+    local rank
     if p.changed then
       local signed = p.score * sign
-      put_entry(p.board, p.distinct, p.counts, user, signed * p.scale + reached,
-                p.old_signed, signed)
+      -- A member new to the view may be its first: then the view's keys were just made.
+      local added = put_entry(p.board, p.distinct, p.counts, user, signed * p.scale + reached,
+                              p.old_signed, signed)
+      expire_made(added == 1 and redis.call('ZCARD', p.board) == 1,
+                  {p.board, p.distinct, p.counts}, p.expire)
+      rank = redis.call('ZREVRANK', p.board, user) + 1
+    else
+      rank = prev + 1
     end
     if teams and (p.team_old_signed == nil or value ~= 0) then
       local signed = p.team_score * sign
-      put_entry(p.teams, p.teams_distinct, p.teams_counts, team, signed * p.scale + reached,
-                p.team_old_signed, signed)
+      local added = put_entry(p.teams, p.teams_distinct, p.teams_counts, team,
+                              signed * p.scale + reached, p.team_old_signed, signed)
+      expire_made(added == 1 and redis.call('ZCARD', p.teams) == 1,
+                  {p.teams, p.teams_distinct, p.teams_counts}, p.expire)
     end
-    redis.call('SADD', p.regions, region)
+    expire_made(redis.call('SADD', p.regions, region) == 1, {p.regions}, p.expire)
+    -- Every write of the period adds to both, so the period's first write makes them.
+    local first = redis.call('INCR', p.events) == 1
     redis.call('PFADD', p.players, user)
-    redis.call('INCR', p.events)
-    expire({p.board, p.distinct, p.counts, p.regions, p.players, p.events}, p.expire)
-    if teams then expire({p.teams, p.teams_distinct, p.teams_counts}, p.expire) end
-    local rank = redis.call('ZREVRANK', p.board, user) + 1
+    expire_made(first, {p.players, p.events}, p.expire)
     local pushed = {}
     for _, t in ipairs(brackets) do
       if rank <= t and (prev == false or prev + 1 > t) then
@@ -155,8 +174,10 @@ local function submit(keys, args)
   redis.call('SADD', keys[5], region)
   if team ~= '' then redis.call('HSET', keys[6], user, team) end
   local event = args[7] .. '}'
-  redis.call('LPUSH', keys[4], event)
-  redis.call('LTRIM', keys[4], 0, tonumber(args[13]) - 1)
+  local feed_length = tonumber(args[13])
+  if redis.call('LPUSH', keys[4], event) > feed_length then
+    redis.call('LTRIM', keys[4], 0, feed_length - 1)
+  end
   local entry = args[7] .. ',"periods":' .. cjson.encode(periods) .. '}'
   redis.call('SET', keys[1], args[1] .. '\n' .. entry, 'EX', tonumber(args[9]))
   redis.call('XADD', keys[2], '*', 'e', entry)
