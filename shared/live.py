@@ -24,6 +24,7 @@ MVPs
 
 from __future__ import annotations
 
+import heapq
 from datetime import timedelta
 from typing import Any
 
@@ -57,16 +58,18 @@ def hot_member(event: ScoreAccepted) -> str:
 
 def hot_entries(window: dict[str, str]) -> list[dict[str, Any]]:
     """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts)."""
-    averages: dict[str, float] = {}
-    counts: dict[str, int] = {}
+    # (-average, -count, user, average): best first; users are distinct, so the average
+    # itself is never compared.
+    ranked: list[tuple[float, int, str, float]] = []
+    get = window.get
     for field, raw in window.items():
-        if field.startswith("c:") and (count := int(raw)) > 0:
+        if field[:2] == "c:" and (count := int(raw)) > 0:
             user = field[2:]
-            counts[user] = count
-            averages[user] = int(window.get("s:" + user, 0)) / count
-    ranked = sorted(averages, key=lambda user: (-averages[user], -counts[user], user))[:TOP]
+            average = int(get("s:" + user, 0)) / count
+            ranked.append((-average, -count, user, average))
     return [
-        {"rank": i + 1, "user_id": user, "score": averages[user]} for i, user in enumerate(ranked)
+        {"rank": i + 1, "user_id": user, "score": average}
+        for i, (_, _, user, average) in enumerate(heapq.nsmallest(TOP, ranked))
     ]
 
 

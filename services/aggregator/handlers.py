@@ -19,13 +19,25 @@ class MarkDirty:
         self._keys = keys
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
+        # One SADD a board and batch, not one an event: the set ends up the same.
+        members: dict[str, list[str]] = {}
+        for event in events:
+            marks = members.setdefault(event.board_id, [])
+            region, user_id = event.region, event.user_id
+            marks += [
+                dirty_member(period, result.period_id, region, user_id)
+                for period, result in event.periods.items()
+            ]
+        boards = [(board_id, marks) for board_id, marks in members.items() if marks]
+        if not boards:
+            return
+        if len(boards) == 1:
+            board_id, marks = boards[0]
+            await self._redis.sadd(self._keys.dirty(board_id), *marks)
+            return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                members = [
-                    dirty_member(period, result.period_id, event.region, event.user_id)
-                    for period, result in event.periods.items()
-                ]
-                pipe.sadd(self._keys.dirty(event.board_id), *members)
+            for board_id, marks in boards:
+                pipe.sadd(self._keys.dirty(board_id), *marks)
             await pipe.execute()
 
 

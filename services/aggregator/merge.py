@@ -110,26 +110,41 @@ class Merger:
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         global_key = keys.global_view(bid, period, period_id)
         ordered = sorted(users)
+        scale, max_score, operator = (
+            ENCODINGS[period].scale,
+            ENCODINGS[period].max_score,
+            board.operator,
+        )
         for start in range(0, len(ordered), CHUNK):
             chunk = ordered[start : start + CHUNK]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for region in regions:
                     pipe.zmscore(keys.region_view(bid, period, period_id, region), chunk)
                 per_region: list[list[float | None]] = await pipe.execute() if regions else []
-            present: dict[str, float] = {}
+            pairs: list[str] = []
             absent: list[str] = []
-            for i, user in enumerate(chunk):
-                composites = [row[i] for row in per_region if row[i] is not None]
-                merged = combine(board, period, composites) if composites else None  # type: ignore[arg-type]
+            # A user's composites, one a region, read down the regions' replies at once.
+            columns = zip(*per_region, strict=True) if per_region else ((None,) for _ in chunk)
+            for user, column in zip(chunk, columns, strict=True):
+                composites: list[float] = [c for c in column if c is not None]
+                if not composites:
+                    absent.append(user)
+                    continue
+                if len(composites) == 1:
+                    # What combine() makes of one region's entry, without decoding it: that
+                    # entry (``best``), or its whole part (``set``; ``incr`` once in range).
+                    merged: float | None = composites[0]
+                    if operator != "best":
+                        whole = int(composites[0])
+                        in_range = operator == "set" or abs(whole // scale) <= max_score
+                        merged = float(whole) if in_range else None
+                else:
+                    merged = combine(board, period, composites)
                 if merged is None:
-                    if composites:
-                        log.warning("global score out of range", user_id=user, period=period)
+                    log.warning("global score out of range", user_id=user, period=period)
                     absent.append(user)
                 else:
-                    present[user] = merged
-            pairs: list[str] = []
-            for user, composite in present.items():
-                pairs += [user, repr(composite)]
+                    pairs += [user, repr(merged)]
             for user in absent:
                 pairs += [user, ""]
             view_keys = [global_key, keys.distinct(global_key), keys.distinct_counts(global_key)]
@@ -155,31 +170,35 @@ class Merger:
             names = dict(zip(members, found, strict=True))
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
-        for scope, rows, last in zip(scopes, replies[0::2], replies[1::2], strict=True):
-            entries: list[dict[str, Any]] = [
-                {
-                    "rank": i + 1,
-                    "user_id": m,
-                    "score": decode(period, c, board.descending)[0],
-                    "display_name": names.get(m),
+        changed = 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            # Every changed scope's swap and push in one round trip.
+            for scope, rows, last in zip(scopes, replies[0::2], replies[1::2], strict=True):
+                entries: list[dict[str, Any]] = [
+                    {
+                        "rank": i + 1,
+                        "user_id": m,
+                        "score": decode(period, c, board.descending)[0],
+                        "display_name": names.get(m),
+                    }
+                    for i, (m, c) in enumerate(rows)
+                ]
+                fingerprint = orjson.dumps(entries).decode()
+                if fingerprint == last:
+                    continue
+                message = {
+                    "type": "leaderboard",
+                    "board_id": bid,
+                    "scope": scope,
+                    "period": period,
+                    "period_id": period_id,
+                    "entries": entries,
                 }
-                for i, (m, c) in enumerate(rows)
-            ]
-            fingerprint = orjson.dumps(entries).decode()
-            if fingerprint == last:
-                continue
-            message = {
-                "type": "leaderboard",
-                "board_id": bid,
-                "scope": scope,
-                "period": period,
-                "period_id": period_id,
-                "entries": entries,
-            }
-            async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.set(keys.last_top(bid, period, period_id, scope), fingerprint)
                 if expiry is not None:
                     pipe.expireat(keys.last_top(bid, period, period_id, scope), expiry)
                 pipe.publish(keys.board_channel(bid, scope, period), orjson.dumps(message))
+                changed += 1
+            if changed:
                 await pipe.execute()
-            PUSHES.inc()
+        PUSHES.inc(changed)

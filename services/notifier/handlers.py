@@ -9,7 +9,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from services.notifier.rules import crossings, earned
-from shared.boards import BoardCatalog
+from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
@@ -51,8 +51,12 @@ class Notify:
         SKIPPED.inc(len(events) - len(fresh))
         found: list[tuple[ScoreAccepted, bool, Period, Crossing]] = []
         awards: list[tuple[str, str, str, str, bytes]] = []
+        boards: dict[str, Board | None] = {}  # looked up once a batch
         for event in fresh.values():
-            board = await self._catalog.get(event.board_id)
+            if event.board_id in boards:
+                board = boards[event.board_id]
+            else:
+                board = boards[event.board_id] = await self._catalog.get(event.board_id)
             if board is None:
                 continue
             for period, result in event.periods.items():
@@ -68,7 +72,8 @@ class Notify:
             for channel, rank_message in messages:
                 pipe.publish(channel, orjson.dumps(rank_message))
             for key in fresh:
-                pipe.set(key, 1, ex=SEEN_TTL_SECONDS)
+                # SET key 1 EX ttl, queued as it is (``pipe.set`` checks its options on each call).
+                pipe.execute_command("SET", key, 1, "EX", SEEN_TTL_SECONDS)
             replies: list[Any] = await pipe.execute()
         AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
         for _, rank_message in messages:
