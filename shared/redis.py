@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from importlib import resources
-
 from typing import Any
 
 from redis.asyncio import Connection, Redis
-from redis.connection import HIREDIS_AVAILABLE, HiredisRespSerializer
+from redis.connection import HiredisRespSerializer
+from redis.utils import HIREDIS_AVAILABLE
 
 LIBRARY = "ladder_v1"
 SUBMIT_FUNCTION = "ladder_submit_v1"
@@ -19,6 +19,7 @@ AWARD_FUNCTION = "ladder_award_v1"
 CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
+STANDING_FUNCTION = "ladder_standing_v1"
 
 
 class PackedConnection(Connection):
@@ -33,7 +34,8 @@ class PackedConnection(Connection):
             return super().pack_command(*args)
         # The asyncio client's encoder turns every argument into bytes; hiredis takes str,
         # bytes, int and float as they are, encoding str as UTF-8 (the encoder's default).
-        return self._serializer.pack(*args)
+        packed: list[bytes] = self._serializer.pack(*args)
+        return packed
 
     def pack_commands(self, commands: Any) -> list[bytes]:
         if self._serializer is None:

@@ -23,7 +23,10 @@ from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.stack import Stack
 
-REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Database 1, not a running Ladder's 0: the tests' SCANs of their own prefixes then walk only
+# the tests' keys, however many a running Ladder holds (timing-sensitive cases, rate limits
+# refilling within a second above all, depend on it).
+REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
 AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root@127.0.0.1:3306")
 

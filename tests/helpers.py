@@ -76,15 +76,15 @@ async def api_client(settings: LadderSettings) -> AsyncIterator[httpx.AsyncClien
 async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:
     """Every key of a key prefix with its type and whole content, for before/after comparisons.
 
-    Rate-limit buckets (``<prefix>:rate:*``) are left out: by design every submission takes
-    from them, accepted or refused.
+    Rate-limit buckets (a board's ``{<prefix>:<board>}:rate:*``) are left out: by design every
+    submission takes from them, accepted or refused, and an idle one expires.
     """
     found: set[str] = set()
     for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
         found.update([key async for key in redis.scan_iter(match=pattern, count=1000)])
     state: dict[str, tuple[str, Any]] = {}
     for key in sorted(found):
-        if key.startswith(f"{prefix}:rate:"):
+        if key.partition("}")[2].startswith(":rate:"):
             continue
         kind = await redis.type(key)
         content: Any

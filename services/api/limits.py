@@ -34,7 +34,7 @@ class RateLimited(Problem):
 
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with a problem+json 413: by Content-Length
-    before anything is read, else by counting while the body streams in.
+    before anything is read, and by counting while the body streams in.
 
     (Starlette's own body limit answers in plain text, outside the problem+json contract.)
     """
@@ -49,7 +49,9 @@ class BodyLimit:
             return
         detail = f"Request bodies are limited to {self.limit} bytes."
         declared = Headers(scope=scope).get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+        # A length that is not a number is the HTTP server's to refuse (uvicorn answers 400
+        # before the app is called); the body is counted as it streams in all the same.
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await problem_response(TooLarge(detail))(scope, receive, send)
             return
         seen = 0

@@ -44,6 +44,7 @@ from shared.periods import (
     window_of,
 )
 from shared.ranking import ENCODINGS, decode_score
+from shared.redis import STANDING_FUNCTION
 
 RankStyle = Literal["ordinal", "competition", "dense"]
 ScopeKind = Literal["users", "teams", "friends"]
@@ -421,23 +422,31 @@ async def standing(
                 for i, (m, c) in enumerate(rows[start : at + around + 1])
             ],
         }
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zrevrank(view.key, user_id)
-        pipe.zscore(view.key, user_id)
-        pipe.zcard(view.key)
-        rank0, composite, total = await pipe.execute()
-    if rank0 is None or composite is None:
+    # One round trip: position, score, size, the entries around and their names.
+    found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL_RO",
+        STANDING_FUNCTION,
+        2,
+        view.key,
+        keys.names(view.board.board_id),
+        user_id,
+        around,
+    )
+    if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")
+    rank0, composite, total = int(found[0]), float(found[1]), int(found[2])
+    flat = found[3]
+    rows = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
     start = max(rank0 - around, 0)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zrevrange(view.key, start, rank0 + around, withscores=True)
-        styled = queue_style_count(pipe, keys, view.key, view.period, style, view.signed(composite))
-        replies = await pipe.execute()
-    rows = cast(list[Row], replies[0])
-    rank = 1 + int(replies[1]) if styled else rank0 + 1
-    async with redis.pipeline(transaction=False) as pipe:
-        _queue_extras(pipe, keys, view, rows, style)
-        extras = iter(await pipe.execute())
+    # Competition and dense ranks take a second: the counts above the user and the first entry.
+    counts: list[Any] = []
+    if style != "ordinal":
+        async with redis.pipeline(transaction=False) as pipe:
+            for signed in (view.signed(composite), view.signed(rows[0][1])):
+                queue_style_count(pipe, keys, view.key, view.period, style, signed)
+            counts = await pipe.execute()
+    rank = 1 + int(counts[0]) if counts else rank0 + 1
+    extras = iter([found[4], *counts[1:]])
     return {
         **_standing_body(user_id, rank, composite, rank0 + 1, total, view),
         "around": _entries(view, rows, start + 1, style, extras),

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field, StringConstraints
 
 from services.api import ranks, views
+from services.api.answers import json_answer
 from services.api.errors import Invalid, problems
 from services.api.state import BoardDep, Caller, Reader, State
 from shared.db import BadCursor, EventRecord, user_events
@@ -127,7 +128,7 @@ async def leaderboard(
     limit: Annotated[int, Query(ge=1, le=1000)] = 10,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
     rank_style: RankStyleQuery = "ordinal",
-) -> dict[str, Any]:
+) -> Response:
     """A page of a board, best first.
 
     The global scope is the aggregator's merge of the regions, and a friends scope (the player
@@ -142,14 +143,16 @@ async def leaderboard(
         )
     else:
         as_of = rfc3339(datetime.now(UTC))
-    return {
-        "board_id": board.board_id,
-        "scope": scope,
-        "period": period,
-        "period_id": view.period_id,
-        "as_of": as_of,
-        **body,
-    }
+    return json_answer(
+        {
+            "board_id": board.board_id,
+            "scope": scope,
+            "period": period,
+            "period_id": view.period_id,
+            "as_of": as_of,
+            **body,
+        }
+    )
 
 
 @router.get(
@@ -167,11 +170,13 @@ async def standing(
     period_id: PeriodIdQuery = None,
     around: Annotated[int, Query(ge=0, le=50)] = 0,
     rank_style: RankStyleQuery = "ordinal",
-) -> dict[str, Any]:
+) -> Response:
     """A user's rank and score in one view, with ``around`` entries either side. The teams
     scope has no users (422); a friends scope ranks the user among that player's friends."""
     view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
-    return await views.standing(state.redis, state.keys, view, user_id, around, rank_style)
+    return json_answer(
+        await views.standing(state.redis, state.keys, view, user_id, around, rank_style)
+    )
 
 
 @router.get(
