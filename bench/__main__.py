@@ -24,7 +24,7 @@ import aio_pika
 import httpx
 from sqlalchemy import text
 
-from bench import load, probes
+from bench import cpu, load, probes
 from bench.load import WrkResult
 from shared.db import open_engine
 from shared.logs import configure
@@ -121,10 +121,10 @@ async def ingest(
     connections: int,
     per_request: int,
     env: dict[str, str],
-) -> tuple[WrkResult, float, float | None, float]:
+) -> tuple[WrkResult, float, float | None, float, str]:
     """Load a board with wrk and follow the events through the consumers: (the wrk result,
     events accepted a second, events a second all the way through every consumer, events a
-    broker message)."""
+    broker message, the CPU per event of each process group until drained)."""
     url = ladder.api
     # Warm-up: connections, caches, the consumers' first batches; then let it drain through
     # every consumer, so that the measured run starts from an idle Ladder. The bench boards are
@@ -147,6 +147,7 @@ async def ingest(
         )
     consumed0 = await ladder.consumed()
     relayed0 = await ladder.relayed()
+    cpu0 = cpu.snapshot()
     started = time.monotonic()
     result = await asyncio.to_thread(
         load.wrk,
@@ -166,8 +167,9 @@ async def ingest(
         )
     drained_at = await ladder.drained(board, total, consumed0, accepted, time.monotonic() + 300)
     through = None if drained_at is None else accepted / (drained_at - started)
+    spent = cpu.per_event(cpu.spent(cpu0, cpu.snapshot()), max(1, accepted))
     events, messages = (b - a for a, b in zip(relayed0, await ladder.relayed(), strict=True))
-    return result, accepted / result.seconds, through, events / max(1.0, messages)
+    return result, accepted / result.seconds, through, events / max(1.0, messages), spent
 
 
 async def versions(settings: LadderSettings, ladder: probes.Ladder) -> dict[str, str]:
@@ -261,7 +263,7 @@ async def main() -> int:
 
             print("single-event POSTs", flush=True)
             env = {"BENCH_BOARD": "bench-single", "BENCH_KEY": ladder.server_key}
-            single, single_accepted, single_through, single_packing = await ingest(
+            single, single_accepted, single_through, single_packing, single_cpu = await ingest(
                 ladder,
                 run,
                 board="bench-single",
@@ -293,6 +295,7 @@ async def main() -> int:
                     single_through >= redis_rate,
                 )
             run.add("  … events a broker message", f"{single_packing:,.0f}")
+            run.add("  … CPU an event, by process, until drained", single_cpu)
             half = max(10.0, single.rate / 2)
             fixed = await asyncio.to_thread(
                 load.wrk,
@@ -315,7 +318,7 @@ async def main() -> int:
                 "BENCH_KEY": ladder.server_key,
                 "BENCH_BATCH": "500",
             }
-            _, batch_accepted, batch_through, batch_packing = await ingest(
+            _, batch_accepted, batch_through, batch_packing, batch_cpu = await ingest(
                 ladder,
                 run,
                 board="bench-batch",
@@ -347,6 +350,7 @@ async def main() -> int:
                     batch_through >= 5 * redis_rate,
                 )
             run.add("  … events a broker message", f"{batch_packing:,.0f}")
+            run.add("  … CPU an event, by process, until drained", batch_cpu)
             # Redis memory of the whole write path: every key of the batch board.
             per_user, per_event = await write_path_memory(ladder, "bench-batch")
             run.add("Redis bytes per member, all 4 periods' keys of a board", f"{per_user:,.0f} B")
