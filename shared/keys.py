@@ -24,8 +24,9 @@ key                                                type        holds
 ``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
-                                                               ranks); member = signed score
-``{P:B}:lb:<period>:<period_id>:<scope>:counts``   hash        signed score -> how many hold it
+                                                               ranks); member = signed score,
+                                                               removed when the view's ZCOUNT
+                                                               of it reaches 0
 ``{P:B}:feed``                                     list        the newest accepted events (JSON)
 ``{P:B}:players:<period>:<period_id>``             hyperloglog distinct users of the period
 ``{P:B}:events:<period>:<period_id>``              string      accepted events of the period
@@ -145,10 +146,6 @@ class Keys:
     def distinct(view_key: str) -> str:
         """The distinct-score set that goes with a view (for dense ranks)."""
         return f"{view_key}:distinct"
-
-    @staticmethod
-    def distinct_counts(view_key: str) -> str:
-        return f"{view_key}:counts"
 
     def feed(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:feed"

@@ -10,9 +10,9 @@ name whoever this write pushed out of each notify bracket; count the period's pl
 record the answer under the event id; append the event to the feed and the outbox. Every key
 shares one hash tag.
 
-KEYS: idem, outbox, names, feed, user regions, user team; then nine per period: regional board,
-      its distinct set, its counts, regions set, team board, its distinct set, its counts,
-      players (HyperLogLog), event count.
+KEYS: idem, outbox, names, feed, user regions, user team; then seven per period: regional board,
+      its distinct set, regions set, team board, its distinct set, players (HyperLogLog), event
+      count.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
@@ -21,7 +21,7 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 6, 9, 14, 6
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 6, 7, 14, 6
 
 local function fmt(n) return string.format('%.17g', n) end
 
@@ -29,24 +29,24 @@ local function signed_of(composite, scale)
   return math.floor(tonumber(composite) / scale)
 end
 
+-- Whether any member of a view still holds the signed score: its composites are the half-open
+-- range [signed * scale, (signed + 1) * scale).
+local function held(view, signed, scale)
+  return redis.call('ZCOUNT', view, fmt(signed * scale), '(' .. fmt((signed + 1) * scale)) > 0
+end
+
 -- Move one member of a view from old_signed (nil: absent) to new_signed, keeping the view's
--- distinct-score set and counts right. The new score is counted before the old one is let go,
--- so neither the counts nor the distinct set is ever emptied (and so deleted by Redis) while
--- the view has members: all three keys are made together, by a view's first member. Returns
--- 1 if the member is new to the view, else 0.
-local function put_entry(view, distinct, counts, member, composite, old_signed, new_signed)
+-- distinct-score set right: the new score is added (a no-op if someone holds it already), the
+-- old one removed once nobody holds it. Added before the old one goes, so the distinct set is
+-- never emptied (and so deleted by Redis) while the view has members: both keys are made
+-- together, by a view's first member. Returns 1 if the member is new to the view, else 0.
+local function put_entry(view, distinct, member, composite, old_signed, new_signed, scale)
   local added = redis.call('ZADD', view, fmt(composite), member)
   if old_signed == new_signed then return added end
   local k = fmt(new_signed)
-  if redis.call('HINCRBY', counts, k, 1) == 1 then
-    redis.call('ZADD', distinct, k, k)
-  end
-  if old_signed ~= nil then
-    k = fmt(old_signed)
-    if redis.call('HINCRBY', counts, k, -1) <= 0 then
-      redis.call('HDEL', counts, k)
-      redis.call('ZREM', distinct, k)
-    end
+  redis.call('ZADD', distinct, k, k)
+  if old_signed ~= nil and not held(view, old_signed, scale) then
+    redis.call('ZREM', distinct, fmt(old_signed))
   end
   return added
 end
@@ -92,9 +92,9 @@ local function submit(keys, args)
     local p = {name = args[a + 1], id = args[a + 2], scale = tonumber(args[a + 3]),
                tick = tonumber(args[a + 4]), max = tonumber(args[a + 5]),
                expire = tonumber(args[a + 6]),
-               board = keys[k + 1], distinct = keys[k + 2], counts = keys[k + 3],
-               regions = keys[k + 4], teams = keys[k + 5], teams_distinct = keys[k + 6],
-               teams_counts = keys[k + 7], players = keys[k + 8], events = keys[k + 9]}
+               board = keys[k + 1], distinct = keys[k + 2], regions = keys[k + 3],
+               teams = keys[k + 4], teams_distinct = keys[k + 5], players = keys[k + 6],
+               events = keys[k + 7]}
     local old = redis.call('ZSCORE', p.board, user)
     if old then p.old_signed = signed_of(old, p.scale) end
     local old_score = p.old_signed and p.old_signed * sign
@@ -137,20 +137,20 @@ local function submit(keys, args)
     if p.changed then
       local signed = p.score * sign
       -- A member new to the view may be its first: then the view's keys were just made.
-      local added = put_entry(p.board, p.distinct, p.counts, user, signed * p.scale + reached,
-                              p.old_signed, signed)
-      expire_made(added == 1 and redis.call('ZCARD', p.board) == 1,
-                  {p.board, p.distinct, p.counts}, p.expire)
+      local added = put_entry(p.board, p.distinct, user, signed * p.scale + reached,
+                              p.old_signed, signed, p.scale)
+      expire_made(added == 1 and redis.call('ZCARD', p.board) == 1, {p.board, p.distinct},
+                  p.expire)
       rank = redis.call('ZREVRANK', p.board, user) + 1
     else
       rank = prev + 1
     end
     if teams and (p.team_old_signed == nil or value ~= 0) then
       local signed = p.team_score * sign
-      local added = put_entry(p.teams, p.teams_distinct, p.teams_counts, team,
-                              signed * p.scale + reached, p.team_old_signed, signed)
-      expire_made(added == 1 and redis.call('ZCARD', p.teams) == 1,
-                  {p.teams, p.teams_distinct, p.teams_counts}, p.expire)
+      local added = put_entry(p.teams, p.teams_distinct, team, signed * p.scale + reached,
+                              p.team_old_signed, signed, p.scale)
+      expire_made(added == 1 and redis.call('ZCARD', p.teams) == 1, {p.teams, p.teams_distinct},
+                  p.expire)
     end
     expire_made(redis.call('SADD', p.regions, region) == 1, {p.regions}, p.expire)
     -- Every write of the period adds to both, so the period's first write makes them.
@@ -192,7 +192,7 @@ end
 
 --[[
 Replace entries of a merged view (the aggregator's global boards), keeping its distinct-score
-set right. KEYS: view, distinct, counts. ARGV: scale, expire-at (0: never), then pairs of member
+set right. KEYS: view, distinct. ARGV: scale, expire-at (0: never), then pairs of member
 and composite ('' removes the member). Returns how many entries changed.
 ]]
 local function put(keys, args)
@@ -205,16 +205,14 @@ local function put(keys, args)
     if composite == '' then
       if old then
         redis.call('ZREM', keys[1], member)
-        local k = fmt(old_signed)
-        if redis.call('HINCRBY', keys[3], k, -1) <= 0 then
-          redis.call('HDEL', keys[3], k)
-          redis.call('ZREM', keys[2], k)
+        if not held(keys[1], old_signed, scale) then
+          redis.call('ZREM', keys[2], fmt(old_signed))
         end
         changed = changed + 1
       end
     elseif old ~= composite and (old == false or tonumber(old) ~= tonumber(composite)) then
-      put_entry(keys[1], keys[2], keys[3], member, tonumber(composite), old_signed,
-                signed_of(composite, scale))
+      put_entry(keys[1], keys[2], member, tonumber(composite), old_signed,
+                signed_of(composite, scale), scale)
       changed = changed + 1
     end
   end

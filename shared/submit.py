@@ -19,6 +19,11 @@ from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at
 from shared.ranking import ENCODINGS, tick
 
+# The layout of submit()'s keys (KEYS_BEFORE and KEYS_PER_PERIOD in shared/ladder.lua): six
+# keys of the event, then seven a period, the period's event counter last.
+KEYS_BEFORE = 6
+KEYS_PER_PERIOD = 7
+
 
 @dataclass(frozen=True, slots=True)
 class SubmitEvent:
@@ -93,11 +98,9 @@ def submit_call(
         call_keys += [
             view,
             keys.distinct(view),
-            keys.distinct_counts(view),
             keys.regions(bid, period, window.period_id),
             teams,
             keys.distinct(teams),
-            keys.distinct_counts(teams),
             keys.players(bid, period, window.period_id),
             keys.event_count(bid, period, window.period_id),
         ]

@@ -147,9 +147,14 @@ class Merger:
                     pairs += [user, repr(merged)]
             for user in absent:
                 pairs += [user, ""]
-            view_keys = [global_key, keys.distinct(global_key), keys.distinct_counts(global_key)]
+            view_keys = [global_key, keys.distinct(global_key)]
             await self._redis.fcall(
-                PUT_FUNCTION, 3, *view_keys, ENCODINGS[period].scale, expiry or 0, *pairs
+                PUT_FUNCTION,
+                len(view_keys),
+                *view_keys,
+                ENCODINGS[period].scale,
+                expiry or 0,
+                *pairs,
             )
         await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
         return len(ordered)

@@ -59,7 +59,7 @@ from shared.logs import configure
 from shared.redis import open_redis
 from shared.restore import restore_definitions, restore_friendships
 from shared.settings import LadderSettings, load_settings
-from shared.submit import SubmitEvent, submit_call
+from shared.submit import KEYS_BEFORE, KEYS_PER_PERIOD, SubmitEvent, submit_call
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +76,8 @@ ATTEMPTS = 5
 
 # The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
-# global views and marks, snapshot marks, badges, the live views, rate buckets.
+# global views and marks, snapshot marks, badges, the live views, rate buckets. (`:counts` are
+# the per-score counts that an earlier layout kept beside each view: a rebuild drops them.)
 _REBUILT = re.compile(
     r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:counts)?"
     r"|(regions|players|events):[a-z]+:[^:]+"
@@ -339,7 +340,7 @@ class Rebuilder:
             for row in rows:
                 call_keys, args = replay_call(self._keys, self._settings, board, row)
                 for i, key in enumerate(call_keys[2:], start=3):
-                    if i > 6 and (i - 6) % 9 == 0:
+                    if i > KEYS_BEFORE and (i - KEYS_BEFORE) % KEYS_PER_PERIOD == 0:
                         staged.counters.add(key)
                     else:
                         staged.others.add(key)
