@@ -35,38 +35,41 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_PREFIX = "ladder-bench"
 
 
-# What bounds the figures that miss their targets; the evidence is in docs/architecture.md
-# (py-spy profiles of the API and the notifier, INFO commandstats of a private redis-server).
+# What bounds the figures that miss their targets. The evidence of each run is in its own table
+# (the CPU an event of every process, read from /proc over each ingest phase); the profiles
+# behind the rest are in docs/architecture.md ("Performance").
 BOUNDS = """\
 ## What bounds the missed targets
 
-- **The write's Redis time.** `ladder_submit_v1` on a board like `main` (four periods, teams)
-  runs about 90 Redis commands and took 188 µs of Redis time a call on a private
-  `redis-server` on this machine (89 µs with the all-time period only), against about 10 µs for
-  the baseline's FCALL. Redis runs them on one core, so such a board takes at most about 5,000
-  events a second however the API batches them: the batch target of 5 R is out of reach while
-  every event runs the whole write. What would move it: `EXPIREAT` only when a key is created,
-  distinct-score sets only on boards that read dense or competition ranks, fewer periods where
-  a game does not need them; beyond one Redis, boards spread over cluster shards.
-- **Two cores for everything.** wrk, two API workers, Redis, RabbitMQ (a good part of a core
-  at these message rates), MariaDB and three consumers share them, so the API's share is far
-  from the bare endpoint's. A py-spy profile of an API worker under load: most of its time is
-  uvicorn, Starlette and FastAPI, about a seventh redis-py packing and parsing the 90-argument
-  call, about a tenth Ladder's own validation. Loopback TCP itself is slow here: a 10-byte
-  redis-py ECHO round trip took 141 µs and a 3 KB one (the size of a write's arguments) 233 µs.
-- **The consumers.** What goes through all three is below what the API accepts: they share the
-  cores with everything above. The notifier, once seen falling behind under batch load, now
-  reads the scores of the users a batch pushed out of a bracket in one pipelined round trip;
-  the aggregator's recording of the live views (hot, MVPs) costs it about four times what
-  marking events for the merge alone does (docs/architecture.md).
-- **Latency at half saturation, and the push.** With the machine saturated by the rest of the
-  pipeline, tail latency is scheduling delay: p99 far above p50. A push waits for the relay,
-  the broker's quorum-queue commit, the notifier's batch and Redis Pub/Sub; consumers now hand a
-  batch over once deliveries pause 3 ms instead of waiting out their 50 ms flush window.
-- **Reads on the million-member board.** The Redis side is O(log n) (`ZREVRANK`, `ZREVRANGE`);
-  what the reads measure here is the API's per-request cost on a machine busy with everything
-  else, the merge above all: the aggregator recomputes every user touched since its last merge,
-  in time linear in their number (the merge rows above).
+The rows "CPU an event, by process" above are this run's evidence: every process's CPU time
+(from `/proc`) from the start of a load phase until the consumers drained, divided by the
+events. Two cores give at most 2,000,000 µs a second, so an event that costs the pipeline
+C µs in all cannot go through faster than 2,000,000 / C a second, whoever spends it.
+
+- **Batch ingest is bound by Redis**, one core: the write function is most of its share.
+  `ladder_submit_v1` on a board like `main` (four periods, teams) runs 65 Redis commands (it ran
+  97 before the expiry of a key was set once, when the write makes it, and before the
+  distinct-score sets lost their per-score counts), against the 4 of the baseline's FCALL; its
+  cost in Redis grows with the count of commands (each `redis.call` from Lua costs about as
+  much again as the command itself). What would move it: the team boards kept by the
+  aggregator, from the per-member contributions it already records for the MVP view, rather
+  than by the write (about 20 of the 65 commands); boards with fewer periods; past one Redis,
+  boards spread over cluster shards (their keys share one hash tag per board already).
+- **Single POSTs are bound by the API's Python per request**, the largest share of their CPU:
+  compare it with the bare endpoint's (2 cores / U). A py-spy profile of a worker under this
+  load (docs/architecture.md): about two fifths in uvicorn, Starlette and FastAPI's routing,
+  middleware and response, the rest split between the write's Redis call (packing 80 arguments
+  and parsing the answer, now with hiredis), building the write's keys and arguments, and the
+  relay. What would move it: fewer, larger requests (the batch endpoint, above), or more cores.
+- **Latency at half saturation.** The machine is still saturated by the rest of the pipeline
+  (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
+  scheduling delay on two shared cores, far above p50.
+- **Reads on the million-member board.** The Redis side is O(log n) (`ZREVRANK`, `ZREVRANGE`)
+  and a standing read is one Redis Function call; p50 is the API's per-request cost and p99
+  again scheduling on the shared cores: the bare endpoint's own answers come in about the same
+  time on this machine (U above).
+- **The push** (met) waits for the relay, the broker's quorum-queue commit, the notifier's
+  batch and Redis Pub/Sub; consumers hand a batch over once deliveries pause 3 ms.
 """
 
 
