@@ -47,27 +47,32 @@ events. Two cores give at most 2,000,000 µs a second, so an event that costs th
 C µs in all cannot go through faster than 2,000,000 / C a second, whoever spends it.
 
 - **Batch ingest is bound by Redis**, one core: the write function is most of its share.
-  `ladder_submit_v1` on a board like `main` (four periods, teams) runs 65 Redis commands (it ran
-  97 before the expiry of a key was set once, when the write makes it, and before the
-  distinct-score sets lost their per-score counts), against the 4 of the baseline's FCALL; its
-  cost in Redis grows with the count of commands (each `redis.call` from Lua costs about as
-  much again as the command itself). What would move it: the team boards kept by the
-  aggregator, from the per-member contributions it already records for the MVP view, rather
-  than by the write (about 20 of the 65 commands); boards with fewer periods; past one Redis,
-  boards spread over cluster shards (their keys share one hash tag per board already).
-- **Single POSTs are bound by the API's Python per request**, the largest share of their CPU:
-  compare it with the bare endpoint's (2 cores / U). A py-spy profile of a worker under this
-  load (docs/architecture.md): about two fifths in uvicorn, Starlette and FastAPI's routing,
-  middleware and response, the rest split between the write's Redis call (packing 80 arguments
-  and parsing the answer, now with hiredis), building the write's keys and arguments, and the
-  relay. What would move it: fewer, larger requests (the batch endpoint, above), or more cores.
+  `ladder_submit_v1` on a board like `main` (four periods, teams) runs 65 Redis commands, the
+  rate limits 6 more (it ran 97 before the expiry of a key was set once, when the write makes
+  it, and before the distinct-score sets lost their per-score counts), against the 4 of the
+  baseline's FCALL; its cost in Redis grows with the count of commands (each `redis.call` from
+  Lua costs about as much again as the command itself). What would move it: the team boards
+  kept by the aggregator, from the per-member contributions it already records for the MVP
+  view, rather than by the write (about 18 of the 65 commands); boards with fewer periods;
+  past one Redis, boards spread over cluster shards (their keys share one hash tag per board
+  already).
+- **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
+  several times the bare endpoint's (2 cores / U). A py-spy profile of a worker under this load
+  (docs/architecture.md): over a third of its main thread in uvicorn, Starlette and FastAPI
+  (routing, middleware, sending the response), a quarter in the write's Redis call (packing its
+  80 arguments with hiredis, the round trip, the answer), a tenth building the write's keys and
+  arguments, the rest the handler, the metrics and the relay. What would move it: fewer, larger
+  requests (the batch endpoint), or more cores.
 - **Latency at half saturation.** The machine is still saturated by the rest of the pipeline
   (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
   scheduling delay on two shared cores, far above p50.
 - **Reads on the million-member board.** The Redis side is O(log n) (`ZREVRANK`, `ZREVRANGE`)
-  and a standing read is one Redis Function call; p50 is the API's per-request cost and p99
-  again scheduling on the shared cores: the bare endpoint's own answers come in about the same
-  time on this machine (U above).
+  and a standing read is one Redis Function call. The bare endpoint answering a constant at the
+  same rate (U's GET rows) sets the floor: its own p99 has been above 2 ms in every run on this
+  machine (3.7 to 13 ms), scheduling on two shared cores. The reads' ratios to it are Ladder's
+  own cost: about 1,200 µs of API CPU a read, over a third of it FastAPI solving the route's
+  nine parameters and dependencies. What would move it: the read routes taking their query as
+  the score POST takes its body, validated in one step.
 - **The push** (met) waits for the relay, the broker's quorum-queue commit, the notifier's
   batch and Redis Pub/Sub; consumers hand a batch over once deliveries pause 3 ms.
 """
@@ -258,11 +263,23 @@ async def main() -> int:
                 bare_url = f"http://127.0.0.1:{port}"
                 load.wrk(bare_url, "post.lua", seconds=3)
                 bare = await asyncio.to_thread(load.wrk, bare_url, "post.lua", seconds=seconds)
+                # The reads' baseline: the same server answering a constant at the reads' rate.
+                bare_read = await asyncio.to_thread(
+                    load.wrk,
+                    bare_url,
+                    "get.lua",
+                    seconds=max(5.0, seconds / 2),
+                    connections=4,
+                    rate=500,
+                    env={"BENCH_PATHS": "/healthz"},
+                )
             run.add(
                 "U: bare uvicorn endpoint, POST (wrk, 64 connections)",
                 f"{bare.rate:,.0f} req/s",
                 "1.00 U",
             )
+            run.add("U: bare uvicorn endpoint, GET at 500 req/s: p50", ms(bare_read.p50_ms))
+            run.add("  … p99", ms(bare_read.p99_ms))
 
             print("single-event POSTs", flush=True)
             env = {"BENCH_BOARD": "bench-single", "BENCH_KEY": ladder.server_key}
@@ -417,12 +434,17 @@ async def main() -> int:
                 )
                 if result.non2xx:
                     run.note(f"{name}: {result.non2xx} answers were not 2xx")
-                run.add(f"{name} read at 500 req/s: p50", ms(result.p50_ms))
+                # Ratios to the bare endpoint's answers at the same rate (U's GET rows).
+                run.add(
+                    f"{name} read at 500 req/s: p50",
+                    ms(result.p50_ms),
+                    f"{result.p50_ms / bare_read.p50_ms:.1f} U",
+                )
                 target = "< 2 ms" if name != "top-100" else ""
                 run.add(
                     "  … p99",
                     ms(result.p99_ms),
-                    "",
+                    f"{result.p99_ms / bare_read.p99_ms:.1f} U",
                     target,
                     None if not target else result.p99_ms < 2,
                 )
