@@ -4,6 +4,7 @@ each update) and the global scope (the aggregator, judged on each merge)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,3 +23,28 @@ def smallest_entered(rank: int, previous_rank: int | None, brackets: tuple[int, 
     """
     crossed = [t for t in brackets if rank <= t and (previous_rank is None or previous_rank > t)]
     return min(crossed) if crossed else None
+
+
+def rank_message(
+    crossing: Crossing,
+    *,
+    board_id: str,
+    scope: str,
+    period: str,
+    period_id: str,
+    score: int | None,
+) -> dict[str, Any]:
+    """The ``rank`` message (API.md section 9) telling ``crossing.user_id`` of its crossing."""
+    return {
+        "type": "rank",
+        "board_id": board_id,
+        "scope": scope,
+        "period": period,
+        "period_id": period_id,
+        "user_id": crossing.user_id,
+        "rank": crossing.rank,
+        "previous_rank": crossing.previous_rank,
+        "score": score,
+        "reason": crossing.reason,
+        "top": crossing.top,
+    }

@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from shared.boards import Board
-from shared.brackets import Crossing, smallest_entered
+from shared.brackets import Crossing, rank_message, smallest_entered
 from shared.keys import Keys
 from shared.periods import Period
 from shared.ranking import decode
@@ -124,19 +124,14 @@ class GlobalBrackets:
         async with self._redis.pipeline(transaction=False) as pipe:
             for crossing in crossings:
                 score = decode(period, current[crossing.user_id][1], board.descending)[0]
-                message = {
-                    "type": "rank",
-                    "board_id": board.board_id,
-                    "scope": "global",
-                    "period": period,
-                    "period_id": period_id,
-                    "user_id": crossing.user_id,
-                    "rank": crossing.rank,
-                    "previous_rank": crossing.previous_rank,
-                    "score": score,
-                    "reason": crossing.reason,
-                    "top": crossing.top,
-                }
+                message = rank_message(
+                    crossing,
+                    board_id=board.board_id,
+                    scope="global",
+                    period=period,
+                    period_id=period_id,
+                    score=score,
+                )
                 pipe.publish(self._keys.user_channel(crossing.user_id), orjson.dumps(message))
                 PUSHES.labels(crossing.reason).inc()
             await pipe.execute()

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from services.notifier.rules import crossings, earned
 from shared.boards import Board, BoardCatalog
-from shared.brackets import Crossing
+from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.periods import Period
@@ -130,19 +130,14 @@ class Notify:
             out.append(
                 (
                     self._keys.user_channel(crossing.user_id),
-                    {
-                        "type": "rank",
-                        "board_id": event.board_id,
-                        "scope": f"region:{event.region}",
-                        "period": period,
-                        "period_id": result.period_id,
-                        "user_id": crossing.user_id,
-                        "rank": crossing.rank,
-                        "previous_rank": crossing.previous_rank,
-                        "score": score,
-                        "reason": crossing.reason,
-                        "top": crossing.top,
-                    },
+                    rank_message(
+                        crossing,
+                        board_id=event.board_id,
+                        scope=f"region:{event.region}",
+                        period=period,
+                        period_id=result.period_id,
+                        score=score,
+                    ),
                 )
             )
         return out
