@@ -47,7 +47,7 @@ events. Two cores give at most 2,000,000 µs a second, so an event that costs th
 C µs in all cannot go through faster than 2,000,000 / C a second, whoever spends it.
 
 - **Batch ingest is bound by Redis**, one core: the write function is most of its share.
-  `ladder_submit_v1` on a board like `main` (four periods, teams) runs 65 Redis commands, the
+  `ladder_submit_v2` on a board like `main` (four periods, teams) runs 65 Redis commands, the
   rate limits 6 more (it ran 97 before the expiry of a key was set once, when the write makes
   it, and before the distinct-score sets lost their per-score counts), against the 4 of the
   baseline's FCALL; its cost in Redis grows with the count of commands (each `redis.call` from

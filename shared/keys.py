@@ -52,7 +52,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v1`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v2`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -165,7 +165,7 @@ class Keys:
     def badges(self, board_id: str, user_id: str) -> str:
         return f"{self.tag(board_id)}:badges:{user_id}"
 
-    # -- the live views (API.md section 8a) ---------------------------------------------------
+    # -- the live views (docs/api.md section 8a) -----------------------------------------------
     def hot_events(self, board_id: str) -> str:
         """A sorted set of the recent on-time events, one member per event id (so a redelivery
         rewrites its own member), scored by ``occurred_at`` in ms and trimmed to the window."""
@@ -200,8 +200,7 @@ class Keys:
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
 
-    # -- the rebuild (services/history/rebuild.py); ladder.lua derives the same names from the
-    # outbox key and the hash tag, so change them together.
+    # -- the rebuild (services/history/rebuild.py; the write checks the flag and journals) ----
     def rebuilding(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:rebuilding"
 
@@ -214,6 +213,18 @@ class Keys:
         if not key.startswith(tag + ":"):
             raise ValueError(f"{key!r} is not a key of board {board_id!r}")
         return f"{tag}:rebuild{key[len(tag) :]}"
+
+    def replay_scratch(self, board_id: str) -> list[str]:
+        """What a replayed write gets in place of its idempotency record, outbox, rebuild flag
+        and journal (``shared.submit.WRITE_OWN_KEYS``): staging names that nothing reads, the
+        replay deleting what it wrote to them and the flag never set, so that it journals
+        nothing."""
+        return [
+            self.staged(board_id, self.idempotency(board_id, "replay")),
+            self.staged(board_id, self.outbox(board_id)),
+            self.staged(board_id, self.rebuilding(board_id)),
+            self.staged(board_id, self.rebuild_journal(board_id)),
+        ]
 
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -11,15 +12,13 @@ from redis.asyncio import Connection, Redis
 from redis.connection import HiredisRespSerializer
 from redis.utils import HIREDIS_AVAILABLE
 
-LIBRARY = "ladder_v1"
-SUBMIT_FUNCTION = "ladder_submit_v1"
-TAKE_FUNCTION = "ladder_take_v1"
-PUT_FUNCTION = "ladder_put_v1"
-AWARD_FUNCTION = "ladder_award_v1"
-CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
-HOT_ADD_FUNCTION = "ladder_hot_add_v1"
-HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
-STANDING_FUNCTION = "ladder_standing_v1"
+from shared.functions import LIBRARY, REGISTERED
+
+# The library's files in load order: common.lua first (what the others use), then each concern;
+# a file may use the local functions of those before it.
+LUA_FILES = ("common", "write", "limits", "merge", "live", "badges", "rebuild", "read")
+_LUA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_REGISTERS = re.compile(r"redis\.register_function\W+(?:function_name = )?FUNCTIONS\.(\w+)")
 
 
 class PackedConnection(Connection):
@@ -44,7 +43,26 @@ class PackedConnection(Connection):
 
 
 def library_source() -> str:
-    return resources.files("shared").joinpath("ladder.lua").read_text(encoding="utf-8")
+    """The whole library as one source for one ``FUNCTION LOAD``: the names of
+    :mod:`shared.functions` as the Lua table ``FUNCTIONS``, then the files of ``shared/lua/``."""
+    names = []
+    for key, name in REGISTERED.items():
+        if not (_LUA_NAME.fullmatch(key) and _LUA_NAME.fullmatch(name)):
+            raise ValueError(f"not a Lua identifier: {key!r} = {name!r}")
+        names.append(f"  {key} = '{name}',\n")
+    folder = resources.files("shared").joinpath("lua")
+    parts = [f"#!lua name={LIBRARY}\n\n", "local FUNCTIONS = {\n", *names, "}\n\n"]
+    for file in LUA_FILES:
+        parts += [f"-- shared/lua/{file}.lua\n", folder.joinpath(f"{file}.lua").read_text("utf-8")]
+        parts.append("\n")
+    source = "".join(parts)
+    registered = set(_REGISTERS.findall(source))
+    if registered != set(REGISTERED):
+        raise ValueError(
+            f"shared/lua/ registers {sorted(registered ^ set(REGISTERED))} unlike "
+            "shared/functions.py"
+        )
+    return source
 
 
 @contextlib.asynccontextmanager

@@ -1,13 +1,16 @@
-"""The arguments of one ``submit()`` call (``shared/ladder.lua``): what one accepted event writes.
+"""The arguments of one ``submit()`` call (``shared/lua/write.lua``): what one accepted event
+writes.
 
 Built in one place for the API's write path (:mod:`services.api.writes`) and for the rebuild's
 replay of a stored event (:mod:`services.history.rebuild`), so that a rebuilt board is made of
-exactly the calls that made the live one.
+exactly the calls that made the live one; the keys a replay writes instead are worked out here
+too.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,9 +22,11 @@ from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at
 from shared.ranking import ENCODINGS, tick
 
-# The layout of submit()'s keys (KEYS_BEFORE and KEYS_PER_PERIOD in shared/ladder.lua): six
-# keys of the event, then seven a period, the period's event counter last.
-KEYS_BEFORE = 6
+# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): eight
+# keys of the event, the first four the write's own (idempotency record, outbox, rebuild flag
+# and journal), then seven a period, the period's event counter last.
+WRITE_OWN_KEYS = 4
+KEYS_BEFORE = 8
 KEYS_PER_PERIOD = 7
 
 
@@ -84,6 +89,8 @@ def submit_call(
     call_keys = [
         keys.idempotency(bid, event.event_id),
         keys.outbox(bid),
+        keys.rebuilding(bid),
+        keys.rebuild_journal(bid),
         keys.names(bid),
         keys.feed(bid),
         keys.user_regions(bid, event.user_id),
@@ -131,3 +138,37 @@ def submit_call(
         *period_args,
     ]
     return call_keys, args
+
+
+# -- the rebuild's replay of a call ----------------------------------------------------------
+
+
+def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The live keys whose staging copies a replay of the call writes: its event counters, and
+    the others (not the write's own keys, for which a replay gets scratch keys)."""
+    counters: list[str] = []
+    others: list[str] = []
+    for i, key in enumerate(call_keys[WRITE_OWN_KEYS:], start=WRITE_OWN_KEYS + 1):
+        is_counter = i > KEYS_BEFORE and (i - KEYS_BEFORE) % KEYS_PER_PERIOD == 0
+        (counters if is_counter else others).append(key)
+    return counters, others
+
+
+def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
+    """The keys of ``ladder_replay_v2`` for a call: scratch keys, then the staging copies."""
+    staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
+    return keys.replay_scratch(board_id) + staged
+
+
+def finish_keys(
+    keys: Keys, board_id: str, counters: Sequence[str], others: Sequence[str]
+) -> list[str]:
+    """The keys of ``ladder_rebuild_finish_v2``: flag, journal, the replay's scratch keys, then
+    each live key the rebuild replaces with its staging copy, the event counters first."""
+    pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]
+    return [
+        keys.rebuilding(board_id),
+        keys.rebuild_journal(board_id),
+        *keys.replay_scratch(board_id),
+        *pairs,
+    ]

@@ -32,11 +32,11 @@ from redis.asyncio import Redis
 
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
+from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 from shared.keys import Keys
 from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at, window_of
-from shared.redis import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
 RECORDED = Counter(

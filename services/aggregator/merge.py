@@ -31,10 +31,10 @@ from redis.exceptions import ResponseError
 from services.aggregator.brackets import GlobalBrackets
 from shared.boards import Board
 from shared.events import rfc3339
+from shared.functions import PUT_FUNCTION
 from shared.keys import Keys, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
 from shared.ranking import ENCODINGS, decode, encode
-from shared.redis import PUT_FUNCTION
 
 log = structlog.get_logger(__name__)
 

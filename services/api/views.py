@@ -33,6 +33,7 @@ from services.api.auth import Principal
 from services.api.errors import Forbidden, Invalid, NotFound, Unauthorized
 from shared.boards import Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
+from shared.functions import STANDING_FUNCTION
 from shared.keys import Keys
 from shared.periods import (
     PERIODS,
@@ -44,7 +45,6 @@ from shared.periods import (
     window_of,
 )
 from shared.ranking import ENCODINGS, decode_score
-from shared.redis import STANDING_FUNCTION
 
 RankStyle = Literal["ordinal", "competition", "dense"]
 ScopeKind = Literal["users", "teams", "friends"]

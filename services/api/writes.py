@@ -1,8 +1,8 @@
 """The score write: validate, then one Redis Function call (API.md section 4).
 
-A client's write runs as ``ladder_write_v1``: the rate limits of API.md section 9a checked and
+A client's write runs as ``ladder_write_v2``: the rate limits of API.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
-pipeline) and a refused one writes nothing. ``ladder_submit_v1`` is the write alone.
+pipeline) and a refused one writes nothing. ``ladder_submit_v2`` is the write alone.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from services.api.errors import Conflict, Invalid, Unavailable
 from services.api.limits import Quota, refusal
 from shared.boards import Board
 from shared.events import DisplayName, EventId, Region, TeamId, UserId
+from shared.functions import SUBMIT_FUNCTION, WRITE_FUNCTION
 from shared.keys import Keys
 from shared.periods import PERIODS
-from shared.redis import SUBMIT_FUNCTION
 from shared.settings import LadderSettings
 from shared.submit import SubmitEvent, submit_call
-
-WRITE_FUNCTION = "ladder_write_v1"
 
 
 class ScoreIn(BaseModel):
@@ -130,7 +128,7 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One prepared ``ladder_submit_v1`` call, or the answer already known without one."""
+    """One prepared ``ladder_submit_v2`` call, or the answer already known without one."""
 
     event_id: str
     user_id: str

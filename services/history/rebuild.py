@@ -7,7 +7,7 @@ retained, team boards, distinct-score sets, feed, player and event counts, each 
 and team, and display names; then it marks every user of every view dirty, so the aggregator
 merges the global views again through its own code.
 
-Each event is replayed, in the order the event log stored it, through ``ladder_replay_v1``:
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v2``:
 the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
 no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
 the log holds the events in the order they were applied (one relay a board; with several, events
@@ -24,7 +24,7 @@ Writes may go on meanwhile. Per board:
 3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of the primary
    key (memory stays bounded by a page), replaying each onto staging.
 4. In the same snapshot, look up which journaled events it held.
-5. ``ladder_rebuild_finish_v1``, one atomic step: replay the other journaled events onto staging,
+5. ``ladder_rebuild_finish_v2``, one atomic step: replay the other journaled events onto staging,
    check that no live event counter is ahead of its staged one (an event applied before the flag
    that MySQL did not hold yet: then all is thrown away and the board read again), rename
    staging over the live keys, drop the flag and journal.
@@ -54,25 +54,27 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.boards import Board, BoardCatalog
 from shared.db import from_db_time, open_engine, score_events
+from shared.functions import (
+    REBUILD_ABORT_FUNCTION,
+    REBUILD_BEGIN_FUNCTION,
+    REBUILD_EXTEND_FUNCTION,
+    REBUILD_FINISH_FUNCTION,
+    REPLAY_FUNCTION,
+)
 from shared.keys import OUTBOX_GROUP, Keys, dirty_member
 from shared.logs import configure
 from shared.redis import open_redis
 from shared.restore import restore_definitions, restore_friendships
 from shared.settings import LadderSettings, load_settings
-from shared.submit import KEYS_BEFORE, KEYS_PER_PERIOD, SubmitEvent, submit_call
+from shared.submit import SubmitEvent, finish_keys, replay_keys, replayed_keys, submit_call
 
 log = structlog.get_logger(__name__)
-
-REPLAY_FUNCTION = "ladder_replay_v1"
-BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
-EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
-FINISH_FUNCTION = "ladder_rebuild_finish_v1"
-ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 
 PAGE = 2000  # events a MySQL page, and replays a Redis round trip
 ID_CHUNK = 1000  # event ids an IN (...) lookup
 FLAG_TTL_MS = 60_000
 ATTEMPTS = 5
+FINISH_TRIES = 10  # finish calls an attempt makes while events journaled meanwhile name new keys
 
 # The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
@@ -128,6 +130,12 @@ class _Staged:
 
     counters: set[str] = field(default_factory=set)
     others: set[str] = field(default_factory=set)
+
+    def add(self, call_keys: Sequence[str]) -> None:
+        """The keys a replay of one ``submit()`` call stages."""
+        counters, others = replayed_keys(call_keys)
+        self.counters.update(counters)
+        self.others.update(others)
 
 
 def replay_call(
@@ -204,7 +212,7 @@ class Rebuilder:
         for attempt in range(1, ATTEMPTS + 1):
             done.attempts = attempt
             begun: list[Any] = await self._redis.fcall(
-                BEGIN_FUNCTION,
+                REBUILD_BEGIN_FUNCTION,
                 4,
                 flag,
                 journal,
@@ -244,7 +252,7 @@ class Rebuilder:
         token = self._tokens[board_id]
         if await self._redis.get(flag) == token:
             await self._drop_staging(board_id)
-        await self._redis.fcall(ABORT_FUNCTION, 2, flag, journal, token)
+        await self._redis.fcall(REBUILD_ABORT_FUNCTION, 2, flag, journal, token)
 
     async def _ensure_outbox_group(self, board_id: str) -> None:
         """The relay's consumer group on the outbox, made again if Redis lost it: the relays
@@ -260,7 +268,7 @@ class Rebuilder:
     async def _extend(self, board_id: str) -> None:
         flag, journal = self._keys.rebuilding(board_id), self._keys.rebuild_journal(board_id)
         kept = await self._redis.fcall(
-            EXTEND_FUNCTION, 2, flag, journal, FLAG_TTL_MS, self._tokens[board_id]
+            REBUILD_EXTEND_FUNCTION, 2, flag, journal, FLAG_TTL_MS, self._tokens[board_id]
         )
         if not kept:
             raise _FlagLost
@@ -305,50 +313,61 @@ class Rebuilder:
                     events += len(rows)
                     after = rows[-1].id
                     await self._extend(bid)
-                raw: list[Any] = await self._redis.lrange(self._keys.rebuild_journal(bid), 1, -1)
-                journaled = {
-                    orjson.loads(orjson.loads(e)["args"][6] + "}")["event_id"] for e in raw
-                }
+                journaled = await self._journaled(bid, staged)
                 known = await _held(conn, bid, journaled)
                 await conn.rollback()
         except _FlagLost:
             return "the flag lapsed", set()
-        counters = sorted(staged.counters)
-        others = sorted((staged.others | live) - staged.counters)
-        status, detail = await self._redis.fcall(
-            FINISH_FUNCTION,
-            2 + len(counters) + len(others),
-            self._keys.rebuilding(bid),
-            self._keys.rebuild_journal(bid),
-            *counters,
-            *others,
-            len(counters),
-            self._tokens[bid],
-            *sorted(known),
-        )
+        status, detail, replaced = await self._finish(bid, staged, live, known)
         if status != "ok":
             return f"{status} {detail}".strip(), set()
         done.events, done.refused = events, refused
         done.journal_replayed, done.journal_known = int(detail), len(known)
-        done.keys = len(counters) + len(others)
+        done.keys = replaced
         tag = self._keys.tag(bid)
         return "ok", {k for k in staged.others if _REGION_VIEW.fullmatch(k[len(tag) + 1 :])}
+
+    async def _journaled(self, board_id: str, staged: _Staged) -> set[str]:
+        """The ids of the events journaled so far, their keys added to ``staged``: the finish
+        step replays them onto staging, and must be given each key they write."""
+        raw: list[Any] = await self._redis.lrange(self._keys.rebuild_journal(board_id), 1, -1)
+        calls = [orjson.loads(entry) for entry in raw]
+        for call in calls:
+            staged.add(call["keys"])
+        return {orjson.loads(call["args"][6] + "}")["event_id"] for call in calls}
+
+    async def _finish(
+        self, board_id: str, staged: _Staged, live: set[str], known: set[str]
+    ) -> tuple[str, str, int]:
+        """The finish step: its status and detail, and how many live keys it replaced. An event
+        journaled after the journal was read may name a key not given: the step then writes
+        nothing, and is called again with the journal read again. (Such an event is not among
+        ``known``: MySQL's snapshot was taken before.)"""
+        for _ in range(FINISH_TRIES):
+            counters = sorted(staged.counters)
+            others = sorted((staged.others | live) - staged.counters)
+            call_keys = finish_keys(self._keys, board_id, counters, others)
+            status, detail = await self._redis.fcall(
+                REBUILD_FINISH_FUNCTION,
+                len(call_keys),
+                *call_keys,
+                len(counters),
+                self._tokens[board_id],
+                *sorted(known),
+            )
+            if status != "unknown":
+                break
+            await self._journaled(board_id, staged)
+        return status, detail, len(counters) + len(others)
 
     async def _replay(self, board: Board, rows: Sequence[Any], staged: _Staged) -> int:
         bid = board.board_id
         async with self._redis.pipeline(transaction=False) as pipe:
             for row in rows:
                 call_keys, args = replay_call(self._keys, self._settings, board, row)
-                for i, key in enumerate(call_keys[2:], start=3):
-                    if i > KEYS_BEFORE and (i - KEYS_BEFORE) % KEYS_PER_PERIOD == 0:
-                        staged.counters.add(key)
-                    else:
-                        staged.others.add(key)
+                staged.add(call_keys)
                 pipe.fcall(
-                    REPLAY_FUNCTION,
-                    len(call_keys),
-                    *(self._keys.staged(bid, k) for k in call_keys),
-                    *args,
+                    REPLAY_FUNCTION, len(call_keys), *replay_keys(self._keys, bid, call_keys), *args
                 )
             statuses: list[Any] = await pipe.execute()
         refused = [s for s in statuses if s != "ok"]

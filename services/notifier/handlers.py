@@ -12,10 +12,10 @@ from services.notifier.rules import crossings, earned
 from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
+from shared.functions import AWARD_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period
 from shared.ranking import decode_score
-from shared.redis import AWARD_FUNCTION
 
 PUSHES = Counter("ladder_notifier_pushes_total", "Rank messages published", ["reason"])
 SKIPPED = Counter("ladder_notifier_duplicates_total", "Events already handled, skipped")

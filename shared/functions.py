@@ -1,0 +1,75 @@
+"""The names of Ladder's Redis Functions, the only place that spells them.
+
+The library (``shared/lua/*.lua``, loaded by :func:`shared.redis.library_source`) registers each
+function under the name given here: the loader hands the Lua a table of these names, keyed by the
+name of the Lua function that implements it.
+
+A function's ``_vN`` suffix goes up when its keys or arguments change. Every process loads the
+library at start-up, replacing the one Redis has; while processes of two versions share a Redis
+(a rolling restart), a call in the old layout then finds no function, and fails, instead of
+running one that reads its keys in another order and writes the wrong ones. (v2: the write's
+rebuild flag and journal, and the rebuild's staging keys, come in as keys.)
+"""
+
+from __future__ import annotations
+
+LIBRARY = "ladder_v1"
+"""The library's name, kept across versions: ``FUNCTION LOAD REPLACE`` then swaps every function
+below in one step (a library of another name could not hold functions of the same names)."""
+
+# -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
+SUBMIT_FUNCTION = "ladder_submit_v2"
+"""One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
+WRITE_FUNCTION = "ladder_write_v2"
+"""``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
+TAKE_FUNCTION = "ladder_take_v1"
+"""Take tokens from one token bucket."""
+
+# -- the aggregator ----------------------------------------------------------------------------
+PUT_FUNCTION = "ladder_put_v1"
+"""Replace entries of a merged (global) view with its distinct-score set."""
+HOT_ADD_FUNCTION = "ladder_hot_add_v1"
+"""Add events to the hot view's event set and windows, once per event."""
+HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
+"""Move the hot view's windows forward, taking out what they leave behind."""
+CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
+"""Count one event toward its member's team contribution (the MVP view), once."""
+
+# -- the notifier ------------------------------------------------------------------------------
+AWARD_FUNCTION = "ladder_award_v1"
+"""Record a badge and publish it, exactly once."""
+
+# -- the rebuild (docs/reliability.md) ---------------------------------------------------------
+REPLAY_FUNCTION = "ladder_replay_v2"
+"""``SUBMIT_FUNCTION`` onto staging keys, leaving no answer and no outbox entry."""
+REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
+"""Raise a board's rebuild flag and start its journal."""
+REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
+"""Keep a rebuild's flag up."""
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v2"
+"""Replay the journal onto staging and put staging in place of the live keys, in one step."""
+REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
+"""End a rebuild without a result."""
+
+# -- reads (docs/api.md section 5) -------------------------------------------------------------
+STANDING_FUNCTION = "ladder_standing_v1"
+"""A user's place in a view and the entries around it (read-only)."""
+
+REGISTERED: dict[str, str] = {
+    "submit": SUBMIT_FUNCTION,
+    "write": WRITE_FUNCTION,
+    "take": TAKE_FUNCTION,
+    "put": PUT_FUNCTION,
+    "hot_add": HOT_ADD_FUNCTION,
+    "hot_trim": HOT_TRIM_FUNCTION,
+    "contribute": CONTRIBUTE_FUNCTION,
+    "award": AWARD_FUNCTION,
+    "replay": REPLAY_FUNCTION,
+    "rebuild_begin": REBUILD_BEGIN_FUNCTION,
+    "rebuild_extend": REBUILD_EXTEND_FUNCTION,
+    "rebuild_finish": REBUILD_FINISH_FUNCTION,
+    "rebuild_abort": REBUILD_ABORT_FUNCTION,
+    "standing": STANDING_FUNCTION,
+}
+"""Each function's name keyed by the Lua function that implements it (``register`` in
+``shared/lua/common.lua`` looks it up there)."""

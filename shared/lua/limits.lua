@@ -1,0 +1,68 @@
+--[[
+Rate limits (docs/api.md section 9a): token buckets, each a hash of 'tokens' and 'at' (ms),
+refilled at `rate` a second up to `burst`, kept until a full refill (plus a second) after the
+last take.
+]]
+
+-- A token bucket's tokens at `now` (ms), refilled since its last take; writes nothing.
+local function tokens_at(bucket, rate, burst, now)
+  local state = redis.call('HMGET', bucket, 'tokens', 'at')
+  local tokens, at = tonumber(state[1]), tonumber(state[2])
+  if tokens == nil then return burst end
+  return math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+end
+
+local function keep_tokens(bucket, tokens, now, rate, burst)
+  redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', tostring(now))
+  redis.call('PEXPIRE', bucket, math.ceil(burst / rate * 1000) + 1000)
+end
+
+--[[
+KEYS[1] the bucket; ARGV rate a second, burst, now in ms, cost. Takes the tokens and returns
+{1, 0}, or takes nothing and returns {0, ms until enough}.
+]]
+local function take(keys, args)
+  local rate, burst = tonumber(args[1]), tonumber(args[2])
+  local now, cost = tonumber(args[3]), tonumber(args[4])
+  local tokens = tokens_at(keys[1], rate, burst, now)
+  if tokens < cost then
+    keep_tokens(keys[1], tokens, now, rate, burst)
+    return {0, math.ceil((cost - tokens) * 1000 / rate)}
+  end
+  keep_tokens(keys[1], tokens - cost, now, rate, burst)
+  return {1, 0}
+end
+
+--[[
+A rate-limited score write, in one call (docs/api.md sections 4 and 9a): the user's and the
+credential's token buckets are checked, then submit() runs, and only a write it accepted takes
+one token from each. A refusal by either bucket returns before anything is read or written; so
+does every other refusal of submit(), which leaves the buckets as they were. Both buckets are
+the board's own ({P:B}:rate:...), so that the whole call stays in the board's hash slot.
+
+KEYS: the user's bucket, the credential's bucket, then submit()'s keys.
+ARGV: user rate a second, user burst, credential rate, credential burst, now in ms, then
+      submit()'s arguments.
+Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token is there>'}.
+]]
+local function write(keys, args)
+  local now = tonumber(args[5])
+  local limits = {{'user', keys[1], tonumber(args[1]), tonumber(args[2])},
+                  {'credential', keys[2], tonumber(args[3]), tonumber(args[4])}}
+  local left = {}
+  for i, limit in ipairs(limits) do
+    local tokens = tokens_at(limit[2], limit[3], limit[4], now)
+    if tokens < 1 then
+      return {'limited', limit[1] .. ' ' .. math.ceil((1 - tokens) * 1000 / limit[3])}
+    end
+    left[i] = tokens - 1
+  end
+  local result = submit({unpack(keys, 3)}, {unpack(args, 6)})
+  if result[1] == 'ok' then
+    for i, limit in ipairs(limits) do keep_tokens(limit[2], left[i], now, limit[3], limit[4]) end
+  end
+  return result
+end
+
+redis.register_function(FUNCTIONS.take, take)
+redis.register_function(FUNCTIONS.write, write)

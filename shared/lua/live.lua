@@ -1,0 +1,90 @@
+--[[
+The live views (docs/api.md section 8a), kept by the aggregator.
+
+The hot view's events. KEYS: the board's hot event set (member '<event_id>|<user_id>|<value>',
+score occurred_at in ms), then one hash per window holding, for the events inside it,
+'s:<user>' (their sum) and 'c:<user>' (their count), and 'at': the window's start in ms (an
+event at or before it is outside).
+
+hot_add ARGV: ttl ms, then four per event: member, occurred_at ms, user, value. Adds each event
+to the set and to each window it is inside, once: a redelivery finds its member already there.
+Returns how many were added now.
+]]
+local function hot_add(keys, args)
+  local ttl, added, starts = tonumber(args[1]), 0, {}
+  for i = 2, #keys do starts[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0) end
+  for j = 2, #args, 4 do
+    local at, user = tonumber(args[j + 1]), args[j + 2]
+    if redis.call('ZADD', keys[1], 'NX', at, args[j]) == 1 then
+      added = added + 1
+      for i = 2, #keys do
+        if at > starts[i] then
+          redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3])
+          redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+        end
+      end
+    end
+  end
+  if added > 0 then
+    for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
+  end
+  return added
+end
+
+--[[
+hot_trim ARGV: ttl ms, then each window's new start in ms. Moves each window's start forward
+(never back: aggregators with different clocks may call it), taking out of its sums the events
+it leaves behind, then drops from the set what every window has left. Each call costs as much as
+the events that left since the last one.
+]]
+local function hot_trim(keys, args)
+  local ttl, oldest = tonumber(args[1]), nil
+  for i = 2, #keys do
+    local start = tonumber(args[i])
+    local old = tonumber(redis.call('HGET', keys[i], 'at') or 0)
+    if start > old then
+      for _, member in ipairs(redis.call('ZRANGEBYSCORE', keys[1], '(' .. old, start)) do
+        local user, value = string.match(member, '^[^|]*|([^|]*)|(-?%d+)$')
+        if redis.call('HINCRBY', keys[i], 'c:' .. user, -1) <= 0 then
+          redis.call('HDEL', keys[i], 'c:' .. user, 's:' .. user)
+        else
+          redis.call('HINCRBY', keys[i], 's:' .. user, 0 - tonumber(value))  -- never '-0'
+        end
+      end
+      redis.call('HSET', keys[i], 'at', start)
+    else
+      start = old
+    end
+    if oldest == nil or start < oldest then oldest = start end
+  end
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', oldest)
+  for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
+  return 0
+end
+
+--[[
+Count one event toward its member's team contribution in every period, exactly once (the MVP
+view). KEYS: the aggregator's seen key for the event, then two per period: the team's member
+contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
+ARGV: seen ttl, value, user, team, accepted at (ms), then per period its expire-at (0: never).
+The user's team in a period is the one its latest accepted event named. Returns 1 if counted
+now, 0 if the event had been counted before.
+]]
+local function contribute(keys, args)
+  if not redis.call('SET', keys[1], '1', 'NX', 'EX', tonumber(args[1])) then return 0 end
+  local value, user, team, accepted = tonumber(args[2]), args[3], args[4], tonumber(args[5])
+  for i = 1, (#keys - 1) / 2 do
+    local members, teams, at = keys[2 * i], keys[2 * i + 1], tonumber(args[5 + i])
+    redis.call('ZINCRBY', members, value, user)
+    local latest = redis.call('HGET', teams, user)
+    if not latest or tonumber(string.match(latest, '^(%d+)|')) <= accepted then
+      redis.call('HSET', teams, user, args[5] .. '|' .. team)
+    end
+    expire({members, teams}, at)
+  end
+  return 1
+end
+
+redis.register_function(FUNCTIONS.hot_add, hot_add)
+redis.register_function(FUNCTIONS.hot_trim, hot_trim)
+redis.register_function(FUNCTIONS.contribute, contribute)

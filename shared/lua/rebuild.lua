@@ -1,0 +1,121 @@
+--[[
+Rebuild of one board from the history database (services/history/rebuild.py; the design and its
+argument are in docs/reliability.md). A board is built into staging keys, which share the
+board's hash tag and so its slot (shared/keys.py names them). While the board's flag key is set,
+submit() journals every call it applies; rebuild_finish replays the journal's events the
+database did not hold yet onto staging and puts staging in place of the live keys, in one step.
+]]
+
+-- submit()'s first keys: where a write answers, queues and journals. A replay is given scratch
+-- keys in their place, and writes staging keys for the others.
+local WRITE_OWN_KEYS = 4
+
+--[[
+KEYS: flag, journal, outbox, feed. ARGV: ttl in ms (a safety net: a rebuild that dies leaves
+nothing behind for long), the rebuild's token. Raises the flag, holding the token, and starts an
+empty journal; or returns {'busy'} if another rebuild of the board holds the flag. Returns
+{'ok', event ids...}: those of every outbox entry and of the newest feed entry, the events
+applied before the flag that the history database may not hold yet, which the rebuild waits for.
+]]
+local function rebuild_begin(keys, args)
+  local ttl = tonumber(args[1])
+  if not redis.call('SET', keys[1], args[2], 'NX', 'PX', ttl) then return {'busy'} end
+  redis.call('DEL', keys[2])
+  redis.call('RPUSH', keys[2], 'begin')
+  redis.call('PEXPIRE', keys[2], ttl)
+  local ids = {'ok'}
+  for _, entry in ipairs(redis.call('XRANGE', keys[3], '-', '+')) do
+    ids[#ids + 1] = cjson.decode(entry[2][2]).event_id
+  end
+  local newest = redis.call('LINDEX', keys[4], 0)
+  if newest then ids[#ids + 1] = cjson.decode(newest).event_id end
+  return ids
+end
+
+-- KEYS: flag, journal. ARGV: ttl in ms, token. Keeps the token's rebuild flag up; 0 if the flag
+-- lapsed (journaling stopped meanwhile: the rebuild must start over).
+local function rebuild_extend(keys, args)
+  if redis.call('GET', keys[1]) ~= args[2] then return 0 end
+  redis.call('PEXPIRE', keys[1], tonumber(args[1]))
+  redis.call('PEXPIRE', keys[2], tonumber(args[1]))
+  return 1
+end
+
+-- KEYS: flag, journal. ARGV: token. Ends the token's rebuild without a result.
+local function rebuild_abort(keys, args)
+  if redis.call('GET', keys[1]) ~= args[1] then return 0 end
+  redis.call('DEL', keys[1], keys[2])
+  return 1
+end
+
+--[[
+Apply one event as submit() does, to the keys given (staging ones), leaving no idempotency
+answer and no outbox entry behind: KEYS and ARGV are submit()'s, with its first four keys
+scratch keys (the flag one never set, so nothing is journaled). Returns submit()'s status.
+]]
+local function replay(keys, args)
+  local answer = submit(keys, args)
+  redis.call('DEL', keys[1], keys[2])
+  return answer[1]
+end
+
+-- The journaled calls to replay (those of events not in `known`), their keys mapped to scratch
+-- and staging ones; or nil and the first live key that `staging` has no staging name for.
+local function journaled_calls(journal, scratch, staging, known)
+  local calls = {}
+  for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
+    local call = cjson.decode(raw)
+    if not known[cjson.decode(call.args[7] .. '}').event_id] then
+      local mapped = {unpack(scratch)}
+      for i = WRITE_OWN_KEYS + 1, #call.keys do
+        mapped[i] = staging[call.keys[i]]
+        if mapped[i] == nil then return nil, call.keys[i] end
+      end
+      calls[#calls + 1] = {keys = mapped, args = call.args}
+    end
+  end
+  return calls
+end
+
+--[[
+KEYS: flag, journal, the four scratch keys a replay is given for submit()'s first four, then
+pairs of a live key the rebuild replaces and its staging key, the event counters' pairs first.
+ARGV: how many pairs are event counters', the token, then the ids of the journal's events that
+the database already held when the board was read from it.
+Returns {'expired', ''} if the token's flag lapsed, and {'unknown', key}, writing nothing, if a
+journaled event to replay names a live key not among the pairs (journaled after the caller read
+the journal: it reads it again and calls again). Replays the journal's other events onto
+staging; then refuses with {'behind', key} if a live event counter is above its staged one (an
+event applied before the flag was not in the database yet: the caller aborts and starts over
+later). Otherwise renames each staging key over its live one (a live key with no staging one is
+deleted), drops the flag and the journal and returns {'ok', events replayed}.
+]]
+local function rebuild_finish(keys, args)
+  if redis.call('GET', keys[1]) ~= args[2] then return {'expired', ''} end
+  local first_pair, known, staging = WRITE_OWN_KEYS + 3, {}, {}
+  for i = first_pair, #keys, 2 do staging[keys[i]] = keys[i + 1] end
+  for i = 3, #args do known[args[i]] = true end
+  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_pair - 1)}, staging,
+                                         known)
+  if calls == nil then return {'unknown', unknown} end
+  for _, call in ipairs(calls) do replay(call.keys, call.args) end
+  for i = first_pair, first_pair + 2 * tonumber(args[1]) - 1, 2 do
+    local now = tonumber(redis.call('GET', keys[i]) or '0')
+    if now > tonumber(redis.call('GET', keys[i + 1]) or '0') then return {'behind', keys[i]} end
+  end
+  for i = first_pair, #keys, 2 do
+    if redis.call('EXISTS', keys[i + 1]) == 1 then
+      redis.call('RENAME', keys[i + 1], keys[i])
+    else
+      redis.call('DEL', keys[i])
+    end
+  end
+  redis.call('DEL', keys[1], keys[2])
+  return {'ok', #calls}
+end
+
+redis.register_function(FUNCTIONS.rebuild_begin, rebuild_begin)
+redis.register_function(FUNCTIONS.rebuild_extend, rebuild_extend)
+redis.register_function(FUNCTIONS.rebuild_abort, rebuild_abort)
+redis.register_function(FUNCTIONS.replay, replay)
+redis.register_function(FUNCTIONS.rebuild_finish, rebuild_finish)
