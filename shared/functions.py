@@ -71,5 +71,5 @@ REGISTERED: dict[str, str] = {
     "rebuild_abort": REBUILD_ABORT_FUNCTION,
     "standing": STANDING_FUNCTION,
 }
-"""Each function's name keyed by the Lua function that implements it (``register`` in
-``shared/lua/common.lua`` looks it up there)."""
+"""Each function's name keyed by the Lua function that implements it: the loader hands it to the
+Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

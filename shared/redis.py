@@ -44,23 +44,27 @@ class PackedConnection(Connection):
 
 def library_source() -> str:
     """The whole library as one source for one ``FUNCTION LOAD``: the names of
-    :mod:`shared.functions` as the Lua table ``FUNCTIONS``, then the files of ``shared/lua/``."""
+    :mod:`shared.functions` as the Lua table ``FUNCTIONS``, then the files of ``shared/lua/``.
+    Raises ``ValueError`` if a file is left out of ``LUA_FILES``, or if the files register other
+    functions than :mod:`shared.functions` names: better at start-up than at the first call."""
+    folder = resources.files("shared").joinpath("lua")
+    present = {path.name for path in folder.iterdir() if path.name.endswith(".lua")}
+    if present != {f"{file}.lua" for file in LUA_FILES}:
+        raise ValueError(f"shared/lua/ holds {sorted(present)}, LUA_FILES names {LUA_FILES}")
     names = []
     for key, name in REGISTERED.items():
         if not (_LUA_NAME.fullmatch(key) and _LUA_NAME.fullmatch(name)):
             raise ValueError(f"not a Lua identifier: {key!r} = {name!r}")
         names.append(f"  {key} = '{name}',\n")
-    folder = resources.files("shared").joinpath("lua")
     parts = [f"#!lua name={LIBRARY}\n\n", "local FUNCTIONS = {\n", *names, "}\n\n"]
     for file in LUA_FILES:
-        parts += [f"-- shared/lua/{file}.lua\n", folder.joinpath(f"{file}.lua").read_text("utf-8")]
-        parts.append("\n")
+        text = folder.joinpath(f"{file}.lua").read_text("utf-8")
+        parts += [f"-- shared/lua/{file}.lua\n", text, "\n"]
     source = "".join(parts)
-    registered = set(_REGISTERS.findall(source))
-    if registered != set(REGISTERED):
+    mismatch = set(_REGISTERS.findall(source)) ^ set(REGISTERED)
+    if mismatch:
         raise ValueError(
-            f"shared/lua/ registers {sorted(registered ^ set(REGISTERED))} unlike "
-            "shared/functions.py"
+            f"registered in shared/lua/ or named in shared/functions.py only: {mismatch}"
         )
     return source
 

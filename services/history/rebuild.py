@@ -313,39 +313,39 @@ class Rebuilder:
                     events += len(rows)
                     after = rows[-1].id
                     await self._extend(bid)
-                journaled = await self._journaled(bid, staged)
-                known = await _held(conn, bid, journaled)
+                journal = _Staged()
+                known = await _held(conn, bid, await self._journaled(bid, journal))
                 await conn.rollback()
         except _FlagLost:
             return "the flag lapsed", set()
-        status, detail, replaced = await self._finish(bid, staged, live, known)
+        status, detail = await self._finish(bid, staged, journal, live, known)
         if status != "ok":
             return f"{status} {detail}".strip(), set()
         done.events, done.refused = events, refused
         done.journal_replayed, done.journal_known = int(detail), len(known)
-        done.keys = replaced
+        done.keys = len(staged.counters | staged.others | live)
         tag = self._keys.tag(bid)
         return "ok", {k for k in staged.others if _REGION_VIEW.fullmatch(k[len(tag) + 1 :])}
 
-    async def _journaled(self, board_id: str, staged: _Staged) -> set[str]:
-        """The ids of the events journaled so far, their keys added to ``staged``: the finish
+    async def _journaled(self, board_id: str, journal: _Staged) -> set[str]:
+        """The ids of the events journaled so far, their keys added to ``journal``: the finish
         step replays them onto staging, and must be given each key they write."""
         raw: list[Any] = await self._redis.lrange(self._keys.rebuild_journal(board_id), 1, -1)
         calls = [orjson.loads(entry) for entry in raw]
         for call in calls:
-            staged.add(call["keys"])
+            journal.add(call["keys"])
         return {orjson.loads(call["args"][6] + "}")["event_id"] for call in calls}
 
     async def _finish(
-        self, board_id: str, staged: _Staged, live: set[str], known: set[str]
-    ) -> tuple[str, str, int]:
-        """The finish step: its status and detail, and how many live keys it replaced. An event
-        journaled after the journal was read may name a key not given: the step then writes
-        nothing, and is called again with the journal read again. (Such an event is not among
-        ``known``: MySQL's snapshot was taken before.)"""
+        self, board_id: str, staged: _Staged, journal: _Staged, live: set[str], known: set[str]
+    ) -> tuple[str, str]:
+        """The finish step's status and detail. An event journaled after the journal was read
+        may name a key not given: the step then writes nothing, and is called again with the
+        journal read again. (Such an event is not among ``known``: MySQL's snapshot was taken
+        before.)"""
         for _ in range(FINISH_TRIES):
-            counters = sorted(staged.counters)
-            others = sorted((staged.others | live) - staged.counters)
+            counters = sorted(staged.counters | journal.counters)
+            others = sorted((staged.others | journal.others | live) - set(counters))
             call_keys = finish_keys(self._keys, board_id, counters, others)
             status, detail = await self._redis.fcall(
                 REBUILD_FINISH_FUNCTION,
@@ -357,8 +357,8 @@ class Rebuilder:
             )
             if status != "unknown":
                 break
-            await self._journaled(board_id, staged)
-        return status, detail, len(counters) + len(others)
+            await self._journaled(board_id, journal)
+        return status, detail
 
     async def _replay(self, board: Board, rows: Sequence[Any], staged: _Staged) -> int:
         bid = board.board_id

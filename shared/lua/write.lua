@@ -109,28 +109,27 @@ local function pushed_out(brackets, board, rank, prev)
   return pushed
 end
 
+-- put_entry() into one of the period's views (its board or team board), at the period's tick.
+local function put_in_period(e, p, view, distinct, member, score, old_signed)
+  local signed, reached = score * e.sign, p.scale - 1 - p.tick
+  local added = put_entry(view, distinct, member, signed * p.scale + reached, old_signed, signed,
+                          p.scale)
+  -- A member new to the view may be its first: then the view's keys were just made.
+  expire_made(added == 1 and redis.call('ZCARD', view) == 1, {view, distinct}, p.expire)
+end
+
 -- Second pass, for one period: write, and read what the write did.
 local function write_period(e, p)
-  local reached = p.scale - 1 - p.tick
   local prev = redis.call('ZREVRANK', p.board, e.user)
   local rank
   if p.changed then
-    local signed = p.score * e.sign
-    -- A member new to the view may be its first: then the view's keys were just made.
-    local added = put_entry(p.board, p.distinct, e.user, signed * p.scale + reached,
-                            p.old_signed, signed, p.scale)
-    expire_made(added == 1 and redis.call('ZCARD', p.board) == 1, {p.board, p.distinct},
-                p.expire)
+    put_in_period(e, p, p.board, p.distinct, e.user, p.score, p.old_signed)
     rank = redis.call('ZREVRANK', p.board, e.user) + 1
   else
     rank = prev + 1
   end
   if e.teams and (p.team_old_signed == nil or e.value ~= 0) then
-    local signed = p.team_score * e.sign
-    local added = put_entry(p.teams, p.teams_distinct, e.team, signed * p.scale + reached,
-                            p.team_old_signed, signed, p.scale)
-    expire_made(added == 1 and redis.call('ZCARD', p.teams) == 1, {p.teams, p.teams_distinct},
-                p.expire)
+    put_in_period(e, p, p.teams, p.teams_distinct, e.team, p.team_score, p.team_old_signed)
   end
   expire_made(redis.call('SADD', p.regions, e.region) == 1, {p.regions}, p.expire)
   -- Every write of the period adds to both, so the period's first write makes them.
