@@ -120,7 +120,7 @@ class BadCursor(ValueError):
 
 
 class EventRecord(TypedDict):
-    """One stored event as the API shows it (API.md section 7)."""
+    """One stored event as the API shows it (docs/api.md section 7)."""
 
     event_id: str
     user_id: str

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
-from services.aggregator.brackets import Standing, judge
+from services.aggregator.global_brackets import Standing, judge
 from shared.brackets import Crossing
 from shared.keys import Keys
 from shared.settings import LadderSettings

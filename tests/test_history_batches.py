@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import CHUNK_ROWS, HistoryHandler, MarkChangedViews
-from services.history.snapshots import changed_views
+from services.history.snapshotter import changed_views
 from shared.db import count_events, open_engine, score_events
 from shared.keys import Keys
 from shared.settings import LadderSettings

@@ -23,7 +23,7 @@ import websockets
 from redis.asyncio import Redis
 
 from services.aggregator.handlers import Each, MarkDirty
-from services.aggregator.live import LiveViews, RecordLive
+from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys

@@ -17,9 +17,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.writes import ScoreIn, submit
-from services.history import rebuild as rebuild_module
 from services.history.handlers import HistoryHandler
-from services.history.rebuild import BoardRebuild, Rebuilder, RebuildFailed
+from services.rebuild import rebuilder as rebuild_module
+from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
 from shared.boards import Board, BoardCatalog
 from shared.db import open_engine
 from shared.db_boards import save_board

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history import main as history_main
 from services.history.handlers import MarkChangedViews
-from services.history.snapshots import Snapshotter, tick, view_member
+from services.history.snapshotter import Snapshotter, tick, view_member
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
 from shared.db import open_engine
 from shared.db_boards import snapshot_at

@@ -8,7 +8,7 @@ import asyncio
 import structlog
 
 from services.aggregator.handlers import Each, MarkDirty
-from services.aggregator.live import LiveViews, RecordLive
+from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared import service
 from shared.boards import Board, BoardCatalog

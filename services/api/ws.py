@@ -31,7 +31,7 @@ from services.api.errors import Unauthorized
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
-from shared.live import HOT_WINDOWS
+from shared.live_maths import HOT_WINDOWS
 from shared.periods import PERIODS
 
 log = structlog.get_logger(__name__)

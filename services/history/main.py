@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler, MarkChangedViews, in_order
 from services.history.migrate import wait_for_schema
-from services.history.snapshots import Snapshotter, tick
+from services.history.snapshotter import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
 from shared.consumer import ConsumerRunner

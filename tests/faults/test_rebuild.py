@@ -74,7 +74,7 @@ def run_rebuild(stack: FaultStack) -> tuple[float, str]:
     """``make rebuild`` as a user runs it (the module, with the stack's environment)."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "services.history.rebuild", "--wait", "60"],
+        [sys.executable, "-m", "services.rebuild", "--wait", "60"],
         cwd=ROOT,
         env=stack.env,
         capture_output=True,

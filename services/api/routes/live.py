@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from services.api import views
 from services.api.errors import Invalid, problems
 from services.api.state import BoardDep, Reader, State
-from shared.live import mvp_entries
+from shared.live_maths import mvp_entries
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["live views"])

@@ -1,4 +1,4 @@
-"""The live views of play (API.md section 8a): hot streaks and team MVPs.
+"""The live views of play (docs/api.md section 8a): hot streaks and team MVPs.
 
 Both are computed from state the aggregator keeps in Redis (see :mod:`shared.keys`), never from
 message counts, so the aggregator that computes them and the API that reads them agree.

@@ -1,4 +1,4 @@
-"""The live views of play in the aggregator: hot streaks and team MVPs (API.md section 8a).
+"""The live views of play in the aggregator: hot streaks and team MVPs (docs/api.md section 8a).
 
 Consumed events are recorded in Redis, idempotently and with no regard to order:
 
@@ -33,8 +33,8 @@ from redis.asyncio import Redis
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
-from shared.live import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
-from shared.live import on_time as is_on_time
+from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
+from shared.live_maths import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at, window_of
 from shared.redis import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 

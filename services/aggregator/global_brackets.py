@@ -1,4 +1,4 @@
-"""Bracket notifications of the global scope (API.md section 9), judged on the merged board.
+"""Bracket notifications of the global scope (docs/api.md section 9), judged on the merged board.
 
 The region scope is judged by the notifier on each update, from what the atomic write saw. The
 global view is written by the merge, many users at a time, so its brackets are judged on the

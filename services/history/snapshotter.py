@@ -1,4 +1,4 @@
-"""Top-N snapshots of the views that changed (API.md section 7).
+"""Top-N snapshots of the views that changed (docs/api.md section 7).
 
 The history handler marks, for each event and each of its periods, the views the event changed:
 its region, ``global`` and, with a team, ``teams``; the marks go into the board's set
