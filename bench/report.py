@@ -1,4 +1,5 @@
-"""The bench's figures: each row printed as it is taken, and BENCHMARKS.md written from them."""
+"""The bench's figures: each phase's rows printed as the phase ends, and BENCHMARKS.md written
+from them all."""
 
 from __future__ import annotations
 
