@@ -14,7 +14,7 @@ import jwt
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
 
-from services.api.main import create_app
+from services.api.app import create_app
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 
 T = TypeVar("T")

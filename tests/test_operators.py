@@ -7,7 +7,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.api.writes import ScoreIn, submit
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.ranking import decode_score

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from services.api.errors import Invalid
-from services.api.writes import ScoreIn, submit
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import window_at

@@ -18,8 +18,9 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from services.api import hub, server
-from services.api.server import Server, build_server
+from services.api.push import hub
+from services.api.serving import uvicorn_server as server
+from services.api.serving.uvicorn_server import Server, build_server
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology

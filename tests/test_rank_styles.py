@@ -13,7 +13,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from services.api.views import walk_ranks
+from services.api.reads.styles import walk_ranks
 from shared.boards import Board
 from shared.keys import Keys
 from shared.settings import LadderSettings

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from services.api.writes import ScoreIn, submit
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import Period, window_at

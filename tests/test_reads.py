@@ -19,7 +19,8 @@ from redis.asyncio import Redis
 
 from services.aggregator.handlers import MarkDirty
 from services.aggregator.merge import Merger
-from services.api.writes import ScoreIn, submit
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from shared.boards import MAIN_BOARD, Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys

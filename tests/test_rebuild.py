@@ -16,7 +16,8 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api.writes import ScoreIn, submit
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from services.history.handlers import HistoryHandler
 from services.rebuild import rebuilder as rebuild_module
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed

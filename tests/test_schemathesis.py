@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from services.aggregator.merge import Merger
-from services.api.main import create_app
+from services.api.app import create_app
 from services.history.handlers import HistoryHandler
 from shared.boards import MAIN_BOARD, Board
 from shared.db import open_engine

@@ -14,8 +14,8 @@ import websockets
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from services.api.main import create_app
-from services.api.ws import MAX_SUBSCRIPTIONS
+from services.api.app import create_app
+from services.api.push.ws import MAX_SUBSCRIPTIONS
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
 from tests.helpers import UNREACHABLE_BROKER, player_token

@@ -1,4 +1,4 @@
-"""Board definitions (API.md section 3): listed and read by anyone who may read, written by an
+"""Board definitions (docs/api.md section 3): listed and read by anyone who may read, written by an
 admin key.
 
 A ``PUT`` writes MySQL, the source of truth, then the Redis hash every service reads, both under

@@ -1,40 +1,38 @@
-"""The API: REST and WebSocket clients, the atomic write, the outbox relay."""
+"""The API as an ASGI application: :func:`create_app` and the lifespan that owns its
+connections and background tasks (the outbox relay, the Pub/Sub hub, the start-up restore)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Literal
+from typing import Any
 
 import structlog
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, Field
-from sqlalchemy import text
+from fastapi import FastAPI
 
 from services.api import errors
-from services.api.hub import Hub
-from services.api.limits import BodyLimit, JsonBodies
-from services.api.relay import Relay
-from services.api.restore import Restorer
+from services.api.bodies import BodyLimit, JsonBodies
+from services.api.push.hub import Hub
+from services.api.push.ws import router as ws_router
+from services.api.relay.outbox import Relay
+from services.api.restorer import Restorer
 from services.api.routes import (
     activity,
     badges,
-    boards,
     dashboard,
+    definitions,
     friends,
+    ops,
     reads,
     scores,
     snapshots,
 )
 from services.api.routes import live as live_views
-from services.api.state import ApiState, State
-from services.api.ws import router as ws_router
+from services.api.state import ApiState
 from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.keys import Keys
-from shared.ops import metrics_response, readiness_response, run_checks
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 
@@ -48,16 +46,7 @@ Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Erro
 `application/problem+json`.
 """
 
-
-class Health(BaseModel):
-    status: Literal["ok"]
-
-
-class Readiness(BaseModel):
-    status: Literal["ready", "not ready"]
-    dependencies: dict[str, Literal["up", "down"]] = Field(
-        description="redis, broker, mysql and pubsub, each up or down"
-    )
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[dict[str, ApiState]]]
 
 
 @contextlib.asynccontextmanager
@@ -79,8 +68,9 @@ async def _background(
                 await task
 
 
-def create_app(settings: LadderSettings | None = None) -> FastAPI:
-    settings = settings or LadderSettings()
+def lifespan_of(settings: LadderSettings) -> Lifespan:
+    """The lifespan of an API process: Redis and MySQL opened, what Redis lost restored, then
+    the hub, the relay and the restore's retries in the background; all closed in reverse."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, ApiState]]:
@@ -108,16 +98,21 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
             ):
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
-                # services.api.server sets it before any connection is closed; under another
+                # services.api.serving sets it before any connection is closed; under another
                 # server it comes after that server has closed the sockets itself.
                 state.shutting_down.set()
 
+    return lifespan
+
+
+def create_app(settings: LadderSettings | None = None) -> FastAPI:
+    settings = settings or LadderSettings()
     app = FastAPI(
         title="Ladder",
         version="1.0.0",
         description=DESCRIPTION,
-        lifespan=lifespan,
-        # Bodies are JSON; see limits.JsonBodies for bodies labelled otherwise.
+        lifespan=lifespan_of(settings),
+        # Bodies are JSON; see bodies.JsonBodies for bodies labelled otherwise.
         strict_content_type=False,
     )
     errors.install(app)
@@ -127,54 +122,12 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(reads.router)
     app.include_router(activity.router)
     app.include_router(badges.router)
-    app.include_router(boards.router)
+    app.include_router(definitions.router)
     app.include_router(friends.router)
     app.include_router(snapshots.router)
     app.include_router(live_views.router)
     app.include_router(ws_router)
     dashboard.install(app)
-
-    @app.get("/healthz", tags=["operations"], response_model=Health)
-    async def healthz() -> dict[str, str]:
-        """Alive; checks no dependency."""
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        tags=["operations"],
-        response_model=Readiness,
-        responses={
-            503: {
-                "model": Readiness,
-                "description": "Redis is down (with Retry-After)",
-                "headers": errors.PROBLEMS[503]["headers"],
-            }
-        },
-    )
-    async def readyz(state: State) -> JSONResponse:
-        """Each dependency and its state; 503 only while Redis is down. With the broker down
-        the API keeps accepting scores into the outbox."""
-
-        async def redis_up() -> bool:
-            return bool(await state.redis.ping())
-
-        async def broker_up() -> bool:
-            return state.relay.ready
-
-        async def mysql_up() -> bool:
-            async with state.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-            return True
-
-        async def pubsub_up() -> bool:
-            return state.hub.connected
-
-        checks = {"redis": redis_up, "broker": broker_up, "mysql": mysql_up, "pubsub": pubsub_up}
-        return readiness_response(await run_checks(checks), required={"redis"})
-
-    @app.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-    async def metrics(_: Request) -> Response:
-        """Prometheus text format."""
-        return metrics_response()
-
+    # Last, after the dashboard's routes, as they have always been listed in the document.
+    app.include_router(ops.router)
     return app

@@ -1,4 +1,4 @@
-"""The WebSocket at ``/v1/ws`` (API.md section 9).
+"""The WebSocket at ``/v1/ws`` (docs/api.md section 9).
 
 Each connection is a receiver (client ops) and a sender (its bounded queue) run together; the
 first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
@@ -8,8 +8,8 @@ with 1008 and a reason.
 
 Before the server closes a socket, its receiver and sender are stopped: a sender may be waiting
 for a peer that stopped reading to make room, and nothing may follow the close frame. The close
-itself is given ``CLOSE_WAIT`` seconds; the server's own WebSocket protocol (``server.py``)
-sends it at once and drops a peer that does not answer it.
+itself is given ``CLOSE_WAIT`` seconds; the server's own WebSocket protocol
+(``serving/uvicorn_server.py``) sends it at once and drops a peer that does not answer it.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ _LEADERBOARD_TOPIC = re.compile(
     rf":(?P<period>{'|'.join(PERIODS)})$"
 )
 _USER_TOPIC = re.compile(rf"^user:(?P<user>{USER_ID_PATTERN.strip('^$')})$")
-# The live views (API.md section 8a): leaderboard:{board}:hot:{10|60}, leaderboard:{board}:mvps:
-# {period}. A subscriber is sent the view's current state at once, then every change.
+# The live views (docs/api.md section 8a): leaderboard:{board}:hot:{10|60},
+# leaderboard:{board}:mvps:{period}. A subscriber is sent the view's current state at once,
+# then every change.
 _LIVE_TOPIC = re.compile(
     rf"^leaderboard:(?P<board>{_BOARD}):(?:hot:(?P<window>{'|'.join(map(str, HOT_WINDOWS))})"
     rf"|mvps:(?P<period>{'|'.join(PERIODS)}))$"

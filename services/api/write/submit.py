@@ -1,6 +1,6 @@
-"""The score write: validate, then one Redis Function call (API.md section 4).
+"""The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v1``: the rate limits of API.md section 9a checked and
+A client's write runs as ``ladder_write_v1``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
 pipeline) and a refused one writes nothing. ``ladder_submit_v1`` is the write alone.
 """
@@ -15,13 +15,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt
 from redis.asyncio import Redis
 
 from services.api.errors import Conflict, Invalid, Unavailable
-from services.api.limits import Quota, refusal
+from services.api.write.limits import Quota, refusal
+from services.api.write.models import ScoreIn
 from shared.boards import Board
-from shared.events import DisplayName, EventId, Region, TeamId, UserId
 from shared.keys import Keys
 from shared.periods import PERIODS
 from shared.redis import SUBMIT_FUNCTION
@@ -29,54 +28,6 @@ from shared.settings import LadderSettings
 from shared.submit import SubmitEvent, submit_call
 
 WRITE_FUNCTION = "ladder_write_v1"
-
-
-class ScoreIn(BaseModel):
-    """A score as a game sends it."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "event_id": "c0ffee-42",
-                    "user_id": "u-42",
-                    "region": "eu",
-                    "value": 25,
-                    "team_id": "red-wombats",
-                    "display_name": "Ana",
-                    "occurred_at": "2026-11-29T17:00:00Z",
-                }
-            ]
-        },
-    )
-
-    event_id: EventId | None = Field(default=None, description="Idempotency key")
-    user_id: UserId
-    region: Region
-    value: StrictInt = Field(
-        ge=-(2**53), le=2**53, description="A delta (incr) or a score (best, set)"
-    )
-    team_id: TeamId | None = None
-    display_name: DisplayName | None = None
-    occurred_at: AwareDatetime | None = Field(default=None, description="Defaults to now")
-
-
-class PeriodOut(BaseModel):
-    period_id: str
-    score: int
-    rank: int = Field(description="1-based rank in the user's region for this period")
-    previous_rank: int | None
-    improved: bool
-
-
-class ScoreOut(BaseModel):
-    event_id: str
-    duplicate: bool
-    board_id: str
-    user_id: str
-    region: str
-    periods: dict[str, PeriodOut]
 
 
 def body_hash(score: ScoreIn) -> str:
@@ -230,7 +181,7 @@ async def submit(
     event_id: str,
     quota: Quota | None = None,
 ) -> dict[str, Any]:
-    """Write one score atomically, within ``quota`` if given: the answer of API.md section 4,
+    """Write one score atomically, within ``quota`` if given: the answer of docs/api.md section 4,
     or a :class:`Problem`."""
     call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
     if call.known is not None:
