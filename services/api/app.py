@@ -128,6 +128,6 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(live_views.router)
     app.include_router(ws_router)
     dashboard.install(app)
-    # Last, after the dashboard's routes, as they have always been listed in the document.
+    # Last, so that the OpenAPI document lists the operations endpoints after the rest.
     app.include_router(ops.router)
     return app
