@@ -1,4 +1,5 @@
-"""Operations: ``/healthz``, ``/readyz`` and ``/metrics`` of an API process."""
+"""Operations (docs/api.md section 10): an API process's ``/healthz``, ``/readyz`` and
+``/metrics``."""
 
 from __future__ import annotations
 
