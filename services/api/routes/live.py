@@ -2,7 +2,7 @@
 
 The hot view is the one the aggregator computed on its last tick (``as_of`` says when); the MVP
 view is computed at the read from the teams board and the aggregator's member contributions, so
-that any retained period can be read. The rules of both are in :mod:`shared.live`.
+that any retained period can be read. The rules of both are in :mod:`shared.live_maths`.
 """
 
 from __future__ import annotations
