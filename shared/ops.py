@@ -94,7 +94,14 @@ async def serve_ops(
         access_log=False,
         lifespan="off",
     )
-    server = _QuietServer(config)
+    async with running(_QuietServer(config)):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def running(server: uvicorn.Server) -> AsyncIterator[None]:
+    """Run ``server`` in this event loop for the duration of the block: the block starts once it
+    listens (or raises what stopped it from starting), and ends once it has shut down."""
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
