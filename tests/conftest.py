@@ -21,6 +21,7 @@ from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.helpers import UNREACHABLE_BROKER
 from tests.stack import Stack
 
 # Database 1, not a running Ladder's 0: the tests' SCANs of their own prefixes then walk only
@@ -48,6 +49,15 @@ def settings(test_id: str) -> LadderSettings:
         key_prefix=f"lt-{test_id}",
         broker_prefix=f"lt-{test_id}",
         merge_interval=0.2,
+    )
+
+
+@pytest.fixture
+def quiet(settings: LadderSettings) -> LadderSettings:
+    """The test's settings with an unreachable broker: accepted events stay in the outbox and
+    nothing but the requests themselves changes Redis."""
+    return settings.model_copy(
+        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
     )
 
 

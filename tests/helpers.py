@@ -11,11 +11,13 @@ from typing import Any, TypeVar
 
 import httpx
 import jwt
+import uvicorn
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
 
 from services.api.main import create_app
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
+from tests.stack import free_port
 
 T = TypeVar("T")
 
@@ -71,6 +73,32 @@ async def api_client(settings: LadderSettings) -> AsyncIterator[httpx.AsyncClien
             yield client
     finally:
         await manager.__aexit__(None, None, None)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: LadderSettings) -> AsyncIterator[str]:
+    """The API on a real uvicorn server on a free port; its WebSocket URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
+    )
+    server = _Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        yield f"ws://127.0.0.1:{port}/v1/ws"
+    finally:
+        server.should_exit = True
+        await task
 
 
 async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:

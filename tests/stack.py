@@ -3,15 +3,20 @@ with the test's prefixes, database and free ports, driven through the Makefile's
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import websockets
 
 from shared.settings import LadderSettings
 
@@ -139,3 +144,39 @@ class Stack:
         end = time.monotonic() + 30
         while pidfile.exists() and time.monotonic() < end:
             time.sleep(0.1)
+
+
+class Socket:
+    """A WebSocket client that collects what the server pushes."""
+
+    def __init__(self, connection: websockets.ClientConnection) -> None:
+        self.connection = connection
+        self.received: list[dict[str, Any]] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.connection.send(json.dumps(message))
+
+    async def expect(
+        self, match: Callable[[dict[str, Any]], bool], within: float = 10.0
+    ) -> dict[str, Any]:
+        for message in self.received:
+            if match(message):
+                return message
+        async with asyncio.timeout(within):
+            while True:
+                message = json.loads(await self.connection.recv())
+                self.received.append(message)
+                if match(message):
+                    return message
+
+    async def sync(self) -> None:
+        """A ping answered means every op sent before it has been handled."""
+        await self.send({"op": "ping"})
+        await self.expect(lambda m: m["type"] == "pong")
+
+
+async def open_socket(stack: Stack, token: str) -> Socket:
+    connection = await websockets.connect(f"{stack.ws}?token={token}")
+    socket = Socket(connection)
+    await socket.sync()
+    return socket

@@ -31,25 +31,17 @@ from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.helpers import (
     ADMIN,
     SERVER,
-    UNREACHABLE_BROKER,
     api_client,
     eventually,
     republish,
+    serve,
     snapshot,
 )
 from tests.stack import Stack
-from tests.test_ws_security import serve
 
 HOT = "/v1/boards/main/hot"
 MVPS = "/v1/boards/main/mvps"
 PROBLEM = "application/problem+json"
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 def stamp(moment: datetime) -> str:

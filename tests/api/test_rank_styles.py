@@ -17,17 +17,10 @@ from services.api.views import walk_ranks
 from shared.boards import Board
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client
+from tests.helpers import SERVER, api_client
 
 LEADERBOARD = "/v1/boards/main/leaderboard"
 STYLES = ("ordinal", "competition", "dense")
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 def at(second: int) -> str:

@@ -24,18 +24,11 @@ from shared.boards import MAIN_BOARD, Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client, player, snapshot
+from tests.helpers import SERVER, api_client, player, snapshot
 
 LEADERBOARD = "/v1/boards/main/leaderboard"
 PROBLEM = "application/problem+json"
 EVENT_FIELDS = {"event_id", "user_id", "region", "team_id", "value", "occurred_at", "accepted_at"}
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 def at(second: int) -> str:

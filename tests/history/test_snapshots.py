@@ -29,9 +29,9 @@ from shared.periods import Period
 from shared.ranking import encode
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import UNREACHABLE_BROKER, api_client, eventually, player
+from tests.api.helpers import assert_problem
+from tests.helpers import api_client, eventually, player
 from tests.stack import free_port
-from tests.test_api import assert_problem
 
 T1 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
 T2 = T1 + timedelta(minutes=1)
@@ -285,13 +285,6 @@ async def test_the_history_service_snapshots_what_it_consumes(
 
 
 SNAPSHOTS = "/v1/boards/main/snapshots"
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 def rfc(moment: datetime) -> str:

@@ -26,22 +26,14 @@ from redis.asyncio import Redis
 from selenium.webdriver.support.ui import Select
 
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
-from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client
+from tests.helpers import SERVER, api_client, serve
 from tests.stack import ROOT, Stack
-from tests.test_ws_security import serve
 
 # The README's picture is docs/dashboard.png; a run saves its own under .run/ unless
 # LADDER_SCREENSHOT names where (LADDER_SCREENSHOT=docs/dashboard.png refreshes the README's).
 SCREENSHOT = Path(os.environ.get("LADDER_SCREENSHOT") or ROOT / ".run" / "dashboard.png")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 @pytest.mark.usefixtures("mysql_database", "redis", "broker")

@@ -31,7 +31,7 @@ import yaml
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 COMPOSE_FILE = DEPLOY / "compose.yml"
 DEBUG_FILE = DEPLOY / "compose.debug.yml"

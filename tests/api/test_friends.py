@@ -14,18 +14,16 @@ from shared.db import open_engine
 from shared.db_boards import all_friendships, load_friends
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player, snapshot
-from tests.test_api import assert_problem
+from tests.api.helpers import assert_problem
+from tests.helpers import ADMIN, SERVER, api_client, player, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
 
 @pytest.fixture
-def quiet(settings: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The test's settings with its own migrated database and an unreachable broker."""
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
 
 
 def path(user_id: str, friend_id: str | None = None) -> str:

@@ -12,8 +12,7 @@ from redis.asyncio import Redis
 from shared.db import count_events, open_engine
 from shared.keys import Keys
 from tests.helpers import SERVER, eventually, player_token, republish
-from tests.stack import Stack
-from tests.test_e2e import open_socket
+from tests.stack import Stack, open_socket
 
 pytestmark = pytest.mark.stack
 

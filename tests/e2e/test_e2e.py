@@ -2,58 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-import websockets
 from sqlalchemy import text
 
 from shared.db import open_engine
 from tests.helpers import SERVER, eventually, player_token
-from tests.stack import Stack
+from tests.stack import Stack, open_socket
 
 pytestmark = pytest.mark.stack
-
-
-class Socket:
-    """A WebSocket client that collects what the server pushes."""
-
-    def __init__(self, connection: websockets.ClientConnection) -> None:
-        self.connection = connection
-        self.received: list[dict[str, Any]] = []
-
-    async def send(self, message: dict[str, Any]) -> None:
-        await self.connection.send(json.dumps(message))
-
-    async def expect(
-        self, match: Callable[[dict[str, Any]], bool], within: float = 10.0
-    ) -> dict[str, Any]:
-        for message in self.received:
-            if match(message):
-                return message
-        async with asyncio.timeout(within):
-            while True:
-                message = json.loads(await self.connection.recv())
-                self.received.append(message)
-                if match(message):
-                    return message
-
-    async def sync(self) -> None:
-        """A ping answered means every op sent before it has been handled."""
-        await self.send({"op": "ping"})
-        await self.expect(lambda m: m["type"] == "pong")
-
-
-async def open_socket(stack: Stack, token: str) -> Socket:
-    connection = await websockets.connect(f"{stack.ws}?token={token}")
-    socket = Socket(connection)
-    await socket.sync()
-    return socket
 
 
 async def test_score_travels_through_all_four_services(stack: Stack) -> None:

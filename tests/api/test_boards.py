@@ -21,6 +21,7 @@ from shared.events import PeriodResult, ScoreAccepted
 from shared.keys import Keys
 from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
+from tests.api.helpers import MAIN, assert_problem
 from tests.helpers import (
     ADMIN,
     SERVER,
@@ -30,7 +31,6 @@ from tests.helpers import (
     player,
     snapshot,
 )
-from tests.test_api import MAIN, assert_problem
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -49,11 +49,9 @@ LAPS = {
 
 
 @pytest.fixture
-def quiet(settings: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The test's settings with its own migrated database and an unreachable broker."""
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
 
 
 async def put(client: Any, board_id: str, body: dict[str, Any], status: int = 200) -> Any:

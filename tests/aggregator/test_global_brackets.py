@@ -12,10 +12,8 @@ from services.aggregator.brackets import Standing, judge
 from shared.brackets import Crossing
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from tests.api.test_reads import at, merge, post
 from tests.helpers import api_client
-from tests.test_reads import at, merge, post, quiet
-
-__all__ = ["quiet"]
 
 BRACKETS = (1, 10, 100)
 

@@ -23,11 +23,8 @@ from services.api.server import Server, build_server
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually
+from tests.helpers import eventually, serve
 from tests.stack import free_port
-from tests.test_ws_security import quiet, serve
-
-__all__ = ["quiet"]
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 

@@ -68,13 +68,6 @@ MATRIX: list[tuple[str, str, str, Any, dict[str, int]]] = [
 PRIVATE_READS = {"none": 401, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}
 
 
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
-
-
 async def seeded(client: httpx.AsyncClient) -> None:
     """Board ``open`` takes player writes; u-1 has a score on main."""
     response = await client.put("/v1/boards/open", json={"player_writes": True}, headers=ADMIN)

@@ -32,8 +32,7 @@ from tests.helpers import (
     player_token,
     republish,
 )
-from tests.stack import Stack
-from tests.test_e2e import open_socket
+from tests.stack import Stack, open_socket
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 

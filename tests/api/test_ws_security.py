@@ -5,56 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import uvicorn
 import websockets
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from services.api.main import create_app
 from services.api.ws import MAX_SUBSCRIPTIONS
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import UNREACHABLE_BROKER, player_token
-from tests.stack import free_port
+from tests.helpers import player_token, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[no-untyped-def]
-        yield
-
-
-@contextlib.asynccontextmanager
-async def serve(settings: LadderSettings) -> AsyncIterator[str]:
-    """The API on a real uvicorn server on a free port; its WebSocket URL."""
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
-    )
-    server = _Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        yield f"ws://127.0.0.1:{port}/v1/ws"
-    finally:
-        server.should_exit = True
-        await task
-
-
-@pytest.fixture
-def quiet(settings: LadderSettings) -> LadderSettings:
-    return settings.model_copy(
-        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
-    )
 
 
 async def close_code(url: str, **kwargs: Any) -> tuple[int | None, str]:
