@@ -19,7 +19,7 @@ from shared.ranking import decode_score
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player
-from tests.stack import ROOT, free_port
+from tests.stack import ROOT, free_port, run
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -219,15 +219,7 @@ def test_prod_refuses_to_start_with_dev_defaults(service: str) -> None:
         LADDER_SERVER_KEYS="dev-server-key",
         LADDER_JWT_SECRET="dev-jwt-secret",
     )
-    done = subprocess.run(
-        [sys.executable, "-m", service],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run([sys.executable, "-m", service], env=env)
     assert done.returncode == 2
     assert "LADDER_SERVER_KEYS holds a development key" in done.stderr
     assert "LADDER_ADMIN_KEYS is not set" in done.stderr

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -27,6 +26,7 @@ from shared.db import BadCursor, count_events, open_engine, score_events, user_e
 from shared.events import ScoreAccepted, message_body
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.stack import free_port
 
 T0 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
 WAIT = 15.0
@@ -379,16 +379,10 @@ async def test_a_poison_message_is_dead_lettered_and_the_stream_flows_on(
     assert message.body == b"{not json"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_the_service_is_ready_then_drains_on_sigterm(
     settings: LadderSettings, broker: Topology, channel: AbstractChannel, db: AsyncEngine
 ) -> None:
-    port = _free_port()
+    port = free_port()
     service_settings = settings.model_copy(update={"history_port": port})
     service = asyncio.create_task(history_main.run(service_settings))
     try:

@@ -3,7 +3,6 @@ nothing else; twice is as good as once; a running Ladder is left running on a fr
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -20,7 +19,7 @@ from shared.topology import Topology
 from sim.control import declare_exchange, exchange_name
 from tests.conftest import MYSQL_SERVER_URL
 from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client
-from tests.stack import ROOT, Stack
+from tests.stack import Stack, run
 
 
 def make_clean(settings: LadderSettings, run_dir: Path) -> str:
@@ -33,15 +32,7 @@ def make_clean(settings: LadderSettings, run_dir: Path) -> str:
         "LADDER_MYSQL_URL": settings.mysql_url,
         "LADDER_RUN_DIR": str(run_dir),
     }
-    done = subprocess.run(
-        ["make", "-s", "--no-print-directory", "clean"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run(["make", "-s", "--no-print-directory", "clean"], env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from sim.model import is_robot
-from tests.stack import ROOT, Stack
+from tests.stack import ROOT, Stack, run
 
 pytestmark = pytest.mark.stack
 
@@ -84,15 +84,7 @@ def test_robots_take_the_top_but_not_the_hot_streaks(stack: Stack, tmp_path: Pat
         wait_for(lambda: len(hot()) == 10, 20, "ten hot players")
         before = robot_share(top())
 
-        done = subprocess.run(
-            [sys.executable, "-m", "sim.set", "robot_share", "1.0"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        done = run([sys.executable, "-m", "sim.set", "robot_share", "1.0"], env=env, timeout=30)
         assert done.returncode == 0, done.stderr
         changed = time.monotonic()
 
