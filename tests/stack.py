@@ -82,6 +82,17 @@ def answers_ok(url: str, within: float) -> bool:
     return True
 
 
+def spawn_api(env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """``python -m services.api`` as a process of its own with ``env``, its output dropped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.api"],
+        cwd=ROOT,
+        env=dict(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @dataclass
 class Stack:
     settings: LadderSettings

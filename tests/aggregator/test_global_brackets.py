@@ -1,4 +1,4 @@
-"""Bracket notifications of the global scope (API.md section 9): judged on the merged board."""
+"""Bracket notifications of the global scope (docs/api.md section 9): judged on the merged board."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The live views of play (API.md section 8a): hot streaks and team MVPs, their reads and pushes.
+"""The live views of play (docs/api.md section 8a): hot streaks and team MVPs, their reads and
+pushes.
 
 Most tests run the API in-process against real Redis with an unreachable broker, so accepted
 events stay in the outbox; the test hands them to the aggregator's own handler and ticker

@@ -20,7 +20,7 @@ JSON = {"Content-Type": "application/json"}
 PROBLEM = "application/problem+json"
 MiB = 1024 * 1024
 
-# Board main as API.md section 3 defines it, every field present.
+# Board main as docs/api.md section 3 defines it, every field present.
 MAIN = {
     "board_id": "main",
     "operator": "incr",
@@ -85,8 +85,11 @@ async def post(
     return answer
 
 
-async def get_ok(client: httpx.AsyncClient, path: str, **params: Any) -> dict[str, Any]:
-    response = await client.get(path, params=params, headers=SERVER)
+async def get_ok(
+    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None, **params: Any
+) -> dict[str, Any]:
+    """A read that must answer 200 (as a server, unless ``headers`` says otherwise); its body."""
+    response = await client.get(path, params=params, headers=SERVER if headers is None else headers)
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body

@@ -1,5 +1,5 @@
-"""Board definitions (API.md section 3): written by an admin key, kept in MySQL, restored into a
-Redis that lost them, and locked against re-ranking once a board has scores."""
+"""Board definitions (docs/api.md section 3): written by an admin key, kept in MySQL, restored into
+a Redis that lost them, and locked against re-ranking once a board has scores."""
 
 from __future__ import annotations
 

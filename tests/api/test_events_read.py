@@ -12,7 +12,7 @@ from shared.db import open_engine
 from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from tests.api.helpers import assert_problem, get_ok
-from tests.helpers import api_client, player
+from tests.helpers import accepted_event, api_client, player
 
 # PyJWT warns on every sign and verify with a key under 32 bytes; the contract's development
 # secret, which these tests use as the API does, is 14.
@@ -20,28 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 
 
 def accepted(event_id: str, user_id: str, value: int, at: datetime) -> ScoreAccepted:
-    return ScoreAccepted.model_validate(
-        {
-            "event_id": event_id,
-            "board_id": "main",
-            "user_id": user_id,
-            "region": "eu",
-            "team_id": "red-wombats",
-            "display_name": None,
-            "value": value,
-            "occurred_at": at - timedelta(seconds=1),
-            "accepted_at": at,
-            "periods": {
-                "alltime": {
-                    "period_id": "all",
-                    "score": value,
-                    "rank": 1,
-                    "previous_rank": None,
-                    "improved": True,
-                }
-            },
-        }
-    )
+    return accepted_event(event_id, user_id=user_id, value=value, accepted_at=at, display_name=None)
 
 
 async def test_a_users_events_come_from_the_history_database(

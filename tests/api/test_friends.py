@@ -1,4 +1,4 @@
-"""Friends (API.md section 6): mutual and idempotent, kept in MySQL, projected into Redis sets
+"""Friends (docs/api.md section 6): mutual and idempotent, kept in MySQL, projected into Redis sets
 that the API restores at start-up."""
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ def path(user_id: str, friend_id: str | None = None) -> str:
 
 
 async def befriend(
-    client: httpx.AsyncClient, user_id: str, friend_id: str, headers: dict[str, str] = SERVER
+    client: httpx.AsyncClient, user_id: str, *friend_ids: str, headers: dict[str, str] = SERVER
 ) -> None:
-    response = await client.put(path(user_id, friend_id), headers=headers)
-    assert response.status_code == 204, response.text
-    assert response.content == b""
+    """``user_id`` befriends each of ``friend_ids`` in turn; each is 204 with no body."""
+    for friend_id in friend_ids:
+        response = await client.put(path(user_id, friend_id), headers=headers)
+        assert response.status_code == 204, response.text
+        assert response.content == b""
 
 
 async def friends_of(client: httpx.AsyncClient, user_id: str) -> list[str]:
@@ -43,6 +45,10 @@ async def friends_of(client: httpx.AsyncClient, user_id: str) -> list[str]:
     assert response.status_code == 200, response.text
     listed: list[str] = response.json()["friends"]
     return listed
+
+
+async def friends_lists(client: httpx.AsyncClient, *user_ids: str) -> dict[str, list[str]]:
+    return {u: await friends_of(client, u) for u in user_ids}
 
 
 async def stored(settings: LadderSettings, user_id: str) -> list[str]:
@@ -58,7 +64,7 @@ async def test_a_friendship_is_mutual_and_idempotent(
         await befriend(client, "u-1", "u-2")
         await befriend(client, "u-2", "u-1")
         await befriend(client, "u-1", "u-0", headers=ADMIN)
-        listed = {u: await friends_of(client, u) for u in ("u-0", "u-1", "u-2", "u-3")}
+        listed = await friends_lists(client, "u-0", "u-1", "u-2", "u-3")
 
     assert listed == {"u-0": ["u-1"], "u-1": ["u-0", "u-2"], "u-2": ["u-1"], "u-3": []}
     for user_id, friends in listed.items():
@@ -70,12 +76,11 @@ async def test_unfriending_ends_it_both_ways(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     async with api_client(quiet) as client:
-        await befriend(client, "u-1", "u-2")
-        await befriend(client, "u-1", "u-3")
+        await befriend(client, "u-1", "u-2", "u-3")
         first = await client.delete(path("u-2", "u-1"), headers=SERVER)
         again = await client.delete(path("u-1", "u-2"), headers=SERVER)
         never = await client.delete(path("u-1", "u-9"), headers=SERVER)
-        listed = {u: await friends_of(client, u) for u in ("u-1", "u-2", "u-3")}
+        listed = await friends_lists(client, "u-1", "u-2", "u-3")
 
     assert [r.status_code for r in (first, again, never)] == [204, 204, 204]
     assert listed == {"u-1": ["u-3"], "u-2": [], "u-3": ["u-1"]}
@@ -138,8 +143,7 @@ async def test_a_full_friends_list_refuses_another(
 ) -> None:
     monkeypatch.setattr(friends_routes, "MAX_FRIENDS", 2)
     async with api_client(quiet) as client:
-        await befriend(client, "u-1", "u-2")
-        await befriend(client, "u-1", "u-3")
+        await befriend(client, "u-1", "u-2", "u-3")
         full = await client.put(path("u-1", "u-4"), headers=SERVER)
         full_other_side = await client.put(path("u-4", "u-1"), headers=SERVER)
         # Already friends: still idempotent.
@@ -156,13 +160,12 @@ async def test_friendships_survive_a_restart_that_empties_redis(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     async with api_client(quiet) as client:
-        await befriend(client, "u-1", "u-2")
-        await befriend(client, "u-1", "u-3")
+        await befriend(client, "u-1", "u-2", "u-3")
 
     await redis.delete(*(keys.friends(u) for u in ("u-1", "u-2", "u-3")))
 
     async with api_client(quiet) as client:
-        listed: dict[str, Any] = {u: await friends_of(client, u) for u in ("u-1", "u-2", "u-3")}
+        listed: dict[str, Any] = await friends_lists(client, "u-1", "u-2", "u-3")
 
     assert listed == {"u-1": ["u-2", "u-3"], "u-2": ["u-1"], "u-3": ["u-1"]}
 

@@ -1,5 +1,5 @@
-"""Pushes over the WebSocket (API.md section 9): a lost Pub/Sub connection, and clients too slow
-to keep up."""
+"""Pushes over the WebSocket (docs/api.md section 9): a lost Pub/Sub connection, and clients too
+slow to keep up."""
 
 from __future__ import annotations
 

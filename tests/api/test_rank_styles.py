@@ -1,8 +1,7 @@
-"""Rank styles (API.md section 5): ``ordinal``, ``competition`` and ``dense`` on every read that
-answers ranks: pages (across page boundaries, with cursors), the standing read, the teams and
+"""Rank styles (docs/api.md section 5): ``ordinal``, ``competition`` and ``dense`` on every read
+that answers ranks: pages (across page boundaries, with cursors), the standing read, the teams and
 friends scopes. The API runs in-process against real Redis with an unreachable broker, so that
-nothing but the requests changes the cache.
-"""
+nothing but the requests changes the cache."""
 
 from __future__ import annotations
 

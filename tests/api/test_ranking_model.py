@@ -1,4 +1,4 @@
-"""The ranking held against a plain model (API.md section 3: operators, orders and ties).
+"""The ranking held against a plain model (docs/api.md section 3: operators, orders and ties).
 
 Random sequences of writes go through the real write path (``services.api.writes.submit``, one
 Redis Function call each, no HTTP); the region's board read back with ``ZREVRANGE`` must hold the

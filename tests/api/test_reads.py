@@ -1,4 +1,4 @@
-"""The read side of scopes, the ranks call, the feed and stats (API.md sections 2, 5, 6 and 8).
+"""The read side of scopes, the ranks call, the feed and stats (docs/api.md sections 2, 5, 6 and 8).
 
 The API runs in-process against real Redis with an unreachable broker, so that nothing but the
 requests changes the cache. The global view is the aggregator's; where a test needs it, it marks
@@ -24,10 +24,9 @@ from shared.boards import MAIN_BOARD, Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from tests.api.helpers import LEADERBOARD, assert_problem, get_ok
 from tests.helpers import SERVER, api_client, player, snapshot
 
-LEADERBOARD = "/v1/boards/main/leaderboard"
-PROBLEM = "application/problem+json"
 EVENT_FIELDS = {"event_id", "user_id", "region", "team_id", "value", "occurred_at", "accepted_at"}
 
 
@@ -42,26 +41,6 @@ async def post(client: httpx.AsyncClient, board: str = "main", **body: Any) -> d
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
-
-
-async def get_ok(
-    client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None, **params: Any
-) -> dict[str, Any]:
-    response = await client.get(path, params=params, headers=SERVER if headers is None else headers)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith(PROBLEM)
-    body: dict[str, Any] = response.json()
-    assert {"type", "title", "status", "detail"} <= body.keys(), body
-    assert body["status"] == status
-    if status == 422:
-        assert body["errors"], body
-    return body
 
 
 async def merge(redis: Redis, keys: Keys, board: Board = MAIN_BOARD) -> None:

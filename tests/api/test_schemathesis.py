@@ -1,4 +1,4 @@
-"""Schemathesis against the API's own OpenAPI document (API.md sections 1 and 10).
+"""Schemathesis against the API's own OpenAPI document (docs/api.md sections 1 and 10).
 
 The real app runs in-process (over ASGI, lifespan and all) on the test's own Redis prefix, broker
 prefix and MySQL database, one app per operation. Every request carries the admin key, which may

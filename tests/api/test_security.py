@@ -19,7 +19,7 @@ from shared.ranking import decode_score
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player
-from tests.stack import ROOT, free_port, run
+from tests.stack import free_port, run, spawn_api
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -140,13 +140,7 @@ def api_process(settings: LadderSettings, port: int) -> subprocess.Popen[bytes]:
         LADDER_USER_RATE="5",
         LADDER_LOG_LEVEL="WARNING",
     )
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.api"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    return spawn_api(env)
 
 
 async def wait_ready(client: httpx.AsyncClient, url: str) -> None:

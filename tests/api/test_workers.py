@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import aio_pika
@@ -19,20 +17,10 @@ from shared.keys import OUTBOX_GROUP, Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import eventually
-from tests.stack import ROOT, free_port
+from tests.stack import free_port, spawn_api
 
 SERVER = {"Authorization": "Bearer dev-server-key"}
 POSTS = 30
-
-
-def start(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.api"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def workers_of(pid: int) -> set[int]:
@@ -73,7 +61,7 @@ async def test_two_workers_share_the_port_the_outbox_and_the_metrics(
         LADDER_MYSQL_URL=settings.mysql_url,
         LADDER_LOG_LEVEL="WARNING",
     )
-    process = start(env)
+    process = spawn_api(env)
     workers: set[int] = set()
     url = f"http://127.0.0.1:{port}"
     connection = await aio_pika.connect(settings.amqp_url)

@@ -1,4 +1,4 @@
-"""The WebSocket's controls, tried as an attacker would (API.md sections 2 and 9)."""
+"""The WebSocket's controls, tried as an attacker would (docs/api.md sections 2 and 9)."""
 
 from __future__ import annotations
 

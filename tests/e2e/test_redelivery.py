@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from shared.db import count_events, open_engine
 from shared.keys import Keys
-from tests.helpers import SERVER, eventually, player_token, republish
+from tests.helpers import SERVER, eventually, player_token, republish, tap_fanout
 from tests.stack import Stack, open_socket
 
 pytestmark = pytest.mark.stack
@@ -23,10 +23,7 @@ async def test_a_redelivered_message_has_one_effect(stack: Stack, redis: Redis) 
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection, httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
         channel = await connection.channel()
-        exchange = await channel.get_exchange(f"{settings.broker_prefix}.scores")
-        # A tap of our own on the fanout sees exactly what the consumers see.
-        tap = await channel.declare_queue(exclusive=True)
-        await tap.bind(exchange)
+        exchange, tap = await tap_fanout(channel, settings.broker_prefix)
 
         user = f"u-{uuid.uuid4().hex[:6]}"
         socket = await open_socket(stack, player_token(user))

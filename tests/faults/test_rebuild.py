@@ -1,5 +1,5 @@
 """Redis loses everything, or is rebuilt under load: ``make rebuild`` puts every board back
-exactly as the history database says (DESIGN.md invariant 4)."""
+exactly as the history database says (docs/architecture.md, invariant 4)."""
 
 from __future__ import annotations
 

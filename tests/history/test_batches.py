@@ -15,7 +15,7 @@ from services.history.snapshots import changed_views
 from shared.db import count_events, open_engine, score_events
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.history.test_history import accepted as stored_event
+from tests.helpers import accepted_event as stored_event
 from tests.history.test_history import counted
 from tests.history.test_snapshots import WEEK, accepted, dirty
 

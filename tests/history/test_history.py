@@ -8,15 +8,15 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import aio_pika
 import httpx
 import pytest
 from aio_pika.abc import AbstractChannel
 from prometheus_client import REGISTRY
-from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history import main as history_main
 from services.history.handlers import HistoryHandler
@@ -26,43 +26,11 @@ from shared.db import BadCursor, count_events, open_engine, score_events, user_e
 from shared.events import ScoreAccepted, message_body
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.helpers import T0, server_statement
+from tests.helpers import accepted_event as accepted
 from tests.stack import free_port
 
-T0 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
 WAIT = 15.0
-
-
-def accepted(
-    event_id: str,
-    *,
-    board_id: str = "main",
-    user_id: str = "u-1",
-    value: int = 5,
-    accepted_at: datetime = T0,
-    display_name: str | None = "Ana",
-) -> ScoreAccepted:
-    return ScoreAccepted.model_validate(
-        {
-            "event_id": event_id,
-            "board_id": board_id,
-            "user_id": user_id,
-            "region": "eu",
-            "team_id": "red-wombats",
-            "display_name": display_name,
-            "value": value,
-            "occurred_at": accepted_at - timedelta(seconds=1),
-            "accepted_at": accepted_at,
-            "periods": {
-                "alltime": {
-                    "period_id": "all",
-                    "score": value,
-                    "rank": 1,
-                    "previous_rank": None,
-                    "improved": True,
-                }
-            },
-        }
-    )
 
 
 def counted(outcome: str) -> float:
@@ -247,13 +215,10 @@ async def test_migrating_again_is_harmless(db: AsyncEngine, settings: LadderSett
 async def scratch_database(settings: LadderSettings, suffix: str) -> AsyncIterator[str]:
     """The URL of a database that this block alone uses, dropped afterwards."""
     base, _, name = settings.mysql_url.rpartition("/")
-    server = create_async_engine(base)
     try:
         yield f"{base}/{name}_{suffix}"
     finally:
-        async with server.begin() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS `{name}_{suffix}`"))
-        await server.dispose()
+        await server_statement(base, f"DROP DATABASE IF EXISTS `{name}_{suffix}`")
 
 
 async def test_concurrent_migrations_from_nothing(settings: LadderSettings) -> None:
@@ -267,12 +232,7 @@ async def test_concurrent_migrations_from_nothing(settings: LadderSettings) -> N
 async def test_the_service_refuses_an_unmigrated_database(settings: LadderSettings) -> None:
     async with scratch_database(settings, "u") as url:
         base, _, name = url.rpartition("/")
-        server = create_async_engine(base)
-        try:
-            async with server.begin() as conn:
-                await conn.execute(text(f"CREATE DATABASE `{name}`"))
-        finally:
-            await server.dispose()
+        await server_statement(base, f"CREATE DATABASE `{name}`")
         async with open_engine(url) as engine:
             with pytest.raises(SchemaNotReady, match="none"):
                 await check_schema(engine)

@@ -1,4 +1,4 @@
-"""Snapshots (API.md section 7): the history service marks the views each event changed and,
+"""Snapshots (docs/api.md section 7): the history service marks the views each event changed and,
 on its ticker, stores their top N in MySQL; the API answers the newest taken by a moment."""
 
 from __future__ import annotations

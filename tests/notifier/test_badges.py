@@ -1,4 +1,4 @@
-"""Badges (API.md section 3): earned the first time a single event's value reaches a threshold,
+"""Badges (docs/api.md section 3): earned the first time a single event's value reaches a threshold,
 awarded and pushed exactly once per user and board however often the event is delivered."""
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from tests.helpers import (
     eventually,
     player_token,
     republish,
+    tap_fanout,
 )
 from tests.stack import Stack, open_socket
 
@@ -288,9 +289,7 @@ async def test_a_badge_reaches_the_player_once_through_the_stack(
     connection = await aio_pika.connect(settings.amqp_url)
     async with connection, httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
         channel = await connection.channel()
-        exchange = await channel.get_exchange(f"{settings.broker_prefix}.scores")
-        tap = await channel.declare_queue(exclusive=True)
-        await tap.bind(exchange)
+        exchange, tap = await tap_fanout(channel, settings.broker_prefix)
 
         socket = await open_socket(stack, player_token(user))
         event_id = f"badge-{uuid.uuid4().hex[:8]}"

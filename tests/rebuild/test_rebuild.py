@@ -52,6 +52,18 @@ async def write(
     assert not answer["duplicate"]
 
 
+def eu(event_id: str, user_id: str, value: int, occurred_at: str, **more: Any) -> dict[str, Any]:
+    """A score body in region eu, for :func:`write`."""
+    return {
+        "event_id": event_id,
+        "user_id": user_id,
+        "region": "eu",
+        "value": value,
+        "occurred_at": occurred_at,
+        **more,
+    }
+
+
 async def relay(
     redis: Redis, keys: Keys, db: AsyncEngine, board: Board, *, skip: str = ""
 ) -> list[ScoreAccepted]:
@@ -157,28 +169,8 @@ async def test_an_event_not_yet_stored_is_waited_for(
     monkeypatch.setattr(rebuild_module, "ATTEMPTS", 3)
     board = BOARDS[0]
     base = datetime.now(UTC).isoformat()
-    await write(
-        redis,
-        keys,
-        settings,
-        board,
-        event_id="e1",
-        user_id="u1",
-        region="eu",
-        value=5,
-        occurred_at=base,
-    )
-    await write(
-        redis,
-        keys,
-        settings,
-        board,
-        event_id="e2",
-        user_id="u2",
-        region="eu",
-        value=7,
-        occurred_at=base,
-    )
+    await write(redis, keys, settings, board, **eu("e1", "u1", 5, base))
+    await write(redis, keys, settings, board, **eu("e2", "u2", 7, base))
     on_its_way = await relay(redis, keys, db, board, skip="e1")
     before = await projection(redis, settings)
 
@@ -212,16 +204,7 @@ async def test_writes_during_a_rebuild_count_once(
     base = datetime.now(UTC).isoformat()
     for i in range(30):
         await write(
-            redis,
-            keys,
-            settings,
-            board,
-            event_id=f"e{i}",
-            user_id=f"u{i % 4}",
-            region="eu",
-            value=10,
-            team_id="red",
-            occurred_at=base,
+            redis, keys, settings, board, **eu(f"e{i}", f"u{i % 4}", 10, base, team_id="red")
         )
     await relay(redis, keys, db, board)
     original_wait = Rebuilder._wait_stored
@@ -229,35 +212,13 @@ async def test_writes_during_a_rebuild_count_once(
 
     async def wait_then_write(self: Rebuilder, board_id: str, event_ids: list[str]) -> None:
         await original_wait(self, board_id, event_ids)
-        await write(
-            redis,
-            keys,
-            settings,
-            board,
-            event_id="known",
-            user_id="u1",
-            region="eu",
-            value=100,
-            team_id="red",
-            occurred_at=base,
-        )
+        await write(redis, keys, settings, board, **eu("known", "u1", 100, base, team_id="red"))
         await relay(redis, keys, db, board)
 
     async def replay_then_write(self: Rebuilder, *args: Any) -> int:
         refused = await original_replay(self, *args)
         if not await redis.exists(keys.idempotency("main", "late")):
-            await write(
-                redis,
-                keys,
-                settings,
-                board,
-                event_id="late",
-                user_id="u2",
-                region="eu",
-                value=1000,
-                team_id="red",
-                occurred_at=base,
-            )
+            await write(redis, keys, settings, board, **eu("late", "u2", 1000, base, team_id="red"))
             await relay(redis, keys, db, board)
         return refused
 
@@ -302,29 +263,9 @@ async def test_without_history_catching_up_the_rebuild_gives_up_and_changes_noth
     rebuild waits ``--wait`` seconds for it, then fails, leaving Redis as it was."""
     board = BOARDS[0]
     now = datetime.now(UTC).isoformat()
-    await write(
-        redis,
-        keys,
-        settings,
-        board,
-        event_id="e1",
-        user_id="u1",
-        region="eu",
-        value=3,
-        occurred_at=now,
-    )
+    await write(redis, keys, settings, board, **eu("e1", "u1", 3, now))
     await relay(redis, keys, db, board)
-    await write(
-        redis,
-        keys,
-        settings,
-        board,
-        event_id="e2",
-        user_id="u1",
-        region="eu",
-        value=4,
-        occurred_at=now,
-    )
+    await write(redis, keys, settings, board, **eu("e2", "u1", 4, now))
     before = await snapshot(redis, settings.key_prefix)
 
     with pytest.raises(RebuildFailed, match="1 events applied in Redis are not in the history"):
