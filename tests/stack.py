@@ -144,13 +144,7 @@ class Stack:
     def start(self) -> None:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "supervisor.supervisord",
-                "-c",
-                SUPERVISOR_CONF,
-            ],
+            [sys.executable, "-m", "supervisor.supervisord", "-c", SUPERVISOR_CONF],
             cwd=ROOT,
             env=self.env,
             check=True,
