@@ -23,7 +23,7 @@ from services.api.server import Server, build_server
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually, serve
+from tests.helpers import eventually, in_background, serve
 from tests.stack import free_port
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
@@ -171,16 +171,8 @@ async def production_server(settings: LadderSettings) -> AsyncIterator[tuple[Ser
     """The API's own server (``services.api.server``) in this process; its WebSocket URL."""
     port = free_port()
     api = build_server(settings.model_copy(update={"api_port": port}), _InProcess)
-    task = asyncio.create_task(api.serve())
-    try:
-        while not api.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+    async with in_background(api):
         yield api, f"ws://127.0.0.1:{port}/v1/ws"
-    finally:
-        api.should_exit = True
-        await task
 
 
 async def connect_unread(url: str) -> websockets.ClientConnection:
