@@ -129,6 +129,6 @@ bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md
 	$(PY) -m bench
 
 lint: venv ## ruff and mypy
-	$(VENV)/bin/ruff check services shared sim tests scripts
-	$(VENV)/bin/ruff format --check services shared sim tests scripts
-	$(VENV)/bin/mypy services shared sim
+	$(VENV)/bin/ruff check services shared sim bench tests scripts
+	$(VENV)/bin/ruff format --check services shared sim bench tests scripts
+	$(VENV)/bin/mypy services shared sim bench

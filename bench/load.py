@@ -14,7 +14,7 @@ from pathlib import Path
 import redis
 
 from bench import bare
-from bench.settings import child_environment
+from shared.settings import child_environment
 
 WRK_DIR = Path(__file__).resolve().parent / "wrk"
 

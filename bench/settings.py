@@ -1,5 +1,5 @@
-"""The bench's own settings, ``BENCH_*``, read once at its entry point; and the environment its
-wrk runs are started with.
+"""The bench's own settings, ``BENCH_*``, read once at its entry point (the environment its wrk
+runs are started with is :func:`shared.settings.child_environment`).
 
 ``BENCH_SECONDS`` (each load phase, default 15), ``BENCH_OUT`` (default ``BENCHMARKS.md`` at the
 repository's root), ``BENCH_WS_SAMPLES`` (default 200), ``BENCH_MEMBERS`` (default 1,000,000).
@@ -8,8 +8,6 @@ The Ladder under test is described by its own ``LADDER_*`` settings (shared/sett
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,10 +22,3 @@ class BenchSettings(BaseSettings):
     members: int = 1_000_000
     ws_samples: int = 200
     out: Path = ROOT / "BENCHMARKS.md"
-
-
-def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
-    """The environment of this process with ``extra`` on top, for a child that is configured by
-    variables (wrk's Lua scripts read ``BENCH_USERS``, ``BENCH_RUN`` and the like; the ones a
-    user set are passed through)."""
-    return {**os.environ, **extra}

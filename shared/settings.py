@@ -2,14 +2,15 @@
 
 Every ``LADDER_*`` variable is read here, once, at a service's entry point, and the resulting
 object is passed down. Nothing else in Ladder reads or writes ``os.environ``: the one variable of
-a library that Ladder sets and reads (prometheus-client's multiprocess directory) goes through the
-helpers at the end of this module.
+a library that Ladder sets and reads (prometheus-client's multiprocess directory), and the
+environment handed on to a child process, go through the helpers at the end of this module.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Literal
 
@@ -190,3 +191,10 @@ def share_multiprocess_metrics_dir(path: str) -> None:
 def multiprocess_metrics_dir() -> str | None:
     """Where this process and its siblings keep their metrics, if they share them."""
     return os.environ.get(PROMETHEUS_MULTIPROC_DIR) or None
+
+
+def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``extra`` on top, for a child configured by variables
+    (the bench's wrk scripts read ``BENCH_USERS``, ``BENCH_RUN`` and the like; what a user set is
+    passed through)."""
+    return {**os.environ, **extra}
