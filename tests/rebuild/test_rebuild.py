@@ -1,4 +1,4 @@
-"""``make rebuild`` (services/history/rebuild.py) on the real Redis and MySQL, without services:
+"""``make rebuild`` (services/rebuild/) on the real Redis and MySQL, without services:
 events are written as the API writes them and stored as history stores them, then Redis is
 spoiled and rebuilt. The fault suite (tests/faults/test_rebuild.py) does it with the whole
 system under load."""
