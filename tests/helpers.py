@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.api.app import create_app
 from shared.events import ScoreAccepted
+from shared.ops import running
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 from tests.stack import free_port
 
@@ -121,29 +122,13 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def in_background(server: uvicorn.Server) -> AsyncIterator[None]:
-    """``server`` served by a task of this event loop for the duration of the block, from the
-    moment it has started; a server that fails to start raises here."""
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        yield
-    finally:
-        server.should_exit = True
-        await task
-
-
-@contextlib.asynccontextmanager
 async def serve(settings: LadderSettings) -> AsyncIterator[str]:
     """The API on a real uvicorn server on a free port; its WebSocket URL."""
     port = free_port()
     config = uvicorn.Config(
         create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
     )
-    async with in_background(_Server(config)):
+    async with running(_Server(config)):
         yield f"ws://127.0.0.1:{port}/v1/ws"
 
 

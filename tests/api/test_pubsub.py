@@ -22,9 +22,10 @@ from services.api.push import hub
 from services.api.serving import uvicorn_server as server
 from services.api.serving.uvicorn_server import Server, build_server
 from shared.keys import Keys
+from shared.ops import running
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually, in_background, serve
+from tests.helpers import eventually, serve
 from tests.stack import free_port
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
@@ -173,7 +174,7 @@ async def production_server(settings: LadderSettings) -> AsyncIterator[tuple[Ser
     WebSocket URL."""
     port = free_port()
     api = build_server(settings.model_copy(update={"api_port": port}), _InProcess)
-    async with in_background(api):
+    async with running(api):
         yield api, f"ws://127.0.0.1:{port}/v1/ws"
 
 
