@@ -55,7 +55,7 @@ down: ## stop what `make up` started
 	@bash scripts/infra.sh stop-started
 
 rebuild: venv ## recreate every board in Redis exactly from MySQL (safe while writes go on)
-	$(PY) -m services.history.rebuild $(if $(BOARD),--board $(BOARD))
+	$(PY) -m services.rebuild $(if $(BOARD),--board $(BOARD))
 
 ps: ## each service and whether it runs
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
@@ -129,6 +129,6 @@ bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md
 	$(PY) -m bench
 
 lint: venv ## ruff and mypy
-	$(VENV)/bin/ruff check services shared sim tests scripts
-	$(VENV)/bin/ruff format --check services shared sim tests scripts
-	$(VENV)/bin/mypy services shared sim
+	$(VENV)/bin/ruff check services shared sim bench tests scripts
+	$(VENV)/bin/ruff format --check services shared sim bench tests scripts
+	$(VENV)/bin/mypy services shared sim bench

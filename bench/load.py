@@ -4,7 +4,6 @@ uvicorn endpoint under the same load, and a bare Redis write loop."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 import redis
 
 from bench import bare
+from shared.settings import child_environment
 
 WRK_DIR = Path(__file__).resolve().parent / "wrk"
 
@@ -46,12 +46,9 @@ def wrk(
     env: dict[str, str] | None = None,
 ) -> WrkResult:
     """One wrk run; ``rate`` > 0 holds the whole run near that many requests a second."""
-    environment = {
-        **os.environ,
-        "BENCH_RATE": str(rate),
-        "BENCH_CONNECTIONS": str(connections),
-        **(env or {}),
-    }
+    environment = child_environment(
+        {"BENCH_RATE": str(rate), "BENCH_CONNECTIONS": str(connections), **(env or {})}
+    )
     command = [
         "wrk",
         f"-t{threads}",
@@ -80,6 +77,20 @@ def wrk(
         p90_ms=data["p90_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
         max_ms=data["max_us"] / 1000,
+    )
+
+
+def reads(url: str, paths: str, *, seconds: float) -> WrkResult:
+    """GETs of ``paths`` (separated by spaces) at 500 requests a second on 4 connections, for
+    half a load phase but at least 5 s: how a read is measured, and its baseline on the bare
+    endpoint."""
+    return wrk(
+        url,
+        "get.lua",
+        seconds=max(5.0, seconds / 2),
+        connections=4,
+        rate=500,
+        env={"BENCH_PATHS": paths},
     )
 
 

@@ -121,14 +121,7 @@ wait_until() { # seconds command...: until the command succeeds
     done
 }
 
-wait_while() { # seconds command...: while the command succeeds
-    local deadline=$((SECONDS + $1))
-    shift
-    while "$@"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 1
-    done
-}
+fails() { ! "$@"; } # command...: lets wait_until wait for a server to stop answering
 
 # --- installing ---
 
@@ -360,7 +353,7 @@ stop_started() {
             continue
         fi
         "stop_$name"
-        wait_while "${WAIT[$name]}" answers "$name" ||
+        wait_until "${WAIT[$name]}" fails answers "$name" ||
             die "$name still answers on $HOST:${PORT[$name]} after ${WAIT[$name]} s"
         log "$name stopped"
     done

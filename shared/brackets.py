@@ -1,4 +1,4 @@
-"""The bracket rule of API.md section 9, shared by the region scope (the notifier, judged on
+"""The bracket rule of docs/api.md section 9, shared by the region scope (the notifier, judged on
 each update) and the global scope (the aggregator, judged on each merge)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def rank_message(
     period_id: str,
     score: int | None,
 ) -> dict[str, Any]:
-    """The ``rank`` message (API.md section 9) telling ``crossing.user_id`` of its crossing."""
+    """The ``rank`` message (docs/api.md section 9) telling ``crossing.user_id`` of its crossing."""
     return {
         "type": "rank",
         "board_id": board_id,

@@ -52,15 +52,26 @@ metadata = MetaData(
     }
 )
 
-score_events = Table(
+
+def _table(name: str, *parts: Any) -> Table:
+    """A table of the history database: InnoDB (transactions, and the consistent snapshot the
+    rebuild reads in), utf8mb4 (any display name)."""
+    return Table(name, metadata, *parts, mysql_engine="InnoDB", mysql_charset="utf8mb4")
+
+
+def _ident(length: int) -> String:
+    """An identifier column's type, compared in binary (see ``ID_COLLATION``)."""
+    return String(length, collation=ID_COLLATION)
+
+
+score_events = _table(
     "score_events",
-    metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("event_id", String(64, collation=ID_COLLATION), nullable=False),
-    Column("board_id", String(32, collation=ID_COLLATION), nullable=False),
-    Column("user_id", String(64, collation=ID_COLLATION), nullable=False),
-    Column("region", String(32, collation=ID_COLLATION), nullable=False),
-    Column("team_id", String(32, collation=ID_COLLATION), nullable=True),
+    Column("event_id", _ident(64), nullable=False),
+    Column("board_id", _ident(32), nullable=False),
+    Column("user_id", _ident(64), nullable=False),
+    Column("region", _ident(32), nullable=False),
+    Column("team_id", _ident(32), nullable=True),
     Column("display_name", String(64), nullable=True),
     Column("value", BigInteger, nullable=False),
     Column("occurred_at", DATETIME(fsp=6), nullable=False),
@@ -69,49 +80,38 @@ score_events = Table(
     UniqueConstraint("board_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
     Index(None, "board_id", "user_id", "accepted_at", "id"),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
 )
 
 # A board definition as JSON text (MEDIUMTEXT: MariaDB's JSON is a LONGTEXT alias that alembic
 # would report as a change on every comparison). The source of truth the API restores the Redis
 # hash ``Keys.boards`` from.
-boards = Table(
+boards = _table(
     "boards",
-    metadata,
-    Column("board_id", String(32, collation=ID_COLLATION), primary_key=True),
+    Column("board_id", _ident(32), primary_key=True),
     Column("definition", MEDIUMTEXT, nullable=False),
     Column("created_at", DATETIME(fsp=6), nullable=False),
     Column("updated_at", DATETIME(fsp=6), nullable=False),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
 )
 
 # Both directions of a friendship are rows, so one user's friends are one primary-key range.
-friendships = Table(
+friendships = _table(
     "friendships",
-    metadata,
-    Column("user_id", String(64, collation=ID_COLLATION), primary_key=True),
-    Column("friend_id", String(64, collation=ID_COLLATION), primary_key=True),
+    Column("user_id", _ident(64), primary_key=True),
+    Column("friend_id", _ident(64), primary_key=True),
     Column("created_at", DATETIME(fsp=6), nullable=False),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
 )
 
-snapshots = Table(
+snapshots = _table(
     "snapshots",
-    metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("board_id", String(32, collation=ID_COLLATION), nullable=False),
-    Column("scope", String(80, collation=ID_COLLATION), nullable=False),
-    Column("period", String(8, collation=ID_COLLATION), nullable=False),
-    Column("period_id", String(16, collation=ID_COLLATION), nullable=False),
+    Column("board_id", _ident(32), nullable=False),
+    Column("scope", _ident(80), nullable=False),
+    Column("period", _ident(8), nullable=False),
+    Column("period_id", _ident(16), nullable=False),
     Column("taken_at", DATETIME(fsp=6), nullable=False),
     Column("entries", MEDIUMTEXT, nullable=False),
     # "The newest of a view taken at or before a time" is one backward range scan of this index.
     Index(None, "board_id", "scope", "period", "taken_at"),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
 )
 
 
@@ -120,7 +120,7 @@ class BadCursor(ValueError):
 
 
 class EventRecord(TypedDict):
-    """One stored event as the API shows it (API.md section 7)."""
+    """One stored event as the API shows it (docs/api.md section 7)."""
 
     event_id: str
     user_id: str

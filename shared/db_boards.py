@@ -51,7 +51,7 @@ class SnapshotRow(TypedDict):
 
 
 class SnapshotRecord(TypedDict):
-    """A stored snapshot as the API shows it (API.md section 7)."""
+    """A stored snapshot as the API shows it (docs/api.md section 7)."""
 
     board_id: str
     scope: str

@@ -200,7 +200,7 @@ class Keys:
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
 
-    # -- the rebuild (services/history/rebuild.py; the write checks the flag and journals) ----
+    # -- the rebuild (services/rebuild/; the write checks the flag and journals) -------------
     def rebuilding(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:rebuilding"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 import uvicorn
@@ -17,6 +16,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from shared.settings import multiprocess_metrics_dir
 
 Check = Callable[[], Awaitable[bool]]
 
@@ -43,9 +44,9 @@ def readiness_response(states: dict[str, str], required: set[str]) -> JSONRespon
 
 
 def metrics_response() -> Response:
-    # With several API workers (services/api/server.py) every process keeps its samples in files
-    # under prometheus-client's own PROMETHEUS_MULTIPROC_DIR, and whichever answers sums them all.
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    # With several API workers (services/api/serving/workers.py) every process keeps its samples
+    # in files under prometheus-client's multiprocess directory, and whichever answers sums them.
+    directory = multiprocess_metrics_dir()
     if directory:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
@@ -93,7 +94,14 @@ async def serve_ops(
         access_log=False,
         lifespan="off",
     )
-    server = _QuietServer(config)
+    async with running(_QuietServer(config)):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def running(server: uvicorn.Server) -> AsyncIterator[None]:
+    """Run ``server`` in this event loop for the duration of the block: the block starts once it
+    listens (or raises what stopped it from starting), and ends once it has shut down."""
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:

@@ -1,8 +1,8 @@
 """Board definitions and friendships written back into Redis from the history database.
 
 MySQL keeps both for good; Redis may have lost them. The API does this as it starts
-(:mod:`services.api.restore`) and ``make rebuild`` does it before it rebuilds the boards
-(:mod:`services.history.rebuild`).
+(:mod:`services.api.restorer`) and ``make rebuild`` does it before it rebuilds the boards
+(:mod:`services.rebuild`); services never import each other, so the code they share is here.
 
 The cost is one pass over the ``boards`` table and one over ``friendships``, read in pages of
 the primary key and written with ``SADD`` (idempotent), a pipeline per page: linear in the

@@ -11,12 +11,14 @@ from typing import Any
 import structlog
 import uvloop
 from redis.asyncio import Redis
+from typing_extensions import TypedDict, Unpack
 
 from shared.boards import Board, BoardCatalog
-from shared.consumer import ConsumerRunner
+from shared.consumer import ConsumerRunner, Handler
 from shared.logs import configure
 from shared.ops import Check, serve_ops
 from shared.settings import LadderSettings, load_settings
+from shared.topology import Consumer, Topology
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +40,28 @@ def run(service: str, main: Callable[[LadderSettings], Coroutine[Any, Any, None]
         raise SystemExit(1) from None
 
 
+class Batching(TypedDict, total=False):
+    """How a consumer batches deliveries, where it differs from :class:`ConsumerRunner`'s
+    defaults."""
+
+    batch_size: int
+    flush_ms: int
+
+
+def consumer(
+    name: Consumer, settings: LadderSettings, handler: Handler, **batching: Unpack[Batching]
+) -> ConsumerRunner:
+    """The runner of ``name``'s queue, with the broker settings every consumer shares."""
+    return ConsumerRunner(
+        name=name,
+        amqp_url=settings.amqp_url,
+        topology=Topology(settings.broker_prefix, settings.delivery_limit),
+        handler=handler,
+        prefetch=settings.consumer_prefetch,
+        **batching,
+    )
+
+
 def checks_of(runner: ConsumerRunner, redis: Redis) -> dict[str, Check]:
     """The dependencies every consumer needs: the broker and Redis."""
 
@@ -52,26 +76,29 @@ def checks_of(runner: ConsumerRunner, redis: Redis) -> dict[str, Check]:
 
 async def consume(
     runner: ConsumerRunner,
+    redis: Redis,
+    settings: LadderSettings,
     *,
-    host: str,
     port: int,
-    checks: Mapping[str, Check],
-    grace_seconds: float,
+    more_checks: Mapping[str, Check] | None = None,
     companions: tuple[Companion, ...] = (),
 ) -> None:
-    """Serve ops, consume, and run ``companions`` until SIGTERM or SIGINT; then stop taking
-    deliveries and give the batch in hand (and the companions) ``grace_seconds`` to finish.
-    Anything unacked after that is simply delivered again.
+    """Serve ops on ``port``, consume, and run ``companions`` until SIGTERM or SIGINT; then stop
+    taking deliveries and give the batch in hand (and the companions) the shutdown grace to
+    finish. Anything unacked after that is simply delivered again. Readiness checks the broker
+    and Redis, and ``more_checks``.
 
     A companion is a loop of the service's own (a ticker) that returns once its event is set.
     A consumer or companion that ends by itself is a crash and raises.
     """
+    checks = {**checks_of(runner, redis), **(more_checks or {})}
+    grace_seconds = settings.shutdown_grace_seconds
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with serve_ops(host, port, checks, set(checks)):
+        async with serve_ops(settings.ops_host, port, checks, set(checks)):
             companion_stop = asyncio.Event()
             tasks = [asyncio.create_task(runner.run(), name="consumer")]
             tasks += [asyncio.create_task(c(companion_stop), name="companion") for c in companions]

@@ -1,12 +1,16 @@
 """Typed settings for every Ladder service.
 
 Every ``LADDER_*`` variable is read here, once, at a service's entry point, and the resulting
-object is passed down. Nothing else in Ladder reads ``os.environ``.
+object is passed down. Nothing else in Ladder reads or writes ``os.environ``: the one variable of
+a library that Ladder sets and reads (prometheus-client's multiprocess directory), and the
+environment handed on to a child process, go through the helpers at the end of this module.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Literal
 
@@ -172,3 +176,25 @@ def load_settings() -> LadderSettings:
         )
         print(f"ladder: invalid settings: {problems}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# prometheus-client reads this variable itself, once, when it is first imported: a process
+# whose samples are to be summed with others' must find it in its environment at start.
+PROMETHEUS_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def share_multiprocess_metrics_dir(path: str) -> None:
+    """Have the processes started from now on keep their metrics in files under ``path``."""
+    os.environ[PROMETHEUS_MULTIPROC_DIR] = path
+
+
+def multiprocess_metrics_dir() -> str | None:
+    """Where this process and its siblings keep their metrics, if they share them."""
+    return os.environ.get(PROMETHEUS_MULTIPROC_DIR) or None
+
+
+def child_environment(extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with ``extra`` on top, for a child configured by variables
+    (the bench's wrk scripts read ``BENCH_USERS``, ``BENCH_RUN`` and the like; what a user set is
+    passed through)."""
+    return {**os.environ, **extra}

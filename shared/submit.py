@@ -1,10 +1,10 @@
 """The arguments of one ``submit()`` call (``shared/lua/write.lua``): what one accepted event
 writes.
 
-Built in one place for the API's write path (:mod:`services.api.writes`) and for the rebuild's
-replay of a stored event (:mod:`services.history.rebuild`), so that a rebuilt board is made of
-exactly the calls that made the live one; the keys a replay writes instead are worked out here
-too.
+Built in one place for the API's write path (:mod:`services.api.write.submit`) and for the
+rebuild's replay of a stored event (:mod:`services.rebuild.staging`), so that a rebuilt board is
+made of exactly the calls that made the live one; the keys a replay writes instead are worked out
+here too.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ next arrival or round.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -22,66 +22,47 @@ class InvalidValue(ValueError):
     """A value the parameter does not take."""
 
 
+# The kinds of value the parameters take, each kind's bounds stated once. Times are seconds.
+Share = Annotated[float, Field(ge=0, le=1)]  # a share or a chance
+Seconds = Annotated[float, Field(gt=0, le=3600)]  # a mean length, up to an hour
+SecondsSd = Annotated[float, Field(ge=0, le=3600)]  # a spread around such a mean, 0 for none
+DaySeconds = Annotated[float, Field(gt=0, le=86_400)]  # a mean length, up to a day
+DaySecondsSd = Annotated[float, Field(ge=0, le=86_400)]  # a spread or delay up to a day, or 0
+Count = Annotated[int, Field(ge=1, le=1000)]
+Factor = Annotated[float, Field(gt=0, le=100)]
+
+
 class SimParams(BaseModel):
     """What the simulated game looks like. Times are seconds of simulated time, except where a
     field says wall-clock."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_mean_s: float = Field(
-        default=2.0, gt=0, le=3600, description="mean time between player arrivals (Poisson)"
+    arrival_mean_s: Seconds = Field(2.0, description="mean time between player arrivals (Poisson)")
+    session_mean_s: DaySeconds = Field(300.0, description="mean session length (lognormal)")
+    session_sd_s: DaySecondsSd = Field(120.0, description="standard deviation of session length")
+    round_mean_s: Seconds = Field(6.0, description="mean length of a player's round (lognormal)")
+    round_sd_s: SecondsSd = Field(2.0, description="standard deviation of a round's length")
+    score_max: Count = Field(20, description="a round scores an integer from 0 to this")
+    skill_spread: Factor = Field(
+        2.0, description="players' skill is Beta(a, a) with this a: smaller means more spread"
     )
-    session_mean_s: float = Field(
-        default=300.0, gt=0, le=86_400, description="mean session length (lognormal)"
+    robot_share: Share = Field(0.05, description="share of arriving players that are robots")
+    robot_round_s: Seconds = Field(1.5, description="mean length of a robot's round (normal)")
+    robot_round_sd_s: SecondsSd = Field(0.3, description="standard deviation of a robot's round")
+    robot_skill: Share = Field(0.5, description="a robot's chance of each point of score_max")
+    team_max: Count = Field(15, description="players a team holds at most")
+    new_team_chance: Share = Field(
+        0.1, description="chance that an arriving player forms a new team"
     )
-    session_sd_s: float = Field(
-        default=120.0, ge=0, le=86_400, description="standard deviation of session length"
-    )
-    round_mean_s: float = Field(
-        default=6.0, gt=0, le=3600, description="mean length of a player's round (lognormal)"
-    )
-    round_sd_s: float = Field(
-        default=2.0, ge=0, le=3600, description="standard deviation of a round's length"
-    )
-    score_max: int = Field(
-        default=20, ge=1, le=1000, description="a round scores an integer from 0 to this"
-    )
-    skill_spread: float = Field(
-        default=2.0,
-        gt=0,
-        le=100,
-        description="players' skill is Beta(a, a) with this a: smaller means more spread",
-    )
-    robot_share: float = Field(
-        default=0.05, ge=0, le=1, description="share of arriving players that are robots"
-    )
-    robot_round_s: float = Field(
-        default=1.5, gt=0, le=3600, description="mean length of a robot's round (normal)"
-    )
-    robot_round_sd_s: float = Field(
-        default=0.3, ge=0, le=3600, description="standard deviation of a robot's round"
-    )
-    robot_skill: float = Field(
-        default=0.5, ge=0, le=1, description="a robot's chance of each point of score_max"
-    )
-    team_max: int = Field(default=15, ge=1, le=1000, description="players a team holds at most")
-    new_team_chance: float = Field(
-        default=0.1, ge=0, le=1, description="chance that an arriving player forms a new team"
-    )
-    late_share: float = Field(
-        default=0.01, ge=0, le=1, description="share of scores sent late, with their own time"
-    )
-    late_delay_mean_s: float = Field(
-        default=120.0,
-        ge=0,
-        le=86_400,
+    late_share: Share = Field(0.01, description="share of scores sent late, with their own time")
+    late_delay_mean_s: DaySecondsSd = Field(
+        120.0,
         description="mean delay of a late score (exponential, kept within the allowed lateness)",
     )
-    speed: float = Field(
-        default=1.0, gt=0, le=100, description="simulated seconds per wall-clock second"
-    )
+    speed: Factor = Field(1.0, description="simulated seconds per wall-clock second")
     tick_s: float = Field(
-        default=1.0, ge=0.05, le=60, description="wall-clock seconds between two batches posted"
+        1.0, ge=0.05, le=60, description="wall-clock seconds between two batches posted"
     )
 
     def changed(self, name: str, value: Any) -> SimParams:

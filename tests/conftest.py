@@ -14,13 +14,12 @@ from pathlib import Path
 import aio_pika
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.helpers import UNREACHABLE_BROKER, server_statement
 from tests.stack import Stack
 
 # Database 1, not a running Ladder's 0: the tests' SCANs of their own prefixes then walk only
@@ -48,6 +47,15 @@ def settings(test_id: str) -> LadderSettings:
         key_prefix=f"lt-{test_id}",
         broker_prefix=f"lt-{test_id}",
         merge_interval=0.2,
+    )
+
+
+@pytest.fixture
+def quiet(settings: LadderSettings) -> LadderSettings:
+    """The test's settings with an unreachable broker: accepted events stay in the outbox and
+    nothing but the requests themselves changes Redis."""
+    return settings.model_copy(
+        update={"amqp_url": UNREACHABLE_BROKER, "shutdown_grace_seconds": 1.0}
     )
 
 
@@ -86,12 +94,7 @@ async def mysql_database(settings: LadderSettings, test_id: str) -> AsyncIterato
 
     await migrate(settings.mysql_url)
     yield f"ladder_{test_id}"
-    engine = create_async_engine(MYSQL_SERVER_URL)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS `ladder_{test_id}`"))
-    finally:
-        await engine.dispose()
+    await server_statement(MYSQL_SERVER_URL, f"DROP DATABASE IF EXISTS `ladder_{test_id}`")
 
 
 @pytest.fixture

@@ -11,11 +11,17 @@ from typing import Any, TypeVar
 
 import httpx
 import jwt
+import uvicorn
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.api.main import create_app
+from services.api.app import create_app
+from shared.events import ScoreAccepted
+from shared.ops import running
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
+from tests.stack import free_port
 
 T = TypeVar("T")
 
@@ -24,6 +30,42 @@ ADMIN = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
 # Nothing listens on port 1: an API given this broker keeps every accepted event in its outbox,
 # and its relay never touches Redis, so the cache holds still between two reads of it.
 UNREACHABLE_BROKER = "amqp://guest:guest@127.0.0.1:1/"
+T0 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+
+
+def accepted_event(
+    event_id: str,
+    *,
+    board_id: str = "main",
+    user_id: str = "u-1",
+    value: int = 5,
+    accepted_at: datetime = T0,
+    display_name: str | None = "Ana",
+) -> ScoreAccepted:
+    """An accepted event as the consumers receive it, in region eu, team red-wombats, with its
+    all-time result; occurred a second before it was accepted."""
+    return ScoreAccepted.model_validate(
+        {
+            "event_id": event_id,
+            "board_id": board_id,
+            "user_id": user_id,
+            "region": "eu",
+            "team_id": "red-wombats",
+            "display_name": display_name,
+            "value": value,
+            "occurred_at": accepted_at - timedelta(seconds=1),
+            "accepted_at": accepted_at,
+            "periods": {
+                "alltime": {
+                    "period_id": "all",
+                    "score": value,
+                    "rank": 1,
+                    "previous_rank": None,
+                    "improved": True,
+                }
+            },
+        }
+    )
 
 
 def player_token(
@@ -73,6 +115,23 @@ async def api_client(settings: LadderSettings) -> AsyncIterator[httpx.AsyncClien
         await manager.__aexit__(None, None, None)
 
 
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: LadderSettings) -> AsyncIterator[str]:
+    """The API on a real uvicorn server on a free port; its WebSocket URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
+    )
+    async with running(_Server(config)):
+        yield f"ws://127.0.0.1:{port}/v1/ws"
+
+
 async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:
     """Every key of a key prefix with its type and whole content, for before/after comparisons.
 
@@ -109,6 +168,16 @@ async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:
     return state
 
 
+async def server_statement(server_url: str, statement: str) -> None:
+    """One statement on a MySQL server, outside any database (CREATE or DROP DATABASE)."""
+    engine = create_async_engine(server_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
 async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 10.0) -> T:
     """The first truthy answer of ``probe``, polled until ``within`` seconds have passed."""
     end = time.monotonic() + within
@@ -119,6 +188,15 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 1
         if time.monotonic() > end:
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(0.02)
+
+
+async def tap_fanout(channel: Any, broker_prefix: str) -> tuple[Any, Any]:
+    """The scores fanout and a queue of the test's own bound to it: the tap sees exactly what the
+    consumers see."""
+    exchange = await channel.get_exchange(f"{broker_prefix}.scores")
+    tap = await channel.declare_queue(exclusive=True)
+    await tap.bind(exchange)
+    return exchange, tap
 
 
 async def republish(exchange: Any, message: Any) -> None:

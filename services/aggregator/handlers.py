@@ -1,5 +1,5 @@
 """What the aggregator does with consumed events: mark them dirty for the next merge, and record
-them for the live views (:mod:`services.aggregator.live`)."""
+them for the live views (:mod:`services.aggregator.live_tracker`)."""
 
 from __future__ import annotations
 

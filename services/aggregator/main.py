@@ -1,5 +1,10 @@
 """The aggregator: regional boards merged into the global one on a ticker, and the live views of
-play (hot streaks, team MVPs) recomputed on the same ticker."""
+play (hot streaks, team MVPs) recomputed on the same ticker.
+
+Run as ``python -m services.aggregator``. Start-up opens Redis (loading the function library),
+then the ops endpoints, the consumer and the ticker; shutdown goes in reverse (see
+:func:`shared.service.consume`).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,13 @@ import asyncio
 import structlog
 
 from services.aggregator.handlers import Each, MarkDirty
-from services.aggregator.live import LiveViews, RecordLive
+from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared import service
 from shared.boards import Board, BoardCatalog
-from shared.consumer import ConsumerRunner
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
-from shared.topology import Topology
 
 log = structlog.get_logger(__name__)
 
@@ -35,30 +38,21 @@ async def tick(
 
 
 async def run(settings: LadderSettings) -> None:
+    """Consume and tick until a signal asks to stop (or either fails, which raises)."""
     keys = Keys(settings.key_prefix)
     async with open_redis(settings.redis_url, load_functions=True) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
         merger = Merger(redis, keys)
         live = LiveViews(redis, keys)
-        runner = ConsumerRunner(
-            name="aggregator",
-            amqp_url=settings.amqp_url,
-            topology=Topology(settings.broker_prefix, settings.delivery_limit),
-            handler=Each(MarkDirty(redis, keys), RecordLive(redis, keys, catalog)),
-            prefetch=settings.consumer_prefetch,
-        )
+        handler = Each(MarkDirty(redis, keys), RecordLive(redis, keys, catalog))
+        runner = service.consumer("aggregator", settings, handler)
 
         async def ticker(stop: asyncio.Event) -> None:
             await tick(merger, live, catalog, settings.merge_interval, stop)
 
         await service.consume(
-            runner,
-            host=settings.ops_host,
-            port=settings.aggregator_port,
-            checks=service.checks_of(runner, redis),
-            grace_seconds=settings.shutdown_grace_seconds,
-            companions=(ticker,),
+            runner, redis, settings, port=settings.aggregator_port, companions=(ticker,)
         )
 
 

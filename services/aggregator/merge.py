@@ -12,7 +12,7 @@ region of that period, and writes the user's global entry:
 Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
 next merge that sees the user makes the entry right. Then every touched view whose top 10
 changed is pushed to ``leaderboard`` subscribers, and the users who crossed a bracket of the global
-scope get ``rank`` messages (:mod:`services.aggregator.brackets`).
+scope get ``rank`` messages (:mod:`services.aggregator.global_brackets`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.aggregator.brackets import GlobalBrackets
+from services.aggregator.global_brackets import GlobalBrackets
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import PUT_FUNCTION

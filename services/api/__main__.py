@@ -1,12 +1,13 @@
 """``python -m services.api``: serve the API with uvicorn (uvloop, httptools), in
-``LADDER_API_WORKERS`` processes; see ``server.py`` for how it stops and how workers share the
-port."""
+``LADDER_API_WORKERS`` processes; see ``serving/uvicorn_server.py`` for how it stops and
+``serving/workers.py`` for how workers share the port."""
 
 from __future__ import annotations
 
 import sys
 
-from services.api.server import run_workers, serve
+from services.api.serving.uvicorn_server import serve
+from services.api.serving.workers import run_workers
 from shared.logs import configure
 from shared.settings import load_settings
 

@@ -3,7 +3,7 @@
 Those routes build their answer in the shape of their response model already (from what the
 write function or a read returned), so the model only documents it in the OpenAPI schema:
 having FastAPI validate and serialise it again cost as much as the rest of a write's Python
-time. tests/test_schemathesis.py checks every answer against the schema.
+time. tests/api/test_schemathesis.py checks every answer against the schema.
 """
 
 from __future__ import annotations

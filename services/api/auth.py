@@ -1,4 +1,4 @@
-"""Credentials (API.md section 2): server keys, admin keys and player JWTs."""
+"""Credentials (docs/api.md section 2): server keys, admin keys and player JWTs."""
 
 from __future__ import annotations
 

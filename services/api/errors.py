@@ -146,7 +146,7 @@ PROBLEMS: dict[int, dict[str, Any]] = {
     }
     for status, text in _PROBLEM_TEXTS.items()
 }
-"""Every problem status of the contract (API.md section 1), as OpenAPI responses."""
+"""Every problem status of the contract (docs/api.md section 1), as OpenAPI responses."""
 
 
 def problems(*statuses: int, said: Mapping[int, str] | None = None) -> dict[int | str, Any]:

@@ -18,8 +18,8 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 
 if TYPE_CHECKING:
-    from services.api.hub import Hub
-    from services.api.relay import Relay
+    from services.api.push.hub import Hub
+    from services.api.relay.outbox import Relay
 
 
 @dataclass

@@ -11,7 +11,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.history.snapshots import changed_views
+from services.history.snapshotter import changed_views
 from shared.consumer import Handler
 from shared.db import score_events, to_db_time
 from shared.events import ScoreAccepted
@@ -102,7 +102,7 @@ class HistoryHandler:
 
 class MarkChangedViews:
     """Marks the views a batch changed in each board's ``Keys.snapshot_dirty`` set, for the
-    snapshot ticker (:mod:`services.history.snapshots`). A set: a view marked twice is one mark,
+    snapshot ticker (:mod:`services.history.snapshotter`). A set: a view marked twice is one mark,
     and a redelivered batch marks nothing new."""
 
     def __init__(self, redis: Redis, keys: Keys) -> None:

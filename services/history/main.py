@@ -18,16 +18,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler, MarkChangedViews, in_order
 from services.history.migrate import wait_for_schema
-from services.history.snapshots import Snapshotter, tick
+from services.history.snapshotter import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
-from shared.consumer import ConsumerRunner
 from shared.db import open_engine
 from shared.keys import Keys
 from shared.ops import Check
 from shared.redis import open_redis
 from shared.settings import LadderSettings
-from shared.topology import Topology
 
 log = structlog.get_logger(__name__)
 
@@ -49,13 +47,12 @@ async def run(settings: LadderSettings) -> None:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)
             snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)
-            runner = ConsumerRunner(
-                name="history",
-                amqp_url=settings.amqp_url,
-                topology=Topology(settings.broker_prefix, settings.delivery_limit),
-                # The event log first: the views are marked only for events that are stored.
-                handler=in_order(HistoryHandler(engine), MarkChangedViews(redis, keys)),
-                prefetch=settings.consumer_prefetch,
+            # The event log first: the views are marked only for events that are stored.
+            handler = in_order(HistoryHandler(engine), MarkChangedViews(redis, keys))
+            runner = service.consumer(
+                "history",
+                settings,
+                handler,
                 batch_size=settings.history_batch,
                 flush_ms=settings.history_flush_ms,
             )
@@ -65,10 +62,10 @@ async def run(settings: LadderSettings) -> None:
 
             await service.consume(
                 runner,
-                host=settings.ops_host,
+                redis,
+                settings,
                 port=settings.history_port,
-                checks={**service.checks_of(runner, redis), "mysql": _mysql_check(engine)},
-                grace_seconds=settings.shutdown_grace_seconds,
+                more_checks={"mysql": _mysql_check(engine)},
                 companions=(ticker,),
             )
     log.info("history stopped")
@@ -76,7 +73,3 @@ async def run(settings: LadderSettings) -> None:
 
 def main() -> None:
     service.run("history", run)
-
-
-if __name__ == "__main__":
-    main()

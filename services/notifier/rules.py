@@ -1,4 +1,4 @@
-"""The bracket rules of API.md section 9 and the badge rule of section 3, as pure functions."""
+"""The bracket rules of docs/api.md section 9 and the badge rule of section 3, as pure functions."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def crossings(user_id: str, result: PeriodResult, brackets: tuple[int, ...]) -> 
 
 
 def reaches(value: int, threshold: int, descending: bool) -> bool:
-    """Whether one event's value reaches a badge threshold (API.md section 3).
+    """Whether one event's value reaches a badge threshold (docs/api.md section 3).
 
     On a ``desc`` board, higher is better: ``value >= threshold``. On an ``asc`` board, lower is
     better (a lap time, strokes), so a threshold is a mark to get down to: ``value <= threshold``.

@@ -1,5 +1,5 @@
 --[[
-Rebuild of one board from the history database (services/history/rebuild.py; the design and its
+Rebuild of one board from the history database (services/rebuild/; the design and its
 argument are in docs/reliability.md). A board is built into staging keys, which share the
 board's hash tag and so its slot (shared/keys.py names them). While the board's flag key is set,
 submit() journals every call it applies; rebuild_finish replays the journal's events the

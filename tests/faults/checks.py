@@ -18,7 +18,7 @@ import os
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,7 +34,7 @@ from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
 from tests.faults.load import Load
-from tests.faults.servers import PrivateRabbitMQ
+from tests.faults.servers import PrivateRabbitMQ, PrivateServer
 from tests.faults.stack import FaultStack
 
 T = TypeVar("T")
@@ -330,6 +330,42 @@ class Sampler:
             await self._task
 
 
+@dataclass
+class Outage:
+    """When a server was asked to stop, was down, was asked to start, and was up again."""
+
+    stopping: float = 0.0
+    down: float = 0.0
+    starting: float = 0.0
+    up: float = 0.0
+
+
+@contextlib.asynccontextmanager
+async def stopped_under_load(server: PrivateServer, load: Load) -> AsyncIterator[Outage]:
+    """300 events of ``load``, then ``server`` stopped for the block, started again once the block
+    is done, 300 events more and the load stopped; the times of each step."""
+    outage = Outage()
+    await load.more(300)
+    outage.stopping = time.monotonic()
+    await asyncio.to_thread(server.stop)
+    outage.down = time.monotonic()
+    yield outage
+    outage.starting = time.monotonic()
+    await asyncio.to_thread(server.start)
+    outage.up = time.monotonic()
+    await load.more(300)
+    await load.stop()
+
+
+def assert_answered_throughout(
+    load: Load, outage: Counter[int], ready_during: Counter[int]
+) -> None:
+    """Every score was accepted, while the server was down too, and the API stayed ready."""
+    assert set(load.statuses) == {200}, load.refused[:5]
+    assert outage[200] > 0 and set(outage) == {200}, outage
+    assert ready_during and set(ready_during) == {200}, ready_during
+
+
 async def restarted_while_down(
     fault_stack: FaultStack,
     tag: str,
@@ -339,7 +375,7 @@ async def restarted_while_down(
 ) -> None:
     """History is killed while a server it needs is down (``stop``), and supervisord starts it
     again at once. The new process must wait for the server (its ``/readyz`` says 503 meanwhile,
-    API.md section 10), not exit: supervisord restarts an exiting program only a few times
+    docs/api.md section 10), not exit: supervisord restarts an exiting program only a few times
     (startretries=3, counted when it dies within startsecs=2) and then leaves it FATAL for good.
     Then ``start``: history must catch up, every accepted event exactly once."""
     settings = fault_stack.settings

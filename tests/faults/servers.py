@@ -47,6 +47,8 @@ from pathlib import Path
 
 import redis
 
+from tests.stack import run, wait_for
+
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 HOST = "127.0.0.1"
 # Short on purpose: a unix socket path must stay under about 100 characters.
@@ -103,16 +105,6 @@ def _session_pids(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":
             found.append(int(entry.name))
     return found
-
-
-def _wait_for(what: str, probe: object, timeout: float, interval: float = 0.05) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        if probe():  # type: ignore[operator]
-            return
-        if time.monotonic() > end:
-            raise TimeoutError(f"{what} after {timeout} s")
-        time.sleep(interval)
 
 
 class PrivateServer:
@@ -193,7 +185,7 @@ class PrivateServer:
             return self.ready()
 
         try:
-            _wait_for(f"{self.name} did not answer", up, self.start_timeout)
+            wait_for(f"{self.name} did not answer", up, self.start_timeout)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.log_tail()}") from None
         if self.starts == 0:
@@ -365,7 +357,7 @@ class PrivateRabbitMQ(PrivateServer):
             with socket.socket() as s:
                 return s.connect_ex((HOST, self.epmd_port)) == 0
 
-        _wait_for("epmd did not listen", listening, 10)
+        wait_for("epmd did not listen", listening, 10)
 
     def ready(self) -> bool:
         """AMQP answers: the protocol header gets a method frame (type 1) back. The listener
@@ -378,14 +370,11 @@ class PrivateRabbitMQ(PrivateServer):
             return False
 
     def ctl(self, *args: str, timeout: float = 60) -> str:
-        done = subprocess.run(
+        done = run(
             [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node, *args],
             env=self.environment(),
             cwd=self.root,
-            capture_output=True,
-            text=True,
             timeout=timeout,
-            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {done.stdout}\n{done.stderr}")
@@ -437,7 +426,7 @@ class PrivateMariaDB(PrivateServer):
         owner = pwd.getpwnam(MYSQL_OS_USER)
         self.rundir.mkdir(exist_ok=True)
         os.chown(self.rundir, owner.pw_uid, owner.pw_gid)
-        done = subprocess.run(
+        done = run(
             [
                 "mariadb-install-db",
                 "--no-defaults",
@@ -449,10 +438,7 @@ class PrivateMariaDB(PrivateServer):
                 "--auth-root-authentication-method=socket",
                 f"--auth-root-socket-user={getpass.getuser()}",
             ],
-            capture_output=True,
-            text=True,
             timeout=120,
-            check=False,
         )
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed:\n{done.stdout}\n{done.stderr}")
@@ -477,44 +463,32 @@ class PrivateMariaDB(PrivateServer):
         path = self.rundir / "error.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else super().log_tail()
 
-    def sql(self, statement: str) -> str:
-        """A statement over the unix socket, as the OS user running the tests (MariaDB's root, by
-        unix_socket authentication)."""
-        done = subprocess.run(
+    def client(
+        self, program: str, *args: str, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """A MariaDB client program over the unix socket, as the OS user running the tests
+        (MariaDB's root, by unix_socket authentication)."""
+        return run(
             [
-                "mariadb",
+                program,
                 "--no-defaults",
                 f"--socket={self.socket_path}",
                 f"-u{getpass.getuser()}",
-                "--batch",
-                "--skip-column-names",
-                "-e",
-                statement,
+                *args,
             ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+            timeout=timeout,
         )
+
+    def sql(self, statement: str) -> str:
+        done = self.client("mariadb", "--batch", "--skip-column-names", "-e", statement)
         if done.returncode != 0:
             raise RuntimeError(f"mariadb: {statement}: {done.stderr}")
         return done.stdout
 
     def ready(self) -> bool:
-        done = subprocess.run(
-            [
-                "mariadb-admin",
-                "--no-defaults",
-                f"--socket={self.socket_path}",
-                f"-u{getpass.getuser()}",
-                "--connect-timeout=1",
-                "ping",
-            ],
-            capture_output=True,
-            timeout=10,
-            check=False,
+        return (
+            self.client("mariadb-admin", "--connect-timeout=1", "ping", timeout=10).returncode == 0
         )
-        return done.returncode == 0
 
     def after_first_start(self) -> None:
         self.sql(

@@ -1,48 +1,17 @@
-"""A whole Ladder for one fault test: :class:`tests.stack.Stack` with a few settings on top and
-supervisord's view of each service (pids, states, the exits it did not ask for)."""
+"""A whole Ladder for one fault test: :class:`tests.stack.Stack` with supervisord's view of each
+service (pids, states, the exits it did not ask for)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tests.stack import ROOT, Stack
+from tests.stack import Stack
 
 
 @dataclass
 class FaultStack(Stack):
-    """:class:`tests.stack.Stack` with settings of the fault tests on top, and the process
-    manager's view of each service."""
-
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = super().env
-        env.update(self.extra_env)
-        return env
-
-    def ctl(self, *args: str) -> str:
-        """supervisorctl of this stack (the Makefile's SUPERVISORCTL)."""
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "supervisor.supervisorctl",
-                "-c",
-                str(ROOT / "deploy/supervisord.conf"),
-                *args,
-            ],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        return done.stdout
+    """:class:`tests.stack.Stack` with the process manager's view of each service."""
 
     def pid(self, service: str) -> int:
         """The pid of a running service, per supervisord; 0 if it is not running."""

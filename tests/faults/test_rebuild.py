@@ -1,11 +1,10 @@
 """Redis loses everything, or is rebuilt under load: ``make rebuild`` puts every board back
-exactly as the history database says (DESIGN.md invariant 4)."""
+exactly as the history database says (docs/architecture.md, invariant 4)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -39,7 +38,7 @@ from tests.faults.load import Load
 from tests.faults.servers import PrivateServers
 from tests.faults.stack import CONSUMERS, FaultStack
 from tests.helpers import ADMIN, SERVER, snapshot
-from tests.stack import ROOT
+from tests.stack import run
 
 pytestmark = pytest.mark.faults
 
@@ -73,14 +72,10 @@ class TeamLoad(Load):
 def run_rebuild(stack: FaultStack) -> tuple[float, str]:
     """``make rebuild`` as a user runs it (the module, with the stack's environment)."""
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "services.history.rebuild", "--wait", "60"],
-        cwd=ROOT,
+    done = run(
+        [sys.executable, "-m", "services.rebuild", "--wait", "60"],
         env=stack.env,
-        capture_output=True,
-        text=True,
         timeout=180,
-        check=False,
     )
     took = time.monotonic() - started
     assert done.returncode == 0, (

@@ -1,4 +1,4 @@
-"""Activity and stats of a board (API.md section 8): the feed of the newest accepted events and
+"""Activity and stats of a board (docs/api.md section 8): the feed of the newest accepted events and
 a period's distinct players and accepted events, all kept by the atomic write."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import structlog
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from services.api import views
 from services.api.errors import Invalid, problems
+from services.api.reads import views
+from services.api.routes.reads import PeriodIdQuery
 from services.api.state import BoardDep, Reader, State
 from shared.db import EventRecord
 from shared.periods import Period
@@ -76,7 +77,7 @@ async def stats(
     state: State,
     _: Reader,
     period: Annotated[Period, Query()] = "alltime",
-    period_id: views.PeriodIdQuery = None,
+    period_id: PeriodIdQuery = None,
 ) -> dict[str, Any]:
     """How many distinct players scored in a period (approximate) and how many events were
     accepted in it (exact)."""

@@ -1,4 +1,4 @@
-"""A user's badges on a board (API.md section 3), as the notifier awarded them."""
+"""A user's badges on a board (docs/api.md section 3), as the notifier awarded them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dashboard (API.md section 10): one static page at ``GET /`` and its script and style.
+"""The dashboard (docs/api.md section 10): one static page at ``GET /``, its scripts and style.
 
 The page needs no build step and nothing from outside: plain HTML, CSS and JavaScript served
 from ``services/api/static``. It carries no credential; it reads what public reads allow over

@@ -1,4 +1,4 @@
-"""Friends (API.md section 6): mutual, idempotent friendships.
+"""Friends (docs/api.md section 6): mutual, idempotent friendships.
 
 A server or admin key acts for any user; a player token only for its own ``user_id``. A
 friendship is written to MySQL, the source of truth (a row each way), then to the two Redis sets

@@ -1,8 +1,8 @@
-"""The live views of play (API.md section 8a): hot streaks and team MVPs.
+"""The live views of play (docs/api.md section 8a): hot streaks and team MVPs.
 
 The hot view is the one the aggregator computed on its last tick (``as_of`` says when); the MVP
 view is computed at the read from the teams board and the aggregator's member contributions, so
-that any retained period can be read. The rules of both are in :mod:`shared.live`.
+that any retained period can be read. The rules of both are in :mod:`shared.live_maths`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from fastapi import Query
 from fastapi.routing import APIRouter
 from pydantic import BaseModel, Field
 
-from services.api import views
 from services.api.errors import Invalid, problems
+from services.api.reads import views
+from services.api.routes.reads import PeriodIdQuery
 from services.api.state import BoardDep, Reader, State
-from shared.live import mvp_entries
+from shared.live_maths import mvp_entries
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["live views"])
@@ -117,7 +118,7 @@ async def mvps(
     state: State,
     _: Reader,
     period: Annotated[Period, Query()] = "alltime",
-    period_id: views.PeriodIdQuery = None,
+    period_id: PeriodIdQuery = None,
 ) -> dict[str, Any]:
     if board.operator != "incr":
         raise Invalid(

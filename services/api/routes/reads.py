@@ -1,4 +1,4 @@
-"""Leaderboard, standing, ranks and history reads (API.md sections 3, 5 and 7)."""
+"""Leaderboard, standing, ranks and history reads (docs/api.md sections 3, 5 and 7)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, Field, StringConstraints
 
-from services.api import ranks, views
 from services.api.answers import json_answer
 from services.api.errors import Invalid, problems
+from services.api.reads import pages, ranks, standings, views
+from services.api.reads.styles import RankStyle
 from services.api.state import BoardDep, Caller, Reader, State
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import USER_ID_PATTERN, rfc3339
@@ -36,7 +37,7 @@ PeriodIdQuery = Annotated[
     ),
 ]
 RankStyleQuery = Annotated[
-    views.RankStyle,
+    RankStyle,
     Query(
         description="ordinal: every rank unique (ties to whoever got there first); "
         "competition: equal scores share a rank and the next skips (1, 1, 3); "
@@ -104,7 +105,7 @@ class PeriodRanks(BaseModel):
 class RanksOut(BaseModel):
     board_id: str
     user_id: str
-    rank_style: views.RankStyle
+    rank_style: RankStyle
     periods: dict[Period, PeriodRanks]
 
 
@@ -136,7 +137,7 @@ async def leaderboard(
     teams scope, written as each score is, it is the time of the read. Team entries carry
     ``team_id`` and no ``display_name``."""
     view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
-    body = await views.page(state.redis, state.keys, view, limit, cursor, rank_style)
+    body = await pages.page(state.redis, state.keys, view, limit, cursor, rank_style)
     if view.key == state.keys.global_view(board.board_id, period, view.period_id):
         as_of = await state.redis.hget(
             state.keys.as_of(board.board_id), f"{period}:{view.period_id}"
@@ -175,7 +176,7 @@ async def standing(
     scope has no users (422); a friends scope ranks the user among that player's friends."""
     view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
     return json_answer(
-        await views.standing(state.redis, state.keys, view, user_id, around, rank_style)
+        await standings.standing(state.redis, state.keys, view, user_id, around, rank_style)
     )
 
 

@@ -1,4 +1,4 @@
-"""Score submission (API.md section 4)."""
+"""Score submission (docs/api.md section 4)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.api import limits
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
 from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
 from services.api.state import BEARER, ApiState, BoardDep, BoardIdPath, Caller, State, get_board
-from services.api.writes import (
+from services.api.write import limits
+from services.api.write.models import ScoreIn, ScoreOut
+from services.api.write.submit import (
     Call,
-    ScoreIn,
-    ScoreOut,
     answer,
     prepare,
     resolve_event_id,
@@ -39,7 +38,7 @@ WRITE_SECONDS = Histogram(
 )
 
 
-# How a submission may be refused as a whole (API.md sections 1, 4 and 9a).
+# How a submission may be refused as a whole (docs/api.md sections 1, 4 and 9a).
 REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503)
 
 

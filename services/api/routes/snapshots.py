@@ -1,4 +1,4 @@
-"""Snapshots (API.md section 7): a board's top N as it stood at a moment, from the history
+"""Snapshots (docs/api.md section 7): a board's top N as it stood at a moment, from the history
 database, where the history service stores the views that changed every
 ``LADDER_SNAPSHOT_INTERVAL``."""
 

@@ -1,0 +1,138 @@
+"""Bracket notifications of the global scope (docs/api.md section 9), judged on the merged board.
+
+The region scope is judged by the notifier on each update, from what the atomic write saw. The
+global view is written by the merge, many users at a time, so its brackets are judged on the
+merge instead: the top ``max(notify_top)`` of a view is read before and after each period's
+merge, and
+
+- a user the merge wrote (its own global entry changed) who is now in a top T it was not in
+  before gets ``entered_top``, naming the smallest such T;
+- a user who held a top T before and does not now, while its own score did not get worse, was
+  pushed out by someone else and gets ``overtaken``, naming the smallest T it left.
+
+``previous_rank`` of an ``entered_top`` is ``null`` when the user was below the largest bracket
+before the merge (its exact rank there is not read). The messages go to each user's Pub/Sub
+channel, with ``"scope": "global"``, in the shape the notifier uses for regions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from shared.boards import Board
+from shared.brackets import Crossing, rank_message, smallest_entered
+from shared.keys import Keys
+from shared.periods import Period
+from shared.ranking import decode
+
+PUSHES = Counter(
+    "ladder_aggregator_rank_pushes_total", "Global-scope rank messages published", ["reason"]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """The top of one global view at one moment: user → (rank, composite)."""
+
+    entries: dict[str, tuple[int, float]]
+
+    @classmethod
+    def of(cls, rows: list[tuple[str, float]]) -> Standing:
+        return cls({user: (i + 1, composite) for i, (user, composite) in enumerate(rows)})
+
+
+def judge(
+    before: Standing,
+    after: Standing,
+    fallen: dict[str, tuple[int, float]],
+    written: set[str],
+    brackets: tuple[int, ...],
+) -> list[Crossing]:
+    """The crossings one merge caused; ``fallen`` holds the current rank and composite of the
+    users who were in ``before`` and are no longer in ``after``."""
+    out: list[Crossing] = []
+    for user, (rank, _) in after.entries.items():
+        if user not in written:
+            continue
+        previous = before.entries.get(user)
+        previous_rank = previous[0] if previous else None
+        top = smallest_entered(rank, previous_rank, brackets)
+        if top is not None:
+            out.append(Crossing(user, "entered_top", top, rank, previous_rank))
+    for user, (previous_rank, previous_composite) in before.entries.items():
+        now = after.entries.get(user) or fallen.get(user)
+        if now is None:
+            continue  # gone from the view altogether (erased or out of range): nobody overtook
+        rank, composite = now
+        if composite < previous_composite:
+            continue  # its own score got worse (a `set` board): not overtaken
+        left = [t for t in brackets if previous_rank <= t < rank]
+        if left:
+            out.append(Crossing(user, "overtaken", min(left), rank, previous_rank))
+    return out
+
+
+class GlobalBrackets:
+    """Reads a view's top around a merge and publishes the crossings."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def standing(self, board: Board, period: Period, period_id: str) -> Standing | None:
+        """The view's top ``max(notify_top)`` now; ``None`` when the board notifies nothing."""
+        if not board.notify_top:
+            return None
+        key = self._keys.global_view(board.board_id, period, period_id)
+        rows: list[Any] = await self._redis.zrevrange(key, 0, max(board.notify_top) - 1, True)
+        return Standing.of([(str(user), float(composite)) for user, composite in rows])
+
+    async def announce(
+        self,
+        board: Board,
+        period: Period,
+        period_id: str,
+        before: Standing | None,
+        written: set[str],
+    ) -> int:
+        """Publish what the merge since ``before`` changed; returns how many messages."""
+        if before is None:
+            return 0
+        after = await self.standing(board, period, period_id)
+        assert after is not None
+        key = self._keys.global_view(board.board_id, period, period_id)
+        gone = [user for user in before.entries if user not in after.entries]
+        fallen: dict[str, tuple[int, float]] = {}
+        if gone:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for user in gone:
+                    pipe.zrevrank(key, user)
+                    pipe.zscore(key, user)
+                replies = await pipe.execute()
+            for user, rank, composite in zip(gone, replies[0::2], replies[1::2], strict=True):
+                if rank is not None and composite is not None:
+                    fallen[user] = (int(rank) + 1, float(composite))
+        crossings = judge(before, after, fallen, written, board.notify_top)
+        if not crossings:
+            return 0
+        current = {**fallen, **after.entries}
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for crossing in crossings:
+                score = decode(period, current[crossing.user_id][1], board.descending)[0]
+                message = rank_message(
+                    crossing,
+                    board_id=board.board_id,
+                    scope="global",
+                    period=period,
+                    period_id=period_id,
+                    score=score,
+                )
+                pipe.publish(self._keys.user_channel(crossing.user_id), orjson.dumps(message))
+                PUSHES.labels(crossing.reason).inc()
+            await pipe.execute()
+        return len(crossings)

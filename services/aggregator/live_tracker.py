@@ -1,0 +1,265 @@
+"""The live views of play in the aggregator: hot streaks and team MVPs (docs/api.md section 8a).
+
+Consumed events are recorded in Redis, idempotently and with no regard to order:
+
+- each on-time event of the last 60 s becomes one member of the board's hot set, named by its
+  event id, and is added to the per-user sum and count of each window it is inside; one
+  ``ladder_hot_add_v1`` call per board and batch does both, for each event whose member is new,
+  so a redelivery adds nothing;
+- each team event of an ``incr`` board adds its value to its member's contribution to the team
+  in every period, once per event id (``ladder_contribute_v1``: a seen key and the increments in
+  one atomic step).
+
+On the ticker each window's start moves up to the clock (``ladder_hot_trim_v1`` takes the
+events it leaves out of its sums, so a tick costs what arrived and left since the last one plus
+one read per window of its users' sums), and the MVPs of each
+current period whose contributions changed (or, at least every ``FULL_PASS_SECONDS``, all of
+them). Each result is swapped into its view key with ``SET ... GET``; it is pushed only when its
+entries differ from those it replaced, so several aggregators computing the same view push it
+once. State lives in Redis only: a restarted aggregator carries on where the last one was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from shared.boards import Board, BoardCatalog
+from shared.events import ScoreAccepted, rfc3339
+from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
+from shared.keys import Keys
+from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
+from shared.live_maths import on_time as is_on_time
+from shared.periods import Period, expire_at, window_at, window_of
+
+PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
+RECORDED = Counter(
+    "ladder_aggregator_live_events_total", "Events recorded for the live views", ["view"]
+)
+
+SEEN_TTL_SECONDS = 86_400
+# Hot state nobody trims, and a hot view nobody recomputes (no aggregator running), disappear
+# rather than go stale.
+HOT_TTL_MS = 2 * HOT_SPAN_MS
+HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
+FULL_PASS_SECONDS = 30.0
+EXPIRY_MEMO = 1024
+CALL_MEMO = 4096
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+class RecordLive:
+    """The consumer's part: record events for the hot and MVP views."""
+
+    def __init__(self, redis: Redis, keys: Keys, catalog: BoardCatalog) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._catalog = catalog
+        # A period's expiry takes a walk over its retention; every event of it shares the answer.
+        self._expiries: dict[tuple[str, int | None, Period, str], int] = {}
+        # A contribution's keys and expiries depend on its board, team and period ids only.
+        self._calls: dict[
+            tuple[str, str, tuple[tuple[Period, str], ...]],
+            tuple[Board, tuple[str, ...], tuple[int, ...], frozenset[str]],
+        ] = {}
+
+    def _expiry(self, board: Board, period: Period, period_id: str) -> int:
+        retention = board.retention.of(period)
+        memo = (board.timezone, retention, period, period_id)
+        if (known := self._expiries.get(memo)) is not None:
+            return known
+        if len(self._expiries) >= EXPIRY_MEMO:
+            self._expiries.clear()
+        window = window_of(period, period_id, board.timezone)
+        found = self._expiries[memo] = expire_at(window, board.timezone, retention) or 0
+        return found
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
+        hot: dict[str, list[object]] = defaultdict(list)  # board -> hot_add's event arguments
+        dirty: dict[str, set[str]] = defaultdict(set)  # board -> "<period>|<period_id>"
+        boards: dict[str, Board | None] = {}  # looked up once a batch
+        mvp = 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                occurred = _ms(event.occurred_at)
+                if is_on_time(event) and occurred > horizon:
+                    hot[event.board_id] += [hot_member(event), occurred, event.user_id, event.value]
+                if event.team_id is None:
+                    continue
+                if event.board_id in boards:
+                    board = boards[event.board_id]
+                else:
+                    board = boards[event.board_id] = await self._catalog.get(event.board_id)
+                if board is None or board.operator != "incr":
+                    continue
+                dirty[board.board_id] |= self._contribute(pipe, board, event, event.team_id)
+                mvp += 1
+            for board_id, args in hot.items():
+                hot_keys = self._hot_keys(board_id)
+                pipe.fcall(HOT_ADD_FUNCTION, len(hot_keys), *hot_keys, HOT_TTL_MS, *args)
+            for board_id, marks in dirty.items():
+                if marks:
+                    pipe.sadd(self._keys.mvp_dirty(board_id), *marks)
+            await pipe.execute()
+        RECORDED.labels("hot").inc(sum(len(args) // 4 for args in hot.values()))
+        RECORDED.labels("mvps").inc(mvp)
+
+    def _hot_keys(self, board_id: str) -> list[str]:
+        windows = [self._keys.hot_window(board_id, w) for w in HOT_WINDOWS]
+        return [self._keys.hot_events(board_id), *windows]
+
+    def _contribute(
+        self, pipe: Any, board: Board, event: ScoreAccepted, team: str
+    ) -> frozenset[str]:
+        """Queue the event's ``ladder_contribute_v1`` call; the periods it marks dirty."""
+        bid = board.board_id
+        periods = tuple((period, result.period_id) for period, result in event.periods.items())
+        memo = (bid, team, periods)
+        known = self._calls.get(memo)
+        # Made for this very definition (the catalog hands out a new one when it re-reads it).
+        if known is None or known[0] is not board:
+            if len(self._calls) >= CALL_MEMO:
+                self._calls.clear()
+            known = self._calls[memo] = (board, *self._call_of(board, team, periods))
+        _, view_keys, expiries, dirty = known
+        seen = self._keys.seen(bid, "aggregator", event.event_id)
+        args = (SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at))
+        pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys) + 1, seen, *view_keys, *args, *expiries)
+        return dirty
+
+    def _call_of(
+        self, board: Board, team: str, periods: tuple[tuple[Period, str], ...]
+    ) -> tuple[tuple[str, ...], tuple[int, ...], frozenset[str]]:
+        """The keys (but the seen key), expiries and dirty marks of a contribution to ``team``
+        in ``periods``: the same for every event of that team in those periods."""
+        keys, bid = self._keys, board.board_id
+        view_keys: list[str] = []
+        expiries: list[int] = []
+        dirty: set[str] = set()
+        for period, period_id in periods:
+            if period not in board.periods:
+                continue
+            view_keys += [
+                keys.team_members(bid, period, period_id, team),
+                keys.member_team(bid, period, period_id),
+            ]
+            expiries.append(self._expiry(board, period, period_id))
+            dirty.add(f"{period}|{period_id}")
+        return tuple(view_keys), tuple(expiries), frozenset(dirty)
+
+
+class LiveViews:
+    """The ticker's part: recompute the views of one board and push those that changed."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._full_pass_at: dict[str, float] = {}
+
+    async def tick_board(self, board: Board) -> int:
+        """Recompute ``board``'s live views; returns how many were pushed."""
+        return await self.hot(board) + await self.mvps(board)
+
+    async def hot(self, board: Board, now: datetime | None = None) -> int:
+        now = now or datetime.now(UTC)
+        now_ms, keys, bid = _ms(now), self._keys, board.board_id
+        windows = [keys.hot_window(bid, w) for w in HOT_WINDOWS]
+        starts = [now_ms - w * 1000 for w in HOT_WINDOWS]
+        # Each window's hash is read as its fields and its values (two flat arrays, which the
+        # client parses several times faster than the RESP3 map of HGETALL on a window of tens
+        # of thousands of users). In one MULTI with the trim nothing runs between them, so the
+        # two list the hash in the same order.
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.fcall(
+                HOT_TRIM_FUNCTION,
+                1 + len(windows),
+                keys.hot_events(bid),
+                *windows,
+                HOT_TTL_MS,
+                *starts,
+            )
+            for window_key in windows:
+                pipe.hkeys(window_key)
+                pipe.hvals(window_key)
+            replies: list[Any] = await pipe.execute()
+        pushed = 0
+        for window, names, values in zip(HOT_WINDOWS, replies[1::2], replies[2::2], strict=True):
+            fields: dict[str, str] = dict(zip(names, values, strict=True))
+            message = {
+                "type": "leaderboard",
+                "view": "hot",
+                "board_id": board.board_id,
+                "scope": "hot",
+                "window": window,
+                "as_of": rfc3339(now),
+                "entries": hot_entries(fields),
+            }
+            channel = self._keys.board_channel(board.board_id, "hot", str(window))
+            key = self._keys.hot_view(board.board_id, window)
+            pushed += await self._swap(key, channel, message, HOT_VIEW_TTL_SECONDS, None)
+        PUSHES.labels("hot").inc(pushed)
+        return pushed
+
+    async def mvps(self, board: Board, now: datetime | None = None) -> int:
+        if board.operator != "incr":
+            return 0
+        keys, bid = self._keys, board.board_id
+        now = now or datetime.now(UTC)
+        full = time.monotonic() - self._full_pass_at.get(bid, float("-inf")) >= FULL_PASS_SECONDS
+        dirty: set[Any] = await self._redis.smembers(keys.mvp_dirty(bid))
+        if dirty:
+            # Taken before computing: a contribution recorded meanwhile marks it again.
+            await self._redis.srem(keys.mvp_dirty(bid), *dirty)
+        if full:
+            self._full_pass_at[bid] = time.monotonic()
+        pushed = 0
+        for period in board.periods:
+            window = window_at(period, now, board.timezone)
+            if not full and f"{period}|{window.period_id}" not in dirty:
+                continue
+            message = {
+                "type": "leaderboard",
+                "view": "mvps",
+                "board_id": bid,
+                "scope": "mvps",
+                "period": period,
+                "period_id": window.period_id,
+                "entries": await mvp_entries(self._redis, keys, board, period, window.period_id),
+            }
+            expiry = expire_at(window, board.timezone, board.retention.of(period))
+            channel = keys.board_channel(bid, "mvps", period)
+            pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
+        PUSHES.labels("mvps").inc(pushed)
+        return pushed
+
+    async def _swap(
+        self,
+        key: str,
+        channel: str,
+        message: dict[str, Any],
+        ttl: int | None,
+        expire_at_s: int | None,
+    ) -> int:
+        """Store ``message`` as the view's current state; publish it if its content changed."""
+        body = orjson.dumps(message)
+        old: Any = await self._redis.set(key, body, ex=ttl, exat=expire_at_s, get=True)
+        previous = orjson.loads(old) if old is not None else {}
+        if _content(previous) == _content(message):
+            return 0
+        await self._redis.publish(channel, body)
+        return 1
+
+
+def _content(message: dict[str, Any]) -> tuple[Any, ...]:
+    """What a push is about: the period it names and its entries (not the time it was made)."""
+    return message.get("period_id"), message.get("entries", [])

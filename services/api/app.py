@@ -1,0 +1,133 @@
+"""The API as an ASGI application: :func:`create_app` and the lifespan that owns its
+connections and background tasks (the outbox relay, the Pub/Sub hub, the start-up restore)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import structlog
+from fastapi import FastAPI
+
+from services.api import errors
+from services.api.bodies import BodyLimit, JsonBodies
+from services.api.push.hub import Hub
+from services.api.push.ws import router as ws_router
+from services.api.relay.outbox import Relay
+from services.api.restorer import Restorer
+from services.api.routes import (
+    activity,
+    badges,
+    dashboard,
+    definitions,
+    friends,
+    ops,
+    reads,
+    scores,
+    snapshots,
+)
+from services.api.routes import live as live_views
+from services.api.state import ApiState
+from shared.boards import BoardCatalog
+from shared.db import open_engine
+from shared.keys import Keys
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+
+log = structlog.get_logger(__name__)
+
+DESCRIPTION = """
+Ladder keeps game leaderboards live. Game servers post scores; players read global, regional
+and per-period boards and their own rank, and get pushes over the WebSocket at `/v1/ws`.
+
+Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Errors are
+`application/problem+json`.
+"""
+
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[dict[str, ApiState]]]
+
+
+@contextlib.asynccontextmanager
+async def _background(
+    coro: Coroutine[Any, Any, None], stop: Callable[[], None], grace: float
+) -> AsyncIterator[None]:
+    """Run ``coro`` for the block; on the way out ask it to ``stop`` and give it ``grace``
+    seconds to finish (closing its own connections) before it is cancelled."""
+    task = asyncio.create_task(coro)
+    try:
+        yield
+    finally:
+        stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), grace)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def lifespan_of(settings: LadderSettings) -> Lifespan:
+    """The lifespan of an API process: Redis and MySQL opened, what Redis lost restored, then
+    the hub, the relay and the restore's retries in the background; all closed in reverse."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, ApiState]]:
+        if used := settings.uses_dev_defaults:
+            log.warning("using development credentials", defaults=used, env=settings.env)
+        keys = Keys(settings.key_prefix)
+        async with (
+            open_redis(settings.redis_url, load_functions=True) as redis,
+            open_engine(settings.mysql_url) as engine,
+        ):
+            catalog = BoardCatalog(redis, keys)
+            # Definitions and friendships back from MySQL, their source of truth, into a Redis
+            # that may have lost them; retried in the background if MySQL is away now.
+            restorer = Restorer(engine, redis, keys, catalog)
+            await restorer.attempt()
+            await catalog.ensure_defaults()
+            relay = Relay(redis, keys, catalog, settings)
+            hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}")
+            state = ApiState(settings, keys, redis, catalog, engine, relay, hub)
+            # The relay gets the grace period to hand what is in the outbox to the broker.
+            async with (
+                _background(hub.run(), hub.stop, 5.0),
+                _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
+                _background(restorer.retry(), restorer.stop, 1.0),
+            ):
+                log.info("api ready", port=settings.api_port)
+                yield {"ladder": state}
+                # services.api.serving sets it before any connection is closed; under another
+                # server it comes after that server has closed the sockets itself.
+                state.shutting_down.set()
+
+    return lifespan
+
+
+def create_app(settings: LadderSettings | None = None) -> FastAPI:
+    settings = settings or LadderSettings()
+    app = FastAPI(
+        title="Ladder",
+        version="1.0.0",
+        description=DESCRIPTION,
+        lifespan=lifespan_of(settings),
+        # Bodies are JSON; see bodies.JsonBodies for bodies labelled otherwise.
+        strict_content_type=False,
+    )
+    errors.install(app)
+    app.add_middleware(JsonBodies)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.include_router(scores.router)
+    app.include_router(reads.router)
+    app.include_router(activity.router)
+    app.include_router(badges.router)
+    app.include_router(definitions.router)
+    app.include_router(friends.router)
+    app.include_router(snapshots.router)
+    app.include_router(live_views.router)
+    app.include_router(ws_router)
+    dashboard.install(app)
+    # Last, so that the OpenAPI document lists the operations endpoints after the rest.
+    app.include_router(ops.router)
+    return app

@@ -1,0 +1,271 @@
+"""The WebSocket at ``/v1/ws`` (docs/api.md section 9).
+
+Each connection is a receiver (client ops) and a sender (its bounded queue) run together; the
+first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
+the hub or other clients; when the server stops, every socket is closed with 1001. A bad
+credential is refused before any subscription is made: the socket is accepted only to be closed
+with 1008 and a reason.
+
+Before the server closes a socket, its receiver and sender are stopped: a sender may be waiting
+for a peer that stopped reading to make room, and nothing may follow the close frame. The close
+itself is given ``CLOSE_WAIT`` seconds; the server's own WebSocket protocol
+(``serving/uvicorn_server.py``) sends it at once and drops a peer that does not answer it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from typing import Any
+
+import orjson
+import structlog
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from prometheus_client import Counter, Gauge
+from starlette.websockets import WebSocketState
+
+from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
+from services.api.errors import Unauthorized
+from services.api.state import ApiState
+from shared.boards import BOARD_ID_PATTERN
+from shared.events import REGION_PATTERN, USER_ID_PATTERN
+from shared.live_maths import HOT_WINDOWS
+from shared.periods import PERIODS
+
+log = structlog.get_logger(__name__)
+router = APIRouter(tags=["websocket"])
+
+CONNECTIONS = Gauge("ladder_ws_connections", "Open WebSocket connections")
+REFUSED = Counter("ladder_ws_refused_total", "Sockets closed at once: bad credential or Origin")
+
+MAX_SUBSCRIPTIONS = 64
+MAX_FRAME = 4096
+CLOSE_POLICY, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1008, 1001, 1013
+CLOSE_WAIT = 2.0
+
+_BOARD = BOARD_ID_PATTERN.strip("^$")
+_LEADERBOARD_TOPIC = re.compile(
+    rf"^leaderboard:(?P<board>{_BOARD}):(?P<scope>global|region:{REGION_PATTERN.strip('^$')})"
+    rf":(?P<period>{'|'.join(PERIODS)})$"
+)
+_USER_TOPIC = re.compile(rf"^user:(?P<user>{USER_ID_PATTERN.strip('^$')})$")
+# The live views (docs/api.md section 8a): leaderboard:{board}:hot:{10|60},
+# leaderboard:{board}:mvps:{period}. A subscriber is sent the view's current state at once,
+# then every change.
+_LIVE_TOPIC = re.compile(
+    rf"^leaderboard:(?P<board>{_BOARD}):(?:hot:(?P<window>{'|'.join(map(str, HOT_WINDOWS))})"
+    rf"|mvps:(?P<period>{'|'.join(PERIODS)}))$"
+)
+
+
+class TopicError(Exception):
+    pass
+
+
+class Client:
+    """One socket's subscriptions and bounded send queue."""
+
+    def __init__(self, websocket: WebSocket, principal: Principal, state: ApiState) -> None:
+        self.websocket = websocket
+        self.principal = principal
+        self.state = state
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=state.settings.ws_send_queue)
+        self.too_slow = asyncio.Event()
+        self.topics: dict[str, str] = {}
+        self.flooding = False
+
+    def deliver(self, text: str) -> None:
+        if self.too_slow.is_set():
+            return
+        try:
+            self.queue.put_nowait(text)
+        except asyncio.QueueFull:
+            self.too_slow.set()
+
+    def send(self, message: dict[str, object]) -> None:
+        self.deliver(orjson.dumps(message).decode())
+
+    def channel_of(self, topic: str) -> str:
+        keys = self.state.keys
+        if m := _LEADERBOARD_TOPIC.match(topic):
+            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
+                raise TopicError("leaderboard topics need a credential here")
+            return keys.board_channel(m["board"], m["scope"], m["period"])
+        if m := _LIVE_TOPIC.match(topic):
+            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
+                raise TopicError("leaderboard topics need a credential here")
+            if m["window"] is not None:
+                return keys.board_channel(m["board"], "hot", m["window"])
+            return keys.board_channel(m["board"], "mvps", m["period"])
+        if m := _USER_TOPIC.match(topic):
+            if not self.principal.may_act_for(m["user"]):
+                raise TopicError("only that player or a server key may subscribe to it")
+            return keys.user_channel(m["user"])
+        raise TopicError(
+            "unknown topic; use leaderboard:{board}:{scope}:{period}, leaderboard:{board}:hot:"
+            "{10|60}, leaderboard:{board}:mvps:{period} or user:{id}"
+        )
+
+    def view_key_of(self, topic: str) -> str | None:
+        """The key holding a live view's current state, sent to a new subscriber."""
+        if (m := _LIVE_TOPIC.match(topic)) is None:
+            return None
+        if m["window"] is not None:
+            return self.state.keys.hot_view(m["board"], int(m["window"]))
+        return self.state.keys.mvp_view(m["board"], m["period"])
+
+    async def subscribe(self, topic: str) -> None:
+        if topic in self.topics:
+            return
+        if len(self.topics) >= MAX_SUBSCRIPTIONS:
+            raise TopicError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
+        channel = self.channel_of(topic)
+        self.topics[topic] = channel
+        await self.state.hub.subscribe(channel, self)
+        if (key := self.view_key_of(topic)) is not None:
+            # Read once the channel is live: any later change arrives as a push after it.
+            current: Any = await self.state.redis.get(key)
+            if current is not None:
+                self.deliver(current)
+
+    def unsubscribe(self, topic: str) -> None:
+        channel = self.topics.pop(topic, None)
+        if channel is not None:
+            self.state.hub.unsubscribe(channel, self)
+
+    async def handle(self, raw: str) -> None:
+        try:
+            op = orjson.loads(raw)
+            if not isinstance(op, dict):
+                raise ValueError
+        except ValueError:
+            self.send({"type": "error", "detail": "each message must be a JSON object"})
+            return
+        kind, topic = op.get("op"), op.get("topic")
+        try:
+            if kind == "ping":
+                self.send({"type": "pong"})
+            elif kind in ("subscribe", "unsubscribe") and isinstance(topic, str):
+                if kind == "subscribe":
+                    await self.subscribe(topic)
+                else:
+                    self.unsubscribe(topic)
+            else:
+                raise TopicError("op must be subscribe, unsubscribe (with a topic) or ping")
+        except TopicError as exc:
+            self.send({"type": "error", "op": kind, "topic": topic, "detail": str(exc)})
+        except TimeoutError:
+            self.send({"type": "error", "op": kind, "topic": topic, "detail": "try again"})
+
+    async def receive_loop(self) -> None:
+        """Client ops in order; returns (to close the socket with 1008) past the message rate."""
+        settings = self.state.settings
+        bucket = TokenBucket(settings.ws_message_rate, 2 * settings.ws_message_rate)
+        while True:
+            raw = await self.websocket.receive_text()
+            if not bucket.take():
+                self.flooding = True
+                return
+            if len(raw) > MAX_FRAME:
+                self.send({"type": "error", "detail": f"frames are limited to {MAX_FRAME} bytes"})
+                continue
+            await self.handle(raw)
+
+    async def send_loop(self) -> None:
+        while True:
+            text = await self.queue.get()
+            await self.websocket.send_text(text)
+
+
+class TokenBucket:
+    """A per-socket message budget: ``rate`` a second, bursts of ``burst``. A socket lives in one
+    process, so an in-process bucket is the whole truth for it."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
+    """A browser's ``Origin`` must be listed in ``LADDER_ALLOWED_ORIGINS`` (``*`` allows any) or
+    be the API's own origin, so that a page elsewhere cannot ride a visitor's credentials.
+    Clients that send no ``Origin`` (game servers, native clients) are not browsers."""
+    origin = websocket.headers.get("origin")
+    if origin is None or "*" in allowed or origin in allowed:
+        return True
+    host = websocket.headers.get("host")
+    return host is not None and origin in (f"http://{host}", f"https://{host}")
+
+
+def credential_of(websocket: WebSocket) -> str | None:
+    token = websocket.query_params.get("token")
+    return token if token else bearer(websocket.headers.get("authorization"))
+
+
+@router.websocket("/v1/ws")
+async def websocket_endpoint(websocket: WebSocket) -> None:
+    state: ApiState = websocket.state.ladder
+    # Both checks come before any subscription or other state is made; the socket is
+    # accepted only so that the client can read the close code and its reason.
+    refusal: str | None = None
+    principal = ANONYMOUS
+    if not origin_allowed(websocket, state.settings.allowed_origins):
+        refusal = "this Origin is not allowed (LADDER_ALLOWED_ORIGINS)"
+    else:
+        try:
+            principal = authenticate(credential_of(websocket), state.settings)
+        except Unauthorized as exc:
+            refusal = exc.detail
+    await websocket.accept()
+    if refusal is not None:
+        REFUSED.inc()
+        await websocket.close(CLOSE_POLICY, reason=refusal[:120])
+        return
+    client = Client(websocket, principal, state)
+    CONNECTIONS.inc()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        if principal.kind == "player" and principal.user_id is not None:
+            await client.subscribe(f"user:{principal.user_id}")
+        receiver = asyncio.create_task(client.receive_loop())
+        sender = asyncio.create_task(client.send_loop())
+        too_slow = asyncio.create_task(client.too_slow.wait())
+        going = asyncio.create_task(state.shutting_down.wait())
+        tasks = [receiver, sender, too_slow, going]
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        await _cancel(tasks)
+        if receiver in done and client.flooding:
+            await _close(websocket, CLOSE_POLICY, "too many messages")
+        elif too_slow in done:
+            await _close(websocket, CLOSE_TRY_AGAIN, "too slow to keep up")
+        elif going in done:
+            await _close(websocket, CLOSE_GOING_AWAY, "server shutting down")
+    except (WebSocketDisconnect, TimeoutError):
+        pass
+    finally:
+        await _cancel(tasks)
+        state.hub.forget(client)
+        CONNECTIONS.dec()
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    if websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.close(code, reason=reason), CLOSE_WAIT)

@@ -1,0 +1,188 @@
+"""A player's profile screen in one read: its score and rank in every period and every scope it
+belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
+
+Round trips: one learns the user's regions, team and friends; one reads every score, rank and
+size at once (a ``ZMSCORE`` of the whole friend group per period); and, for the competition and
+dense styles only, one more counts what ranks strictly better than each score found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.api.errors import NotFound
+from services.api.reads.friends import MAX_FRIENDS, rank_locally
+from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
+from shared.boards import Board
+from shared.keys import Keys
+from shared.periods import Period, PeriodWindow
+from shared.ranking import ENCODINGS, decode_score
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """One member of one sorted set: the user in a region or global view, or its team."""
+
+    period: Period
+    scope: str
+    key: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    probe: _Probe
+    composite: float
+    position: int
+    total: int
+
+
+def _signed(period: Period, composite: float) -> int:
+    return int(composite) // ENCODINGS[period].scale
+
+
+async def user_ranks(
+    redis: Redis,
+    keys: Keys,
+    board: Board,
+    user_id: str,
+    windows: list[PeriodWindow],
+    style: RankStyle,
+    with_friends: bool,
+) -> dict[str, Any]:
+    """``{"periods": {period: {"period_id", "scopes": {scope: {"rank", "score", "total"}}}}}``
+    where a scope is ``global``, ``region:<r>``, ``teams`` (with ``team_id``) or ``friends``
+    (only ``with_friends``, and only if the user has friends). A scope appears only where the
+    user (or its team) has a score in that period; 404 if the user never scored on the board."""
+    regions, team, friends = await _memberships(redis, keys, board, user_id, with_friends)
+    group = [*friends, user_id]
+    probes = _probes(keys, board.board_id, user_id, windows, regions, team)
+    found, group_scores = await _read(redis, keys, board.board_id, probes, windows, friends, group)
+    ranks = await _styled_ranks(redis, keys, found, style)
+
+    periods: dict[str, dict[str, Any]] = {
+        w.period: {"period_id": w.period_id, "scopes": {}} for w in windows
+    }
+    for f, rank in zip(found, ranks, strict=True):
+        period = f.probe.period
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "score": decode_score(period, f.composite, board.descending),
+            "total": f.total,
+        }
+        if f.probe.scope == "teams":
+            entry = {"team_id": f.probe.member, **entry}
+        periods[period]["scopes"][f.probe.scope] = entry
+    for w, composites in zip(windows, group_scores, strict=False):
+        among = _among_friends(board, user_id, w.period, group, composites, style)
+        if among is not None:
+            periods[w.period]["scopes"]["friends"] = among
+    return {"periods": periods}
+
+
+async def _memberships(
+    redis: Redis, keys: Keys, board: Board, user_id: str, with_friends: bool
+) -> tuple[list[str], str | None, list[str]]:
+    """The user's regions, team (incr boards) and friends (``with_friends``); 404 if it has no
+    region, having never scored on the board."""
+    bid = board.board_id
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.smembers(keys.user_regions(bid, user_id))
+        pipe.hget(keys.user_team(bid), user_id)
+        if with_friends:
+            pipe.smembers(keys.friends(user_id))
+        learned = await pipe.execute()
+    regions: list[str] = sorted(learned[0])
+    if not regions:
+        raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
+    team: str | None = learned[1] if board.operator == "incr" else None
+    friends = sorted(set(learned[2]) - {user_id})[:MAX_FRIENDS] if with_friends else []
+    return regions, team, friends
+
+
+def _probes(
+    keys: Keys,
+    bid: str,
+    user_id: str,
+    windows: list[PeriodWindow],
+    regions: list[str],
+    team: str | None,
+) -> list[_Probe]:
+    probes: list[_Probe] = []
+    for w in windows:
+        p, pid = w.period, w.period_id
+        probes.append(_Probe(p, "global", keys.global_view(bid, p, pid), user_id))
+        probes += [
+            _Probe(p, f"region:{r}", keys.region_view(bid, p, pid, r), user_id) for r in regions
+        ]
+        if team:
+            probes.append(_Probe(p, "teams", keys.teams_view(bid, p, pid), team))
+    return probes
+
+
+async def _read(
+    redis: Redis,
+    keys: Keys,
+    bid: str,
+    probes: list[_Probe],
+    windows: list[PeriodWindow],
+    friends: list[str],
+    group: list[str],
+) -> tuple[list[_Found], list[Any]]:
+    """Every probe's score, position and size, and (with friends) the whole group's scores in
+    each period's global view: one round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for probe in probes:
+            pipe.zscore(probe.key, probe.member)
+            pipe.zrevrank(probe.key, probe.member)
+            pipe.zcard(probe.key)
+        if friends:
+            for w in windows:
+                pipe.zmscore(keys.global_view(bid, w.period, w.period_id), group)
+        replies = await pipe.execute()
+    found = [
+        _Found(probe, composite, int(position) + 1, int(total))
+        for probe, composite, position, total in zip(
+            probes, replies[0::3], replies[1::3], replies[2::3], strict=False
+        )
+        if composite is not None and position is not None
+    ]
+    return found, replies[3 * len(probes) :]
+
+
+async def _styled_ranks(
+    redis: Redis, keys: Keys, found: list[_Found], style: RankStyle
+) -> list[int]:
+    """The rank of each score found, in ``style``: the position, or one more round trip that
+    counts what ranks strictly better."""
+    if style == "ordinal" or not found:
+        return [f.position for f in found]
+    async with redis.pipeline(transaction=False) as pipe:
+        for f in found:
+            signed = _signed(f.probe.period, f.composite)
+            queue_style_count(pipe, keys, f.probe.key, f.probe.period, style, signed)
+        return [1 + int(count) for count in await pipe.execute()]
+
+
+def _among_friends(
+    board: Board,
+    user_id: str,
+    period: Period,
+    group: list[str],
+    composites: list[float | None],
+    style: RankStyle,
+) -> dict[str, Any] | None:
+    """The user's place among its friends in one period; ``None`` if it has no score there."""
+    rows = rank_locally(group, composites)
+    at = next((i for i, (m, _) in enumerate(rows) if m == user_id), None)
+    if at is None:
+        return None
+    local = walk_ranks(style, [_signed(period, c) for _, c in rows], 1, 1)
+    return {
+        "rank": local[at],
+        "score": decode_score(period, rows[at][1], board.descending),
+        "total": len(rows),
+    }

@@ -1,0 +1,151 @@
+"""Which ranking a read names: a board's scope in one period (docs/api.md section 5).
+
+Every scope but ``friends`` is one sorted set. A friends scope is the owner and its friends
+ranked on the global view (:mod:`services.api.reads.friends`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from services.api.auth import Principal
+from services.api.errors import Forbidden, Invalid, NotFound, Unauthorized
+from shared.boards import Board
+from shared.events import REGION_PATTERN, USER_ID_PATTERN
+from shared.keys import Keys
+from shared.periods import (
+    PERIODS,
+    Period,
+    PeriodIdError,
+    PeriodWindow,
+    previous_window,
+    window_at,
+    window_of,
+)
+from shared.ranking import ENCODINGS, decode_score
+
+ScopeKind = Literal["users", "teams", "friends"]
+
+SCOPE_PATTERN = (
+    r"^(global|teams|region:[a-z0-9][a-z0-9_-]{0,31}|friends:[A-Za-z0-9][A-Za-z0-9_.:-]{0,63})$"
+)
+PERIOD_ID_PATTERN = r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all)$"
+
+_REGION = re.compile(REGION_PATTERN)
+_USER_ID = re.compile(USER_ID_PATTERN)
+
+Row = tuple[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """One ranking of one board: a scope in one period.
+
+    ``key`` is the sorted set read: the scope's own, or for ``friends`` the global view, of
+    which only the owner and its friends are ranked.
+    """
+
+    board: Board
+    scope: str
+    period: Period
+    period_id: str
+    key: str
+    kind: ScopeKind = "users"
+    owner: str | None = None
+
+    def score(self, composite: float) -> int:
+        return decode_score(self.period, composite, self.board.descending)
+
+    def signed(self, composite: float) -> int:
+        """The signed score of a composite: the score, negated on ascending boards."""
+        return int(composite) // ENCODINGS[self.period].scale
+
+
+def resolve_window(board: Board, period: Period, period_id: str | None) -> PeriodWindow:
+    """The period a read names: 404 for one the board does not keep (not a board period, past
+    retention, not yet begun), 422 for an id that names no period."""
+    if period not in board.periods:
+        raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
+    current = window_at(period, datetime.now(UTC), board.timezone)
+    if period_id is None or period_id == current.period_id:
+        return current
+    try:
+        window = window_of(period, period_id, board.timezone)
+    except PeriodIdError as exc:
+        raise Invalid(str(exc), loc=("query", "period_id")) from exc
+    oldest = previous_window(current, board.timezone, board.retention.of(period) or 0)
+    if window.start > current.start or window.start < oldest.start:
+        raise NotFound(f"Period {period_id!r} is not kept (retention or not yet begun).")
+    return window
+
+
+def period_of_id(board: Board, period_id: str) -> Period:
+    """Which kind of period an id names (the four formats differ); 404 if the board does not
+    keep that kind, 422 if it names none."""
+    for period in PERIODS:
+        try:
+            window_of(period, period_id, board.timezone)
+        except PeriodIdError:
+            continue
+        if period not in board.periods:
+            raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
+        return period
+    raise Invalid(f"{period_id!r} is not a period id.", loc=("query", "period_id"))
+
+
+def check_friends_reader(reader: Principal, owner: str) -> None:
+    """A friends scope is private: the player itself or a server or admin key."""
+    if reader.kind == "anonymous":
+        raise Unauthorized("A friends scope is read by its player or with a server key.")
+    if not reader.may_act_for(owner):
+        raise Forbidden("A player may read only its own friends scope.")
+
+
+def resolve_view(
+    keys: Keys,
+    board: Board,
+    scope: str,
+    period: Period,
+    period_id: str | None,
+    *,
+    reader: Principal | None = None,
+) -> View:
+    """The view a read names: 422 for a scope that is nonsense or not on this board, 401/403
+    for a friends scope the reader may not see (without a ``reader``, friends scopes are not
+    offered), 404 for a period the board does not keep."""
+    kind: ScopeKind = "users"
+    owner: str | None = None
+    if scope == "global" or (
+        scope.startswith("region:") and _REGION.fullmatch(scope.removeprefix("region:"))
+    ):
+        pass
+    elif scope == "teams":
+        if board.operator != "incr":
+            raise Invalid(
+                f"The teams scope sums members' scores and exists only on incr boards; board "
+                f"{board.board_id!r} is {board.operator}.",
+                loc=("query", "scope"),
+            )
+        kind = "teams"
+    elif scope.startswith("friends:") and _USER_ID.fullmatch(scope.removeprefix("friends:")):
+        if reader is None:
+            raise Invalid(
+                "The friends scope is not available on this read.", loc=("query", "scope")
+            )
+        kind, owner = "friends", scope.removeprefix("friends:")
+        check_friends_reader(reader, owner)
+    else:
+        raise Invalid(
+            "scope must be 'global', 'region:<region>', 'teams' or 'friends:<user_id>'.",
+            loc=("query", "scope"),
+        )
+    window = resolve_window(board, period, period_id)
+    bid, pid = board.board_id, window.period_id
+    if kind == "friends":
+        key = keys.global_view(bid, period, pid)
+    else:
+        key = keys.board_view(bid, period, pid, scope)
+    return View(board, scope, period, pid, key, kind, owner)

@@ -1,0 +1,147 @@
+"""Board definitions (docs/api.md section 3): listed and read by anyone who may read, written by an
+admin key.
+
+A ``PUT`` writes MySQL, the source of truth, then the Redis hash every service reads, both under
+the definitions lock (:func:`shared.db_boards.definitions_lock`), so concurrent writers and the
+start-up restore reach Redis in the order they reached MySQL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel
+
+from services.api.auth import Principal
+from services.api.errors import Conflict, Invalid, Unavailable, problems
+from services.api.state import ApiState, BoardDep, BoardIdPath, Caller, Reader, State
+from shared.boards import Board, BoardId, BoardSpec
+from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
+from shared.periods import previous_window, window_at
+
+router = APIRouter(prefix="/v1/boards", tags=["boards"])
+
+# What the stored scores were ranked and bucketed by: none may change once a board has scores.
+RANKING_FIELDS = ("operator", "order", "timezone")
+
+
+def get_admin(caller: Caller) -> Principal:
+    caller.require_admin()
+    return caller
+
+
+# A dependency, so that a caller without an admin key is refused before its body is looked at.
+Admin = Annotated[Principal, Depends(get_admin)]
+
+
+class BoardsOut(BaseModel):
+    boards: list[Board]
+
+
+class BoardIn(BoardSpec):
+    """A definition as a ``PUT`` takes it: every field optional, defaulting to board ``main``'s.
+
+    ``board_id`` may be sent back as a ``GET`` returned it, but must then name the board of the
+    path.
+    """
+
+    board_id: BoardId | None = None
+
+
+@router.get("", response_model=BoardsOut, responses=problems(401, 503))
+async def list_boards(state: State, _: Reader) -> dict[str, Any]:
+    """Every board definition."""
+    return {"boards": await state.catalog.all()}
+
+
+@router.get("/{board_id}", response_model=Board, responses=problems(401, 404, 422, 503))
+async def get_board(board: BoardDep, _: Reader) -> Board:
+    """One board definition, with every field."""
+    return board
+
+
+@router.put(
+    "/{board_id}",
+    response_model=Board,
+    responses={
+        201: {"model": Board, "description": "Created"},
+        **problems(
+            400,
+            401,
+            403,
+            404,
+            409,
+            413,
+            422,
+            503,
+            said={409: "The board has scores and the change would re-rank them"},
+        ),
+    },
+)
+async def put_board(
+    board_id: BoardIdPath, spec: BoardIn, response: Response, state: State, _: Admin
+) -> Board:
+    """Create (201) or replace (200) a board's definition; a field left out takes board
+    ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
+    scores answers 409."""
+    if spec.board_id is not None and spec.board_id != board_id:
+        raise Invalid(
+            "board_id in the body must be the board of the path.", loc=("body", "board_id")
+        )
+    board = Board.model_validate({**spec.model_dump(exclude={"board_id"}), "board_id": board_id})
+    try:
+        async with definitions_lock(state.engine) as conn:
+            # MySQL first; a board that only Redis holds (made before definitions were kept
+            # in MySQL) counts as existing all the same.
+            previous = await load_board(conn, board_id) or await state.catalog.get(
+                board_id, fresh=True
+            )
+            if previous is not None:
+                await _refuse_reranking(state, previous, board)
+            await save_board(conn, board)
+            await state.catalog.put(board)
+    except LockTimeout as exc:
+        raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
+    if previous is None:
+        response.status_code = 201
+        response.headers["Location"] = f"/v1/boards/{board_id}"
+    return board
+
+
+async def _refuse_reranking(state: ApiState, previous: Board, board: Board) -> None:
+    changed = [f for f in RANKING_FIELDS if getattr(previous, f) != getattr(board, f)]
+    if changed and await has_scores(state, previous):
+        detail = ", ".join(
+            f"{f} {getattr(previous, f)!r} -> {getattr(board, f)!r}" for f in changed
+        )
+        raise Conflict(
+            f"Board {board.board_id!r} has scores, ranked by its operator, order and timezone; "
+            f"they cannot change ({detail})."
+        )
+
+
+async def has_scores(state: ApiState, board: Board) -> bool:
+    """Whether any score of ``board`` is kept, in the cache or in the history database.
+
+    The cache half asks whether a regions set exists for any period the board still keeps (one
+    ``EXISTS`` over at most a few hundred keys of one hash tag, where a ``SCAN`` would walk the
+    whole keyspace): it covers the events the history database has not stored yet. The database
+    half covers everything older, and a cache that was emptied.
+    """
+    keys, bid = state.keys, board.board_id
+    # The newest period an accepted event may fall in: occurred_at may lie a little ahead.
+    latest = datetime.now(UTC) + timedelta(seconds=state.settings.future_tolerance_seconds)
+    names: list[str] = []
+    for period in board.periods:
+        window = window_at(period, latest, board.timezone)
+        # One more than retention: the period just begun may not be the current one yet.
+        for _ in range((board.retention.of(period) or 0) + 2):
+            names.append(keys.regions(bid, period, window.period_id))
+            if window.end is None:
+                break
+            window = previous_window(window, board.timezone, 1)
+    if await state.redis.exists(*names):
+        return True
+    return await has_events(state.engine, bid)

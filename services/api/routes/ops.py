@@ -1,0 +1,73 @@
+"""Operations (docs/api.md section 10): an API process's ``/healthz``, ``/readyz`` and
+``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, Field
+from sqlalchemy import text
+
+from services.api import errors
+from services.api.state import State
+from shared.ops import metrics_response, readiness_response, run_checks
+
+router = APIRouter(tags=["operations"])
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    dependencies: dict[str, Literal["up", "down"]] = Field(
+        description="redis, broker, mysql and pubsub, each up or down"
+    )
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> dict[str, str]:
+    """Alive; checks no dependency."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "Redis is down (with Retry-After)",
+            "headers": errors.PROBLEMS[503]["headers"],
+        }
+    },
+)
+async def readyz(state: State) -> JSONResponse:
+    """Each dependency and its state; 503 only while Redis is down. With the broker down
+    the API keeps accepting scores into the outbox."""
+
+    async def redis_up() -> bool:
+        return bool(await state.redis.ping())
+
+    async def broker_up() -> bool:
+        return state.relay.ready
+
+    async def mysql_up() -> bool:
+        async with state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        return True
+
+    async def pubsub_up() -> bool:
+        return state.hub.connected
+
+    checks = {"redis": redis_up, "broker": broker_up, "mysql": mysql_up, "pubsub": pubsub_up}
+    return readiness_response(await run_checks(checks), required={"redis"})
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+async def metrics(_: Request) -> Response:
+    """Prometheus text format."""
+    return metrics_response()

@@ -1,0 +1,212 @@
+"""The score write: validate, then one Redis Function call (docs/api.md section 4).
+
+A client's write runs as ``ladder_write_v2``: the rate limits of docs/api.md section 9a checked and
+taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
+pipeline) and a refused one writes nothing. ``ladder_submit_v2`` is the write alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from services.api.errors import Conflict, Invalid, Unavailable
+from services.api.write.limits import Quota, refusal
+from services.api.write.models import ScoreIn
+from shared.boards import Board
+from shared.functions import SUBMIT_FUNCTION, WRITE_FUNCTION
+from shared.keys import Keys
+from shared.periods import PERIODS
+from shared.settings import LadderSettings
+from shared.submit import SubmitEvent, submit_call
+
+
+def body_hash(score: ScoreIn) -> str:
+    """What makes two submissions of one ``event_id`` "the same body"."""
+    canonical = score.model_dump(mode="json", exclude={"event_id"})
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def resolve_event_id(score: ScoreIn, header: str | None) -> str:
+    if header is not None:
+        if score.event_id is not None and score.event_id != header:
+            raise Invalid("Idempotency-Key and event_id differ.", loc=("body", "event_id"))
+        return header
+    return score.event_id or uuid.uuid4().hex
+
+
+def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -> None:
+    if occurred_at < now - timedelta(seconds=settings.allowed_lateness):
+        raise Invalid(
+            f"occurred_at is older than the allowed lateness of "
+            f"{settings.allowed_lateness:g} seconds.",
+            loc=("body", "occurred_at"),
+        )
+    if occurred_at > now + timedelta(seconds=settings.future_tolerance_seconds):
+        raise Invalid("occurred_at is in the future.", loc=("body", "occurred_at"))
+
+
+def check_value(value: int, board: Board) -> None:
+    if not board.min_value <= value <= board.max_value:
+        raise Invalid(
+            f"value must be within [{board.min_value}, {board.max_value}] on this board.",
+            loc=("body", "value"),
+        )
+
+
+def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
+    accepted = orjson.loads(entry)
+    return {
+        "event_id": accepted["event_id"],
+        "duplicate": duplicate,
+        "board_id": accepted["board_id"],
+        "user_id": accepted["user_id"],
+        "region": accepted["region"],
+        "periods": {
+            name: {k: v for k, v in accepted["periods"][name].items() if k != "pushed_out"}
+            for name in PERIODS
+            if name in accepted["periods"]
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One prepared ``ladder_submit_v2`` call, or the answer already known without one."""
+
+    event_id: str
+    user_id: str
+    keys: list[str]
+    args: list[str | int]
+    known: dict[str, Any] | None = None
+
+    def command(self, quota: Quota | None, now_ms: int) -> list[Any]:
+        """The FCALL arguments: the write under ``quota``'s limits, or the bare write."""
+        if quota is None:
+            return [SUBMIT_FUNCTION, len(self.keys), *self.keys, *self.args]
+        limit_keys, limit_args = quota.call(self.user_id, now_ms)
+        return [
+            WRITE_FUNCTION,
+            len(limit_keys) + len(self.keys),
+            *limit_keys,
+            *self.keys,
+            *limit_args,
+            *self.args,
+        ]
+
+
+async def prepare(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    board: Board,
+    score: ScoreIn,
+    event_id: str,
+    now: datetime,
+) -> Call:
+    """Validate one score against its board and build its write; raises a :class:`Problem`."""
+    occurred_at = score.occurred_at or now
+    digest = body_hash(score)
+    try:
+        check_time(occurred_at, now, settings)
+    except Invalid:
+        # A retry of an event accepted earlier is still a duplicate, however late it comes.
+        stored: Any = await redis.get(keys.idempotency(board.board_id, event_id))
+        if stored is None:
+            raise
+        first_hash, _, entry = stored.partition("\n")
+        if first_hash != digest:
+            raise Conflict(
+                f"event_id {event_id!r} was already accepted with a different body."
+            ) from None
+        return Call(
+            event_id, score.user_id, [], [], known=response_from_entry(entry, duplicate=True)
+        )
+    check_value(score.value, board)
+    event = SubmitEvent(
+        event_id,
+        score.user_id,
+        score.region,
+        score.team_id,
+        score.display_name,
+        score.value,
+        occurred_at,
+        now,
+    )
+    call_keys, args = submit_call(
+        keys,
+        board,
+        event,
+        body_hash=digest,
+        idempotency_ttl=settings.idempotency_ttl_seconds,
+        outbox_max=settings.outbox_max,
+        feed_length=settings.feed_length,
+    )
+    return Call(event_id, score.user_id, call_keys, args)
+
+
+def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
+    """The answer to a client from what the write function returned; or a :class:`Problem`."""
+    event_id = call.event_id
+    if status == "ok":
+        return response_from_entry(payload, duplicate=False)
+    if status == "duplicate":
+        return response_from_entry(payload, duplicate=True)
+    if status == "conflict":
+        raise Conflict(f"event_id {event_id!r} was already accepted with a different body.")
+    if status == "range":
+        raise Invalid(f"The score cannot be ranked exactly: {payload}.", loc=("body", "value"))
+    if status == "outbox_full":
+        raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
+    if status == "limited":
+        raise refusal(payload, call.user_id)
+    raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")
+
+
+async def submit(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    board: Board,
+    score: ScoreIn,
+    event_id: str,
+    quota: Quota | None = None,
+) -> dict[str, Any]:
+    """Write one score atomically, within ``quota`` if given: the answer of docs/api.md section 4,
+    or a :class:`Problem`."""
+    call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
+    if call.known is not None:
+        return call.known
+    # Straight to execute_command: fcall()'s deprecation wrapper costs more than the call.
+    status, payload = await redis.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL", *call.command(quota, int(time.time() * 1000))
+    )
+    return answer(status, payload, call)
+
+
+async def submit_many(
+    redis: Redis, calls: list[Call], quota: Quota | None = None
+) -> list[tuple[str, str]]:
+    """Run prepared writes in one round trip; ``(status, payload)`` for each, in order.
+
+    Each call is atomic on its own; a later call sees what an earlier one wrote (so an
+    ``event_id`` twice in one batch is a duplicate the second time).
+    """
+    now_ms = int(time.time() * 1000)
+    async with redis.pipeline(transaction=False) as pipe:
+        for call in calls:
+            pipe.execute_command("FCALL", *call.command(quota, now_ms))
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+    out = []
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+        out.append((str(reply[0]), str(reply[1])))
+    return out

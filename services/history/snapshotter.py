@@ -1,0 +1,173 @@
+"""Top-N snapshots of the views that changed (docs/api.md section 7).
+
+The history handler marks, for each event and each of its periods, the views the event changed:
+its region, ``global`` and, with a team, ``teams``; the marks go into the board's set
+``Keys.snapshot_dirty`` in Redis before the batch is acked, so a restart loses none. Every
+``LADDER_SNAPSHOT_INTERVAL`` the ticker renames that set aside (a crash mid-pass leaves the renamed
+set to be taken again), reads the top ``LADDER_SNAPSHOT_SIZE`` of each marked view and stores
+them in MySQL, one row a view.
+
+The aggregator fills the global view up to ``LADDER_MERGE_INTERVAL`` after the regional write
+that marked it, so a pass may read it just before the merge lands. A global view taken on a
+fresh mark is therefore marked once more, as a follow-up, and taken again on the next pass, by
+which time the merge has long happened (as long as the snapshot interval is the longer one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from prometheus_client import Counter
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.boards import Board, BoardCatalog
+from shared.db_boards import SnapshotRow, save_snapshots
+from shared.events import ScoreAccepted
+from shared.keys import Keys
+from shared.periods import PERIODS, Period
+from shared.ranking import decode_score
+from shared.service import every_board
+
+log = structlog.get_logger(__name__)
+
+TAKEN = Counter("ladder_history_snapshots_total", "Snapshots of a view stored")
+
+FOLLOW_UP = "again"
+# Views read a Redis pipeline, and stored a MySQL statement, at a time.
+CHUNK = 50
+
+
+def view_member(period: str, period_id: str, scope: str, *, follow_up: bool = False) -> str:
+    """A member of the changed-views set. ``|`` cannot occur in any identifier or scope."""
+    return f"{period}|{period_id}|{scope}" + (f"|{FOLLOW_UP}" if follow_up else "")
+
+
+def parse_view_member(member: str) -> tuple[str, str, str, bool]:
+    """``(period, period_id, scope, follow_up)`` of :func:`view_member`."""
+    period, period_id, scope, *rest = member.split("|")
+    return period, period_id, scope, rest == [FOLLOW_UP]
+
+
+def changed_views(event: ScoreAccepted) -> list[str]:
+    """The members naming every view ``event`` changed."""
+    scopes = [f"region:{event.region}", "global"]
+    if event.team_id is not None:
+        scopes.append("teams")
+    return [
+        view_member(period, result.period_id, scope)
+        for period, result in event.periods.items()
+        for scope in scopes
+    ]
+
+
+class Snapshotter:
+    """Takes the snapshots of one board's changed views (see the module docstring)."""
+
+    def __init__(self, redis: Redis, keys: Keys, engine: AsyncEngine, size: int) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._engine = engine
+        self._size = size
+
+    async def take_board(self, board: Board, now: datetime | None = None) -> int:
+        """Snapshot every view of ``board`` marked since the last pass; how many were stored.
+
+        An empty view (expired, or a team view of a board without teams) stores nothing.
+        """
+        bid = board.board_id
+        dirty = self._keys.snapshot_dirty(bid)
+        taking = self._keys.snapshot_dirty(bid, taking=True)
+        if not await self._redis.exists(taking):
+            try:
+                await self._redis.rename(dirty, taking)
+            except ResponseError:
+                return 0  # nothing changed
+        views: set[tuple[Period, str, str]] = set()
+        follow_ups: set[str] = set()
+        async for member in self._redis.sscan_iter(taking, count=1000):
+            period, period_id, scope, follow_up = parse_view_member(member)
+            if period not in PERIODS or period not in board.periods:
+                continue
+            views.add((period, period_id, scope))
+            if scope == "global" and not follow_up:
+                follow_ups.add(view_member(period, period_id, scope, follow_up=True))
+        taken_at = now or datetime.now(UTC)
+        stored = 0
+        ordered = sorted(views)
+        for start in range(0, len(ordered), CHUNK):
+            rows = await self._read(board, ordered[start : start + CHUNK], taken_at)
+            await save_snapshots(self._engine, rows)
+            stored += len(rows)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            if follow_ups:
+                pipe.sadd(dirty, *follow_ups)
+            pipe.delete(taking)
+            await pipe.execute()
+        TAKEN.inc(stored)
+        return stored
+
+    async def _read(
+        self, board: Board, views: list[tuple[Period, str, str]], taken_at: datetime
+    ) -> list[SnapshotRow]:
+        keys, bid = self._keys, board.board_id
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for period, period_id, scope in views:
+                pipe.zrevrange(
+                    keys.board_view(bid, period, period_id, scope), 0, self._size - 1, True
+                )
+            tops: list[list[tuple[str, float]]] = await pipe.execute()
+        users = sorted(
+            {
+                m
+                for (_, _, scope), rows in zip(views, tops, strict=True)
+                if scope != "teams"
+                for m, _ in rows
+            }
+        )
+        names: dict[str, str | None] = {}
+        if users:
+            found: list[Any] = await self._redis.hmget(keys.names(bid), users)
+            names = dict(zip(users, found, strict=True))
+        snapshots: list[SnapshotRow] = []
+        for (period, period_id, scope), rows in zip(views, tops, strict=True):
+            if not rows:
+                continue
+            entries: list[dict[str, Any]] = []
+            for rank, (member, composite) in enumerate(rows, start=1):
+                score = decode_score(period, composite, board.descending)
+                if scope == "teams":
+                    # As the teams scope of a leaderboard read shows them: no display name.
+                    entries.append({"rank": rank, "team_id": member, "score": score})
+                else:
+                    entries.append(
+                        {
+                            "rank": rank,
+                            "user_id": member,
+                            "score": score,
+                            "display_name": names.get(member),
+                        }
+                    )
+            snapshots.append(
+                {
+                    "board_id": bid,
+                    "scope": scope,
+                    "period": period,
+                    "period_id": period_id,
+                    "taken_at": taken_at,
+                    "entries": entries,
+                }
+            )
+        return snapshots
+
+
+async def tick(
+    snapshotter: Snapshotter, catalog: BoardCatalog, interval: float, stop: asyncio.Event
+) -> None:
+    """Snapshot every board every ``interval`` seconds until ``stop``; one last pass on the way
+    out, so that what changed since the last pass is kept."""
+    await every_board(catalog, interval, stop, snapshotter.take_board)

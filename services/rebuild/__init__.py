@@ -1,0 +1,37 @@
+"""``make rebuild``: every board recreated in Redis, exactly, from the history database.
+
+An operator's tool, not a service: run as ``python -m services.rebuild [--board ID ...]
+[--wait SECONDS]``. Redis is a projection of MySQL (the design invariants in
+docs/architecture.md): this puts back, from MySQL alone, the board definitions and friendships
+(:mod:`shared.restore`, which the API runs at start-up too), and for each board its regional
+views of every period still retained, team boards, distinct-score sets, feed, player and event
+counts, each user's regions and team, and display names; then it marks every user of every view
+dirty, so the aggregator merges the global views again through its own code.
+
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v2``:
+the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
+no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
+the log holds the events in the order they were applied (one relay a board; with several, events
+accepted within milliseconds of each other may be stored in another order: docs/reliability.md).
+
+Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuilder`):
+
+1. ``ladder_rebuild_begin_v1`` raises the board's ``rebuilding`` flag, holding this rebuild's
+   token (a second rebuild of the board at once is refused), with a TTL kept up while the
+   rebuild works, and starts its journal: from then on every event ``submit()`` applies is
+   also journaled. It returns the ids of the events in the outbox and of the newest in the feed
+   (:mod:`services.rebuild.flag`).
+2. Wait until MySQL holds those: then it holds every event applied before the flag (the relay
+   publishes, and history stores, in outbox order).
+3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of the primary
+   key (memory stays bounded by a page), replaying each onto staging
+   (:mod:`services.rebuild.event_log`, :mod:`services.rebuild.staging`).
+4. In the same snapshot, look up which journaled events it held.
+5. ``ladder_rebuild_finish_v2``, one atomic step: replay the other journaled events onto staging,
+   check that no live event counter is ahead of its staged one (an event applied before the flag
+   that MySQL did not hold yet: then all is thrown away and the board read again), rename
+   staging over the live keys, drop the flag and journal (:mod:`services.rebuild.finish`).
+
+Running it twice changes nothing: the second run builds the same keys from the same events.
+docs/reliability.md has the argument in full.
+"""

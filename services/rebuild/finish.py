@@ -1,0 +1,83 @@
+"""The end of a board's rebuild: staging put in place of the live keys in one atomic step, then
+every user of the board's views marked for the aggregator's next merge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.rebuild.flag import BoardFlag
+from services.rebuild.staging import Staged, journaled_ids
+from shared.functions import REBUILD_FINISH_FUNCTION
+from shared.keys import Keys, dirty_member
+from shared.submit import finish_keys
+
+# Finish calls an attempt makes while events journaled meanwhile name keys not given yet.
+FINISH_TRIES = 10
+
+
+async def finish(
+    redis: Redis,
+    keys: Keys,
+    flag: BoardFlag,
+    staged: Staged,
+    journal: Staged,
+    live: set[str],
+    known: Iterable[str],
+) -> tuple[str, str, int]:
+    """``ladder_rebuild_finish_v2``: replay the journaled events MySQL did not hold (those not in
+    ``known``) onto staging, check the event counters, rename staging over the live keys (and
+    delete the ``live`` keys the rebuild did not make again), drop flag and journal.
+
+    Every key it touches is given, with its staging name: those ``staged`` from MySQL, those of
+    the journal's events (``journal``) and ``live``. An event journaled after the journal was
+    read may name a key not given: the step then writes nothing and answers "unknown", and is
+    called again with the journal read again. (Such an event is not among ``known``: MySQL's
+    snapshot was taken before.)
+
+    Returns the status ("ok" or why not), its detail (on "ok", how many journaled events were
+    replayed) and how many keys the rebuild made or replaced."""
+    for _ in range(FINISH_TRIES):
+        counters = sorted(staged.counters | journal.counters)
+        others = sorted((staged.others | journal.others | live) - set(counters))
+        call_keys = finish_keys(keys, flag.board_id, counters, others)
+        status, detail = await redis.fcall(
+            REBUILD_FINISH_FUNCTION,
+            len(call_keys),
+            *call_keys,
+            len(counters),
+            flag.token,
+            *sorted(known),
+        )
+        if status != "unknown":
+            break
+        journaled_ids(await flag.journaled(), journal)
+    return status, detail, len(staged.counters | staged.others | live)
+
+
+async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -> int:
+    """Every user of the given regional and global views marked for the next merge: the
+    aggregator then writes each global entry from the rebuilt regions."""
+    tag = keys.tag(board_id)
+    dirty = keys.dirty(board_id)
+    marked = 0
+    for key in sorted(views):
+        parts = key[len(tag) + 1 :].split(":")
+        # lb:<period>:<period_id>:region:<region> or lb:<period>:<period_id>:global
+        period, period_id = parts[1], parts[2]
+        if parts[3] == "region":
+            region = parts[4]
+        else:
+            found: set[Any] = await redis.smembers(keys.regions(board_id, period, period_id))
+            region = min(found) if found else ""
+        members: list[str] = []
+        async for member, _ in redis.zscan_iter(key, count=1000):
+            members.append(dirty_member(period, period_id, region, member))
+            if len(members) >= 1000:
+                marked += await redis.sadd(dirty, *members)
+                members = []
+        if members:
+            marked += await redis.sadd(dirty, *members)
+    return marked

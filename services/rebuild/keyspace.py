@@ -1,0 +1,82 @@
+"""What a board holds in Redis before and during its rebuild: which keys the rebuild makes
+(and so replaces), staging an attempt left behind, and the global views whose users are merged
+again."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from shared.keys import Keys
+
+# The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
+# tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
+# global views and marks, snapshot marks, badges, the live views, rate buckets. (`:counts` are
+# the per-score counts that an earlier layout kept beside each view: a rebuild drops them.)
+_REBUILT = re.compile(
+    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:counts)?"
+    r"|(regions|players|events):[a-z]+:[^:]+"
+    r"|user:.+:regions|names|feed|user-team"
+)
+_REGION_VIEW = re.compile(r"lb:[a-z]+:[^:]+:region:[^:]+")
+_GLOBAL_VIEW = re.compile(r"lb:[a-z]+:[^:]+:global")
+
+
+@dataclass
+class Existing:
+    """One board's keys before its rebuild (see :func:`existing`)."""
+
+    live: set[str] = field(default_factory=set)
+    staging: set[str] = field(default_factory=set)
+    global_views: set[str] = field(default_factory=set)
+
+
+async def existing(
+    redis: Redis, keys: Keys, board_ids: list[str], prefix: str
+) -> dict[str, Existing]:
+    """What the boards hold now, from one SCAN of ``prefix``: the keys of the kinds the rebuild
+    makes (those it does not make again are deleted: a user or a period MySQL does not know),
+    staging a dead rebuild left, and the global views (their users are merged again)."""
+    tags = {keys.tag(b): b for b in board_ids}
+    found = {b: Existing() for b in board_ids}
+    async for key in redis.scan_iter(match=glob_escape(prefix) + "*", count=1000):
+        tag, _, suffix = key.partition("}:")
+        board = tags.get(tag + "}")
+        if board is None:
+            continue
+        if suffix.startswith("rebuild:"):
+            if suffix != "rebuild:journal":
+                found[board].staging.add(key)
+        elif _REBUILT.fullmatch(suffix) is not None:
+            found[board].live.add(key)
+        elif _GLOBAL_VIEW.fullmatch(suffix):
+            found[board].global_views.add(key)
+    return found
+
+
+async def drop_staging(redis: Redis, keys: Keys, board_id: str) -> None:
+    """Staging left by an attempt that did not finish (the journal is not staging)."""
+    tag = keys.tag(board_id)
+    journal = keys.rebuild_journal(board_id)
+    batch: list[str] = []
+    async for key in redis.scan_iter(match=glob_escape(tag) + ":rebuild:*", count=1000):
+        if key != journal:
+            batch.append(key)
+        if len(batch) >= 500:
+            await redis.unlink(*batch)
+            batch = []
+    if batch:
+        await redis.unlink(*batch)
+
+
+def region_views(keys: Keys, board_id: str, names: Iterable[str]) -> set[str]:
+    """The regional views among the board's keys ``names``."""
+    tag = keys.tag(board_id)
+    return {k for k in names if _REGION_VIEW.fullmatch(k[len(tag) + 1 :])}
+
+
+def glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,69 @@
+"""The command line of the rebuild: ``python -m services.rebuild [--board ID ...] [--wait S]``.
+
+Opens MySQL and Redis, rebuilds, and prints one summary line a board; exits with status 1 (the
+reason logged) if a board could not be rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Iterable
+
+import structlog
+
+from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
+from shared.db import open_engine
+from shared.keys import Keys
+from shared.logs import configure
+from shared.redis import open_redis
+from shared.settings import LadderSettings, load_settings
+
+log = structlog.get_logger(__name__)
+
+
+async def rebuild(
+    settings: LadderSettings, only: Iterable[str] = (), wait_seconds: float = 120.0
+) -> list[BoardRebuild]:
+    """Open MySQL and Redis (loading the function library, which a Redis that lost its data
+    lacks too) and rebuild."""
+    async with (
+        open_engine(settings.mysql_url) as engine,
+        open_redis(settings.redis_url, load_functions=True) as redis,
+    ):
+        rebuilder = Rebuilder(engine, redis, Keys(settings.key_prefix), settings, wait_seconds)
+        return await rebuilder.run(only)
+
+
+def summary(board: BoardRebuild) -> str:
+    """The line printed for one rebuilt board."""
+    return (
+        f"{board.board_id}: {board.events} events, {board.journal_replayed} written "
+        f"meanwhile (and {board.journal_known} more already in MySQL), {board.keys} keys, "
+        f"{board.dirty} users to merge, {board.attempts} attempt(s), {board.seconds:.1f} s"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.rebuild",
+        description="Recreate every board in Redis exactly from the history database.",
+    )
+    parser.add_argument("--board", action="append", default=[], help="only this board (repeatable)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        help="seconds to wait for history to store events Redis applied already (120)",
+    )
+    options = parser.parse_args(argv)
+    settings = load_settings()
+    configure("rebuild", settings.log_level)
+    try:
+        done = asyncio.run(rebuild(settings, options.board, options.wait))
+    except RebuildFailed as exc:
+        log.error("rebuild failed", error=str(exc))
+        sys.exit(1)
+    for board in done:
+        print(summary(board))

@@ -1,0 +1,192 @@
+"""The rebuild of every board, or of some, one after the other: restore the definitions and
+friendships, then per board raise its flag, wait for MySQL, replay the event log onto staging and
+finish (the steps are in :mod:`services.rebuild`), starting a board again if its finish refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.rebuild.event_log import held, page
+from services.rebuild.finish import finish, mark_dirty
+from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
+from services.rebuild.keyspace import Existing, existing, region_views
+from services.rebuild.staging import Staged, journaled_ids, replay
+from shared.boards import Board, BoardCatalog
+from shared.keys import Keys
+from shared.restore import restore_definitions, restore_friendships
+from shared.settings import LadderSettings
+
+log = structlog.get_logger(__name__)
+
+ATTEMPTS = 5
+
+
+class RebuildFailed(RuntimeError):
+    """A board could not be rebuilt (MySQL never caught up, or the rebuild kept losing its
+    flag); Redis keeps what it had."""
+
+
+@dataclass
+class BoardRebuild:
+    """What one board's rebuild did, for the summary line."""
+
+    board_id: str
+    events: int = 0
+    journal_replayed: int = 0
+    journal_known: int = 0
+    keys: int = 0
+    dirty: int = 0
+    attempts: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+
+
+class Rebuilder:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis,
+        keys: Keys,
+        settings: LadderSettings,
+        wait_seconds: float = 120.0,
+    ) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._keys = keys
+        self._settings = settings
+        self._wait_seconds = wait_seconds
+        self._flags: dict[str, BoardFlag] = {}
+
+    async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
+        """Definitions and friendships, then every board (or only those named)."""
+        boards = await restore_definitions(self._engine, BoardCatalog(self._redis, self._keys))
+        friendships = await restore_friendships(self._engine, self._redis, self._keys)
+        log.info("definitions and friendships restored", boards=len(boards), rows=friendships)
+        wanted = set(only)
+        unknown = wanted - {b.board_id for b in boards}
+        if unknown:
+            raise RebuildFailed(f"no such board in the history database: {sorted(unknown)}")
+        chosen = [b for b in boards if not wanted or b.board_id in wanted]
+        # One pass over the keyspace for every board, rather than one a board.
+        found = await existing(
+            self._redis, self._keys, [b.board_id for b in chosen], "{" + self._keys.prefix + ":"
+        )
+        return [await self.board(b, found[b.board_id]) for b in chosen]
+
+    async def board(self, board: Board, found: Existing | None = None) -> BoardRebuild:
+        """Rebuild one board (see :mod:`services.rebuild`); ``found``: its keys as they were
+        before (looked up here if not given)."""
+        started = time.monotonic()
+        done = BoardRebuild(board.board_id)
+        bid = board.board_id
+        if found is None:
+            found = (await existing(self._redis, self._keys, [bid], self._keys.tag(bid) + ":"))[bid]
+        flag = self._flags[bid] = BoardFlag(self._redis, self._keys, bid)
+        await ensure_outbox_group(self._redis, self._keys, bid)
+        for attempt in range(1, ATTEMPTS + 1):
+            done.attempts = attempt
+            applied = await flag.begin()
+            if applied is None:
+                raise RebuildFailed(
+                    f"board {bid!r} is being rebuilt by another process (its flag {flag.flag} "
+                    f"lapses within {FLAG_TTL_MS // 1000} s if that one died)"
+                )
+            try:
+                # Staging a dead rebuild left behind: the board is ours now.
+                if found.staging:
+                    await self._redis.unlink(*found.staging)
+                    found.staging.clear()
+                await self._wait_stored(bid, applied)
+                outcome, views = await self._build(board, done, found.live)
+            except BaseException:
+                await flag.abort()
+                raise
+            if outcome == "ok":
+                done.dirty = await mark_dirty(
+                    self._redis, self._keys, bid, views | found.global_views
+                )
+                done.seconds = time.monotonic() - started
+                log.info("board rebuilt", **done.__dict__)
+                return done
+            await flag.abort()
+            log.warning("board rebuild starts again", board_id=bid, reason=outcome)
+            await asyncio.sleep(min(2.0 * attempt, 10.0))
+        raise RebuildFailed(f"board {bid!r} not rebuilt after {ATTEMPTS} attempts")
+
+    async def _wait_stored(self, board_id: str, event_ids: list[str]) -> None:
+        """Until MySQL holds every one of ``event_ids`` of the board."""
+        pending = set(event_ids)
+        end = time.monotonic() + self._wait_seconds
+        while pending:
+            async with self._engine.connect() as conn:
+                pending -= await held(conn, board_id, pending)
+            if not pending:
+                return
+            if time.monotonic() > end:
+                raise RebuildFailed(
+                    f"board {board_id!r}: {len(pending)} events applied in Redis are not in the "
+                    f"history database after {self._wait_seconds:g} s (is history consuming?), "
+                    f"e.g. {sorted(pending)[:3]}"
+                )
+            await self._flags[board_id].extend()
+            await asyncio.sleep(0.25)
+
+    async def _build(
+        self, board: Board, done: BoardRebuild, live: set[str]
+    ) -> tuple[str, set[str]]:
+        """One attempt: MySQL onto staging, then the finish step. Returns its outcome ("ok" or
+        why not) and the regional views it made."""
+        bid = board.board_id
+        flag = self._flags[bid]
+        staged, journal = Staged(), Staged()
+        try:
+            events, refused, known = await self._stage(board, staged, journal)
+        except FlagLost:
+            return "the flag lapsed", set()
+        status, detail, made = await finish(
+            self._redis, self._keys, flag, staged, journal, live, known
+        )
+        if status != "ok":
+            return f"{status} {detail}".strip(), set()
+        done.events, done.refused = events, refused
+        done.journal_replayed, done.journal_known = int(detail), len(known)
+        done.keys = made
+        return "ok", region_views(self._keys, bid, staged.others)
+
+    async def _stage(
+        self, board: Board, staged: Staged, journal: Staged
+    ) -> tuple[int, int, set[str]]:
+        """The board's events, read in one consistent snapshot of MySQL, replayed onto staging
+        (their keys noted in ``staged``); then, in the same snapshot, which of the journal's
+        events it held (the journal's keys noted in ``journal``). Returns how many events were
+        replayed, how many of them the board refused, and the journaled events held."""
+        bid = board.board_id
+        flag = self._flags[bid]
+        events = refused = 0
+        async with self._engine.connect() as conn:
+            await conn.execution_options(isolation_level="REPEATABLE READ")
+            # Every page below, and the journal lookup after them, read this one snapshot.
+            await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            after = 0
+            while True:
+                rows = (await conn.execute(page(bid, after))).all()
+                if not rows:
+                    break
+                refused += await self._replay(board, rows, staged)
+                events += len(rows)
+                after = rows[-1].id
+                await flag.extend()
+            known = await held(conn, bid, journaled_ids(await flag.journaled(), journal))
+            await conn.rollback()
+        return events, refused, known
+
+    async def _replay(self, board: Board, rows: Sequence[Any], staged: Staged) -> int:
+        return await replay(self._redis, self._keys, self._settings, board, rows, staged)

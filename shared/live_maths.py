@@ -1,0 +1,145 @@
+"""The live views of play (docs/api.md section 8a): hot streaks and team MVPs.
+
+Both are computed from state the aggregator keeps in Redis (see :mod:`shared.keys`), never from
+message counts, so the aggregator that computes them and the API that reads them agree.
+
+Hot streaks
+    The users with the highest average value per event over the last 10 or 60 seconds of event
+    time. The wall clock is taken as the event-time frontier: an event counts from its arrival
+    until its ``occurred_at`` is W seconds behind the clock (one stamped up to 5 s ahead of the
+    clock, as the API allows, counts at once). An event accepted more than
+    :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still counts toward its
+    periods). Ties: the higher average, then more events, then the smaller user id.
+
+MVPs
+    The users with the largest share of their team's total in one period. A user's team in a
+    period is the team named by its latest accepted event in that period; its ``user_score``
+    is what it scored for that team in that period, and ``team_score`` is that team's total
+    (the ``teams`` scope). A user who changes team therefore ranks with its new team from its
+    next event on, counting only what it scored for the new team; what it scored for the old
+    team stays in that team's total. Only teams with a positive total and members with a
+    positive contribution take part. Ties: the larger share, then the larger ``user_score``,
+    then the smaller user id.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import timedelta
+from typing import Any
+
+from redis.asyncio import Redis
+
+from shared.boards import Board
+from shared.events import ScoreAccepted
+from shared.keys import Keys
+from shared.periods import Period
+from shared.ranking import decode_score
+
+TOP = 10
+HOT_WINDOWS = (10, 60)
+HOT_SPAN_MS = max(HOT_WINDOWS) * 1000
+HOT_LATENESS = timedelta(seconds=5)
+# Members read per team and round when looking for a team's leading current members.
+_MEMBER_PAGE = 2 * TOP
+_CHUNK = 500
+
+
+def on_time(event: ScoreAccepted) -> bool:
+    """Whether an event may count toward the hot view: accepted within 5 s of occurring."""
+    return event.accepted_at - event.occurred_at <= HOT_LATENESS
+
+
+def hot_member(event: ScoreAccepted) -> str:
+    """The event's member of the hot set: the same for every delivery of one event.
+    ``|`` cannot occur in an event id or a user id."""
+    return f"{event.event_id}|{event.user_id}|{event.value}"
+
+
+def hot_entries(window: dict[str, str]) -> list[dict[str, Any]]:
+    """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts)."""
+    # (-average, -count, user, average): best first; users are distinct, so the average
+    # itself is never compared.
+    ranked: list[tuple[float, int, str, float]] = []
+    get = window.get
+    for field, raw in window.items():
+        if field[:2] == "c:" and (count := int(raw)) > 0:
+            user = field[2:]
+            average = int(get("s:" + user, 0)) / count
+            ranked.append((-average, -count, user, average))
+    return [
+        {"rank": i + 1, "user_id": user, "score": average}
+        for i, (_, _, user, average) in enumerate(heapq.nsmallest(TOP, ranked))
+    ]
+
+
+async def mvp_entries(
+    redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
+) -> list[dict[str, Any]]:
+    """The MVP top 10 of one period of an ``incr`` board, from the teams board (totals) and the
+    aggregator's member contributions."""
+    bid = board.board_id
+    rows: list[Any] = await redis.zrange(
+        keys.teams_view(bid, period, period_id), 0, -1, withscores=True
+    )
+    totals = {team: decode_score(period, c, board.descending) for team, c in rows}
+    teams = sorted(team for team, total in totals.items() if total > 0)
+    team_of_key = keys.member_team(bid, period, period_id)
+    candidates: list[tuple[str, str, int]] = []  # (user, team, contribution)
+    offsets = dict.fromkeys(teams, 0)
+    kept_of = dict.fromkeys(teams, 0)
+    pending = teams
+    # Each team's leading members whose current team it still is; a team is read further only
+    # while members who moved on fill its page.
+    while pending:
+        still: list[str] = []
+        for start in range(0, len(pending), _CHUNK):
+            chunk = pending[start : start + _CHUNK]
+            async with redis.pipeline(transaction=False) as pipe:
+                for team in chunk:
+                    first = offsets[team]
+                    pipe.zrevrange(
+                        keys.team_members(bid, period, period_id, team),
+                        first,
+                        first + _MEMBER_PAGE - 1,
+                        withscores=True,
+                    )
+                pages: list[list[tuple[str, float]]] = await pipe.execute()
+            users = sorted({user for page in pages for user, _ in page})
+            current: dict[str, str] = {}
+            if users:
+                found: list[Any] = await redis.hmget(team_of_key, users)
+                current = {
+                    user: latest.split("|", 1)[1]
+                    for user, latest in zip(users, found, strict=True)
+                    if latest is not None
+                }
+            for team, page in zip(chunk, pages, strict=True):
+                kept = [
+                    (user, team, int(score))
+                    for user, score in page
+                    if score > 0 and current.get(user) == team
+                ]
+                candidates += kept
+                kept_of[team] += len(kept)
+                offsets[team] += len(page)
+                positive = bool(page) and page[-1][1] > 0
+                if len(page) == _MEMBER_PAGE and positive and kept_of[team] < TOP:
+                    still.append(team)
+        pending = still
+
+    def share(c: tuple[str, str, int]) -> float:
+        return c[2] / totals[c[1]]
+
+    ranked = sorted(candidates, key=lambda c: (-share(c), -c[2], c[0]))[:TOP]
+    return [
+        {
+            "rank": i + 1,
+            "user_id": user,
+            "team_id": team,
+            "user_score": score,
+            "team_score": totals[team],
+            "share": score / totals[team],
+        }
+        for i, (user, team, score) in enumerate(ranked)
+    ]

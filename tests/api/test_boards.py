@@ -1,0 +1,310 @@
+"""Board definitions (docs/api.md section 3): written by an admin key, kept in MySQL, restored into
+a Redis that lost them, and locked against re-ranking once a board has scores."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from services.history.handlers import HistoryHandler
+from services.history.migrate import migrate
+from shared.boards import MAIN_BOARD, Board, BoardCatalog
+from shared.db import open_engine
+from shared.db_boards import load_boards, save_board
+from shared.events import PeriodResult, ScoreAccepted
+from shared.keys import Keys
+from shared.ranking import MAX_SCORE
+from shared.settings import LadderSettings
+from tests.api.helpers import MAIN, assert_problem
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    UNREACHABLE_BROKER,
+    api_client,
+    eventually,
+    player,
+    snapshot,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+
+LAPS = {
+    "operator": "best",
+    "order": "asc",
+    "periods": ["weekly", "alltime"],
+    "timezone": "Europe/Paris",
+    "min_value": 1,
+    "max_value": 600,
+    "retention": {"daily": 7, "weekly": 4, "monthly": 3},
+    "notify_top": [1, 3],
+    "player_writes": True,
+    "badges": {"sub-60": 60},
+}
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+async def put(client: Any, board_id: str, body: dict[str, Any], status: int = 200) -> Any:
+    response = await client.put(f"/v1/boards/{board_id}", json=body, headers=ADMIN)
+    assert response.status_code == status, response.text
+    return response
+
+
+# --- create, update, read --------------------------------------------------------------------
+
+
+async def test_put_creates_then_updates_and_reads_show_every_field(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        created = await put(client, "laps", LAPS, 201)
+        read = await client.get("/v1/boards/laps")
+        updated = await put(client, "laps", LAPS | {"notify_top": [5, 1]})
+        defaults = await put(client, "plain", {}, 201)
+        listed = await client.get("/v1/boards")
+
+    assert created.json() == {"board_id": "laps", **LAPS}
+    assert created.headers["location"] == "/v1/boards/laps"
+    assert read.json() == created.json()
+    assert updated.json() == {"board_id": "laps", **LAPS, "notify_top": [1, 5]}
+    # A field left out takes board main's default.
+    assert defaults.json() == MAIN | {"board_id": "plain"}
+    assert [b["board_id"] for b in listed.json()["boards"]] == ["laps", "main", "plain"]
+    assert listed.json()["boards"][0] == updated.json()
+
+    async with open_engine(quiet.mysql_url) as engine:
+        stored = {b.board_id: b.model_dump(mode="json") for b in await load_boards(engine)}
+    assert stored == {b["board_id"]: b for b in listed.json()["boards"]}
+
+
+async def test_a_definition_read_back_from_get_may_be_put_again(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        read = (await client.get("/v1/boards/main")).json()
+        again = await put(client, "main", read | {"notify_top": [1]})
+
+    assert again.json() == MAIN | {"notify_top": [1]}
+
+
+async def test_only_an_admin_key_writes_definitions(quiet: LadderSettings, redis: Redis) -> None:
+    async with api_client(quiet) as client:
+        before = await snapshot(redis, quiet.key_prefix)
+        refused = {
+            401: [await client.put("/v1/boards/laps", json=LAPS)],
+            403: [
+                await client.put("/v1/boards/laps", json=LAPS, headers=SERVER),
+                await client.put("/v1/boards/laps", json=LAPS, headers=player("u-1")),
+                await client.put("/v1/boards/main", json={}, headers=player("u-1")),
+            ],
+        }
+        # The credential is judged before the body.
+        refused[401].append(await client.put("/v1/boards/laps", json={"operator": "nope"}))
+        after = await snapshot(redis, quiet.key_prefix)
+        missing = await client.get("/v1/boards/laps")
+
+    for status, responses in refused.items():
+        for response in responses:
+            assert_problem(response, status)
+    assert after == before
+    assert_problem(missing, 404)
+    async with open_engine(quiet.mysql_url) as engine:
+        assert [b.board_id for b in await load_boards(engine)] == ["main"]
+
+
+@pytest.mark.parametrize(
+    ("board_id", "body", "loc"),
+    [
+        ("laps", {"colour": "red"}, "colour"),
+        ("laps", {"operator": "max"}, "operator"),
+        ("laps", {"periods": []}, "periods"),
+        ("laps", {"periods": ["daily", "daily"]}, "periods"),
+        ("laps", {"timezone": "Mars/Olympus"}, "timezone"),
+        ("laps", {"min_value": 10, "max_value": 1}, None),
+        ("laps", {"max_value": MAX_SCORE + 1}, "max_value"),
+        ("laps", {"min_value": -MAX_SCORE - 1}, "min_value"),
+        ("laps", {"min_value": 1.5}, "min_value"),
+        ("laps", {"retention": {"hourly": 3}}, "hourly"),
+        ("laps", {"notify_top": [0]}, "0"),
+        ("laps", {"badges": {"Gold!": 1}}, None),
+        ("laps", {"board_id": "other"}, "board_id"),
+        ("Laps", {}, "board_id"),
+        ("x" * 33, {}, "board_id"),
+    ],
+)
+async def test_an_invalid_definition_is_422_and_stores_nothing(
+    quiet: LadderSettings, redis: Redis, board_id: str, body: dict[str, Any], loc: str | None
+) -> None:
+    async with api_client(quiet) as client:
+        before = await snapshot(redis, quiet.key_prefix)
+        response = await client.put(f"/v1/boards/{board_id}", json=body, headers=ADMIN)
+        after = await snapshot(redis, quiet.key_prefix)
+
+    problem = assert_problem(response, 422)
+    if loc is not None:
+        assert any(str(e["loc"][-1]) == loc for e in problem["errors"]), problem
+    assert after == before
+
+
+async def test_a_body_that_is_not_an_object_is_refused(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        not_json = await client.put(
+            "/v1/boards/laps",
+            content=b"{",
+            headers=ADMIN | {"Content-Type": "application/json"},
+        )
+        a_list = await client.put("/v1/boards/laps", json=[], headers=ADMIN)
+
+    assert_problem(not_json, 400)
+    assert_problem(a_list, 422)
+
+
+# --- what may change once a board has scores -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change", [{"operator": "best"}, {"order": "asc"}, {"timezone": "Asia/Tokyo"}]
+)
+async def test_ranking_fields_are_locked_once_the_board_has_a_score(
+    quiet: LadderSettings, redis: Redis, change: dict[str, Any]
+) -> None:
+    async with api_client(quiet) as client:
+        await put(client, "arena", {}, 201)
+        # Before any score the board may still change how it ranks.
+        await put(client, "arena", change)
+        await put(client, "arena", {})
+        scored = await client.post(
+            "/v1/boards/arena/scores",
+            json={"user_id": "u-1", "region": "eu", "value": 5},
+            headers=SERVER,
+        )
+        assert scored.status_code == 200, scored.text
+        before = await snapshot(redis, quiet.key_prefix)
+        refused = await client.put("/v1/boards/arena", json=change, headers=ADMIN)
+        after = await snapshot(redis, quiet.key_prefix)
+        harmless = await put(client, "arena", {"notify_top": [1, 10], "max_value": 50})
+        read = await client.get("/v1/boards/arena")
+
+    problem = assert_problem(refused, 409)
+    assert next(iter(change)) in problem["detail"]
+    assert after == before
+    assert (
+        harmless.json()
+        == read.json()
+        == MAIN
+        | {
+            "board_id": "arena",
+            "notify_top": [1, 10],
+            "max_value": 50,
+        }
+    )
+
+
+async def test_scores_in_the_history_database_lock_the_board_too(quiet: LadderSettings) -> None:
+    """A board whose cached views are gone (a Redis restart) still has its scores in MySQL."""
+    now = datetime.now(UTC)
+    event = ScoreAccepted(
+        event_id="e-1",
+        board_id="arena",
+        user_id="u-1",
+        region="eu",
+        value=5,
+        occurred_at=now - timedelta(days=400),
+        accepted_at=now - timedelta(days=400),
+        periods={
+            "alltime": PeriodResult(
+                period_id="all", score=5, rank=1, previous_rank=None, improved=True
+            )
+        },
+    )
+    async with api_client(quiet) as client:
+        await put(client, "arena", {}, 201)
+        async with open_engine(quiet.mysql_url) as engine:
+            await HistoryHandler(engine)([event])
+        refused = await client.put("/v1/boards/arena", json={"order": "asc"}, headers=ADMIN)
+
+    assert_problem(refused, 409)
+
+
+# --- surviving a restart ---------------------------------------------------------------------
+
+
+async def test_definitions_survive_a_restart_that_empties_redis(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client:
+        await put(client, "laps", LAPS, 201)
+        await put(client, "main", {"notify_top": [1, 5]})
+
+    await redis.delete(keys.boards)
+    # Another service (the aggregator) comes up first and puts the default main there.
+    await BoardCatalog(redis, keys).ensure_defaults()
+
+    async with api_client(quiet) as client:
+        laps = await client.get("/v1/boards/laps")
+        main = await client.get("/v1/boards/main")
+
+    assert laps.status_code == 200
+    assert laps.json() == {"board_id": "laps", **LAPS}
+    assert main.json() == MAIN | {"notify_top": [1, 5]}
+
+
+async def test_main_is_stored_in_mysql_at_start(quiet: LadderSettings) -> None:
+    async with api_client(quiet):
+        pass
+    async with open_engine(quiet.mysql_url) as engine:
+        assert await load_boards(engine) == [MAIN_BOARD]
+
+
+async def test_with_mysql_away_at_start_definitions_come_back_once_it_is(
+    settings: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
+) -> None:
+    base, _, name = settings.mysql_url.rpartition("/")
+    late = settings.model_copy(
+        update={
+            "amqp_url": UNREACHABLE_BROKER,
+            "shutdown_grace_seconds": 1.0,
+            "mysql_url": f"{base}/{name}_late",
+        }
+    )
+    try:
+        async with api_client(late) as client:
+            # No database yet: the API serves with what Redis holds.
+            assert (await client.get("/v1/boards/main")).status_code == 200
+            assert (await client.get("/v1/boards/laps")).status_code == 404
+            await migrate(late.mysql_url)
+            async with open_engine(late.mysql_url) as engine:
+                await save_board(engine, Board.model_validate({"board_id": "laps", **LAPS}))
+
+            async def restored() -> bool:
+                return (await client.get("/v1/boards/laps")).status_code == 200
+
+            await eventually(restored, within=10)
+    finally:
+        server = create_async_engine(base)
+        async with server.begin() as conn:
+            await conn.execute(text(f"DROP DATABASE IF EXISTS `{name}_late`"))
+        await server.dispose()
+
+
+async def test_concurrent_puts_leave_redis_as_mysql(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client:
+        await asyncio.gather(
+            *(
+                client.put(f"/v1/boards/b{i % 3}", json={"notify_top": [i + 1]}, headers=ADMIN)
+                for i in range(12)
+            )
+        )
+    async with open_engine(quiet.mysql_url) as engine:
+        stored = {b.board_id: b for b in await load_boards(engine)}
+    cached = {b.board_id: b for b in await BoardCatalog(redis, keys).all()}
+    assert cached == stored
+    assert sorted(stored) == ["b0", "b1", "b2", "main"]

@@ -1,0 +1,217 @@
+"""The ranking held against a plain model (docs/api.md section 3: operators, orders and ties).
+
+Random sequences of writes go through the real write path (``services.api.write.submit``, one
+Redis Function call each, no HTTP); the region's board read back with ``ZREVRANGE`` must hold the
+same users, in the same order, with the same scores as a list kept by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
+from shared.boards import Board
+from shared.keys import Keys
+from shared.periods import Period, window_at
+from shared.ranking import decode_score
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+from tests.conftest import REDIS_URL
+
+Operator = Literal["incr", "best", "set"]
+Order = Literal["desc", "asc"]
+PERIODS: tuple[Period, ...] = ("alltime", "daily")
+REGION = "eu"
+USERS = [f"u-{i}" for i in range(6)]
+# Small ranges, so that equal scores, and so ties, actually happen.
+VALUES = {"incr": st.integers(-3, 3), "best": st.integers(0, 5), "set": st.integers(0, 5)}
+
+
+@dataclass
+class Standing:
+    score: int
+    reached: datetime
+
+
+def model(
+    operator: Operator, order: Order, writes: list[tuple[str, int, datetime]]
+) -> tuple[list[tuple[str, int]], list[bool]]:
+    """The board by hand: ``(user, score)`` best first, and whether each write changed a score.
+
+    A score's time is when it was reached: for ``incr``, when the total last changed; for
+    ``best``, when the best was first reached (an equal one later does not replace it); for
+    ``set``, when the latest different value was set. Equal scores rank the earlier first.
+    """
+    better = (lambda a, b: a > b) if order == "desc" else (lambda a, b: a < b)
+    board: dict[str, Standing] = {}
+    changed: list[bool] = []
+    for user, value, at in writes:
+        old = board.get(user)
+        if old is None:
+            new = value
+        elif operator == "incr":
+            new = old.score + value
+        elif operator == "best":
+            new = value if better(value, old.score) else old.score
+        else:
+            new = value
+        moved = old is None or new != old.score
+        if moved:
+            board[user] = Standing(new, at)
+        changed.append(moved)
+    sign = -1 if order == "desc" else 1
+    ranked = sorted(board.items(), key=lambda kv: (sign * kv[1].score, kv[1].reached))
+    return [(user, s.score) for user, s in ranked], changed
+
+
+def ladder_settings(prefix: str) -> LadderSettings:
+    return LadderSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        redis_url=REDIS_URL,
+        key_prefix=prefix,
+        user_rate=1e6,
+        key_rate=1e6,
+    )
+
+
+async def read_board(
+    redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
+) -> list[tuple[str, int]]:
+    view = keys.region_view(board.board_id, period, period_id, REGION)
+    rows = await redis.zrevrange(view, 0, -1, withscores=True)
+    return [(user, decode_score(period, composite, board.descending)) for user, composite in rows]
+
+
+async def drop_prefix(redis: Redis, prefix: str) -> None:
+    for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
+        found = [key async for key in redis.scan_iter(match=pattern, count=1000)]
+        if found:
+            await redis.delete(*found)
+
+
+async def scenario(operator: Operator, order: Order, plays: list[tuple[int, int]]) -> None:
+    prefix = "lm-" + uuid.uuid4().hex[:12]
+    config = ladder_settings(prefix)
+    keys = Keys(prefix)
+    board = Board(board_id="model", operator=operator, order=order, periods=PERIODS)
+    # Whole, distinct seconds: all-time ticks are seconds, so no two writes share one.
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=500)
+    writes = [
+        (USERS[who], value, start + timedelta(seconds=i)) for i, (who, value) in enumerate(plays)
+    ]
+    async with open_redis(config.redis_url, load_functions=True) as redis:
+        try:
+            answers = []
+            for i, (user, value, at) in enumerate(writes):
+                score = ScoreIn(user_id=user, region=REGION, value=value, occurred_at=at)
+                answers.append(await submit(redis, keys, config, board, score, f"e{i}"))
+
+            expected, changed = model(operator, order, writes)
+            got = await read_board(redis, keys, board, "alltime", "all")
+            assert got == expected
+            assert [a["periods"]["alltime"]["improved"] for a in answers] == changed
+            # The rank each write read in its atomic step is the model's after that write.
+            for i, answer in enumerate(answers):
+                so_far, _ = model(operator, order, writes[: i + 1])
+                user = writes[i][0]
+                rank = [u for u, _ in so_far].index(user) + 1
+                standing = answer["periods"]["alltime"]
+                assert (standing["rank"], standing["score"]) == (rank, so_far[rank - 1][1])
+
+            # Daily: the same rules within each day the writes fell in (a run may span midnight).
+            days: dict[str, list[tuple[str, int, datetime]]] = {}
+            for write in writes:
+                days.setdefault(window_at("daily", write[2], board.timezone).period_id, []).append(
+                    write
+                )
+            for day, within in days.items():
+                expected_day, _ = model(operator, order, within)
+                assert await read_board(redis, keys, board, "daily", day) == expected_day
+        finally:
+            await drop_prefix(redis, prefix)
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+@pytest.mark.parametrize("operator", ["incr", "best", "set"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_board_holds_the_model(operator: Operator, order: Order, data: st.DataObject) -> None:
+    plays = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, len(USERS) - 1), VALUES[operator]), min_size=1, max_size=25
+        ),
+        label="plays (user index, value)",
+    )
+    asyncio.run(scenario(operator, order, plays))
+
+
+def test_the_model_knows_its_rules() -> None:
+    t = [datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=i) for i in range(4)]
+    # best: an equal score later keeps the earlier time, so u-0 stays ahead of u-1.
+    writes = [("u-0", 3, t[0]), ("u-1", 3, t[1]), ("u-0", 3, t[2])]
+    assert model("best", "desc", writes) == ([("u-0", 3), ("u-1", 3)], [True, True, False])
+    # set: a new equal value keeps the time; a different one moves it.
+    writes = [("u-0", 2, t[0]), ("u-1", 2, t[1]), ("u-0", 1, t[2]), ("u-0", 2, t[3])]
+    assert model("set", "asc", writes)[0] == [("u-1", 2), ("u-0", 2)]
+    # incr: adding zero changes nothing, not even the time.
+    writes = [("u-0", 1, t[0]), ("u-1", 1, t[1]), ("u-0", 0, t[2])]
+    assert model("incr", "desc", writes) == ([("u-0", 1), ("u-1", 1)], [True, True, False])
+
+
+# --- concurrency -----------------------------------------------------------------------------
+
+THREADS = 8
+WRITES_PER_THREAD = 40
+RACERS = [f"r-{i}" for i in range(4)]
+
+
+async def race(board: Board, config: LadderSettings, thread: int) -> dict[str, list[int]]:
+    """One thread's writes, on its own event loop and connection; what it sent, by user."""
+    rng = random.Random(thread)
+    sent: dict[str, list[int]] = {}
+    keys = Keys(config.key_prefix)
+    async with open_redis(config.redis_url) as redis:
+        for i in range(WRITES_PER_THREAD):
+            user, value = rng.choice(RACERS), rng.randint(-1000, 1000)
+            score = ScoreIn(user_id=user, region=REGION, value=value)
+            await submit(redis, keys, config, board, score, f"t{thread}-{i}")
+            sent.setdefault(user, []).append(value)
+    return sent
+
+
+@pytest.mark.parametrize("order", ["desc", "asc"])
+async def test_8_threads_racing_on_one_best_board_keep_each_users_best(order: Order) -> None:
+    prefix = "lr-" + uuid.uuid4().hex[:12]
+    config = ladder_settings(prefix)
+    board = Board(board_id="race", operator="best", order=order, periods=PERIODS)
+    async with open_redis(config.redis_url, load_functions=True) as redis:
+        try:
+            with ThreadPoolExecutor(max_workers=THREADS) as pool:
+                futures = [
+                    pool.submit(asyncio.run, race(board, config, thread))
+                    for thread in range(THREADS)
+                ]
+                # The threads block; this loop waits for them without blocking itself.
+                sent = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+            keep = max if order == "desc" else min
+            best = {user: keep(v for s in sent for v in s.get(user, [])) for user in RACERS}
+            keys = Keys(prefix)
+            stored = dict(await read_board(redis, keys, board, "alltime", "all"))
+            assert stored == best
+            assert sum(len(values) for s in sent for values in s.values()) == (
+                THREADS * WRITES_PER_THREAD
+            )
+        finally:
+            await drop_prefix(redis, prefix)

@@ -1,0 +1,231 @@
+"""Credentials everywhere, limits shared by every API process, and prod's refusal of dev secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from shared.keys import Keys
+from shared.ranking import decode_score
+from shared.settings import LadderSettings
+from shared.topology import Topology
+from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player
+from tests.stack import free_port, run, spawn_api
+
+pytestmark = pytest.mark.usefixtures("mysql_database")
+
+CREDENTIALS: dict[str, dict[str, str]] = {
+    "none": {},
+    "bad": {"Authorization": "Bearer not-a-credential"},
+    "self": player("u-1"),
+    "other": player("u-2"),
+    "server": SERVER,
+    "admin": ADMIN,
+}
+
+
+def score(user: str = "u-1") -> dict[str, Any]:
+    return {"user_id": user, "region": "eu", "value": 1}
+
+
+# (name, method, path, body, {credential: status}); "{cred}" in a path is the credential's name.
+OPEN_READ = {"none": 200, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}
+OWN = {"none": 401, "bad": 401, "self": 200, "other": 403, "server": 200, "admin": 200}
+OWN_204 = {k: (204 if v == 200 else v) for k, v in OWN.items()}
+SERVERS = {"none": 401, "bad": 401, "self": 403, "other": 403, "server": 200, "admin": 200}
+ADMINS = {"none": 401, "bad": 401, "self": 403, "other": 403, "server": 403, "admin": 201}
+MATRIX: list[tuple[str, str, str, Any, dict[str, int]]] = [
+    ("score on main (no player writes)", "POST", "/v1/boards/main/scores", score(), SERVERS),
+    ("score on a player-writes board", "POST", "/v1/boards/open/scores", score(), OWN),
+    ("someone else's score", "POST", "/v1/boards/open/scores", score("u-9"), SERVERS),
+    ("batch", "POST", "/v1/boards/main/scores/batch", {"events": [score()]}, SERVERS),
+    ("define a board", "PUT", "/v1/boards/b-{cred}", {"operator": "best"}, ADMINS),
+    ("list boards", "GET", "/v1/boards", None, OPEN_READ),
+    ("one board", "GET", "/v1/boards/main", None, OPEN_READ),
+    ("global board", "GET", "/v1/boards/main/leaderboard?scope=global", None, OPEN_READ),
+    ("region board", "GET", "/v1/boards/main/leaderboard?scope=region:eu", None, OPEN_READ),
+    ("teams board", "GET", "/v1/boards/main/leaderboard?scope=teams", None, OPEN_READ),
+    ("friends board", "GET", "/v1/boards/main/leaderboard?scope=friends:u-1", None, OWN),
+    ("standing", "GET", "/v1/boards/main/users/u-1?scope=region:eu", None, OPEN_READ),
+    ("ranks", "GET", "/v1/boards/main/users/u-1/ranks", None, OPEN_READ),
+    ("events", "GET", "/v1/boards/main/users/u-1/events", None, OWN),
+    ("badges", "GET", "/v1/boards/main/users/u-1/badges", None, OPEN_READ),
+    ("feed", "GET", "/v1/boards/main/feed", None, OPEN_READ),
+    ("stats", "GET", "/v1/boards/main/stats", None, OPEN_READ),
+    ("befriend", "PUT", "/v1/users/u-1/friends/u-3", None, OWN_204),
+    ("friends", "GET", "/v1/users/u-1/friends", None, OWN),
+    ("unfriend", "DELETE", "/v1/users/u-1/friends/u-3", None, OWN_204),
+]
+PRIVATE_READS = {"none": 401, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}
+
+
+async def seeded(client: httpx.AsyncClient) -> None:
+    """Board ``open`` takes player writes; u-1 has a score on main."""
+    response = await client.put("/v1/boards/open", json={"player_writes": True}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    response = await client.post("/v1/boards/main/scores", json=score(), headers=SERVER)
+    assert response.status_code == 200, response.text
+
+
+def cells() -> Iterator[Any]:
+    for name, method, path, body, expected in MATRIX:
+        for cred, status in expected.items():
+            yield pytest.param(method, path, body, cred, status, id=f"{name}-{cred}-{status}")
+
+
+@pytest.mark.parametrize(("method", "path", "body", "cred", "status"), list(cells()))
+async def test_the_credential_matrix(
+    quiet: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    method: str,
+    path: str,
+    body: Any,
+    cred: str,
+    status: int,
+) -> None:
+    async with api_client(quiet) as client:
+        await seeded(client)
+        response = await client.request(
+            method, path.format(cred=cred), json=body, headers=CREDENTIALS[cred]
+        )
+    assert response.status_code == status, response.text
+    if status >= 400:
+        assert response.headers["content-type"].startswith("application/problem+json")
+        assert response.json()["status"] == status
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/boards",
+        "/v1/boards/main/leaderboard?scope=global",
+        "/v1/boards/main/users/u-1?scope=region:eu",
+        "/v1/boards/main/feed",
+        "/v1/boards/main/stats",
+    ],
+)
+async def test_reads_need_a_credential_when_they_are_not_public(
+    quiet: LadderSettings, redis: Redis, broker: Topology, path: str
+) -> None:
+    private = quiet.model_copy(update={"public_reads": False})
+    async with api_client(private) as client:
+        await seeded(client)
+        for cred, status in PRIVATE_READS.items():
+            response = await client.get(path, headers=CREDENTIALS[cred])
+            assert response.status_code == status, (cred, response.text)
+
+
+# --- rate limits across two API processes -----------------------------------------------------
+
+
+def api_process(settings: LadderSettings, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+    env.update(
+        LADDER_KEY_PREFIX=settings.key_prefix,
+        LADDER_BROKER_PREFIX=settings.broker_prefix,
+        LADDER_REDIS_URL=settings.redis_url,
+        LADDER_AMQP_URL=UNREACHABLE_BROKER,
+        LADDER_MYSQL_URL=settings.mysql_url,
+        LADDER_API_PORT=str(port),
+        LADDER_USER_RATE="5",
+        LADDER_LOG_LEVEL="WARNING",
+    )
+    return spawn_api(env)
+
+
+async def wait_ready(client: httpx.AsyncClient, url: str) -> None:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        try:
+            if (await client.get(f"{url}/healthz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.1)
+    raise TimeoutError(url)
+
+
+async def test_the_user_rate_is_shared_by_two_api_processes(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    ports = [free_port(), free_port()]
+    processes = [api_process(settings, port) for port in ports]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    try:
+        async with httpx.AsyncClient(headers=SERVER, timeout=10) as client:
+            for url in urls:
+                await wait_ready(client, url)
+            started = time.monotonic()
+            responses = await asyncio.gather(
+                *(
+                    client.post(f"{urls[i % 2]}/v1/boards/main/scores", json=score("u-rl"))
+                    for i in range(40)
+                )
+            )
+            elapsed = time.monotonic() - started
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=20)
+    accepted = [r for r in responses if r.status_code == 200]
+    limited = [r for r in responses if r.status_code == 429]
+    assert len(accepted) + len(limited) == 40
+    # A burst of twice the rate (10), and the rate (5 a second) while the requests ran.
+    assert 10 <= len(accepted) <= 10 + 5 * elapsed + 1
+    for response in limited:
+        assert int(response.headers["retry-after"]) >= 1
+        assert response.headers["content-type"].startswith("application/problem+json")
+    # Both processes answered both ways: the buckets are shared, not per process.
+    by_port = {
+        url: {r.status_code for r in responses if str(r.url).startswith(url)} for url in urls
+    }
+    assert any(200 in codes for codes in by_port.values())
+    assert all(429 in codes for codes in by_port.values())
+    keys = Keys(settings.key_prefix)
+    stored = await redis.zscore(keys.region_view("main", "alltime", "all", "eu"), "u-rl")
+    assert stored is not None
+    assert decode_score("alltime", stored, True) == len(accepted)
+    print(
+        f"40 posts over two processes in {elapsed:.2f} s: {len(accepted)} accepted, "
+        f"{len(limited)} refused with 429; the board holds {len(accepted)}"
+    )
+
+
+# --- prod refuses dev defaults -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("service", ["services.api", "services.notifier"])
+def test_prod_refuses_to_start_with_dev_defaults(service: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
+    env.update(
+        LADDER_ENV="prod",
+        LADDER_SERVER_KEYS="dev-server-key",
+        LADDER_JWT_SECRET="dev-jwt-secret",
+    )
+    done = run([sys.executable, "-m", service], env=env)
+    assert done.returncode == 2
+    assert "LADDER_SERVER_KEYS holds a development key" in done.stderr
+    assert "LADDER_ADMIN_KEYS is not set" in done.stderr
+    assert "LADDER_JWT_SECRET is the development secret" in done.stderr
+
+
+def test_prod_refuses_a_short_jwt_secret() -> None:
+    with pytest.raises(ValueError, match="shorter than 32 bytes"):
+        LadderSettings(
+            _env_file=None,  # type: ignore[call-arg]
+            env="prod",
+            server_keys=["s" * 40],
+            admin_keys=["a" * 40],
+            jwt_secret="too-short",
+        )

@@ -1,0 +1,163 @@
+"""The WebSocket's controls, tried as an attacker would (docs/api.md sections 2 and 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import pytest
+import websockets
+from redis.asyncio import Redis
+from websockets.exceptions import ConnectionClosed
+
+from services.api.push.ws import MAX_SUBSCRIPTIONS
+from shared.settings import DEV_SERVER_KEY, LadderSettings
+from shared.topology import Topology
+from tests.helpers import player_token, serve
+
+pytestmark = pytest.mark.usefixtures("mysql_database")
+
+
+async def close_code(url: str, **kwargs: Any) -> tuple[int | None, str]:
+    """Connect and wait for the server to close; the code and reason it closed with."""
+    async with websockets.connect(url, **kwargs) as ws:
+        with contextlib.suppress(ConnectionClosed):
+            async with asyncio.timeout(5):
+                while True:
+                    await ws.recv()
+        assert ws.close_code is not None
+        return ws.close_code, ws.close_reason or ""
+
+
+async def ask(ws: websockets.ClientConnection, op: dict[str, Any]) -> dict[str, Any]:
+    """Send an op, then a ping: the answers that came before the pong."""
+    await ws.send(json.dumps(op))
+    await ws.send(json.dumps({"op": "ping"}))
+    answers = []
+    async with asyncio.timeout(5):
+        while True:
+            message = json.loads(await ws.recv())
+            if message["type"] == "pong":
+                break
+            answers.append(message)
+    assert len(answers) <= 1, answers
+    return answers[0] if answers else {"type": "ok"}
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "not-a-key",
+        player_token("u-1", expires_in=-60),
+        player_token("u-1", secret="another-secret-of-at-least-32-bytes!"),
+        player_token("u-1", algorithm="none"),
+        player_token(None),
+        player_token("u-1", expires_in=None),
+    ],
+    ids=["unknown-key", "expired", "forged", "unsigned", "no-sub", "no-exp"],
+)
+async def test_a_bad_credential_is_closed_with_1008(
+    quiet: LadderSettings, redis: Redis, broker: Topology, token: str
+) -> None:
+    async with serve(quiet) as url:
+        code, reason = await close_code(f"{url}?token={token}")
+    assert code == 1008
+    assert reason
+
+
+async def test_a_foreign_origin_is_refused(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    allowed = quiet.model_copy(update={"allowed_origins": ["https://game.example"]})
+    async with serve(allowed) as url:
+        code, reason = await close_code(url, origin="https://evil.example")
+        assert (code, "Origin" in reason) == (1008, True)
+        # Listed origins, the API's own origin, and clients sending none are let in.
+        host = url.removeprefix("ws://").removesuffix("/v1/ws")
+        for origin in ("https://game.example", f"http://{host}", None):
+            async with websockets.connect(url, origin=origin) as ws:  # type: ignore[arg-type]
+                assert (await ask(ws, {"op": "ping"}))["type"] == "ok"
+
+
+async def test_players_may_not_listen_to_others(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    async with serve(quiet) as url:
+        async with websockets.connect(f"{url}?token={player_token('u-1')}") as ws:
+            refused = await ask(ws, {"op": "subscribe", "topic": "user:u-2"})
+            assert refused["type"] == "error" and refused["topic"] == "user:u-2"
+            # The socket stays usable: its own topic and boards are fine.
+            assert (await ask(ws, {"op": "subscribe", "topic": "user:u-1"}))["type"] == "ok"
+            topic = "leaderboard:main:global:weekly"
+            assert (await ask(ws, {"op": "subscribe", "topic": topic}))["type"] == "ok"
+        async with websockets.connect(url) as anonymous:
+            refused = await ask(anonymous, {"op": "subscribe", "topic": "user:u-1"})
+            assert refused["type"] == "error"
+        async with websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as server:
+            assert (await ask(server, {"op": "subscribe", "topic": "user:u-2"}))["type"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "not json",
+        "[1, 2]",
+        '{"op": "subscribe"}',
+        '{"op": "subscribe", "topic": 7}',
+        '{"op": "explode", "topic": "user:u-1"}',
+        '{"op": "subscribe", "topic": "leaderboard:main:global:hourly"}',
+        '{"op": "subscribe", "topic": "leaderboard:MAIN:global:weekly"}',
+        '{"op": "subscribe", "topic": "user:../../etc"}',
+        json.dumps({"op": "subscribe", "topic": "user:" + "x" * 5000}),
+    ],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "no-topic",
+        "topic-not-a-string",
+        "unknown-op",
+        "unknown-period",
+        "bad-board-id",
+        "bad-user-id",
+        "oversized-frame",
+    ],
+)
+async def test_hostile_messages_answer_an_error_and_the_socket_lives_on(
+    quiet: LadderSettings, redis: Redis, broker: Topology, message: str
+) -> None:
+    async with serve(quiet) as url, websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as ws:
+        await ws.send(message)
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "error" and answer["detail"]
+        assert (await ask(ws, {"op": "ping"}))["type"] == "ok"
+
+
+async def test_subscriptions_per_socket_are_bounded(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    chatty = quiet.model_copy(update={"ws_message_rate": 1000.0})
+    async with serve(chatty) as url, websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as ws:
+        for i in range(MAX_SUBSCRIPTIONS):
+            assert (await ask(ws, {"op": "subscribe", "topic": f"user:u-{i}"}))["type"] == "ok"
+        refused = await ask(ws, {"op": "subscribe", "topic": "user:one-too-many"})
+        assert refused["type"] == "error" and str(MAX_SUBSCRIPTIONS) in refused["detail"]
+        # Unsubscribing makes room again.
+        assert (await ask(ws, {"op": "unsubscribe", "topic": "user:u-0"}))["type"] == "ok"
+        assert (await ask(ws, {"op": "subscribe", "topic": "user:u-new"}))["type"] == "ok"
+
+
+async def test_a_flooding_client_is_closed(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    slow = quiet.model_copy(update={"ws_message_rate": 5.0})
+    async with serve(slow) as url, websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as ws:
+        with contextlib.suppress(ConnectionClosed):
+            for _ in range(100):
+                await ws.send(json.dumps({"op": "ping"}))
+            async with asyncio.timeout(5):
+                while True:
+                    await ws.recv()
+        assert ws.close_code == 1008
+        assert "too many" in (ws.close_reason or "")

@@ -1,0 +1,254 @@
+"""The dashboard at ``GET /``: the page and its files, the anonymous socket it relies on, and the
+page itself in headless Chromium against a running Ladder fed by the simulation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from redis.asyncio import Redis
+from selenium.webdriver.support.ui import Select
+
+from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
+from tests.helpers import SERVER, api_client, serve
+from tests.stack import ROOT, Stack
+
+# The README's picture is docs/dashboard.png; a run saves its own under .run/ unless
+# LADDER_SCREENSHOT names where (LADDER_SCREENSHOT=docs/dashboard.png refreshes the README's).
+SCREENSHOT = Path(os.environ.get("LADDER_SCREENSHOT") or ROOT / ".run" / "dashboard.png")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.mark.usefixtures("mysql_database", "redis", "broker")
+async def test_the_page_and_its_files_are_served_without_credentials(
+    quiet: LadderSettings,
+) -> None:
+    async with api_client(quiet) as client:
+        page = await client.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "connect-src 'self'" in csp
+        assert '<script src="/static/dashboard.js"' in page.text
+        script = await client.get("/static/dashboard.js")
+        style = await client.get("/static/dashboard.css")
+        assert script.status_code == style.status_code == 200
+        assert "javascript" in script.headers["content-type"]
+        assert style.headers["content-type"].startswith("text/css")
+        # Everything the page loads is its own, and it carries no credential.
+        for text in (page.text, script.text, style.text):
+            assert not re.search(r"https?://|//cdn|@import", text)
+            for secret in (DEV_SERVER_KEY, DEV_ADMIN_KEY, DEV_JWT_SECRET, "Authorization"):
+                assert secret not in text
+        # Each topic the page subscribes to exists on the socket.
+        for topic in ("global:", ":hot:10", ":hot:60", ":mvps:", ":region:"):
+            assert topic in script.text
+        assert (await client.get("/static/nothing.js")).status_code == 404
+        described = (await client.get("/openapi.json")).json()["paths"]["/"]["get"]
+        assert "text/html" in described["responses"]["200"]["content"]
+
+
+async def _ask(ws: Any, op: dict[str, Any]) -> dict[str, Any]:
+    """Send one op and return the first answer that is not a view's current state."""
+    await ws.send(json.dumps(op))
+    await ws.send(json.dumps({"op": "ping"}))
+    answers = []
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        if message["type"] == "pong":
+            return answers[0] if answers else message
+        if message["type"] != "leaderboard":
+            answers.append(message)
+
+
+@pytest.mark.parametrize("public", [True, False])
+@pytest.mark.usefixtures("mysql_database", "broker")
+async def test_an_anonymous_socket_watches_only_public_views_while_reads_are_public(
+    quiet: LadderSettings, redis: Redis, public: bool
+) -> None:
+    settings = quiet.model_copy(update={"public_reads": public})
+    topics = [
+        "leaderboard:main:global:alltime",
+        "leaderboard:main:region:eu:weekly",
+        "leaderboard:main:hot:10",
+        "leaderboard:main:hot:60",
+        "leaderboard:main:mvps:alltime",
+    ]
+    async with serve(settings) as url, websockets.connect(url) as anonymous:
+        for topic in topics:
+            answer = await _ask(anonymous, {"op": "subscribe", "topic": topic})
+            if public:
+                assert answer["type"] != "error", answer
+            else:
+                assert answer["type"] == "error" and answer["topic"] == topic
+        refused = await _ask(anonymous, {"op": "subscribe", "topic": "user:u-1"})
+        assert refused["type"] == "error"
+        # The socket stays open after a refusal.
+        assert (await _ask(anonymous, {"op": "ping"}))["type"] == "pong"
+
+
+# -- the page in a browser ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("headless Chromium needs Debian's chromium and chromium-driver (.ci/run)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1440,1080", "--hide-scrollbars"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_until(probe: Any, within: float, what: str) -> Any:
+    end = time.monotonic() + within
+    while True:
+        with contextlib.suppress(Exception):
+            if answer := probe():
+                return answer
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {within} s")
+        time.sleep(0.2)
+
+
+def text_of(driver: Any, selector: str) -> str:
+    return str(driver.execute_script(f"return document.querySelector({selector!r}).innerText"))
+
+
+def rows(driver: Any, selector: str) -> int:
+    """Rows of entries (not the empty-table line) under ``selector``."""
+    return len(driver.find_elements("css selector", f"{selector} tr[data-key]"))
+
+
+def first_key(driver: Any, selector: str) -> str | None:
+    """The first entry's key, read in one step: the page may redraw the table at any moment,
+    which would leave an element found beforehand stale."""
+    key = driver.execute_script(
+        f"const row = document.querySelector({selector + ' tr[data-key]'!r});"
+        " return row ? row.dataset.key : null"
+    )
+    return None if key is None else str(key)
+
+
+def status_of(driver: Any) -> str:
+    return str(driver.execute_script("return document.querySelector('#status').dataset.state"))
+
+
+def post_score(stack: Stack, user_id: str, name: str, rounds: int) -> None:
+    """``rounds`` scores of 1000 (the board's largest value) for one new player, in one batch."""
+    events = [
+        {
+            "event_id": uuid.uuid4().hex,
+            "user_id": user_id,
+            "display_name": name,
+            "region": "eu",
+            "team_id": "dashboard-testers",
+            "value": 1000,
+            "occurred_at": datetime.now(UTC).isoformat(),
+        }
+        for _ in range(rounds)
+    ]
+    r = httpx.post(
+        f"{stack.api}/v1/boards/arena/scores/batch",
+        json={"events": events},
+        headers=SERVER,
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert all("error" not in result for result in r.json()["results"]), r.text
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "sim.log"
+    with log_path.open("w") as log_file:
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "sim", "--seed", "3", "--speed", "20", "--set", "tick_s=0.5"],
+            cwd=ROOT,
+            env=stack.env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        top = f"{stack.api}/v1/boards/arena/leaderboard?scope=global"
+        wait_until(lambda: len(httpx.get(top).json()["entries"]) == 10, 30, "the sim's board")
+
+        browser.get(f"{stack.api}/")
+        # The current state at once, from REST; then live over the socket.
+        wait_until(lambda: status_of(browser) == "live", 15, "the socket open")
+        wait_until(lambda: rows(browser, "#players") == 10, 10, "top players")
+        assert browser.execute_script("return document.querySelector('#board').value") == "arena"
+        browser.execute_script("window.__sameDocument = true")
+
+        wait_until(lambda: rows(browser, "#hot60") == 10, 20, "hot streaks")
+        wait_until(lambda: rows(browser, "#mvps") == 10, 20, "team MVPs")
+        wait_until(lambda: rows(browser, "#regions") >= 4 * 5, 20, "regions")
+        wait_until(lambda: rows(browser, "#teams") >= 5, 30, "teams")
+        # The picture in the README: the simulation's game as the page shows it.
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        assert browser.save_screenshot(str(SCREENSHOT))
+        assert SCREENSHOT.stat().st_size > 10_000
+
+        post_score(stack, "dash-hero", "Dashboard Hero", 2)
+        wait_until(lambda: "Dashboard Hero" in text_of(browser, "#players"), 15, "the new score")
+        assert wait_until(lambda: first_key(browser, "#players") == "dash-hero", 5, "it on top")
+        # The feed has no topic: it follows the pushes of the others.
+        newest = first_key(browser, "#feed")
+        wait_until(lambda: first_key(browser, "#feed") not in (None, newest), 10, "the feed")
+        wait_until(lambda: "dashboard-testers" in text_of(browser, "#teams"), 10, "the team")
+        assert browser.execute_script("return window.__sameDocument") is True
+
+        # The API goes away: the page says so, reconnects by itself and moves on.
+        stack.make("stop", "SERVICE=api")
+        wait_until(lambda: status_of(browser) == "reconnecting", 15, "the drop noticed")
+        stack.make("start", "SERVICE=api")
+        stack.wait_ready("api")
+        wait_until(lambda: status_of(browser) == "live", 30, "the socket back")
+        post_score(stack, "dash-second", "Second Wind", 8)
+        wait_until(lambda: "Second Wind" in text_of(browser, "#players"), 15, "a score after it")
+        assert browser.execute_script("return window.__sameDocument") is True
+
+        # Another period: the views are read again and followed on that period's topics.
+        Select(browser.find_element("css selector", "#period")).select_by_value("daily")
+        wait_until(lambda: "period=daily" in browser.current_url, 5, "the period in the URL")
+        wait_until(lambda: rows(browser, "#players") == 10, 10, "the day's top players")
+        post_score(stack, "dash-third", "Third Act", 12)
+        wait_until(lambda: "Third Act" in text_of(browser, "#players"), 15, "the day's new score")
+
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        try:
+            sim.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait()

@@ -1,0 +1,170 @@
+"""``make clean``: everything of a key prefix, a broker prefix and a history database goes, and
+nothing else; twice is as good as once; a running Ladder is left running on a fresh start."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import aio_pika
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from shared.settings import LadderSettings
+from shared.topology import Topology
+from sim.control import declare_exchange, exchange_name
+from tests.conftest import MYSQL_SERVER_URL
+from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client
+from tests.stack import Stack, run
+
+
+def make_clean(settings: LadderSettings, run_dir: Path) -> str:
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LADDER_KEY_PREFIX": settings.key_prefix,
+        "LADDER_BROKER_PREFIX": settings.broker_prefix,
+        "LADDER_REDIS_URL": settings.redis_url,
+        "LADDER_AMQP_URL": settings.amqp_url,
+        "LADDER_MYSQL_URL": settings.mysql_url,
+        "LADDER_RUN_DIR": str(run_dir),
+    }
+    done = run(["make", "-s", "--no-print-directory", "clean"], env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+async def database_exists(name: str) -> bool:
+    engine = create_async_engine(MYSQL_SERVER_URL)
+    try:
+        async with engine.connect() as conn:
+            found = await conn.execute(
+                text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :n"),
+                {"n": name},
+            )
+            return found.first() is not None
+    finally:
+        await engine.dispose()
+
+
+async def exists(connection: aio_pika.abc.AbstractConnection, kind: str, name: str) -> bool:
+    channel = await connection.channel()
+    try:
+        if kind == "queue":
+            await channel.get_queue(name, ensure=True)
+        else:
+            await channel.get_exchange(name, ensure=True)
+    except aio_pika.exceptions.ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True
+
+
+async def keys_of(redis: Redis, prefix: str) -> list[str]:
+    found = []
+    for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
+        found += [k async for k in redis.scan_iter(match=pattern, count=1000)]
+    return found
+
+
+async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_else(
+    settings: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    mysql_database: str,
+    tmp_path: Path,
+) -> None:
+    prefix = settings.key_prefix
+    # What a Ladder of these prefixes makes: boards, scores, friends, rate buckets, ...
+    quiet = settings.model_copy(update={"amqp_url": UNREACHABLE_BROKER})
+    async with api_client(quiet) as api:
+        for i in range(5):
+            event = {"event_id": f"e{i}", "user_id": f"u{i}", "region": "eu", "value": 3}
+            assert (await api.post("/v1/boards/main/scores", json=event, headers=SERVER)).is_success
+        assert (await api.put("/v1/users/u1/friends/u2", headers=SERVER)).status_code == 204
+    # ... its queues and exchanges, the simulation's control exchange and one more queue ...
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        await broker.declare(channel)
+        await declare_exchange(channel, settings.broker_prefix)
+        await channel.declare_queue(f"{settings.broker_prefix}.extra", durable=True)
+        # ... next to what is not its own: a longer prefix is another installation.
+        await channel.declare_queue(f"{settings.broker_prefix}x.keep", auto_delete=False)
+    await redis.set(f"{prefix}x:keep", "1")
+    await redis.set("{" + prefix + "x:main}:keep", "1")
+    assert len(await keys_of(redis, prefix)) > 10
+    assert await database_exists(mysql_database)
+
+    try:
+        first = make_clean(settings, tmp_path / "run")
+        second = make_clean(settings, tmp_path / "run")
+        assert "database" in first and "dropped" in first
+        assert "0 Redis keys" in second and "0 queues and 0 exchanges" in second
+        assert "no history database" in second
+
+        assert await keys_of(redis, prefix) == []
+        assert not await database_exists(mysql_database)
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            gone = [
+                *(("queue", broker.queue(c)) for c in ("aggregator", "history", "notifier")),
+                *(("queue", broker.dead_queue(c)) for c in ("aggregator", "history", "notifier")),
+                ("queue", f"{settings.broker_prefix}.extra"),
+                ("exchange", broker.scores_exchange),
+                ("exchange", exchange_name(settings.broker_prefix)),
+            ]
+            for kind, name in gone:
+                assert not await exists(connection, kind, name), name
+            assert await exists(connection, "queue", f"{settings.broker_prefix}x.keep")
+        assert await redis.get(f"{prefix}x:keep") == "1"
+        assert await redis.get("{" + prefix + "x:main}:keep") == "1"
+    finally:
+        await redis.delete(f"{prefix}x:keep", "{" + prefix + "x:main}:keep")
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(f"{settings.broker_prefix}x.keep")
+            await channel.queue_delete(f"{settings.broker_prefix}.extra")
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_clean_leaves_a_running_ladder_working_on_a_fresh_start(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.api, headers=SERVER, timeout=10) as api:
+        check_clean(stack, api)
+
+
+def check_clean(stack: Stack, api: httpx.Client) -> None:
+    old = {"event_id": "before-clean", "user_id": "old-timer", "region": "eu", "value": 9}
+    assert api.post("/v1/boards/main/scores", json=old).status_code == 200
+    assert api.put("/v1/boards/arena", json={}, headers=ADMIN).status_code == 201
+
+    said = stack.make("clean")
+    assert "dropped" in said and "started again" in said
+
+    # Everything is gone ...
+    assert api.get("/v1/boards/arena").status_code == 404
+    assert api.get("/v1/boards/main/users/old-timer").status_code == 404
+    # ... and everything works: a new score is ranked, merged, and kept in the new history.
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    new = {"event_id": "after-clean", "user_id": user, "region": "eu", "value": 4}
+    answer = api.post("/v1/boards/main/scores", json=new)
+    assert answer.status_code == 200 and answer.json()["periods"]["alltime"]["rank"] == 1
+
+    def kept() -> bool:
+        events = api.get(f"/v1/boards/main/users/{user}/events")
+        return events.status_code == 200 and len(events.json()["events"]) == 1
+
+    def merged() -> bool:
+        top = api.get("/v1/boards/main/leaderboard", params={"scope": "global"}).json()
+        return [e["user_id"] for e in top["entries"]] == [user]
+
+    for probe in (kept, merged):
+        end = time.monotonic() + 20
+        while not probe():
+            assert time.monotonic() < end, f"{probe.__name__}: not within 20 s"
+            time.sleep(0.2)
