@@ -22,8 +22,6 @@ SUBMIT_FUNCTION = "ladder_submit_v2"
 """One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
 WRITE_FUNCTION = "ladder_write_v2"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
-TAKE_FUNCTION = "ladder_take_v1"
-"""Take tokens from one token bucket."""
 
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v1"
@@ -58,7 +56,6 @@ STANDING_FUNCTION = "ladder_standing_v1"
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
     "write": WRITE_FUNCTION,
-    "take": TAKE_FUNCTION,
     "put": PUT_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,

@@ -18,22 +18,6 @@ local function keep_tokens(bucket, tokens, now, rate, burst)
 end
 
 --[[
-KEYS[1] the bucket; ARGV rate a second, burst, now in ms, cost. Takes the tokens and returns
-{1, 0}, or takes nothing and returns {0, ms until enough}.
-]]
-local function take(keys, args)
-  local rate, burst = tonumber(args[1]), tonumber(args[2])
-  local now, cost = tonumber(args[3]), tonumber(args[4])
-  local tokens = tokens_at(keys[1], rate, burst, now)
-  if tokens < cost then
-    keep_tokens(keys[1], tokens, now, rate, burst)
-    return {0, math.ceil((cost - tokens) * 1000 / rate)}
-  end
-  keep_tokens(keys[1], tokens - cost, now, rate, burst)
-  return {1, 0}
-end
-
---[[
 A rate-limited score write, in one call (docs/api.md sections 4 and 9a): the user's and the
 credential's token buckets are checked, then submit() runs, and only a write it accepted takes
 one token from each. A refusal by either bucket returns before anything is read or written; so
@@ -64,5 +48,4 @@ local function write(keys, args)
   return result
 end
 
-redis.register_function(FUNCTIONS.take, take)
 redis.register_function(FUNCTIONS.write, write)
