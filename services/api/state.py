@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -72,6 +72,12 @@ async def get_reader(caller: Caller, state: State) -> Principal:
 
 
 Reader = Annotated[Principal, Depends(get_reader)]
+
+# The ``openapi_extra`` of a route that takes a Reader. FastAPI lists only the bearer scheme
+# (its ``auto_error=False`` does not make the scheme optional in the document); the empty
+# requirement says that the read is also served without a credential, as it is while
+# LADDER_PUBLIC_READS is on (the default). FastAPI appends this list to its own.
+PUBLIC_READ: dict[str, Any] = {"security": [{}]}
 
 BoardIdPath = Annotated[
     str, Path(pattern=BOARD_ID_PATTERN, description="Board id", examples=["main"])

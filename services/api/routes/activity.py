@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from services.api import views
 from services.api.errors import Invalid, problems
-from services.api.state import BoardDep, Reader, State
+from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db import EventRecord
 from shared.periods import Period
 
@@ -38,7 +38,12 @@ class StatsOut(BaseModel):
     events: int = Field(description="Accepted events, exact")
 
 
-@router.get("/{board_id}/feed", response_model=FeedOut, responses=problems(401, 404, 422, 503))
+@router.get(
+    "/{board_id}/feed",
+    response_model=FeedOut,
+    responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
+)
 async def feed(
     board: BoardDep,
     state: State,
@@ -70,7 +75,12 @@ async def feed(
     return {"events": events}
 
 
-@router.get("/{board_id}/stats", response_model=StatsOut, responses=problems(401, 404, 422, 503))
+@router.get(
+    "/{board_id}/stats",
+    response_model=StatsOut,
+    responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
+)
 async def stats(
     board: BoardDep,
     state: State,
