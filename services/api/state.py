@@ -49,7 +49,9 @@ State = Annotated[ApiState, Depends(get_state)]
 BEARER = HTTPBearer(
     auto_error=False,
     scheme_name="ladder",
-    description="A server key, an admin key or a player JWT (HS256, with sub and exp).",
+    description="A server key, an admin key or a player JWT (HS256, with sub and exp). An "
+    "operation whose security also lists the empty requirement (the public reads) is served "
+    "without one, unless the deployment sets LADDER_PUBLIC_READS=false.",
 )
 
 
