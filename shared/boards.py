@@ -75,7 +75,8 @@ class BoardSpec(BaseModel):
     def _timezone(cls, value: str) -> str:
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
+        # OSError: a name too long for a file name, which ZoneInfo looks for on disk.
+        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
             raise ValueError(f"unknown timezone {value!r}") from exc
         return value
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 log = structlog.get_logger(__name__)
 
@@ -210,6 +213,30 @@ _HTTP_PROBLEMS = {
 }
 
 
+_METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
+
+
+@functools.cache
+def _path_regex(template: str) -> re.Pattern[str]:
+    return compile_path(template)[0]
+
+
+def _allowed_methods(request: Request, named: str) -> str:
+    """The ``Allow`` of a 405: every method the document gives the path. Starlette names only
+    those of the first route it tried, and FastAPI makes a route per operation, so that a
+    ``GET`` and a ``PUT`` of one path are two routes. ``named`` stands for a path the document
+    does not hold."""
+    paths: dict[str, dict[str, Any]] = request.app.openapi()["paths"]
+    methods = {
+        method.upper()
+        for template, operations in paths.items()
+        if _path_regex(template).match(request.scope["path"])
+        for method in operations
+        if method in _METHODS
+    }
+    return ", ".join(sorted(methods)) if methods else named
+
+
 def install(app: FastAPI) -> None:
     """Register every mapping from an exception to a problem+json answer."""
 
@@ -221,7 +248,7 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return _validation_response(exc)
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         title, slug = _HTTP_PROBLEMS.get(exc.status_code, ("Error", str(exc.status_code)))
         body = {
@@ -230,9 +257,10 @@ def install(app: FastAPI) -> None:
             "status": exc.status_code,
             "detail": str(exc.detail),
         }
-        return JSONResponse(
-            body, status_code=exc.status_code, headers=exc.headers, media_type=PROBLEM
-        )
+        headers = exc.headers
+        if exc.status_code == 405 and headers:
+            headers = {**headers, "Allow": _allowed_methods(request, headers.get("Allow", ""))}
+        return JSONResponse(body, status_code=exc.status_code, headers=headers, media_type=PROBLEM)
 
     async def on_redis_down(_: Request, exc: Exception) -> JSONResponse:
         log.warning("redis unavailable", error=str(exc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -49,7 +49,9 @@ State = Annotated[ApiState, Depends(get_state)]
 BEARER = HTTPBearer(
     auto_error=False,
     scheme_name="ladder",
-    description="A server key, an admin key or a player JWT (HS256, with sub and exp).",
+    description="A server key, an admin key or a player JWT (HS256, with sub and exp). An "
+    "operation whose security also lists the empty requirement (the public reads) is served "
+    "without one, unless the deployment sets LADDER_PUBLIC_READS=false.",
 )
 
 
@@ -72,6 +74,12 @@ async def get_reader(caller: Caller, state: State) -> Principal:
 
 
 Reader = Annotated[Principal, Depends(get_reader)]
+
+# The ``openapi_extra`` of a route that takes a Reader. FastAPI lists only the bearer scheme
+# (its ``auto_error=False`` does not make the scheme optional in the document); the empty
+# requirement says that the read is also served without a credential, as it is while
+# LADDER_PUBLIC_READS is on (the default). FastAPI appends this list to its own.
+PUBLIC_READ: dict[str, Any] = {"security": [{}]}
 
 BoardIdPath = Annotated[
     str, Path(pattern=BOARD_ID_PATTERN, description="Board id", examples=["main"])

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from services.api.errors import Invalid, problems
 from services.api.reads import views
 from services.api.routes.reads import PeriodIdQuery
-from services.api.state import BoardDep, Reader, State
+from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db import EventRecord
 from shared.periods import Period
 
@@ -39,7 +39,12 @@ class StatsOut(BaseModel):
     events: int = Field(description="Accepted events, exact")
 
 
-@router.get("/{board_id}/feed", response_model=FeedOut, responses=problems(401, 404, 422, 503))
+@router.get(
+    "/{board_id}/feed",
+    response_model=FeedOut,
+    responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
+)
 async def feed(
     board: BoardDep,
     state: State,
@@ -71,7 +76,12 @@ async def feed(
     return {"events": events}
 
 
-@router.get("/{board_id}/stats", response_model=StatsOut, responses=problems(401, 404, 422, 503))
+@router.get(
+    "/{board_id}/stats",
+    response_model=StatsOut,
+    responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
+)
 async def stats(
     board: BoardDep,
     state: State,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel
 
 from services.api.errors import problems
-from services.api.state import BoardDep, Reader, State
+from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.events import USER_ID_PATTERN
 
 router = APIRouter(prefix="/v1/boards", tags=["badges"])
@@ -28,6 +28,7 @@ class BadgesOut(BaseModel):
     "/{board_id}/users/{user_id}/badges",
     response_model=BadgesOut,
     responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
 )
 async def badges(
     board: BoardDep,

@@ -12,11 +12,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
-from services.api.state import ApiState, BoardDep, BoardIdPath, Caller, Reader, State
+from services.api.state import (
+    PUBLIC_READ,
+    ApiState,
+    BoardDep,
+    BoardIdPath,
+    Caller,
+    Reader,
+    State,
+)
 from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.periods import previous_window, window_at
@@ -40,23 +48,45 @@ class BoardsOut(BaseModel):
     boards: list[Board]
 
 
+def _document_board_in(schema: dict[str, Any]) -> None:
+    """What the validators of :class:`BoardSpec` refuse, said in JSON Schema where it can be.
+
+    ``board_id`` is left out: the path names the board, and the server refuses any body
+    ``board_id`` but that one, so a client has nothing to send there.
+    """
+    fields = schema["properties"]
+    del fields["board_id"]
+    fields["periods"] |= {"minItems": 1, "uniqueItems": True}
+    fields["notify_top"]["uniqueItems"] = True
+    # pydantic states the names' pattern but lets any other name through with any value.
+    fields["badges"]["additionalProperties"] = False
+
+
 class BoardIn(BoardSpec):
     """A definition as a ``PUT`` takes it: every field optional, defaulting to board ``main``'s.
+    The timezone is an IANA name, and ``min_value`` may not exceed ``max_value``.
 
-    ``board_id`` may be sent back as a ``GET`` returned it, but must then name the board of the
-    path.
+    A ``GET``'s answer may be sent back as it is: its ``board_id`` must then name the board of
+    the path.
     """
+
+    model_config = ConfigDict(json_schema_extra=_document_board_in)
 
     board_id: BoardId | None = None
 
 
-@router.get("", response_model=BoardsOut, responses=problems(401, 503))
+@router.get("", response_model=BoardsOut, responses=problems(401, 503), openapi_extra=PUBLIC_READ)
 async def list_boards(state: State, _: Reader) -> dict[str, Any]:
     """Every board definition."""
     return {"boards": await state.catalog.all()}
 
 
-@router.get("/{board_id}", response_model=Board, responses=problems(401, 404, 422, 503))
+@router.get(
+    "/{board_id}",
+    response_model=Board,
+    responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
+)
 async def get_board(board: BoardDep, _: Reader) -> Board:
     """One board definition, with every field."""
     return board

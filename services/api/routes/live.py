@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from services.api.errors import Invalid, problems
 from services.api.reads import views
 from services.api.routes.reads import PeriodIdQuery
-from services.api.state import BoardDep, Reader, State
+from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.live_maths import mvp_entries
 from shared.periods import Period
 
@@ -72,6 +72,7 @@ class MvpOut(BaseModel):
     "/{board_id}/hot",
     response_model=HotOut,
     responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
     description=(
         "The 10 users with the highest average value per event over the last `window` seconds "
         "of event time: events whose `occurred_at` is less than `window` seconds behind the "
@@ -85,7 +86,10 @@ async def hot(
     board: BoardDep,
     state: State,
     _: Reader,
-    window: Annotated[int, Query(description="10 or 60 (seconds)")] = 60,
+    # The enum is the document's; the check below keeps the 422's own message.
+    window: Annotated[
+        int, Query(description="10 or 60 (seconds)", json_schema_extra={"enum": [10, 60]})
+    ] = 60,
 ) -> dict[str, Any]:
     if window not in (10, 60):
         raise Invalid("window must be 10 or 60 (seconds).", loc=("query", "window"))
@@ -103,6 +107,7 @@ async def hot(
     "/{board_id}/mvps",
     response_model=MvpOut,
     responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
     description=(
         "The 10 users with the largest share of their team's total in a period (`incr` boards; "
         "on others 422). A user's team in a period is the one its latest accepted event in that "

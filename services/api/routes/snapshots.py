@@ -12,8 +12,9 @@ from fastapi import APIRouter, Query
 from pydantic import AwareDatetime, BaseModel, Field
 
 from services.api.errors import Invalid, NotFound, problems
+from services.api.reads import views
 from services.api.routes.reads import Entry, TeamEntry
-from services.api.state import BoardDep, Reader, State
+from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db_boards import snapshot_at
 from shared.events import REGION_PATTERN, rfc3339
 from shared.periods import Period, PeriodIdError, window_of
@@ -21,6 +22,9 @@ from shared.periods import Period, PeriodIdError, window_of
 router = APIRouter(prefix="/v1/boards", tags=["history"])
 
 _REGION = re.compile(REGION_PATTERN)
+# What the checks below accept, for the document; they, not a Query pattern, refuse the rest, so
+# that a refusal keeps its own message.
+SCOPE_PATTERN = "^(global|teams|region:" + REGION_PATTERN.removeprefix("^").removesuffix("$") + ")$"
 
 
 class SnapshotOut(BaseModel):
@@ -36,20 +40,31 @@ class SnapshotOut(BaseModel):
     "/{board_id}/snapshots",
     response_model=SnapshotOut,
     responses=problems(401, 404, 422, 503),
+    openapi_extra=PUBLIC_READ,
 )
 async def snapshot(
     board: BoardDep,
     state: State,
     _: Reader,
     scope: Annotated[
-        str, Query(max_length=80, description="global, region:{region} or teams")
+        str,
+        Query(
+            max_length=80,
+            json_schema_extra={"pattern": SCOPE_PATTERN},
+            description="global, region:{region} or teams",
+        ),
     ] = "global",
     period: Annotated[Period, Query()] = "alltime",
     at: Annotated[
         AwareDatetime | None, Query(description="RFC 3339 with an offset; defaults to now")
     ] = None,
     period_id: Annotated[
-        str | None, Query(max_length=16, description="Only snapshots of this period id")
+        str | None,
+        Query(
+            max_length=16,
+            json_schema_extra={"pattern": views.PERIOD_ID_PATTERN},
+            description="Only snapshots of this period id",
+        ),
     ] = None,
 ) -> dict[str, Any]:
     """The newest stored top-N snapshot of a view taken at or before ``at``; 404 if none was
