@@ -29,7 +29,7 @@ from services.api.routes import (
     snapshots,
 )
 from services.api.routes import live as live_views
-from services.api.state import ApiState
+from services.api.state import ApiState, document_private_reads
 from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.keys import Keys
@@ -130,4 +130,6 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     dashboard.install(app)
     # Last, so that the OpenAPI document lists the operations endpoints after the rest.
     app.include_router(ops.router)
+    if not settings.public_reads:
+        document_private_reads(app)
     return app

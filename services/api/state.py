@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Depends, Path, Request, Security
+from fastapi import Depends, FastAPI, Path, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -80,6 +80,23 @@ Reader = Annotated[Principal, Depends(get_reader)]
 # requirement says that the read is also served without a credential, as it is while
 # LADDER_PUBLIC_READS is on (the default). FastAPI appends this list to its own.
 PUBLIC_READ: dict[str, Any] = {"security": [{}]}
+
+
+def document_private_reads(app: FastAPI) -> None:
+    """Make ``app``'s OpenAPI document say what a deployment with ``LADDER_PUBLIC_READS=false``
+    serves: no operation is open without a credential (the empty requirement is taken out)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            for path in build()["paths"].values():
+                for operation in path.values():
+                    if isinstance(operation, dict) and "security" in operation:
+                        operation["security"] = [s for s in operation["security"] if s]
+        return app.openapi_schema or build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
 
 BoardIdPath = Annotated[
     str, Path(pattern=BOARD_ID_PATTERN, description="Board id", examples=["main"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.api.app import create_app
 from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, post, score
 from tests.helpers import SERVER, api_client, player
@@ -32,3 +33,18 @@ async def test_without_public_reads_a_read_needs_a_credential(quiet: LadderSetti
     assert as_player.status_code == 200
     assert [e["user_id"] for e in as_player.json()["entries"]] == ["u-1"]
     assert as_server.status_code == 200
+
+
+def test_without_public_reads_the_document_lists_no_open_operation(quiet: LadderSettings) -> None:
+    def open_operations(settings: LadderSettings) -> list[str]:
+        document = create_app(settings).openapi()
+        return [
+            f"{method.upper()} {path}"
+            for path, operations in document["paths"].items()
+            for method, operation in operations.items()
+            if {} in operation.get("security", [])
+        ]
+
+    public = open_operations(quiet)
+    assert "GET /v1/boards/{board_id}/leaderboard" in public
+    assert open_operations(quiet.model_copy(update={"public_reads": False})) == []

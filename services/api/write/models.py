@@ -22,7 +22,6 @@ class ScoreIn(BaseModel):
                     "value": 25,
                     "team_id": "red-wombats",
                     "display_name": "Ana",
-                    "occurred_at": "2026-11-29T17:00:00Z",
                 }
             ]
         },
