@@ -1,4 +1,4 @@
-"""The house rules of docs/architecture.md ("The house"), checked over the source tree: small
+"""The house rules of docs/architecture.md ("House rules"), checked over the source tree: small
 modules, short functions, settings read in one place, and docs that point only into the
 repository. These read files; they start nothing."""
 
