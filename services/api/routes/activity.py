@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
 from services.api.reads import views
-from services.api.routes.reads import PeriodIdQuery
+from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db import EventRecord
 from shared.periods import Period
@@ -86,7 +86,7 @@ async def stats(
     board: BoardDep,
     state: State,
     _: Reader,
-    period: Annotated[Period, Query()] = "alltime",
+    period: PeriodQuery = "alltime",
     period_id: PeriodIdQuery = None,
 ) -> dict[str, Any]:
     """How many distinct players scored in a period (approximate) and how many events were

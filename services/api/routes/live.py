@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
 from services.api.reads import views
-from services.api.routes.reads import PeriodIdQuery
+from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.live_maths import mvp_entries
 from shared.periods import Period
@@ -122,7 +122,7 @@ async def mvps(
     board: BoardDep,
     state: State,
     _: Reader,
-    period: Annotated[Period, Query()] = "alltime",
+    period: PeriodQuery = "alltime",
     period_id: PeriodIdQuery = None,
 ) -> dict[str, Any]:
     if board.operator != "incr":

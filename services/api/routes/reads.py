@@ -5,58 +5,28 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
-from pydantic import BaseModel, Field, StringConstraints
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, Field
 
 from services.api.answers import json_answer
 from services.api.errors import Invalid, problems
 from services.api.reads import pages, ranks, standings, views
 from services.api.reads.styles import RankStyle
+from services.api.routes.params import (
+    PeriodIdItem,
+    PeriodIdQuery,
+    PeriodQuery,
+    RankStyleQuery,
+    ScopeQuery,
+    UserIdPath,
+    UserScopeQuery,
+)
 from services.api.state import PUBLIC_READ, BoardDep, Caller, Reader, State
 from shared.db import BadCursor, EventRecord, user_events
-from shared.events import USER_ID_PATTERN, rfc3339
+from shared.events import rfc3339
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
-
-UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
-ScopeQuery = Annotated[
-    str,
-    Query(
-        max_length=80,
-        pattern=views.SCOPE_PATTERN,
-        description="global, region:{region}, teams (incr boards) or friends:{user_id} (that "
-        "player's token or a server key)",
-    ),
-]
-# The standing read takes a user, and the teams scope has none (422 there): the document leaves
-# it out, while the server's own check keeps giving that 422 its message.
-UserScopeQuery = Annotated[
-    str,
-    Query(
-        max_length=80,
-        pattern=views.SCOPE_PATTERN,
-        json_schema_extra={"pattern": views.SCOPE_PATTERN.replace("|teams|", "|")},
-        description="global, region:{region} or friends:{user_id} (that player's token or a "
-        "server key)",
-    ),
-]
-PeriodQuery = Annotated[Period, Query()]
-PeriodIdQuery = Annotated[
-    str | None,
-    Query(
-        max_length=16, pattern=views.PERIOD_ID_PATTERN, description="Defaults to the current period"
-    ),
-]
-RankStyleQuery = Annotated[
-    RankStyle,
-    Query(
-        description="ordinal: every rank unique (ties to whoever got there first); "
-        "competition: equal scores share a rank and the next skips (1, 1, 3); "
-        "dense: equal scores share a rank and the next does not skip (1, 1, 2)"
-    ),
-]
-PeriodIdItem = Annotated[str, StringConstraints(max_length=16, pattern=views.PERIOD_ID_PATTERN)]
 
 
 class Entry(BaseModel):

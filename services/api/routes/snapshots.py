@@ -13,6 +13,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 
 from services.api.errors import Invalid, NotFound, problems
 from services.api.reads import views
+from services.api.routes.params import PeriodQuery
 from services.api.routes.reads import Entry, TeamEntry
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db_boards import snapshot_at
@@ -54,7 +55,7 @@ async def snapshot(
             description="global, region:{region} or teams",
         ),
     ] = "global",
-    period: Annotated[Period, Query()] = "alltime",
+    period: PeriodQuery = "alltime",
     at: Annotated[
         AwareDatetime | None, Query(description="RFC 3339 with an offset; defaults to now")
     ] = None,
