@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,7 +21,6 @@ from services.history.handlers import HistoryHandler
 from services.rebuild import rebuilder as rebuild_module
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
 from shared.boards import Board, BoardCatalog
-from shared.db import open_engine
 from shared.db_boards import save_board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
@@ -35,12 +33,6 @@ BOARDS = [
     Board(board_id="speed", operator="best", order="asc", periods=("daily", "alltime")),
     Board(board_id="level", operator="set", periods=("weekly", "alltime")),
 ]
-
-
-@pytest.fixture
-async def db(settings: LadderSettings, mysql_database: str) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(settings.mysql_url, changed_rows=True) as engine:
-        yield engine
 
 
 async def write(

@@ -1,0 +1,87 @@
+"""The rebuild's finish step is given every key it touches. An event journaled after the
+rebuild last read its journal can name a key it was not given (a new user, a new region): the
+step then writes nothing, answers "unknown", and is called again with the journal read again."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.rebuild import finish as finish_module
+from services.rebuild import rebuilder as rebuilder_module
+from services.rebuild.rebuilder import Rebuilder
+from shared.boards import BoardCatalog
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from tests.helpers import SERVER, api_client
+from tests.rebuild.test_rebuild import BOARDS, eu, relay, write
+
+
+async def test_an_event_journaled_after_the_journal_was_read_is_applied_on_a_second_call(
+    redis: Redis,
+    keys: Keys,
+    settings: LadderSettings,
+    db: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    board = BOARDS[0]
+    await BoardCatalog(redis, keys).put(board)
+    now = datetime.now(UTC).isoformat()
+    for i in range(6):
+        await write(redis, keys, settings, board, **eu(f"e{i}", f"u{i % 3}", 10, now))
+    await relay(redis, keys, db, board)
+
+    answers: list[str] = []
+    original_fcall = Redis.fcall
+
+    def recording_fcall(self: Redis, name: str, *args: Any) -> Any:
+        called = original_fcall(self, name, *args)
+        # Pipelines queue the call (the replays); the finish step is awaited on the client.
+        if name != finish_module.REBUILD_FINISH_FUNCTION or isinstance(self, Pipeline):
+            return called
+
+        async def recorded() -> Any:
+            answer = await called
+            answers.append(answer[0])
+            return answer
+
+        return recorded()
+
+    original_finish = rebuilder_module.finish
+
+    async def write_then_finish(*args: Any, **kwargs: Any) -> tuple[str, str, int]:
+        # After the journal was read: a new user in a new region, journaled only (not stored).
+        late = {**eu("late", "newcomer", 70, now), "region": "sa"}
+        await write(redis, keys, settings, board, **late)
+        return await original_finish(*args, **kwargs)
+
+    monkeypatch.setattr(Redis, "fcall", recording_fcall)
+    monkeypatch.setattr(rebuilder_module, "finish", write_then_finish)
+    done = await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(board)
+
+    assert answers == ["unknown", "ok"]
+    assert (done.attempts, done.events, done.journal_replayed) == (1, 6, 1)
+    assert not [k async for k in redis.scan_iter(match="{" + settings.key_prefix + ":*rebuild*")]
+    async with api_client(settings) as client:
+        standing = await client.get(
+            "/v1/boards/main/users/newcomer",
+            params={"scope": "region:sa", "period": "alltime"},
+            headers=SERVER,
+        )
+        others = await client.get(
+            "/v1/boards/main/leaderboard",
+            params={"scope": "region:eu", "period": "alltime"},
+            headers=SERVER,
+        )
+    assert (standing.status_code, standing.json()["score"]) == (200, 70)
+    # Reached at the same moment, the three tie: their order among themselves is not the point.
+    assert sorted((e["user_id"], e["score"]) for e in others.json()["entries"]) == [
+        ("u0", 20),
+        ("u1", 20),
+        ("u2", 20),
+    ]
