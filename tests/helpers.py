@@ -230,3 +230,11 @@ async def stored_score(redis: Redis, key: str, entry_id: str, descending: bool) 
         return None
     stored = await redis.zscore(key, tie + entry_id)
     return None if stored is None else score_of(stored, descending)
+
+
+async def global_entry(redis: Redis, keys: Keys, user: str) -> tuple[str, float] | None:
+    """A user's all-time global entry on board ``main``: its tie key and stored score."""
+    view = keys.global_view("main", "alltime", "all")
+    tie = await redis.hget(Keys.ties(view), user)
+    stored = None if tie is None else await redis.zscore(view, tie + user)
+    return None if tie is None or stored is None else (tie, stored)
