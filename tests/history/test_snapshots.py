@@ -86,6 +86,10 @@ async def write_view(
         member(ties[entry], entry): signed(score, board.descending)
         for entry, score in scores.items()
     }
+    old = await redis.hmget(Keys.ties(view), list(ties))
+    gone = [member(tie, entry) for tie, entry in zip(old, ties, strict=True) if tie is not None]
+    if gone:
+        await redis.zrem(view, *gone)
     await redis.zadd(view, members)
     await redis.hset(Keys.ties(view), mapping=ties)
 
