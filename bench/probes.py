@@ -9,6 +9,7 @@ import random
 import statistics
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +29,7 @@ from shared.boards import Board
 from shared.db import open_engine
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys, dirty_member
-from shared.ranking import ENCODINGS, encode
+from shared.ranking import member, tie_key
 from shared.settings import LadderSettings
 
 BOARDS = ("bench-single", "bench-batch", "bench-ws", "bench-reads")
@@ -221,22 +222,36 @@ async def push_latency(ladder: Ladder, samples: int) -> tuple[list[float], int]:
 # --- a board of a million members ----------------------------------------------------------------
 
 
+# Reach times of the filled entries: a year of milliseconds before this one.
+_REACHED_FROM, _REACHED_SPAN = 1_733_000_000_000, 365 * 86_400_000
+
+
+def layout_entries(
+    rng: random.Random, ids: Iterable[str]
+) -> tuple[dict[str, float], dict[Any, str]]:
+    """Entries of a descending board in the layout of shared/ranking.py, with random scores and
+    reach times: ``({member: score}, {id: tie key})`` for its sorted set and its tie hash."""
+    mapping: dict[str, float] = {}
+    ties: dict[Any, str] = {}
+    for entry in ids:
+        tie = tie_key(_REACHED_FROM + rng.randrange(_REACHED_SPAN))
+        mapping[member(tie, entry)] = rng.randrange(1_000_000)
+        ties[entry] = tie
+    return mapping, ties
+
+
 async def fill_board(redis: Redis, key: str, members: int, *, chunk: int = 1000) -> float:
-    """Write ``members`` correctly encoded all-time entries straight into a board's sorted set,
-    pipelined; returns the seconds it took."""
+    """Write ``members`` all-time entries straight into a board's sorted set and its hash of tie
+    keys (shared/ranking.py), pipelined; returns the seconds it took."""
     rng = random.Random(7)
     started = time.monotonic()
-    max_tick = ENCODINGS["alltime"].scale - 1
     for start in range(0, members, chunk * 20):
         async with redis.pipeline(transaction=False) as pipe:
             for offset in range(start, min(members, start + chunk * 20), chunk):
-                mapping = {
-                    f"u{i}": encode(
-                        "alltime", rng.randrange(1_000_000), rng.randrange(max_tick), True
-                    )
-                    for i in range(offset, min(members, offset + chunk))
-                }
+                ids = (f"u{i}" for i in range(offset, min(members, offset + chunk)))
+                mapping, ties = layout_entries(rng, ids)
                 pipe.zadd(key, mapping)
+                pipe.hset(Keys.ties(key), mapping=ties)
             await pipe.execute()
     return time.monotonic() - started
 
@@ -272,23 +287,22 @@ async def merge_time(redis: Redis, prefix: str, members: int) -> float:
     keys = Keys(prefix)
     board = Board(board_id="merge", periods=["alltime"], notify_top=[1, 10, 100])
     rng = random.Random(3)
-    max_tick = ENCODINGS["alltime"].scale - 1
     chunk = 1000
     for start in range(0, members, chunk * 20):
         async with redis.pipeline(transaction=False) as pipe:
             for offset in range(start, min(members, start + chunk * 20), chunk):
                 users = range(offset, min(members, offset + chunk))
-                by_region: dict[str, dict[str, float]] = {}
+                by_region: dict[str, list[str]] = {}
                 for i in users:
-                    region = f"r{i % MERGE_REGIONS}"
-                    by_region.setdefault(region, {})[f"u{i}"] = encode(
-                        "alltime", rng.randrange(1_000_000), rng.randrange(max_tick), True
-                    )
-                for region, mapping in by_region.items():
-                    pipe.zadd(keys.region_view("merge", "alltime", "all", region), mapping)
+                    by_region.setdefault(f"r{i % MERGE_REGIONS}", []).append(f"u{i}")
+                for region, ids in by_region.items():
+                    mapping, ties = layout_entries(rng, ids)
+                    view = keys.region_view("merge", "alltime", "all", region)
+                    pipe.zadd(view, mapping)
+                    pipe.hset(Keys.ties(view), mapping=ties)
                     pipe.sadd(
                         keys.dirty("merge"),
-                        *(dirty_member("alltime", "all", region, u) for u in mapping),
+                        *(dirty_member("alltime", "all", region, u) for u in ids),
                     )
             await pipe.execute()
     await redis.sadd(

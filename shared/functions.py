@@ -8,7 +8,9 @@ A function's ``_vN`` suffix goes up when its keys or arguments change. Every pro
 library at start-up, replacing the one Redis has; while processes of two versions share a Redis
 (a rolling restart), a call in the old layout then finds no function, and fails, instead of
 running one that reads its keys in another order and writes the wrong ones. (v2: the write's
-rebuild flag and journal, and the rebuild's staging keys, come in as keys.)
+rebuild flag and journal, and the rebuild's staging keys, come in as keys. v3 of the write, v2
+of the merge's put and of the standing read: the exact score and the member's tie key, with a
+hash of tie keys beside each view, shared/ranking.py.)
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v2"
+SUBMIT_FUNCTION = "ladder_submit_v3"
 """One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v2"
+WRITE_FUNCTION = "ladder_write_v3"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
-PUT_FUNCTION = "ladder_put_v1"
+PUT_FUNCTION = "ladder_put_v2"
 """Replace entries of a merged (global) view with its distinct-score set."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
@@ -38,20 +40,22 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v2"
+REPLAY_FUNCTION = "ladder_replay_v3"
 """``SUBMIT_FUNCTION`` onto staging keys, leaving no answer and no outbox entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v2"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v3"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""
 
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
-STANDING_FUNCTION = "ladder_standing_v1"
+STANDING_FUNCTION = "ladder_standing_v2"
 """A user's place in a view and the entries around it (read-only)."""
+ENTRIES_FUNCTION = "ladder_entries_v1"
+"""The tie keys and scores of ids in one view (read-only): the merge's and the friends' read."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -67,6 +71,7 @@ REGISTERED: dict[str, str] = {
     "rebuild_finish": REBUILD_FINISH_FUNCTION,
     "rebuild_abort": REBUILD_ABORT_FUNCTION,
     "standing": STANDING_FUNCTION,
+    "entries": ENTRIES_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

@@ -27,6 +27,8 @@ key                                                type        holds
                                                                ranks); member = signed score,
                                                                removed when the view's ZCOUNT
                                                                of it reaches 0
+``{P:B}:lb:<period>:<period_id>:<scope>:ties``     hash        id -> its member's tie key, beside
+                                                               each view (shared/ranking.py)
 ``{P:B}:feed``                                     list        the newest accepted events (JSON)
 ``{P:B}:players:<period>:<period_id>``             hyperloglog distinct users of the period
 ``{P:B}:events:<period>:<period_id>``              string      accepted events of the period
@@ -52,7 +54,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v2`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v3`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -65,7 +67,8 @@ key                                                type        holds
 Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>`` (the live
 views too: scope ``hot`` with the window as period, scope ``mvps`` with the period).
 
-Scores in the board sorted sets are encoded (see :mod:`shared.ranking`); ``P`` is
+A board sorted set's score is the exact signed score and its member ``<tie key><id>`` (see
+:mod:`shared.ranking`); ``P`` is
 ``LADDER_KEY_PREFIX`` and ``B`` the board id.
 """
 
@@ -146,6 +149,11 @@ class Keys:
     def distinct(view_key: str) -> str:
         """The distinct-score set that goes with a view (for dense ranks)."""
         return f"{view_key}:distinct"
+
+    @staticmethod
+    def ties(view_key: str) -> str:
+        """The hash of each id's current tie key that goes with a view (shared/ranking.py)."""
+        return f"{view_key}:ties"
 
     def feed(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:feed"

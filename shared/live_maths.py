@@ -34,7 +34,7 @@ from shared.boards import Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import decode_score
+from shared.ranking import id_of, score_of
 
 TOP = 10
 HOT_WINDOWS = (10, 60)
@@ -82,7 +82,7 @@ async def mvp_entries(
     rows: list[Any] = await redis.zrange(
         keys.teams_view(bid, period, period_id), 0, -1, withscores=True
     )
-    totals = {team: decode_score(period, c, board.descending) for team, c in rows}
+    totals = {id_of(m): score_of(c, board.descending) for m, c in rows}
     teams = sorted(team for team, total in totals.items() if total > 0)
     team_of_key = keys.member_team(bid, period, period_id)
     candidates: list[tuple[str, str, int]] = []  # (user, team, contribution)

@@ -1,84 +1,75 @@
-"""How a score and the moment it was reached share one sorted-set score.
+"""How a ranked sorted set orders its entries: the exact score, then who reached it first.
 
-Redis sorted-set scores are IEEE doubles: integers are exact up to 2**53. Ladder packs
+Every ranked view (regional, team and global boards, every period) is a sorted set whose
 
-    composite = signed_score * 2**T + (2**T - 1 - tick)
+- **score** is the exact signed score: the score on ``desc`` boards, its negation on ``asc``
+  ones, so that the best is always the highest and every read is ``ZREVRANGE``/``ZREVRANK``.
+  Sorted-set scores are doubles, exact for integers up to 2**53: every score within
+  ±:data:`MAX_SCORE` is held exactly, on every period;
+- **member** is ``<tie key><id>`` (the user id, or the team id on a team board). The tie key is
+  of fixed width (:data:`TIE_WIDTH`), so that among equal scores ``ZREVRANGE``'s reverse
+  lexicographic order of members puts the greatest tie key first: the tie key is
+  ``2**48 - 1 - reached_ms`` in 12 lowercase hex digits, ``reached_ms`` the Unix time in ms at
+  which the score was reached. Whoever reached a score first ranks first, to the millisecond,
+  with no end date (2**48 ms is the year 10889).
 
-where ``signed_score`` is the score (negated on ``asc`` boards, so that the best is always the
-highest composite), ``tick`` is when the score was reached, counted in the period's unit from the
-period's start, and ``T`` the period's time bits. A higher composite ranks higher; between equal
-scores, the one reached earlier has the smaller tick and so the higher composite. Every read is
-then a plain ``ZREVRANGE``/``ZREVRANK``.
+Beside each view a hash (``Keys.ties``) holds each id's current tie key, so that a write finds
+the id's member. Two entries reached in the same millisecond tie exactly and are ordered by id,
+the greater first.
 
-=========  =========  =========  ============================  ===============================
-period     tick unit  time bits  time span                     largest score held exactly
-=========  =========  =========  ============================  ===============================
-daily      1 ms       27         37.2 h (a day is at most 25)  ±67,108,863 (2**26 - 1)
-weekly     10 ms      26         7.8 days                      ±134,217,727 (2**27 - 1)
-monthly    100 ms     25         38.8 days                     ±268,435,455 (2**28 - 1)
-alltime    1 s        30         34 years from 2024-01-01      ±8,388,607 (2**23 - 1)
-=========  =========  =========  ============================  ===============================
-
-A write whose resulting score would leave its period's range is refused with 422 before anything
-is written. Two scores reached within the same tick tie exactly; Redis then orders them by
-member, and Ladder's reads keep that order. All-time ticks stop at 2058-01-10 (2**30 seconds
-from 2024); past it, all-time ties are ordered by member.
+This module is the only definition of the tie key: a later subscore part goes in front of the
+time part here (:func:`tie_key`), with :data:`TIE_WIDTH` growing to match.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from shared.periods import Period, PeriodWindow
+MAX_SCORE = (1 << 53) - 1
+"""The largest magnitude of a score, on every board, operator, period and team total."""
+
+_TIME_BITS = 48
+_TIME_MAX = (1 << _TIME_BITS) - 1
+
+TIE_WIDTH = 12
+"""The tie key's width in characters: 12 hex digits of the time part."""
 
 
-@dataclass(frozen=True, slots=True)
-class Encoding:
-    tick_ms: int
-    time_bits: int
-
-    @property
-    def scale(self) -> int:
-        return 1 << self.time_bits
-
-    @property
-    def max_score(self) -> int:
-        return (1 << (53 - self.time_bits)) - 1
+def reached_ms(moment: datetime) -> int:
+    """The Unix time in ms of ``moment``, clamped into the tie key's range."""
+    return min(max(int(moment.timestamp() * 1000), 0), _TIME_MAX)
 
 
-ENCODINGS: dict[Period, Encoding] = {
-    "daily": Encoding(tick_ms=1, time_bits=27),
-    "weekly": Encoding(tick_ms=10, time_bits=26),
-    "monthly": Encoding(tick_ms=100, time_bits=25),
-    "alltime": Encoding(tick_ms=1000, time_bits=30),
-}
-
-# The narrowest range of any period: what a board's value bounds may not exceed.
-MAX_SCORE = min(e.max_score for e in ENCODINGS.values())
+def tie_key(reached: int) -> str:
+    """The tie key of a score reached at Unix ms ``reached``: greater for earlier."""
+    return f"{_TIME_MAX - reached:012x}"
 
 
-def tick(window: PeriodWindow, moment: datetime) -> int:
-    """Ticks from the start of ``window`` to ``moment``, clamped into the period's time bits."""
-    enc = ENCODINGS[window.period]
-    elapsed_ms = int((moment - window.start).total_seconds() * 1000)
-    return min(max(elapsed_ms // enc.tick_ms, 0), enc.scale - 1)
+def reached_of(tie: str) -> int:
+    """The Unix ms a tie key was made from."""
+    return _TIME_MAX - int(tie[-12:], 16)
 
 
-def encode(period: Period, score: int, reached_tick: int, descending: bool) -> float:
-    enc = ENCODINGS[period]
-    signed = score if descending else -score
-    return float(signed * enc.scale + (enc.scale - 1 - reached_tick))
+def member(tie: str, entry_id: str) -> str:
+    return tie + entry_id
 
 
-def decode(period: Period, composite: float, descending: bool) -> tuple[int, int]:
-    """``(score, tick)`` of a composite."""
-    enc = ENCODINGS[period]
-    whole = int(composite)
-    signed = whole // enc.scale
-    reached_tick = enc.scale - 1 - (whole - signed * enc.scale)
-    return (signed if descending else -signed), reached_tick
+def parse_member(raw: str) -> tuple[str, str]:
+    """``(tie key, id)`` of a member."""
+    return raw[:TIE_WIDTH], raw[TIE_WIDTH:]
 
 
-def decode_score(period: Period, composite: float, descending: bool) -> int:
-    return decode(period, composite, descending)[0]
+def id_of(raw: str) -> str:
+    """The user or team id of a member."""
+    return raw[TIE_WIDTH:]
+
+
+def signed(score: int, descending: bool) -> int:
+    """The sorted-set score of ``score``: negated on ascending boards."""
+    return score if descending else -score
+
+
+def score_of(stored: float | str, descending: bool) -> int:
+    """The score of a sorted-set score (an exact integer)."""
+    value = int(float(stored))
+    return value if descending else -value

@@ -20,14 +20,14 @@ from shared.boards import Board
 from shared.events import rfc3339
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at
-from shared.ranking import ENCODINGS, tick
+from shared.ranking import MAX_SCORE, reached_ms, tie_key
 
 # The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): eight
 # keys of the event, the first four the write's own (idempotency record, outbox, rebuild flag
-# and journal), then seven a period, the period's event counter last.
+# and journal), then nine a period, the period's event counter last.
 WRITE_OWN_KEYS = 4
 KEYS_BEFORE = 8
-KEYS_PER_PERIOD = 7
+KEYS_PER_PERIOD = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +99,22 @@ def submit_call(
     period_args: list[str | int] = []
     for period in board.periods:
         window = current_window(period, event.occurred_at, board.timezone)
-        enc = ENCODINGS[period]
         view = keys.region_view(bid, period, window.period_id, event.region)
         teams = keys.teams_view(bid, period, window.period_id)
         call_keys += [
             view,
             keys.distinct(view),
+            keys.ties(view),
             keys.regions(bid, period, window.period_id),
             teams,
             keys.distinct(teams),
+            keys.ties(teams),
             keys.players(bid, period, window.period_id),
             keys.event_count(bid, period, window.period_id),
         ]
         period_args += [
             period,
             window.period_id,
-            enc.scale,
-            tick(window, event.occurred_at),
-            enc.max_score,
             expiry_of(window, board.timezone, board.retention.of(period)),
         ]
     args: list[str | int] = [
@@ -135,6 +133,9 @@ def submit_call(
         "1" if board.descending else "0",
         feed_length,
         event.team_id or "",
+        # The tie key of every period's entry: the event reached its score at its own time.
+        tie_key(reached_ms(event.occurred_at)),
+        MAX_SCORE,
         *period_args,
     ]
     return call_keys, args
@@ -155,7 +156,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v2`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v3`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -163,7 +164,7 @@ def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str
 def finish_keys(
     keys: Keys, board_id: str, counters: Sequence[str], others: Sequence[str]
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v2``: flag, journal, the replay's scratch keys, then
+    """The keys of ``ladder_rebuild_finish_v3``: flag, journal, the replay's scratch keys, then
     each live key the rebuild replaces with its staging copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]
     return [

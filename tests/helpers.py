@@ -19,7 +19,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.api.app import create_app
 from shared.events import ScoreAccepted
+from shared.keys import Keys
 from shared.ops import running
+from shared.ranking import id_of, score_of
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 from tests.stack import free_port
 
@@ -213,3 +215,26 @@ async def republish(exchange: Any, message: Any) -> None:
         ),
         routing_key="",
     )
+
+
+async def read_view(redis: Redis, key: str, descending: bool) -> list[tuple[str, int]]:
+    """A ranked view read back as ``(id, score)``, best first (the layout of shared/ranking.py)."""
+    rows = await redis.zrevrange(key, 0, -1, withscores=True)
+    return [(id_of(m), score_of(s, descending)) for m, s in rows]
+
+
+async def stored_score(redis: Redis, key: str, entry_id: str, descending: bool) -> int | None:
+    """An id's score in a ranked view, found through the view's hash of tie keys."""
+    tie = await redis.hget(Keys.ties(key), entry_id)
+    if tie is None:
+        return None
+    stored = await redis.zscore(key, tie + entry_id)
+    return None if stored is None else score_of(stored, descending)
+
+
+async def global_entry(redis: Redis, keys: Keys, user: str) -> tuple[str, float] | None:
+    """A user's all-time global entry on board ``main``: its tie key and stored score."""
+    view = keys.global_view("main", "alltime", "all")
+    tie = await redis.hget(Keys.ties(view), user)
+    stored = None if tie is None else await redis.zscore(view, tie + user)
+    return None if tie is None or stored is None else (tie, stored)

@@ -26,9 +26,14 @@ from redis.asyncio import Redis
 
 from shared.boards import Board
 from shared.brackets import Crossing, rank_message, smallest_entered
+from shared.functions import STANDING_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import decode
+from shared.ranking import id_of, score_of
+
+# Where a user stands: its rank, and its entry's place in rank order (score, then member: the
+# greater, the better).
+Place = tuple[int, tuple[float, str]]
 
 PUSHES = Counter(
     "ladder_aggregator_rank_pushes_total", "Global-scope rank messages published", ["reason"]
@@ -37,24 +42,24 @@ PUSHES = Counter(
 
 @dataclass(frozen=True, slots=True)
 class Standing:
-    """The top of one global view at one moment: user → (rank, composite)."""
+    """The top of one global view at one moment: user → (rank, (score, member))."""
 
-    entries: dict[str, tuple[int, float]]
+    entries: dict[str, Place]
 
     @classmethod
     def of(cls, rows: list[tuple[str, float]]) -> Standing:
-        return cls({user: (i + 1, composite) for i, (user, composite) in enumerate(rows)})
+        return cls({id_of(m): (i + 1, (score, m)) for i, (m, score) in enumerate(rows)})
 
 
 def judge(
     before: Standing,
     after: Standing,
-    fallen: dict[str, tuple[int, float]],
+    fallen: dict[str, Place],
     written: set[str],
     brackets: tuple[int, ...],
 ) -> list[Crossing]:
-    """The crossings one merge caused; ``fallen`` holds the current rank and composite of the
-    users who were in ``before`` and are no longer in ``after``."""
+    """The crossings one merge caused; ``fallen`` holds the current place of the users who were
+    in ``before`` and are no longer in ``after``."""
     out: list[Crossing] = []
     for user, (rank, _) in after.entries.items():
         if user not in written:
@@ -64,12 +69,12 @@ def judge(
         top = smallest_entered(rank, previous_rank, brackets)
         if top is not None:
             out.append(Crossing(user, "entered_top", top, rank, previous_rank))
-    for user, (previous_rank, previous_composite) in before.entries.items():
+    for user, (previous_rank, previous_entry) in before.entries.items():
         now = after.entries.get(user) or fallen.get(user)
         if now is None:
             continue  # gone from the view altogether (erased or out of range): nobody overtook
-        rank, composite = now
-        if composite < previous_composite:
+        rank, entry = now
+        if entry < previous_entry:
             continue  # its own score got worse (a `set` board): not overtaken
         left = [t for t in brackets if previous_rank <= t < rank]
         if left:
@@ -90,7 +95,7 @@ class GlobalBrackets:
             return None
         key = self._keys.global_view(board.board_id, period, period_id)
         rows: list[Any] = await self._redis.zrevrange(key, 0, max(board.notify_top) - 1, True)
-        return Standing.of([(str(user), float(composite)) for user, composite in rows])
+        return Standing.of([(str(m), float(score)) for m, score in rows])
 
     async def announce(
         self,
@@ -107,23 +112,24 @@ class GlobalBrackets:
         assert after is not None
         key = self._keys.global_view(board.board_id, period, period_id)
         gone = [user for user in before.entries if user not in after.entries]
-        fallen: dict[str, tuple[int, float]] = {}
+        fallen: dict[str, Place] = {}
         if gone:
+            view_keys = (key, Keys.ties(key), self._keys.names(board.board_id))
             async with self._redis.pipeline(transaction=False) as pipe:
                 for user in gone:
-                    pipe.zrevrank(key, user)
-                    pipe.zscore(key, user)
+                    # Its position, score and entry (no neighbours); {} if it has none.
+                    pipe.fcall_ro(STANDING_FUNCTION, 3, *view_keys, user, 0)
                 replies = await pipe.execute()
-            for user, rank, composite in zip(gone, replies[0::2], replies[1::2], strict=True):
-                if rank is not None and composite is not None:
-                    fallen[user] = (int(rank) + 1, float(composite))
+            for user, reply in zip(gone, replies, strict=True):
+                if reply:
+                    fallen[user] = (int(reply[0]) + 1, (float(reply[1]), str(reply[3][0])))
         crossings = judge(before, after, fallen, written, board.notify_top)
         if not crossings:
             return 0
         current = {**fallen, **after.entries}
         async with self._redis.pipeline(transaction=False) as pipe:
             for crossing in crossings:
-                score = decode(period, current[crossing.user_id][1], board.descending)[0]
+                score = score_of(current[crossing.user_id][1][0], board.descending)
                 message = rank_message(
                     crossing,
                     board_id=board.board_id,

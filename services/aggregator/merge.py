@@ -6,7 +6,7 @@ crash mid-merge leaves it to be merged again), reads each dirty user's current s
 region of that period, and writes the user's global entry:
 
 - ``incr``: the sum of the regional scores, reached when the latest of them was;
-- ``best``: the best regional entry (the highest composite: best score, reached earliest);
+- ``best``: the best regional entry (best score, reached earliest);
 - ``set``: the latest regional entry.
 
 Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
@@ -31,10 +31,10 @@ from redis.exceptions import ResponseError
 from services.aggregator.global_brackets import GlobalBrackets
 from shared.boards import Board
 from shared.events import rfc3339
-from shared.functions import PUT_FUNCTION
+from shared.functions import ENTRIES_FUNCTION, PUT_FUNCTION
 from shared.keys import Keys, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
-from shared.ranking import ENCODINGS, decode, encode
+from shared.ranking import MAX_SCORE, id_of, reached_of, score_of, tie_key
 
 log = structlog.get_logger(__name__)
 
@@ -52,18 +52,25 @@ class Touched:
     regions: set[str]
 
 
-def combine(board: Board, period: Period, composites: list[float]) -> float | None:
-    """A user's global composite from its regional ones; ``None`` if out of range."""
-    if board.operator == "best":
-        return max(composites)
-    decoded = [decode(period, c, board.descending) for c in composites]
-    if board.operator == "set":
-        score, reached = max(decoded, key=lambda d: d[1])
-        return encode(period, score, reached, board.descending)
-    total = sum(score for score, _ in decoded)
-    if abs(total) > ENCODINGS[period].max_score:
+# A regional or global entry: its signed score (shared/ranking.py) and its tie key.
+Entry = tuple[int, str]
+
+
+def combine(operator: str, entries: list[Entry]) -> Entry | None:
+    """A user's global entry from its regional ones (at least one); ``None`` if out of range."""
+    if len(entries) == 1:
+        return entries[0]
+    if operator == "best":
+        # The best score, then the earliest reached: the greatest entry in rank order.
+        return max(entries)
+    reached = [reached_of(tie) for _, tie in entries]
+    latest = max(reached)
+    if operator == "set":
+        return entries[reached.index(latest)]
+    total = sum(signed for signed, _ in entries)
+    if abs(total) > MAX_SCORE:
         return None
-    return encode(period, total, max(reached for _, reached in decoded), board.descending)
+    return total, tie_key(latest)
 
 
 class Merger:
@@ -110,52 +117,33 @@ class Merger:
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         global_key = keys.global_view(bid, period, period_id)
         ordered = sorted(users)
-        scale, max_score, operator = (
-            ENCODINGS[period].scale,
-            ENCODINGS[period].max_score,
-            board.operator,
-        )
         for start in range(0, len(ordered), CHUNK):
             chunk = ordered[start : start + CHUNK]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for region in regions:
-                    pipe.zmscore(keys.region_view(bid, period, period_id, region), chunk)
-                per_region: list[list[float | None]] = await pipe.execute() if regions else []
-            pairs: list[str] = []
+                    view = keys.region_view(bid, period, period_id, region)
+                    pipe.fcall_ro(ENTRIES_FUNCTION, 2, view, keys.ties(view), *chunk)
+                per_region: list[list[Any]] = await pipe.execute() if regions else []
+            triples: list[str | int] = []
             absent: list[str] = []
-            # A user's composites, one a region, read down the regions' replies at once.
-            columns = zip(*per_region, strict=True) if per_region else ((None,) for _ in chunk)
-            for user, column in zip(chunk, columns, strict=True):
-                composites: list[float] = [c for c in column if c is not None]
-                if not composites:
-                    absent.append(user)
-                    continue
-                if len(composites) == 1:
-                    # What combine() makes of one region's entry, without decoding it: that
-                    # entry (``best``), or its whole part (``set``; ``incr`` once in range).
-                    merged: float | None = composites[0]
-                    if operator != "best":
-                        whole = int(composites[0])
-                        in_range = operator == "set" or abs(whole // scale) <= max_score
-                        merged = float(whole) if in_range else None
-                else:
-                    merged = combine(board, period, composites)
+            for i, user in enumerate(chunk):
+                # The user's entries, one a region: tie key and score at 2i, 2i + 1 of each reply.
+                entries = [
+                    (int(float(flat[2 * i + 1])), str(flat[2 * i]))
+                    for flat in per_region
+                    if flat[2 * i + 1] is not None
+                ]
+                merged = combine(board.operator, entries) if entries else None
                 if merged is None:
-                    log.warning("global score out of range", user_id=user, period=period)
+                    if entries:
+                        log.warning("global score out of range", user_id=user, period=period)
                     absent.append(user)
                 else:
-                    pairs += [user, repr(merged)]
+                    triples += [user, merged[0], merged[1]]
             for user in absent:
-                pairs += [user, ""]
-            view_keys = [global_key, keys.distinct(global_key)]
-            await self._redis.fcall(
-                PUT_FUNCTION,
-                len(view_keys),
-                *view_keys,
-                ENCODINGS[period].scale,
-                expiry or 0,
-                *pairs,
-            )
+                triples += [user, "", ""]
+            view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
+            await self._redis.fcall(PUT_FUNCTION, len(view_keys), *view_keys, expiry or 0, *triples)
         await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
         return len(ordered)
 
@@ -168,7 +156,7 @@ class Merger:
                 pipe.zrevrange(keys.board_view(bid, period, period_id, scope), 0, TOP - 1, True)
                 pipe.get(keys.last_top(bid, period, period_id, scope))
             replies = await pipe.execute()
-        members = {m for rows in replies[0::2] for m, _ in rows}
+        members = {id_of(m) for rows in replies[0::2] for m, _ in rows}
         names: dict[str, str | None] = {}
         if members:
             found: list[Any] = await self._redis.hmget(keys.names(bid), list(members))
@@ -182,9 +170,9 @@ class Merger:
                 entries: list[dict[str, Any]] = [
                     {
                         "rank": i + 1,
-                        "user_id": m,
-                        "score": decode(period, c, board.descending)[0],
-                        "display_name": names.get(m),
+                        "user_id": id_of(m),
+                        "score": score_of(c, board.descending),
+                        "display_name": names.get(id_of(m)),
                     }
                     for i, (m, c) in enumerate(rows)
                 ]

@@ -30,7 +30,7 @@ from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.periods import PERIODS, Period
-from shared.ranking import decode_score
+from shared.ranking import id_of, score_of
 from shared.service import every_board
 
 log = structlog.get_logger(__name__)
@@ -123,7 +123,7 @@ class Snapshotter:
             tops: list[list[tuple[str, float]]] = await pipe.execute()
         users = sorted(
             {
-                m
+                id_of(m)
                 for (_, _, scope), rows in zip(views, tops, strict=True)
                 if scope != "teams"
                 for m, _ in rows
@@ -138,8 +138,8 @@ class Snapshotter:
             if not rows:
                 continue
             entries: list[dict[str, Any]] = []
-            for rank, (member, composite) in enumerate(rows, start=1):
-                score = decode_score(period, composite, board.descending)
+            for rank, (raw, stored) in enumerate(rows, start=1):
+                score, member = score_of(stored, board.descending), id_of(raw)
                 if scope == "teams":
                     # As the teams scope of a leaderboard read shows them: no display name.
                     entries.append({"rank": rank, "team_id": member, "score": score})

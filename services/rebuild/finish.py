@@ -12,6 +12,7 @@ from services.rebuild.flag import BoardFlag
 from services.rebuild.staging import Staged, journaled_ids
 from shared.functions import REBUILD_FINISH_FUNCTION
 from shared.keys import Keys, dirty_member
+from shared.ranking import id_of
 from shared.submit import finish_keys
 
 # Finish calls an attempt makes while events journaled meanwhile name keys not given yet.
@@ -27,7 +28,7 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v2``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v3``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
     delete the ``live`` keys the rebuild did not make again), drop flag and journal.
 
@@ -59,7 +60,11 @@ async def finish(
 
 async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -> int:
     """Every user of the given regional and global views marked for the next merge: the
-    aggregator then writes each global entry from the rebuilt regions."""
+    aggregator then writes each global entry from the rebuilt regions.
+
+    A global view in the layout before exact scores (composite scores, bare user ids for
+    members, no hash of tie keys beside it) is deleted once its users are marked: the merge
+    makes it again, in the layout of shared/ranking.py."""
     tag = keys.tag(board_id)
     dirty = keys.dirty(board_id)
     marked = 0
@@ -72,12 +77,16 @@ async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -
         else:
             found: set[Any] = await redis.smembers(keys.regions(board_id, period, period_id))
             region = min(found) if found else ""
+        old_layout = not await redis.exists(keys.ties(key))
         members: list[str] = []
         async for member, _ in redis.zscan_iter(key, count=1000):
-            members.append(dirty_member(period, period_id, region, member))
+            user = member if old_layout else id_of(member)
+            members.append(dirty_member(period, period_id, region, user))
             if len(members) >= 1000:
                 marked += await redis.sadd(dirty, *members)
                 members = []
         if members:
             marked += await redis.sadd(dirty, *members)
+        if old_layout:
+            await redis.unlink(key, keys.distinct(key))
     return marked

@@ -15,9 +15,10 @@ from shared.keys import Keys
 # The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
 # global views and marks, snapshot marks, badges, the live views, rate buckets. (`:counts` are
-# the per-score counts that an earlier layout kept beside each view: a rebuild drops them.)
+# the per-score counts that an earlier layout kept beside each view: a rebuild drops them.) A
+# view's `:ties`, its hash of tie keys, is made and replaced with it.
 _REBUILT = re.compile(
-    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:counts)?"
+    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:ties|:counts)?"
     r"|(regions|players|events):[a-z]+:[^:]+"
     r"|user:.+:regions|names|feed|user-team"
 )

@@ -12,30 +12,54 @@ A board's keys share its hash tag, so that each call stays in one hash slot.
 
 local function fmt(n) return string.format('%.17g', n) end
 
-local function signed_of(composite, scale)
-  return math.floor(tonumber(composite) / scale)
+-- Whether any member of a view still holds the signed score (the view's scores are exact).
+local function held(view, signed)
+  local k = fmt(signed)
+  return redis.call('ZCOUNT', view, k, k) > 0
 end
 
--- Whether any member of a view still holds the signed score: its composites are the half-open
--- range [signed * scale, (signed + 1) * scale).
-local function held(view, signed, scale)
-  return redis.call('ZCOUNT', view, fmt(signed * scale), '(' .. fmt((signed + 1) * scale)) > 0
+-- A view's keys: the sorted set, its distinct-score set, its hash of tie keys.
+local function view_of(view, distinct, ties)
+  return {view = view, distinct = distinct, ties = ties}
 end
 
--- Move one member of a view from old_signed (nil: absent) to new_signed, keeping the view's
--- distinct-score set right: the new score is added (a no-op if someone holds it already), the
--- old one removed once nobody holds it. Added before the old one goes, so the distinct set is
--- never emptied (and so deleted by Redis) while the view has members: both keys are made
--- together, by a view's first member. Returns 1 if the member is new to the view, else 0.
-local function put_entry(view, distinct, member, composite, old_signed, new_signed, scale)
-  local added = redis.call('ZADD', view, fmt(composite), member)
-  if old_signed == new_signed then return added end
-  local k = fmt(new_signed)
-  redis.call('ZADD', distinct, k, k)
-  if old_signed ~= nil and not held(view, old_signed, scale) then
-    redis.call('ZREM', distinct, fmt(old_signed))
+-- An id's entry in a view: {tie, member, signed}, or nil if it has none. A member is the id's
+-- tie key then the id (shared/ranking.py); the view's hash holds each id's current tie key.
+local function entry_in(v, id)
+  local tie = redis.call('HGET', v.ties, id)
+  if not tie then return nil end
+  local score = redis.call('ZSCORE', v.view, tie .. id)
+  if not score then return nil end
+  return {tie = tie, member = tie .. id, signed = tonumber(score)}
+end
+
+-- Put an id's entry in a view at new_signed, reached at tie (a tie key), in place of old (its
+-- entry_in(), nil: none), keeping the view's hash of tie keys and distinct-score set right: the
+-- new score is added (a no-op if someone holds it already), the old one removed once nobody
+-- holds it. Added before the old one goes, so the distinct set is never emptied (and so deleted
+-- by Redis) while the view has members: the three keys are made together, by a view's first
+-- member.
+local function put_entry(v, id, old, new_signed, tie)
+  local member = tie .. id
+  redis.call('ZADD', v.view, fmt(new_signed), member)
+  if old == nil or old.member ~= member then
+    if old then redis.call('ZREM', v.view, old.member) end
+    redis.call('HSET', v.ties, id, tie)
   end
-  return added
+  if old ~= nil and old.signed == new_signed then return end
+  local k = fmt(new_signed)
+  redis.call('ZADD', v.distinct, k, k)
+  if old ~= nil and not held(v.view, old.signed) then
+    redis.call('ZREM', v.distinct, fmt(old.signed))
+  end
+end
+
+-- Take an id's entry (old, its entry_in()) out of a view, with its tie key and, once nobody
+-- holds it, its score in the distinct set.
+local function remove_entry(v, id, old)
+  redis.call('ZREM', v.view, old.member)
+  redis.call('HDEL', v.ties, id)
+  if not held(v.view, old.signed) then redis.call('ZREM', v.distinct, fmt(old.signed)) end
 end
 
 local function expire(keys, at)

@@ -1,28 +1,23 @@
 --[[
 The aggregator's merged views (the global boards; docs/architecture.md).
 
-Replace entries of a merged view, keeping its distinct-score set right. KEYS: view, distinct.
-ARGV: scale, expire-at (0: never), then pairs of member and composite ('' removes the member).
+Replace entries of a merged view, keeping its hash of tie keys and distinct-score set right
+(shared/ranking.py). KEYS: view, distinct, ties. ARGV: expire-at (0: never), then triples of
+id, signed score and tie key (an empty score removes the id's entry).
 Returns how many entries changed.
 ]]
 local function put(keys, args)
-  local scale, at, changed = tonumber(args[1]), tonumber(args[2]), 0
-  for j = 3, #args, 2 do
-    local member, composite = args[j], args[j + 1]
-    local old = redis.call('ZSCORE', keys[1], member)
-    local old_signed = nil
-    if old then old_signed = signed_of(old, scale) end
-    if composite == '' then
+  local v, at, changed = view_of(keys[1], keys[2], keys[3]), tonumber(args[1]), 0
+  for j = 2, #args, 3 do
+    local id, score, tie = args[j], args[j + 1], args[j + 2]
+    local old = entry_in(v, id)
+    if score == '' then
       if old then
-        redis.call('ZREM', keys[1], member)
-        if not held(keys[1], old_signed, scale) then
-          redis.call('ZREM', keys[2], fmt(old_signed))
-        end
+        remove_entry(v, id, old)
         changed = changed + 1
       end
-    elseif old ~= composite and (old == false or tonumber(old) ~= tonumber(composite)) then
-      put_entry(keys[1], keys[2], member, tonumber(composite), old_signed,
-                signed_of(composite, scale), scale)
+    elseif old == nil or old.signed ~= tonumber(score) or old.tie ~= tie then
+      put_entry(v, id, old, tonumber(score), tie)
       changed = changed + 1
     end
   end

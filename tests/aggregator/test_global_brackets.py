@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from services.aggregator.global_brackets import Standing, judge
 from shared.brackets import Crossing
 from shared.keys import Keys
+from shared.ranking import member, tie_key
 from shared.settings import LadderSettings
 from tests.api.test_reads import at, merge, post
 from tests.helpers import api_client
@@ -18,9 +19,13 @@ from tests.helpers import api_client
 BRACKETS = (1, 10, 100)
 
 
+# Every entry reached at the same moment: the tie key in front of each user id.
+TIE = tie_key(1_700_000_000_000)
+
+
 def standing(*users: str, scores: dict[str, float] | None = None) -> Standing:
     scores = scores or {}
-    return Standing.of([(u, scores.get(u, 100.0 - i)) for i, u in enumerate(users)])
+    return Standing.of([(member(TIE, u), scores.get(u, 100.0 - i)) for i, u in enumerate(users)])
 
 
 def test_a_written_user_entering_a_top_names_the_smallest_bracket() -> None:
@@ -35,9 +40,9 @@ def test_a_written_user_entering_a_top_names_the_smallest_bracket() -> None:
 
 def test_a_user_from_below_the_largest_bracket_has_no_previous_rank() -> None:
     before = standing(*(f"u{i}" for i in range(100)))
-    rows = [("new", 1000.0)] + [(f"u{i}", 100.0 - i) for i in range(99)]
+    rows = [(member(TIE, "new"), 1000.0)] + [(member(TIE, f"u{i}"), 100.0 - i) for i in range(99)]
     after = Standing.of(rows)
-    fallen = {"u99": (101, 1.0)}
+    fallen = {"u99": (101, (1.0, member(TIE, "u99")))}
     crossings = judge(before, after, fallen, {"new"}, BRACKETS)
     assert Crossing("new", "entered_top", 1, 1, None) in crossings
     # Everyone shifted down one: u0 left the top 1, u9 the top 10, u99 the top 100.

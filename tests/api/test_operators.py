@@ -11,8 +11,8 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
-from shared.ranking import decode_score
 from shared.settings import LadderSettings
+from tests.helpers import read_view
 
 
 class Game:
@@ -39,8 +39,7 @@ class Game:
 
     async def order(self) -> list[tuple[str, int]]:
         key = self.keys.region_view(self.board.board_id, "alltime", "all", "eu")
-        rows = await self.redis.zrevrange(key, 0, -1, withscores=True)
-        return [(m, decode_score("alltime", c, self.board.descending)) for m, c in rows]
+        return await read_view(self.redis, key, self.board.descending)
 
 
 async def test_a_personal_best_only_goes_up(settings: LadderSettings, redis: Redis) -> None:

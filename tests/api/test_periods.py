@@ -13,6 +13,7 @@ from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import window_at
 from shared.settings import LadderSettings
+from tests.helpers import stored_score
 
 
 async def test_periods_of_a_board_in_kiritimati(settings: LadderSettings, redis: Redis) -> None:
@@ -52,7 +53,8 @@ async def test_a_late_event_counts_toward_its_own_period(
     )
     day = window_at("daily", yesterday, "UTC").period_id
     assert answer["periods"]["daily"]["period_id"] == day
-    assert await redis.zscore(keys.region_view("late", "daily", day, "eu"), "u-1") is not None
+    view = keys.region_view("late", "daily", day, "eu")
+    assert await stored_score(redis, view, "u-1", board.descending) == 7
     today = window_at("daily", datetime.now(UTC), "UTC").period_id
     assert await redis.exists(keys.region_view("late", "daily", today, "eu")) == 0
 

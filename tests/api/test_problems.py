@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from shared.boards import Board
 from shared.keys import Keys
+from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from tests.api.helpers import (
     DROP,
@@ -102,27 +103,30 @@ def posting(*bodies: dict[str, Any]) -> Setup:
 
 
 class NearAlltimeMax:
-    """Setup and body of a write that would take an all-time score past its encodable range."""
+    """Setup and body of a write that would take an ``incr`` total past ±(2**53 - 1), the range
+    of exact scores of every period."""
 
     def __init__(self) -> None:
         self.at = ""
 
     def body(self) -> dict[str, Any]:
-        return score(user_id="u-big", value=1_000_000, occurred_at=self.at)
+        return score(user_id="u-big", value=1, occurred_at=self.at)
 
     async def setup(self, client: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:
-        # 8 x 1,000,000, and the next million passes the all-time range of 2**23 - 1 = 8,388,607,
-        # the narrowest of the four periods.
+        # A board whose values may be anything exact; at 2**53 - 1, one more leaves the range.
+        wide = Board(board_id="wide", min_value=-MAX_SCORE, max_value=MAX_SCORE)
+        await add_board(redis, keys, wide)
         self.at = ago(5)
-        for _ in range(8):
-            await post(client, self.body())
+        first = score(user_id="u-big", value=MAX_SCORE, occurred_at=self.at)
+        await post(client, first, board="wide")
 
 
 NEAR_ALLTIME_MAX = NearAlltimeMax()
+WIDE_SCORES = "/v1/boards/wide/scores"
 
 
 def nan_cursor() -> str:
-    raw_cursor = orjson.dumps({"c": "nan", "u": "u-seed"})
+    raw_cursor = orjson.dumps({"s": "nan", "m": "000000000000u-seed"})
     return base64.urlsafe_b64encode(raw_cursor).decode().rstrip("=")
 
 
@@ -254,6 +258,7 @@ ERROR_CASES = [
     pytest.param(
         Case(
             422,
+            path=WIDE_SCORES,
             body=NEAR_ALLTIME_MAX.body,
             setup=NEAR_ALLTIME_MAX.setup,
             settings={"user_rate": 1000.0},

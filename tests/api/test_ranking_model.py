@@ -2,7 +2,9 @@
 
 Random sequences of writes go through the real write path (``services.api.write.submit``, one
 Redis Function call each, no HTTP); the region's board read back with ``ZREVRANGE`` must hold the
-same users, in the same order, with the same scores as a list kept by hand.
+same users, in the same order, with the same scores as a list kept by hand. Values are drawn
+across the whole range, ±(2**53 - 1), with small ones and the edges often enough that equal
+scores, ties, and totals that would leave the range (refused, writing nothing) happen.
 """
 
 from __future__ import annotations
@@ -13,30 +15,35 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
+from services.api.errors import Invalid
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import Period, window_at
-from shared.ranking import decode_score
+from shared.ranking import MAX_SCORE
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from tests.conftest import REDIS_URL
+from tests.helpers import read_view
 
 Operator = Literal["incr", "best", "set"]
 Order = Literal["desc", "asc"]
 PERIODS: tuple[Period, ...] = ("alltime", "daily")
 REGION = "eu"
 USERS = [f"u-{i}" for i in range(6)]
-# Small ranges, so that equal scores, and so ties, actually happen.
-VALUES = {"incr": st.integers(-3, 3), "best": st.integers(0, 5), "set": st.integers(0, 5)}
+# The whole range, with small values and the edges often, so that equal scores, and so ties, and
+# totals beyond the range actually happen.
+_EDGES = st.sampled_from([MAX_SCORE, -MAX_SCORE, MAX_SCORE - 1, -MAX_SCORE + 1, 2**52, -(2**52)])
+_WIDE = st.one_of(st.integers(-3, 3), _EDGES, st.integers(-MAX_SCORE, MAX_SCORE))
+VALUES = {"incr": _WIDE, "best": _WIDE, "set": _WIDE}
 
 
 @dataclass
@@ -47,8 +54,9 @@ class Standing:
 
 def model(
     operator: Operator, order: Order, writes: list[tuple[str, int, datetime]]
-) -> tuple[list[tuple[str, int]], list[bool]]:
-    """The board by hand: ``(user, score)`` best first, and whether each write changed a score.
+) -> tuple[list[tuple[str, int]], list[bool | None]]:
+    """The board by hand: ``(user, score)`` best first, and whether each write changed a score
+    (``None``: refused, its total beyond ±MAX_SCORE, nothing written).
 
     A score's time is when it was reached: for ``incr``, when the total last changed; for
     ``best``, when the best was first reached (an equal one later does not replace it); for
@@ -56,7 +64,7 @@ def model(
     """
     better = (lambda a, b: a > b) if order == "desc" else (lambda a, b: a < b)
     board: dict[str, Standing] = {}
-    changed: list[bool] = []
+    changed: list[bool | None] = []
     for user, value, at in writes:
         old = board.get(user)
         if old is None:
@@ -67,6 +75,9 @@ def model(
             new = value if better(value, old.score) else old.score
         else:
             new = value
+        if abs(new) > MAX_SCORE:
+            changed.append(None)
+            continue
         moved = old is None or new != old.score
         if moved:
             board[user] = Standing(new, at)
@@ -90,8 +101,7 @@ async def read_board(
     redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
 ) -> list[tuple[str, int]]:
     view = keys.region_view(board.board_id, period, period_id, REGION)
-    rows = await redis.zrevrange(view, 0, -1, withscores=True)
-    return [(user, decode_score(period, composite, board.descending)) for user, composite in rows]
+    return await read_view(redis, view, board.descending)
 
 
 async def drop_prefix(redis: Redis, prefix: str) -> None:
@@ -105,25 +115,38 @@ async def scenario(operator: Operator, order: Order, plays: list[tuple[int, int]
     prefix = "lm-" + uuid.uuid4().hex[:12]
     config = ladder_settings(prefix)
     keys = Keys(prefix)
-    board = Board(board_id="model", operator=operator, order=order, periods=PERIODS)
-    # Whole, distinct seconds: all-time ticks are seconds, so no two writes share one.
+    board = Board(
+        board_id="model",
+        operator=operator,
+        order=order,
+        periods=PERIODS,
+        min_value=-MAX_SCORE,
+        max_value=MAX_SCORE,
+    )
+    # Distinct milliseconds, 1 ms apart: ties go to the earlier to the millisecond, all-time too.
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=500)
     writes = [
-        (USERS[who], value, start + timedelta(seconds=i)) for i, (who, value) in enumerate(plays)
+        (USERS[who], value, start + timedelta(milliseconds=i))
+        for i, (who, value) in enumerate(plays)
     ]
     async with open_redis(config.redis_url, load_functions=True) as redis:
         try:
-            answers = []
+            answers: list[dict[str, Any] | None] = []
             for i, (user, value, at) in enumerate(writes):
                 score = ScoreIn(user_id=user, region=REGION, value=value, occurred_at=at)
-                answers.append(await submit(redis, keys, config, board, score, f"e{i}"))
+                try:
+                    answers.append(await submit(redis, keys, config, board, score, f"e{i}"))
+                except Invalid:
+                    answers.append(None)  # refused: a total beyond the range
 
             expected, changed = model(operator, order, writes)
             got = await read_board(redis, keys, board, "alltime", "all")
             assert got == expected
-            assert [a["periods"]["alltime"]["improved"] for a in answers] == changed
+            assert [a and a["periods"]["alltime"]["improved"] for a in answers] == changed
             # The rank each write read in its atomic step is the model's after that write.
             for i, answer in enumerate(answers):
+                if answer is None:
+                    continue
                 so_far, _ = model(operator, order, writes[: i + 1])
                 user = writes[i][0]
                 rank = [u for u, _ in so_far].index(user) + 1

@@ -15,10 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 from shared.keys import Keys
-from shared.ranking import decode_score
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player
+from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player, stored_score
 from tests.stack import free_port, run, spawn_api
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
@@ -193,9 +192,10 @@ async def test_the_user_rate_is_shared_by_two_api_processes(
     assert any(200 in codes for codes in by_port.values())
     assert all(429 in codes for codes in by_port.values())
     keys = Keys(settings.key_prefix)
-    stored = await redis.zscore(keys.region_view("main", "alltime", "all", "eu"), "u-rl")
-    assert stored is not None
-    assert decode_score("alltime", stored, True) == len(accepted)
+    stored = await stored_score(
+        redis, keys.region_view("main", "alltime", "all", "eu"), "u-rl", True
+    )
+    assert stored == len(accepted)
     print(
         f"40 posts over two processes in {elapsed:.2f} s: {len(accepted)} accepted, "
         f"{len(limited)} refused with 429; the board holds {len(accepted)}"

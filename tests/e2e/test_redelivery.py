@@ -11,7 +11,14 @@ from redis.asyncio import Redis
 
 from shared.db import count_events, open_engine
 from shared.keys import Keys
-from tests.helpers import SERVER, eventually, player_token, republish, tap_fanout
+from tests.helpers import (
+    SERVER,
+    eventually,
+    global_entry,
+    player_token,
+    republish,
+    tap_fanout,
+)
 from tests.stack import Stack, open_socket
 
 pytestmark = pytest.mark.stack
@@ -41,8 +48,8 @@ async def test_a_redelivered_message_has_one_effect(stack: Stack, redis: Redis) 
         async with open_engine(settings.mysql_url) as engine:
             assert await eventually(lambda: count_events(engine, "main", event_id)) == 1
 
-            async def merged() -> float | None:
-                return await redis.zscore(keys.global_view("main", "alltime", "all"), user)
+            async def merged() -> tuple[str, float] | None:
+                return await global_entry(redis, keys, user)
 
             before = await eventually(merged)
 
@@ -62,8 +69,8 @@ async def test_a_redelivered_message_has_one_effect(stack: Stack, redis: Redis) 
             assert await count_events(engine, "main", event_id) == 1
             assert await count_events(engine, "main") == 2
 
-        async def remerged() -> float | None:
-            now = await redis.zscore(keys.global_view("main", "alltime", "all"), user)
+        async def remerged() -> tuple[str, float] | None:
+            now = await global_entry(redis, keys, user)
             return now if now != before else None
 
         await eventually(remerged)

@@ -29,7 +29,7 @@ from sqlalchemy import text
 
 from shared.db import open_engine
 from shared.keys import Keys
-from shared.ranking import decode_score
+from shared.ranking import id_of, score_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
@@ -120,7 +120,7 @@ async def boards_equal_history(redis: Redis, keys: Keys, stored: Stored) -> int:
     for region, expected in by_region.items():
         view = keys.region_view(BOARD, "alltime", "all", region)
         members = await redis.zrange(view, 0, -1, withscores=True)
-        actual = {m: decode_score("alltime", s, True) for m, s in members}
+        actual = {id_of(m): score_of(s, True) for m, s in members}
         wrong = {u: (actual.get(u), t) for u, t in expected.items() if actual.get(u) != t}
         assert not wrong, f"region {region}: (redis, mysql) differ for {list(wrong.items())[:5]}"
         assert actual.keys() == expected.keys(), f"region {region}: users MySQL does not know"
@@ -139,14 +139,14 @@ async def global_is_sum_of_regions(
 
     async def merged() -> dict[str, Any] | None:
         members = await redis.zrange(view, 0, -1, withscores=True)
-        actual = {m: decode_score("alltime", s, True) for m, s in members}
+        actual = {id_of(m): score_of(s, True) for m, s in members}
         return {"ok": True} if actual == expected else None
 
     try:
         await wait_for("global view = sum of regions", merged, within, every=0.25)
     except AssertionError:
         members = await redis.zrange(view, 0, -1, withscores=True)
-        actual = {m: decode_score("alltime", s, True) for m, s in members}
+        actual = {id_of(m): score_of(s, True) for m, s in members}
         wrong = {u: (actual.get(u), t) for u, t in expected.items() if actual.get(u) != t}
         raise AssertionError(
             f"global view differs for {len(wrong)} users (global, sum of regions): "

@@ -20,7 +20,7 @@ from sqlalchemy import text
 
 from shared.db import open_engine
 from shared.keys import Keys
-from shared.ranking import decode_score
+from shared.ranking import id_of, score_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from tests.faults.checks import (
@@ -263,8 +263,8 @@ async def test_rebuild_while_writes_continue(
     ):
         await load.more(500)
         victim = (await redis.zrevrange(view, 0, 0))[0]
-        await redis.zincrby(view, 1_000 * 2**30, victim)
-        await redis.zadd(view, {"nobody-at-all": 5 * 2**30})
+        await redis.zincrby(view, 1_000, victim)
+        await redis.zadd(view, {"nobody-at-all": 5})
         accepted_before = len(load.accepted)
         rebuild = asyncio.create_task(asyncio.to_thread(run_rebuild, fault_stack))
         took, said = await rebuild
@@ -313,6 +313,6 @@ async def _teams_equal_history(redis: Redis, keys: Keys, mysql_url: str) -> int:
         )
         expected = {team: int(total) for team, total in rows}
     members = await redis.zrange(keys.teams_view(BOARD, "alltime", "all"), 0, -1, withscores=True)
-    actual = {m: decode_score("alltime", s, True) for m, s in members}
+    actual = {id_of(m): score_of(s, True) for m, s in members}
     assert actual == expected
     return len(expected)

@@ -26,7 +26,7 @@ from shared.db_boards import snapshot_at
 from shared.events import PeriodResult, ScoreAccepted, message_body
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import encode
+from shared.ranking import member, signed, tie_key
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.api.helpers import assert_problem
@@ -80,11 +80,18 @@ async def write_view(
 ) -> None:
     """Scores into a view as the atomic write (or the aggregator) leaves them, reached in the
     order given: an earlier member wins a tie."""
+    view = keys.board_view(board.board_id, period, period_id, scope)
+    ties = {entry: tie_key(1_700_000_000_000 + ms) for ms, entry in enumerate(scores)}
     members = {
-        member: encode(period, score, reached, board.descending)
-        for reached, (member, score) in enumerate(scores.items())
+        member(ties[entry], entry): signed(score, board.descending)
+        for entry, score in scores.items()
     }
-    await redis.zadd(keys.board_view(board.board_id, period, period_id, scope), members)
+    old = await redis.hmget(Keys.ties(view), list(ties))
+    gone = [member(tie, entry) for tie, entry in zip(old, ties, strict=True) if tie is not None]
+    if gone:
+        await redis.zrem(view, *gone)
+    await redis.zadd(view, members)
+    await redis.hset(Keys.ties(view), mapping=ties)
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from shared.boards import Board, BoardCatalog
 from shared.db_boards import save_board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
-from shared.ranking import decode_score
+from shared.ranking import id_of
 from shared.settings import LadderSettings
-from tests.helpers import snapshot
+from tests.helpers import read_view, snapshot, stored_score
 
 BOARDS = [
     Board(board_id="main"),
@@ -142,7 +142,7 @@ async def test_a_rebuild_makes_every_key_again_byte_for_byte(
     assert [(r.board_id, r.events) for r in first] == [("level", 80), ("main", 80), ("speed", 80)]
     assert all(r.attempts == 1 and r.refused == 0 for r in first + second)
     # Every user of every regional view is marked for the aggregator's next merge.
-    users = await redis.zrange(main, 0, -1)
+    users = [id_of(m) for m in await redis.zrange(main, 0, -1)]
     assert users and {f"alltime|all|eu|{u}" for u in users} <= await redis.smembers(
         keys.dirty("main")
     )
@@ -226,13 +226,10 @@ async def test_writes_during_a_rebuild_count_once(
         )
         expected = {user: int(total) for user, total in rows}
     view = keys.region_view("main", "alltime", "all", "eu")
-    actual = {
-        m: decode_score("alltime", s, True)
-        for m, s in await redis.zrange(view, 0, -1, withscores=True)
-    }
+    actual = dict(await read_view(redis, view, True))
     assert actual == expected == {"u0": 80, "u1": 180, "u2": 1070, "u3": 70}
-    teams = await redis.zscore(keys.teams_view("main", "alltime", "all"), "red")
-    assert decode_score("alltime", teams, True) == 1400
+    teams = keys.teams_view("main", "alltime", "all")
+    assert await stored_score(redis, teams, "red", True) == 1400
     assert await redis.get(keys.event_count("main", "alltime", "all")) == "32"
 
 

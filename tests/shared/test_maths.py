@@ -13,14 +13,24 @@ from services.notifier.rules import crossings, entered
 from shared.boards import Board
 from shared.events import PeriodResult
 from shared.periods import (
-    PERIODS,
     PeriodIdError,
     expire_at,
     previous_window,
     window_at,
     window_of,
 )
-from shared.ranking import ENCODINGS, MAX_SCORE, decode, encode
+from shared.ranking import (
+    MAX_SCORE,
+    TIE_WIDTH,
+    id_of,
+    member,
+    parse_member,
+    reached_ms,
+    reached_of,
+    score_of,
+    signed,
+    tie_key,
+)
 
 NOON = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -86,28 +96,32 @@ def test_retention_and_previous_windows() -> None:
 
 
 @given(
-    period=st.sampled_from(PERIODS),
     descending=st.booleans(),
     data=st.data(),
 )
-def test_encoding_round_trips_and_orders(
-    period: str, descending: bool, data: st.DataObject
-) -> None:
-    enc = ENCODINGS[period]  # type: ignore[index]
-    score = st.integers(-enc.max_score, enc.max_score)
-    tick = st.integers(0, enc.scale - 1)
-    (s1, t1), (s2, t2) = data.draw(st.tuples(score, tick)), data.draw(st.tuples(score, tick))
-    c1, c2 = encode(period, s1, t1, descending), encode(period, s2, t2, descending)  # type: ignore[arg-type]
-    assert decode(period, c1, descending) == (s1, t1)  # type: ignore[arg-type]
+def test_the_layout_round_trips_and_orders(descending: bool, data: st.DataObject) -> None:
+    """Sorted-set score and member (shared/ranking.py) in ZREVRANGE's order: score, then
+    member, both descending, is the order of score (best first), then reach time (earliest)."""
+    score = st.integers(-MAX_SCORE, MAX_SCORE)
+    ms = st.integers(0, 2**48 - 1)
+    user = st.sampled_from(["a", "u-1", "zz"])
+    (s1, t1, u1), (s2, t2, u2) = (data.draw(st.tuples(score, ms, user)) for _ in range(2))
+    e1 = (float(signed(s1, descending)), member(tie_key(t1), u1))
+    e2 = (float(signed(s2, descending)), member(tie_key(t2), u2))
+    assert score_of(e1[0], descending) == s1 and parse_member(e1[1]) == (tie_key(t1), u1)
+    assert reached_of(parse_member(e1[1])[0]) == t1 and id_of(e1[1]) == u1
+    assert len(tie_key(t1)) == TIE_WIDTH
     better1 = s1 > s2 if descending else s1 < s2
     if s1 != s2:
-        assert (c1 > c2) == better1
+        assert (e1 > e2) == better1
     elif t1 != t2:
-        assert (c1 > c2) == (t1 < t2), "the earlier of two equal scores ranks higher"
+        assert (e1 > e2) == (t1 < t2), "the earlier of two equal scores ranks higher"
 
 
-def test_the_narrowest_range_bounds_board_values() -> None:
-    assert MAX_SCORE == 2**23 - 1
+def test_every_score_within_2_to_the_53_is_held() -> None:
+    assert MAX_SCORE == 2**53 - 1
+    assert float(MAX_SCORE) == MAX_SCORE and float(-MAX_SCORE) == -MAX_SCORE
+    assert reached_ms(datetime(2026, 1, 1, tzinfo=UTC)) == 1_767_225_600_000
 
 
 def result(rank: int, previous: int | None, pushed: dict[str, str] | None = None) -> PeriodResult:
@@ -160,13 +174,14 @@ def test_global_combines_regions(
     operator: str, order: str, regional: list[tuple[int, int]], expected: tuple[int, int]
 ) -> None:
     board = Board(board_id="b", operator=operator, order=order)  # type: ignore[arg-type]
-    composites = [encode("weekly", s, t, board.descending) for s, t in regional]
-    merged = combine(board, "weekly", composites)
+    entries = [(signed(s, board.descending), tie_key(t)) for s, t in regional]
+    merged = combine(board.operator, entries)
     assert merged is not None
-    assert decode("weekly", merged, board.descending) == expected
+    score, tie = merged
+    assert (score_of(score, board.descending), reached_of(tie)) == expected
 
 
 def test_a_global_sum_beyond_the_range_is_refused() -> None:
-    board = Board(board_id="b")
-    big = ENCODINGS["weekly"].max_score
-    assert combine(board, "weekly", [encode("weekly", big, 0, True)] * 2) is None
+    entries = [(MAX_SCORE, tie_key(0)), (1, tie_key(5))]
+    assert combine("incr", entries) is None
+    assert combine("incr", [(MAX_SCORE, tie_key(0)), (0, tie_key(5))]) == (MAX_SCORE, tie_key(5))

@@ -10,6 +10,7 @@ from redis.asyncio.client import Pipeline
 from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
 from services.api.reads.views import Row, View
 from shared.keys import Keys
+from shared.ranking import id_of
 
 
 def local_ranks(style: RankStyle, view: View, rows: Sequence[Row]) -> list[int]:
@@ -17,10 +18,16 @@ def local_ranks(style: RankStyle, view: View, rows: Sequence[Row]) -> list[int]:
     return walk_ranks(style, [view.signed(c) for _, c in rows], 1, 1)
 
 
-def entry_of(view: View, member: str, composite: float, rank: int, name: Any) -> dict[str, Any]:
+def entry_of(view: View, member: str, stored: float, rank: int, name: Any) -> dict[str, Any]:
+    """The entry of a sorted-set member (tie key, then id) and its score."""
     if view.kind == "teams":
-        return {"rank": rank, "team_id": member, "score": view.score(composite)}
-    return {"rank": rank, "user_id": member, "score": view.score(composite), "display_name": name}
+        return {"rank": rank, "team_id": id_of(member), "score": view.score(stored)}
+    return {
+        "rank": rank,
+        "user_id": id_of(member),
+        "score": view.score(stored),
+        "display_name": name,
+    }
 
 
 def queue_extras(
@@ -30,7 +37,7 @@ def queue_extras(
     if not rows:
         return
     if view.kind != "teams":
-        pipe.hmget(keys.names(view.board.board_id), [m for m, _ in rows])
+        pipe.hmget(keys.names(view.board.board_id), [id_of(m) for m, _ in rows])
     queue_style_count(pipe, keys, view.key, view.period, style, view.signed(rows[0][1]))
 
 

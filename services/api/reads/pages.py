@@ -12,6 +12,7 @@ from services.api.reads.friends import friends_rows
 from services.api.reads.styles import RankStyle
 from services.api.reads.views import Row, View
 from shared.keys import Keys
+from shared.ranking import id_of
 
 
 async def _friends_page(
@@ -28,7 +29,8 @@ async def _friends_page(
     return {
         "total": len(rows),
         "entries": [
-            entry_of(view, m, c, ranks[start + i], names.get(m)) for i, (m, c) in enumerate(chosen)
+            entry_of(view, m, c, ranks[start + i], names.get(id_of(m)))
+            for i, (m, c) in enumerate(chosen)
         ],
         "next_cursor": encode_cursor(chosen[-1][1], chosen[-1][0]) if more and chosen else None,
     }
@@ -49,8 +51,8 @@ async def page(
     if cursor is None:
         rows = cast(list[Row], await redis.zrevrange(view.key, 0, limit, withscores=True))
     else:
-        composite, member = decode_cursor(cursor)
-        rows = await after_cursor(redis, view.key, composite, member, limit + 1)
+        stored, member = decode_cursor(cursor)
+        rows = await after_cursor(redis, view.key, stored, member, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     async with redis.pipeline(transaction=False) as pipe:

@@ -2,7 +2,8 @@
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
 Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (a ``ZMSCORE`` of the whole friend group per period); and, for the competition and
+size at once (``ladder_standing_v2`` with no neighbours for each view, ``ladder_entries_v1`` of
+the whole friend group per period); and, for the competition and
 dense styles only, one more counts what ranks strictly better than each score found.
 """
 
@@ -14,12 +15,13 @@ from typing import Any
 from redis.asyncio import Redis
 
 from services.api.errors import NotFound
-from services.api.reads.friends import MAX_FRIENDS, rank_locally
+from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
 from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
 from shared.boards import Board
+from shared.functions import STANDING_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow
-from shared.ranking import ENCODINGS, decode_score
+from shared.ranking import id_of, score_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +37,9 @@ class _Probe:
 @dataclass(frozen=True, slots=True)
 class _Found:
     probe: _Probe
-    composite: float
+    stored: float
     position: int
     total: int
-
-
-def _signed(period: Period, composite: float) -> int:
-    return int(composite) // ENCODINGS[period].scale
 
 
 async def user_ranks(
@@ -70,14 +68,14 @@ async def user_ranks(
         period = f.probe.period
         entry: dict[str, Any] = {
             "rank": rank,
-            "score": decode_score(period, f.composite, board.descending),
+            "score": score_of(f.stored, board.descending),
             "total": f.total,
         }
         if f.probe.scope == "teams":
             entry = {"team_id": f.probe.member, **entry}
         periods[period]["scopes"][f.probe.scope] = entry
-    for w, composites in zip(windows, group_scores, strict=False):
-        among = _among_friends(board, user_id, w.period, group, composites, style)
+    for w, flat in zip(windows, group_scores, strict=False):
+        among = _among_friends(board, user_id, group, flat, style)
         if among is not None:
             periods[w.period]["scopes"]["friends"] = among
     return {"periods": periods}
@@ -136,21 +134,19 @@ async def _read(
     each period's global view: one round trip."""
     async with redis.pipeline(transaction=False) as pipe:
         for probe in probes:
-            pipe.zscore(probe.key, probe.member)
-            pipe.zrevrank(probe.key, probe.member)
-            pipe.zcard(probe.key)
+            # Position, score and size of the probe's entry (no neighbours): {} if none.
+            view_keys = (probe.key, Keys.ties(probe.key), keys.names(bid))
+            pipe.fcall_ro(STANDING_FUNCTION, 3, *view_keys, probe.member, 0)
         if friends:
             for w in windows:
-                pipe.zmscore(keys.global_view(bid, w.period, w.period_id), group)
+                queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)
         replies = await pipe.execute()
     found = [
-        _Found(probe, composite, int(position) + 1, int(total))
-        for probe, composite, position, total in zip(
-            probes, replies[0::3], replies[1::3], replies[2::3], strict=False
-        )
-        if composite is not None and position is not None
+        _Found(probe, float(reply[1]), int(reply[0]) + 1, int(reply[2]))
+        for probe, reply in zip(probes, replies, strict=False)
+        if reply
     ]
-    return found, replies[3 * len(probes) :]
+    return found, replies[len(probes) :]
 
 
 async def _styled_ranks(
@@ -162,7 +158,7 @@ async def _styled_ranks(
         return [f.position for f in found]
     async with redis.pipeline(transaction=False) as pipe:
         for f in found:
-            signed = _signed(f.probe.period, f.composite)
+            signed = int(f.stored)
             queue_style_count(pipe, keys, f.probe.key, f.probe.period, style, signed)
         return [1 + int(count) for count in await pipe.execute()]
 
@@ -170,19 +166,18 @@ async def _styled_ranks(
 def _among_friends(
     board: Board,
     user_id: str,
-    period: Period,
     group: list[str],
-    composites: list[float | None],
+    flat: list[Any],
     style: RankStyle,
 ) -> dict[str, Any] | None:
     """The user's place among its friends in one period; ``None`` if it has no score there."""
-    rows = rank_locally(group, composites)
-    at = next((i for i, (m, _) in enumerate(rows) if m == user_id), None)
+    rows = rank_locally(group, flat)
+    at = next((i for i, (m, _) in enumerate(rows) if id_of(m) == user_id), None)
     if at is None:
         return None
-    local = walk_ranks(style, [_signed(period, c) for _, c in rows], 1, 1)
+    local = walk_ranks(style, [int(c) for _, c in rows], 1, 1)
     return {
         "rank": local[at],
-        "score": decode_score(period, rows[at][1], board.descending),
+        "score": score_of(rows[at][1], board.descending),
         "total": len(rows),
     }

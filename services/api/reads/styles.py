@@ -1,11 +1,11 @@
 """Rank styles (docs/api.md section 5).
 
 ``ordinal`` is the position. ``competition`` is 1 + how many entries have a strictly better
-score: a ``ZCOUNT`` from the lowest composite of the next better score. ``dense`` is 1 + how many
-distinct scores are strictly better: a ``ZCOUNT`` on the view's distinct-score set, whose scores
-are signed scores. A page pays for one such count, for its first entry, and walks the rest: an
-equal score keeps the rank; a new one takes the position (competition) or the previous rank plus
-one (dense).
+score: a ``ZCOUNT`` from the next better score (a view's scores are exact signed scores).
+``dense`` is 1 + how many distinct scores are strictly better: a ``ZCOUNT`` on the view's
+distinct-score set, whose scores are signed scores. A page pays for one such count, for its
+first entry, and walks the rest: an equal score keeps the rank; a new one takes the position
+(competition) or the previous rank plus one (dense).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from redis.asyncio.client import Pipeline
 
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import ENCODINGS
 
 RankStyle = Literal["ordinal", "competition", "dense"]
 
@@ -48,7 +47,7 @@ def queue_style_count(
     """Queue the count that gives the style's rank of an entry with ``signed``; ``False`` (and
     nothing queued) for ordinal, whose rank is the position."""
     if style == "competition":
-        pipe.zcount(view_key, (signed + 1) * ENCODINGS[period].scale, "+inf")
+        pipe.zcount(view_key, signed + 1, "+inf")
     elif style == "dense":
         pipe.zcount(keys.distinct(view_key), signed + 1, "+inf")
     else:

@@ -25,7 +25,7 @@ from shared.periods import (
     window_at,
     window_of,
 )
-from shared.ranking import ENCODINGS, decode_score
+from shared.ranking import score_of
 
 ScopeKind = Literal["users", "teams", "friends"]
 
@@ -37,6 +37,7 @@ PERIOD_ID_PATTERN = r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all)$"
 _REGION = re.compile(REGION_PATTERN)
 _USER_ID = re.compile(USER_ID_PATTERN)
 
+# A sorted-set entry: its member (tie key, then id; shared/ranking.py) and its signed score.
 Row = tuple[str, float]
 
 
@@ -56,12 +57,18 @@ class View:
     kind: ScopeKind = "users"
     owner: str | None = None
 
-    def score(self, composite: float) -> int:
-        return decode_score(self.period, composite, self.board.descending)
+    def score(self, stored: float) -> int:
+        """The score of a sorted-set score (shared/ranking.py)."""
+        return score_of(stored, self.board.descending)
 
-    def signed(self, composite: float) -> int:
-        """The signed score of a composite: the score, negated on ascending boards."""
-        return int(composite) // ENCODINGS[self.period].scale
+    def signed(self, stored: float) -> int:
+        """The signed score of a sorted-set score: the score, negated on ascending boards."""
+        return int(stored)
+
+    @property
+    def ties(self) -> str:
+        """The view's hash of tie keys."""
+        return Keys.ties(self.key)
 
 
 def resolve_window(board: Board, period: Period, period_id: str | None) -> PeriodWindow:

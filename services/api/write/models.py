@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt
 
 from shared.events import DisplayName, EventId, Region, TeamId, UserId
+from shared.ranking import MAX_SCORE
 
 
 class ScoreIn(BaseModel):
@@ -31,7 +32,7 @@ class ScoreIn(BaseModel):
     user_id: UserId
     region: Region
     value: StrictInt = Field(
-        ge=-(2**53), le=2**53, description="A delta (incr) or a score (best, set)"
+        ge=-MAX_SCORE, le=MAX_SCORE, description="A delta (incr) or a score (best, set)"
     )
     team_id: TeamId | None = None
     display_name: DisplayName | None = None

@@ -1,0 +1,87 @@
+"""The merge on exact scores (shared/ranking.py): global entries combined from regional ones at
+any magnitude, ties in the global view going to whoever reached the score first, to the ms."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from redis.asyncio import Redis
+
+from services.aggregator.merge import Merger
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
+from shared.boards import Board
+from shared.keys import Keys, dirty_member
+from shared.ranking import MAX_SCORE
+from shared.settings import LadderSettings
+from tests.helpers import read_view
+
+T = 10**12
+
+
+class Game:
+    def __init__(self, redis: Redis, settings: LadderSettings, board: Board) -> None:
+        self.redis, self.settings, self.board = redis, settings, board
+        self.keys = Keys(settings.key_prefix)
+        self.start = datetime.now(UTC) - timedelta(seconds=10)
+        self.n = 0
+
+    async def post(self, user: str, region: str, value: int, ms: int) -> None:
+        """A score reached ``ms`` milliseconds after the game's start, marked for the merge."""
+        self.n += 1
+        at = self.start + timedelta(milliseconds=ms)
+        score = ScoreIn(user_id=user, region=region, value=value, occurred_at=at)
+        await submit(self.redis, self.keys, self.settings, self.board, score, f"e{self.n}")
+        dirty = dirty_member("alltime", "all", region, user)
+        await self.redis.sadd(self.keys.dirty(self.board.board_id), dirty)
+
+    async def merged(self) -> list[tuple[str, int]]:
+        await Merger(self.redis, self.keys).merge_board(self.board)
+        view = self.keys.global_view(self.board.board_id, "alltime", "all")
+        return await read_view(self.redis, view, self.board.descending)
+
+
+@pytest.mark.parametrize(
+    ("operator", "expected"),
+    [
+        # The sum, reached when its latest part was: c (1 ms), b (2 ms), a (3 ms).
+        ("incr", [("d", MAX_SCORE), ("c", 12 * T), ("b", 12 * T), ("a", 12 * T)]),
+        # The best regional entry and its own reach time; the latest for set.
+        ("best", [("d", MAX_SCORE), ("c", 12 * T), ("b", 12 * T), ("a", 6 * T)]),
+        ("set", [("d", MAX_SCORE), ("c", 12 * T), ("b", 12 * T), ("a", 6 * T)]),
+    ],
+)
+async def test_the_global_view_holds_exact_scores_and_ties_to_the_millisecond(
+    settings: LadderSettings, redis: Redis, operator: str, expected: list[tuple[str, int]]
+) -> None:
+    board = Board(
+        board_id=operator,
+        operator=operator,  # type: ignore[arg-type]
+        periods=("alltime",),
+        min_value=-MAX_SCORE,
+        max_value=MAX_SCORE,
+    )
+    game = Game(redis, settings, board)
+    await game.post("a", "eu", 6 * T, 0)
+    await game.post("a", "na", 6 * T, 3)
+    await game.post("b", "eu", 12 * T, 2)
+    await game.post("c", "na", 12 * T, 1)
+    await game.post("d", "eu", MAX_SCORE, 5)
+    assert await game.merged() == expected
+
+
+async def test_a_global_sum_past_the_range_leaves_the_view(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    board = Board(board_id="sum", periods=("alltime",), min_value=-MAX_SCORE, max_value=MAX_SCORE)
+    game = Game(redis, settings, board)
+    await game.post("d", "eu", MAX_SCORE, 0)
+    await game.post("e", "eu", -MAX_SCORE, 1)
+    assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
+    # Each region holds d exactly; their sum would not be: d is taken out of the global view.
+    await game.post("d", "na", 1, 2)
+    assert await game.merged() == [("e", -MAX_SCORE)]
+    view = game.keys.global_view("sum", "alltime", "all")
+    assert await redis.hgetall(Keys.ties(view)) == {"e": (await redis.zrange(view, 0, 0))[0][:12]}
+    assert await redis.zrange(Keys.distinct(view), 0, -1) == [str(-MAX_SCORE)]
