@@ -16,9 +16,7 @@ from shared.db_boards import save_board
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.helpers import read_view
-from tests.rebuild.test_rebuild import BOARDS, db, eu, projection, relay, write
-
-__all__ = ["db"]
+from tests.rebuild.test_rebuild import BOARDS, eu, projection, relay, write
 
 # The old all-time composite: score * 2**30 + (2**30 - 1 - seconds since 2024-01-01).
 _OLD_SCALE = 2**30
