@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import MAX_SCORE
+from shared.ranking import MAX_SCORE, SubscoreOrder
 
 BOARD_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 BoardId = Annotated[str, Field(pattern=BOARD_ID_PATTERN)]
@@ -43,6 +43,7 @@ class BoardSpec(BaseModel):
 
     operator: Literal["incr", "best", "set"] = "incr"
     order: Literal["desc", "asc"] = "desc"
+    subscore_order: SubscoreOrder | None = None
     periods: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime")
     timezone: str = "UTC"
     min_value: int = Field(default=-1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
@@ -84,6 +85,8 @@ class BoardSpec(BaseModel):
     def _bounds(self) -> BoardSpec:
         if self.min_value > self.max_value:
             raise ValueError("min_value must not exceed max_value")
+        if self.subscore_order is not None and self.operator == "incr":
+            raise ValueError("subscore_order is for best and set boards: incr sums no subscores")
         return self
 
     @property

@@ -8,12 +8,13 @@ sent, when Ladder accepted it, and what the atomic write saw in each period of t
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 from shared.boards import BoardId
 from shared.periods import Period
+from shared.ranking import MAX_SCORE
 
 SCHEMA_VERSION = 1
 
@@ -61,7 +62,10 @@ class ScoreAccepted(BaseModel):
     region: Region
     team_id: TeamId | None = None
     display_name: DisplayName | None = None
-    value: int = Field(ge=-(2**53), le=2**53)
+    value: int = Field(ge=-MAX_SCORE, le=MAX_SCORE)
+    # On boards with a subscore_order; the object kept with the entry (shared/ranking.py).
+    subscore: int | None = Field(default=None, ge=-MAX_SCORE, le=MAX_SCORE)
+    metadata: dict[str, Any] | None = None
     occurred_at: AwareDatetime
     accepted_at: AwareDatetime
     periods: dict[Period, PeriodResult]

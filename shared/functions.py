@@ -10,7 +10,9 @@ library at start-up, replacing the one Redis has; while processes of two version
 running one that reads its keys in another order and writes the wrong ones. (v2: the write's
 rebuild flag and journal, and the rebuild's staging keys, come in as keys. v3 of the write, v2
 of the merge's put and of the standing read: the exact score and the member's tie key, with a
-hash of tie keys beside each view, shared/ranking.py.)
+hash of tie keys beside each view, shared/ranking.py. v4 of the write, replay and rebuild finish,
+v3 of the put and standing read, v2 of the entries read: subscores in the tie key, and each id's
+record (tie key, score, metadata) in that hash.)
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v3"
+SUBMIT_FUNCTION = "ladder_submit_v4"
 """One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v3"
+WRITE_FUNCTION = "ladder_write_v4"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
-PUT_FUNCTION = "ladder_put_v2"
+PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
@@ -40,22 +42,23 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v3"
+REPLAY_FUNCTION = "ladder_replay_v4"
 """``SUBMIT_FUNCTION`` onto staging keys, leaving no answer and no outbox entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v3"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v4"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""
 
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
-STANDING_FUNCTION = "ladder_standing_v2"
+STANDING_FUNCTION = "ladder_standing_v3"
 """A user's place in a view and the entries around it (read-only)."""
-ENTRIES_FUNCTION = "ladder_entries_v1"
-"""The tie keys and scores of ids in one view (read-only): the merge's and the friends' read."""
+ENTRIES_FUNCTION = "ladder_entries_v2"
+"""The records (tie key, score, metadata) of ids in one view (read-only): the merge's and the
+friends' read."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,

@@ -54,7 +54,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v3`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v4`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per

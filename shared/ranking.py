@@ -13,26 +13,46 @@ Every ranked view (regional, team and global boards, every period) is a sorted s
   which the score was reached. Whoever reached a score first ranks first, to the millisecond,
   with no end date (2**48 ms is the year 10889).
 
-Beside each view a hash (``Keys.ties``) holds each id's current tie key, so that a write finds
+Beside each view a hash (``Keys.ties``) holds each id's record (below), so that a write finds
 the id's member. Two entries reached in the same millisecond tie exactly and are ordered by id,
 the greater first.
 
-This module is the only definition of the tie key: a later subscore part goes in front of the
-time part here (:func:`tie_key`), with :data:`TIE_WIDTH` growing to match.
+On boards with a subscore (``subscore_order``), the tie key starts with a subscore part:
+``s`` then 14 hex digits, the greater for the better subscore, then the 12 of the time, so that
+equal scores order by subscore in its own direction, then by who got there first. Every member
+of a view has the same form (a board's ``subscore_order`` never changes once it has scores); an
+``s`` is no hex digit, so a member says by its first character which form it has.
+
+Each id's value in the hash is its **record**: ``<tie key>|<signed score>|<metadata>``, the
+metadata the JSON object kept with the entry (empty for none). A write finds the id's member
+and score in one ``HGET``; a read of entries finds their metadata in one ``HMGET``.
+
+This module is the only definition of the tie key and of the record.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, Literal
+
+import orjson
 
 MAX_SCORE = (1 << 53) - 1
 """The largest magnitude of a score, on every board, operator, period and team total."""
 
 _TIME_BITS = 48
 _TIME_MAX = (1 << _TIME_BITS) - 1
+_TIME_WIDTH = 12
 
-TIE_WIDTH = 12
-"""The tie key's width in characters: 12 hex digits of the time part."""
+SUB_TAG = "s"
+_SUB_DIGITS = 14  # 2 * MAX_SCORE < 16**14
+SUB_WIDTH = len(SUB_TAG) + _SUB_DIGITS
+"""The subscore part's width in characters, its tag included."""
+
+TIE_WIDTH = _TIME_WIDTH
+"""The tie key's width on boards without a subscore: 12 hex digits of the time part."""
+
+SubscoreOrder = Literal["asc", "desc"]
 
 
 def reached_ms(moment: datetime) -> int:
@@ -40,14 +60,40 @@ def reached_ms(moment: datetime) -> int:
     return min(max(int(moment.timestamp() * 1000), 0), _TIME_MAX)
 
 
-def tie_key(reached: int) -> str:
-    """The tie key of a score reached at Unix ms ``reached``: greater for earlier."""
-    return f"{_TIME_MAX - reached:012x}"
+def sub_part(subscore: int | None, order: SubscoreOrder | None) -> str:
+    """The subscore part of a tie key ("" on a board without a subscore): greater for better."""
+    if order is None or subscore is None:
+        return ""
+    offset = subscore + MAX_SCORE
+    return f"{SUB_TAG}{offset if order == 'desc' else 2 * MAX_SCORE - offset:014x}"
+
+
+def tie_key(reached: int, sub: str = "") -> str:
+    """The tie key of a score reached at Unix ms ``reached`` with subscore part ``sub``:
+    greater for a better subscore, then for earlier."""
+    return f"{sub}{_TIME_MAX - reached:012x}"
+
+
+def tie_width(raw: str) -> int:
+    """The width of the tie key that a member (or a tie key) starts with."""
+    return SUB_WIDTH + _TIME_WIDTH if raw.startswith(SUB_TAG) else _TIME_WIDTH
 
 
 def reached_of(tie: str) -> int:
     """The Unix ms a tie key was made from."""
-    return _TIME_MAX - int(tie[-12:], 16)
+    return _TIME_MAX - int(tie[tie_width(tie) - _TIME_WIDTH : tie_width(tie)], 16)
+
+
+def sub_of(raw: str) -> str:
+    """The subscore part of a member or tie key ("" where none)."""
+    return raw[:SUB_WIDTH] if raw.startswith(SUB_TAG) else ""
+
+
+def subscore_of(raw: str, order: SubscoreOrder) -> int:
+    """The subscore of a member or tie key of a board with ``order``."""
+    part = int(raw[len(SUB_TAG) : SUB_WIDTH], 16)
+    offset = part if order == "desc" else 2 * MAX_SCORE - part
+    return offset - MAX_SCORE
 
 
 def member(tie: str, entry_id: str) -> str:
@@ -56,12 +102,13 @@ def member(tie: str, entry_id: str) -> str:
 
 def parse_member(raw: str) -> tuple[str, str]:
     """``(tie key, id)`` of a member."""
-    return raw[:TIE_WIDTH], raw[TIE_WIDTH:]
+    width = tie_width(raw)
+    return raw[:width], raw[width:]
 
 
 def id_of(raw: str) -> str:
     """The user or team id of a member."""
-    return raw[TIE_WIDTH:]
+    return raw[tie_width(raw) :]
 
 
 def signed(score: int, descending: bool) -> int:
@@ -73,3 +120,25 @@ def score_of(stored: float | str, descending: bool) -> int:
     """The score of a sorted-set score (an exact integer)."""
     value = int(float(stored))
     return value if descending else -value
+
+
+# -- records ---------------------------------------------------------------------------------
+
+
+def record(tie: str, signed_score: int, metadata: str = "") -> str:
+    """An id's record in a view's hash: tie key, signed score, metadata JSON ("" for none)."""
+    return f"{tie}|{signed_score}|{metadata}"
+
+
+def parse_record(raw: str) -> tuple[str, int, str]:
+    """``(tie key, signed score, metadata JSON or "")`` of a record."""
+    tie, score, metadata = raw.split("|", 2)
+    return tie, int(score), metadata
+
+
+def metadata_of(raw: str | None) -> dict[str, Any] | None:
+    """The metadata object of a record (``None``: no record, or none kept)."""
+    if raw is None:
+        return None
+    metadata = raw.split("|", 2)[2]
+    return orjson.loads(metadata) if metadata else None

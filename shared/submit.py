@@ -20,7 +20,7 @@ from shared.boards import Board
 from shared.events import rfc3339
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at
-from shared.ranking import MAX_SCORE, reached_ms, tie_key
+from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
 # The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): eight
 # keys of the event, the first four the write's own (idempotency record, outbox, rebuild flag
@@ -42,6 +42,9 @@ class SubmitEvent:
     value: int
     occurred_at: datetime
     accepted_at: datetime
+    subscore: int | None = None
+    # The metadata object as compact JSON text, kept byte for byte (None: none).
+    metadata: str | None = None
 
 
 # The window of each (period, timezone) last seen: almost every write falls in the current one,
@@ -74,7 +77,7 @@ def submit_call(
     feed_length: int,
 ) -> tuple[list[str], list[str | int]]:
     """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
-    record = {
+    record: dict[str, object] = {
         "event_id": event.event_id,
         "board_id": board.board_id,
         "user_id": event.user_id,
@@ -85,6 +88,11 @@ def submit_call(
         "occurred_at": rfc3339(event.occurred_at),
         "accepted_at": rfc3339(event.accepted_at),
     }
+    # Only where given, so that the outbox entries of boards without them stay as they were.
+    if event.subscore is not None:
+        record["subscore"] = event.subscore
+    if event.metadata is not None:
+        record["metadata"] = orjson.Fragment(event.metadata)
     bid = board.board_id
     call_keys = [
         keys.idempotency(bid, event.event_id),
@@ -133,9 +141,11 @@ def submit_call(
         "1" if board.descending else "0",
         feed_length,
         event.team_id or "",
-        # The tie key of every period's entry: the event reached its score at its own time.
-        tie_key(reached_ms(event.occurred_at)),
+        # The tie key of every period's entry: the event's subscore part, then its own time, at
+        # which it reached its score.
+        tie_key(reached_ms(event.occurred_at), sub_part(event.subscore, board.subscore_order)),
         MAX_SCORE,
+        event.metadata or "",
         *period_args,
     ]
     return call_keys, args
@@ -156,7 +166,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v3`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v4`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -164,7 +174,7 @@ def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str
 def finish_keys(
     keys: Keys, board_id: str, counters: Sequence[str], others: Sequence[str]
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v3``: flag, journal, the replay's scratch keys, then
+    """The keys of ``ladder_rebuild_finish_v4``: flag, journal, the replay's scratch keys, then
     each live key the rebuild replaces with its staging copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]
     return [

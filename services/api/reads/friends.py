@@ -1,5 +1,5 @@
 """The friends scope: the owner and its friends ranked on the global view, with one
-``SMEMBERS`` and one read of their entries (``ladder_entries_v1``: tie keys and scores), sorted
+``SMEMBERS`` and one read of their entries (``ladder_entries_v2``: tie keys and scores), sorted
 here exactly as Redis would (score, then member, both descending)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
 Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (``ladder_standing_v2`` with no neighbours for each view, ``ladder_entries_v1`` of
+size at once (``ladder_standing_v3`` with no neighbours for each view, ``ladder_entries_v2`` of
 the whole friend group per period); and, for the competition and
 dense styles only, one more counts what ranks strictly better than each score found.
 """

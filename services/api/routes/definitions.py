@@ -32,7 +32,7 @@ from shared.periods import previous_window, window_at
 router = APIRouter(prefix="/v1/boards", tags=["boards"])
 
 # What the stored scores were ranked and bucketed by: none may change once a board has scores.
-RANKING_FIELDS = ("operator", "order", "timezone")
+RANKING_FIELDS = ("operator", "order", "subscore_order", "timezone")
 
 
 def get_admin(caller: Caller) -> Principal:
