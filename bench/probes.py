@@ -29,7 +29,7 @@ from shared.boards import Board
 from shared.db import open_engine
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys, dirty_member
-from shared.ranking import member, tie_key
+from shared.ranking import member, record, tie_key
 from shared.settings import LadderSettings
 
 BOARDS = ("bench-single", "bench-batch", "bench-ws", "bench-reads")
@@ -230,19 +230,20 @@ def layout_entries(
     rng: random.Random, ids: Iterable[str]
 ) -> tuple[dict[str, float], dict[Any, str]]:
     """Entries of a descending board in the layout of shared/ranking.py, with random scores and
-    reach times: ``({member: score}, {id: tie key})`` for its sorted set and its tie hash."""
+    reach times: ``({member: score}, {id: record})`` for its sorted set and its hash."""
     mapping: dict[str, float] = {}
     ties: dict[Any, str] = {}
     for entry in ids:
         tie = tie_key(_REACHED_FROM + rng.randrange(_REACHED_SPAN))
-        mapping[member(tie, entry)] = rng.randrange(1_000_000)
-        ties[entry] = tie
+        score = rng.randrange(1_000_000)
+        mapping[member(tie, entry)] = score
+        ties[entry] = record(tie, score)
     return mapping, ties
 
 
 async def fill_board(redis: Redis, key: str, members: int, *, chunk: int = 1000) -> float:
-    """Write ``members`` all-time entries straight into a board's sorted set and its hash of tie
-    keys (shared/ranking.py), pipelined; returns the seconds it took."""
+    """Write ``members`` all-time entries straight into a board's sorted set and its hash of
+    records (shared/ranking.py), pipelined; returns the seconds it took."""
     rng = random.Random(7)
     started = time.monotonic()
     for start in range(0, members, chunk * 20):

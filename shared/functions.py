@@ -11,8 +11,8 @@ running one that reads its keys in another order and writes the wrong ones. (v2:
 rebuild flag and journal, and the rebuild's staging keys, come in as keys. v3 of the write, v2
 of the merge's put and of the standing read: the exact score and the member's tie key, with a
 hash of tie keys beside each view, shared/ranking.py. v4 of the write, replay and rebuild finish,
-v3 of the put and standing read, v2 of the entries read: subscores in the tie key, and each id's
-record (tie key, score, metadata) in that hash.)
+v3 of the put and standing read: subscores in the tie key, and each id's
+record (tie key, score, metadata) in that hash, which readers of ids' entries take by ``HMGET``.)
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
 STANDING_FUNCTION = "ladder_standing_v3"
 """A user's place in a view and the entries around it (read-only)."""
-ENTRIES_FUNCTION = "ladder_entries_v2"
-"""The records (tie key, score, metadata) of ids in one view (read-only): the merge's and the
-friends' read."""
+ABOVE_FUNCTION = "ladder_above_v1"
+"""How many entries (competition) or distinct pairs (dense) rank above a (score, subscore)
+pair (read-only)."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -74,7 +74,7 @@ REGISTERED: dict[str, str] = {
     "rebuild_finish": REBUILD_FINISH_FUNCTION,
     "rebuild_abort": REBUILD_ABORT_FUNCTION,
     "standing": STANDING_FUNCTION,
-    "entries": ENTRIES_FUNCTION,
+    "above": ABOVE_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

@@ -66,17 +66,8 @@ def expiry_of(window: PeriodWindow, timezone: str, retention: int | None) -> int
     return expire_at(window, timezone, retention) or 0
 
 
-def submit_call(
-    keys: Keys,
-    board: Board,
-    event: SubmitEvent,
-    *,
-    body_hash: str,
-    idempotency_ttl: int,
-    outbox_max: int,
-    feed_length: int,
-) -> tuple[list[str], list[str | int]]:
-    """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
+def _record(board: Board, event: SubmitEvent) -> dict[str, object]:
+    """The event as the outbox, the feed and the idempotency record keep it."""
     record: dict[str, object] = {
         "event_id": event.event_id,
         "board_id": board.board_id,
@@ -93,6 +84,21 @@ def submit_call(
         record["subscore"] = event.subscore
     if event.metadata is not None:
         record["metadata"] = orjson.Fragment(event.metadata)
+    return record
+
+
+def submit_call(
+    keys: Keys,
+    board: Board,
+    event: SubmitEvent,
+    *,
+    body_hash: str,
+    idempotency_ttl: int,
+    outbox_max: int,
+    feed_length: int,
+) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
+    record = _record(board, event)
     bid = board.board_id
     call_keys = [
         keys.idempotency(bid, event.event_id),

@@ -21,7 +21,7 @@ from services.api.app import create_app
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.ops import running
-from shared.ranking import id_of, score_of
+from shared.ranking import id_of, parse_record, score_of
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 from tests.stack import free_port
 
@@ -224,17 +224,21 @@ async def read_view(redis: Redis, key: str, descending: bool) -> list[tuple[str,
 
 
 async def stored_score(redis: Redis, key: str, entry_id: str, descending: bool) -> int | None:
-    """An id's score in a ranked view, found through the view's hash of tie keys."""
-    tie = await redis.hget(Keys.ties(key), entry_id)
-    if tie is None:
+    """An id's score in a ranked view, found through the view's hash of records, and checked
+    against the sorted set that the record's member names."""
+    raw = await redis.hget(Keys.ties(key), entry_id)
+    if raw is None:
         return None
+    tie, signed, _ = parse_record(raw)
     stored = await redis.zscore(key, tie + entry_id)
-    return None if stored is None else score_of(stored, descending)
+    assert stored == signed, f"{entry_id}'s record says {signed}, its sorted set {stored}"
+    return score_of(stored, descending)
 
 
 async def global_entry(redis: Redis, keys: Keys, user: str) -> tuple[str, float] | None:
     """A user's all-time global entry on board ``main``: its tie key and stored score."""
     view = keys.global_view("main", "alltime", "all")
-    tie = await redis.hget(Keys.ties(view), user)
+    raw = await redis.hget(Keys.ties(view), user)
+    tie = None if raw is None else parse_record(raw)[0]
     stored = None if tie is None else await redis.zscore(view, tie + user)
     return None if tie is None or stored is None else (tie, stored)

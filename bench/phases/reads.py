@@ -25,11 +25,11 @@ async def measure(bench: Bench, base: Baselines) -> list[Line]:
     usage = await probes.memory_of(redis, board_key) + await probes.memory_of(redis, ties_key)
     rows: list[Line] = [
         Row(
-            f"fill {members:,} members (pipelined ZADD and HSET of tie keys)",
+            f"fill {members:,} members (pipelined ZADD and HSET of records)",
             f"{fill_seconds:.1f} s",
         ),
         Row(
-            "Redis bytes per member, one board with its tie keys (MEMORY USAGE)",
+            "Redis bytes per member, one board with its records (MEMORY USAGE)",
             f"{usage / members:.0f} B",
         ),
         Row(

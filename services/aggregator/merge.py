@@ -5,9 +5,12 @@ Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 crash mid-merge leaves it to be merged again), reads each dirty user's current score in every
 region of that period, and writes the user's global entry:
 
-- ``incr``: the sum of the regional scores, reached when the latest of them was;
-- ``best``: the best regional entry (best score, reached earliest);
+- ``incr``: the sum of the regional scores, reached when the latest of them was, with the
+  metadata of that latest;
+- ``best``: the best regional entry (best score, then subscore, reached earliest);
 - ``set``: the latest regional entry.
+
+An entry carries its metadata along (shared/ranking.py).
 
 Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
 next merge that sees the user makes the entry right. Then every touched view whose top 10
@@ -31,10 +34,10 @@ from redis.exceptions import ResponseError
 from services.aggregator.global_brackets import GlobalBrackets
 from shared.boards import Board
 from shared.events import rfc3339
-from shared.functions import ENTRIES_FUNCTION, PUT_FUNCTION
+from shared.functions import PUT_FUNCTION
 from shared.keys import Keys, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
-from shared.ranking import MAX_SCORE, id_of, reached_of, score_of, tie_key
+from shared.ranking import MAX_SCORE, id_of, parse_record, reached_of, score_of, tie_key
 
 log = structlog.get_logger(__name__)
 
@@ -52,8 +55,8 @@ class Touched:
     regions: set[str]
 
 
-# A regional or global entry: its signed score (shared/ranking.py) and its tie key.
-Entry = tuple[int, str]
+# A regional or global entry: its signed score (shared/ranking.py), tie key and metadata.
+Entry = tuple[int, str, str]
 
 
 def combine(operator: str, entries: list[Entry]) -> Entry | None:
@@ -61,16 +64,16 @@ def combine(operator: str, entries: list[Entry]) -> Entry | None:
     if len(entries) == 1:
         return entries[0]
     if operator == "best":
-        # The best score, then the earliest reached: the greatest entry in rank order.
-        return max(entries)
-    reached = [reached_of(tie) for _, tie in entries]
-    latest = max(reached)
+        # The best score, then subscore, then the earliest reached: the greatest in rank order.
+        return max(entries, key=lambda entry: entry[:2])
+    reached = [reached_of(tie) for _, tie, _ in entries]
+    latest = reached.index(max(reached))
     if operator == "set":
-        return entries[reached.index(latest)]
-    total = sum(signed for signed, _ in entries)
+        return entries[latest]
+    total = sum(signed for signed, _, _ in entries)
     if abs(total) > MAX_SCORE:
         return None
-    return total, tie_key(latest)
+    return total, tie_key(reached[latest]), entries[latest][2]
 
 
 class Merger:
@@ -122,28 +125,25 @@ class Merger:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for region in regions:
                     view = keys.region_view(bid, period, period_id, region)
-                    pipe.fcall_ro(ENTRIES_FUNCTION, 2, view, keys.ties(view), *chunk)
+                    pipe.hmget(keys.ties(view), chunk)
                 per_region: list[list[Any]] = await pipe.execute() if regions else []
-            triples: list[str | int] = []
+            fours: list[str | int] = []
             absent: list[str] = []
             for i, user in enumerate(chunk):
-                # The user's entries, one a region: tie key and score at 2i, 2i + 1 of each reply.
-                entries = [
-                    (int(float(flat[2 * i + 1])), str(flat[2 * i]))
-                    for flat in per_region
-                    if flat[2 * i + 1] is not None
-                ]
+                # The user's entries, one a region: its record at i of each region's reply.
+                records = [parse_record(found[i]) for found in per_region if found[i] is not None]
+                entries = [(signed, tie, meta) for tie, signed, meta in records]
                 merged = combine(board.operator, entries) if entries else None
                 if merged is None:
                     if entries:
                         log.warning("global score out of range", user_id=user, period=period)
                     absent.append(user)
                 else:
-                    triples += [user, merged[0], merged[1]]
+                    fours += [user, *merged]
             for user in absent:
-                triples += [user, "", ""]
+                fours += [user, "", "", ""]
             view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
-            await self._redis.fcall(PUT_FUNCTION, len(view_keys), *view_keys, expiry or 0, *triples)
+            await self._redis.fcall(PUT_FUNCTION, len(view_keys), *view_keys, expiry or 0, *fours)
         await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
         return len(ordered)
 

@@ -12,10 +12,10 @@ from services.notifier.rules import crossings, earned
 from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
-from shared.functions import AWARD_FUNCTION, ENTRIES_FUNCTION
+from shared.functions import AWARD_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import score_of
+from shared.ranking import parse_record, score_of
 
 PUSHES = Counter("ladder_notifier_pushes_total", "Rank messages published", ["reason"])
 SKIPPED = Counter("ladder_notifier_duplicates_total", "Events already handled, skipped")
@@ -111,14 +111,14 @@ class Notify:
                 for event, _, period, crossing in others:
                     period_id = event.periods[period].period_id
                     key = self._keys.region_view(event.board_id, period, period_id, event.region)
-                    # The user's tie key and score there (both None if it has none).
-                    pipe.fcall_ro(ENTRIES_FUNCTION, 2, key, Keys.ties(key), crossing.user_id)
+                    # The user's record there (None if it has none).
+                    pipe.hget(Keys.ties(key), crossing.user_id)
                 found_entries: list[Any] = await pipe.execute()
-            for (event, descending, period, crossing), (_, stored) in zip(
+            for (event, descending, period, crossing), raw in zip(
                 others, found_entries, strict=True
             ):
                 scores[(event.event_id, crossing.user_id, period)] = (
-                    score_of(stored, descending) if stored is not None else None
+                    score_of(parse_record(raw)[1], descending) if raw is not None else None
                 )
         out: list[tuple[str, dict[str, object]]] = []
         for event, _, period, crossing in found:

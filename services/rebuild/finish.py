@@ -77,10 +77,14 @@ async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -
         else:
             found: set[Any] = await redis.smembers(keys.regions(board_id, period, period_id))
             region = min(found) if found else ""
-        old_layout = not await redis.exists(keys.ties(key))
+        # A view of an earlier layout: packed scores with bare ids for members (no hash), or
+        # a hash of bare tie keys rather than records.
+        sample: Any = await redis.hrandfield(keys.ties(key), 1, withvalues=True)
+        packed = not sample
+        old_layout = packed or "|" not in sample[1]
         members: list[str] = []
         async for member, _ in redis.zscan_iter(key, count=1000):
-            user = member if old_layout else id_of(member)
+            user = member if packed else id_of(member)
             members.append(dirty_member(period, period_id, region, user))
             if len(members) >= 1000:
                 marked += await redis.sadd(dirty, *members)
@@ -88,5 +92,5 @@ async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -
         if members:
             marked += await redis.sadd(dirty, *members)
         if old_layout:
-            await redis.unlink(key, keys.distinct(key))
+            await redis.unlink(key, keys.distinct(key), keys.ties(key))
     return marked

@@ -12,54 +12,94 @@ A board's keys share its hash tag, so that each call stays in one hash slot.
 
 local function fmt(n) return string.format('%.17g', n) end
 
--- Whether any member of a view still holds the signed score (the view's scores are exact).
-local function held(view, signed)
-  local k = fmt(signed)
-  return redis.call('ZCOUNT', view, k, k) > 0
+-- The subscore part a tie key or member starts with: 's' and 14 hex digits on boards with a
+-- subscore, '' on others (shared/ranking.py).
+local function sub_of(raw)
+  if string.byte(raw, 1) == 115 then return string.sub(raw, 1, 15) end
+  return ''
 end
 
--- A view's keys: the sorted set, its distinct-score set, its hash of tie keys.
+-- The first position in [lo, hi) of a view whose member's subscore part is at most sub. Every
+-- member there holds one score, so their members, and so subscore parts, descend.
+local function first_not_above(view, lo, hi, sub)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if sub_of(redis.call('ZREVRANGE', view, mid, mid)[1]) > sub then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- How many members of a view rank above the pair (signed score, subscore part), and the
+-- position past the last member holding its score.
+local function above_pair(view, signed, sub)
+  local k = fmt(signed)
+  local above = redis.call('ZCOUNT', view, '(' .. k, '+inf')
+  if sub == '' then return above, above + redis.call('ZCOUNT', view, k, k) end
+  local past = above + redis.call('ZCOUNT', view, k, k)
+  return first_not_above(view, above, past, sub), past
+end
+
+-- Whether any member of a view still holds the pair (signed score, subscore part).
+local function held(view, signed, sub)
+  if sub == '' then
+    local k = fmt(signed)
+    return redis.call('ZCOUNT', view, k, k) > 0
+  end
+  local at, past = above_pair(view, signed, sub)
+  if at >= past then return false end
+  return sub_of(redis.call('ZREVRANGE', view, at, at)[1]) == sub
+end
+
+-- A member of a view's distinct-score set: one a distinct (score, subscore) pair, scored by the
+-- signed score, so that equal scores order by subscore part (for dense ranks).
+local function distinct_member(signed, sub) return sub .. fmt(signed) end
+
+-- A view's keys: the sorted set, its distinct-score set, its hash of records.
 local function view_of(view, distinct, ties)
   return {view = view, distinct = distinct, ties = ties}
 end
 
--- An id's entry in a view: {tie, member, signed}, or nil if it has none. A member is the id's
--- tie key then the id (shared/ranking.py); the view's hash holds each id's current tie key.
+-- An id's record in a view's hash (shared/ranking.py): tie key, signed score, metadata.
+local function record_of(tie, signed, meta) return tie .. '|' .. fmt(signed) .. '|' .. meta end
+
+-- An id's entry in a view: {tie, member, signed, meta, sub}, or nil if it has none. A member is
+-- the id's tie key then the id; the view's hash holds each id's record.
 local function entry_in(v, id)
-  local tie = redis.call('HGET', v.ties, id)
-  if not tie then return nil end
-  local score = redis.call('ZSCORE', v.view, tie .. id)
-  if not score then return nil end
-  return {tie = tie, member = tie .. id, signed = tonumber(score)}
+  local rec = redis.call('HGET', v.ties, id)
+  if not rec then return nil end
+  local tie, score, meta = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
+  return {tie = tie, member = tie .. id, signed = tonumber(score), meta = meta, sub = sub_of(tie)}
 end
 
--- Put an id's entry in a view at new_signed, reached at tie (a tie key), in place of old (its
--- entry_in(), nil: none), keeping the view's hash of tie keys and distinct-score set right: the
--- new score is added (a no-op if someone holds it already), the old one removed once nobody
--- holds it. Added before the old one goes, so the distinct set is never emptied (and so deleted
--- by Redis) while the view has members: the three keys are made together, by a view's first
--- member.
-local function put_entry(v, id, old, new_signed, tie)
+-- Put an id's entry in a view at new_signed, reached at tie (a tie key), with metadata meta, in
+-- place of old (its entry_in(), nil: none), keeping the view's hash of records and
+-- distinct-score set right: the new pair is added (a no-op if someone holds it already), the
+-- old one removed once nobody holds it. Added before the old one goes, so the distinct set is
+-- never emptied (and so deleted by Redis) while the view has members: the three keys are made
+-- together, by a view's first member.
+local function put_entry(v, id, old, new_signed, tie, meta)
   local member = tie .. id
-  redis.call('ZADD', v.view, fmt(new_signed), member)
-  if old == nil or old.member ~= member then
-    if old then redis.call('ZREM', v.view, old.member) end
-    redis.call('HSET', v.ties, id, tie)
+  if old == nil or old.member ~= member or old.signed ~= new_signed then
+    redis.call('ZADD', v.view, fmt(new_signed), member)
+    if old ~= nil and old.member ~= member then redis.call('ZREM', v.view, old.member) end
   end
-  if old ~= nil and old.signed == new_signed then return end
-  local k = fmt(new_signed)
-  redis.call('ZADD', v.distinct, k, k)
-  if old ~= nil and not held(v.view, old.signed) then
-    redis.call('ZREM', v.distinct, fmt(old.signed))
+  redis.call('HSET', v.ties, id, record_of(tie, new_signed, meta))
+  local sub = sub_of(tie)
+  if old ~= nil and old.signed == new_signed and old.sub == sub then return end
+  redis.call('ZADD', v.distinct, fmt(new_signed), distinct_member(new_signed, sub))
+  if old ~= nil and not held(v.view, old.signed, old.sub) then
+    redis.call('ZREM', v.distinct, distinct_member(old.signed, old.sub))
   end
 end
 
--- Take an id's entry (old, its entry_in()) out of a view, with its tie key and, once nobody
--- holds it, its score in the distinct set.
+-- Take an id's entry (old, its entry_in()) out of a view, with its record and, once nobody
+-- holds it, its pair in the distinct set.
 local function remove_entry(v, id, old)
   redis.call('ZREM', v.view, old.member)
   redis.call('HDEL', v.ties, id)
-  if not held(v.view, old.signed) then redis.call('ZREM', v.distinct, fmt(old.signed)) end
+  if not held(v.view, old.signed, old.sub) then
+    redis.call('ZREM', v.distinct, distinct_member(old.signed, old.sub))
+  end
 end
 
 local function expire(keys, at)

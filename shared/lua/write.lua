@@ -3,8 +3,9 @@ The atomic write of one accepted score (docs/api.md section 4; docs/architecture
 
 One call: check the idempotency record and the outbox bound; compute the new score of every
 period's regional board and team board (refusing the whole call if any leaves the range of
-exact scores); write them with their hashes of tie keys and distinct-score sets (for dense
-ranks; shared/ranking.py has the layout); read rank and previous rank;
+exact scores); write them with their hashes of records (tie key, score, metadata) and
+distinct-score sets (for dense ranks; shared/ranking.py has the layout); read rank and previous
+rank;
 name whoever this write pushed out of each notify bracket; count the period's players and events;
 record the answer under the event id; append the event to the feed and the outbox; journal the
 call while the board is being rebuilt. Every key shares one hash tag.
@@ -16,12 +17,13 @@ KEYS: idem, outbox, rebuild flag, rebuild journal (the write's own keys: a repla
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
-      13 feed length, 14 team_id ('' for none), 15 the tie key of the event's time, 16 the
-      largest score held exactly, then three per period: name, id, expire-at (0: never).
+      13 feed length, 14 team_id ('' for none), 15 the event's tie key (its subscore part, then
+      its time), 16 the largest score held exactly, 17 the metadata as JSON ('' for none), then
+      three per period: name, id, expire-at (0: never).
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 8, 9, 16, 3
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 8, 9, 17, 3
 
 -- The answer already stored under the event id, or the outbox bound; nil: the write goes on.
 local function refusal(keys, args)
@@ -53,7 +55,8 @@ local function event_of(args)
   local desc = args[12] == '1'
   local e = {op = args[2], value = tonumber(args[3]), user = args[4], region = args[5],
              display = args[6], team = args[14], desc = desc, sign = desc and 1 or -1,
-             tie = args[15], max = tonumber(args[16]), brackets = {}}
+             tie = args[15], sub = sub_of(args[15]), max = tonumber(args[16]),
+             meta = args[17], brackets = {}}
   e.teams = e.op == 'incr' and e.team ~= ''
   for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = tonumber(t) end
   return e
@@ -68,18 +71,25 @@ local function period_of(keys, args, i)
           events = keys[k + 9]}
 end
 
--- The new score under the board's operator from the old one (nil: none), and whether it changed.
-local function new_score(e, old_score)
+-- Whether the event's (value, subscore part) beats an entry's: a better score, or an equal one
+-- with a greater subscore part (greater is better: shared/ranking.py).
+local function beats(e, old)
+  local signed = e.value * e.sign
+  if signed ~= old.signed then return signed > old.signed end
+  return e.sub > old.sub
+end
+
+-- The new score under the board's operator from the old entry (nil: none), and whether the
+-- entry changed.
+local function new_score(e, old)
+  local old_score = old and old.signed * e.sign
   if e.op == 'incr' then
-    return (old_score or 0) + e.value, old_score == nil or e.value ~= 0
+    return (old_score or 0) + e.value, old == nil or e.value ~= 0
   elseif e.op == 'best' then
-    if old_score == nil or (e.desc and e.value > old_score)
-        or ((not e.desc) and e.value < old_score) then
-      return e.value, true
-    end
+    if old == nil or beats(e, old) then return e.value, true end
     return old_score, false
   end
-  return e.value, old_score == nil or e.value ~= old_score
+  return e.value, old == nil or e.value ~= old_score or e.sub ~= old.sub
 end
 
 local function out_of_range(e, p, what, score)
@@ -94,7 +104,7 @@ end
 -- one would leave the range of exact scores, else nil.
 local function plan_period(e, p)
   p.old = entry_in(p.board, e.user)
-  p.score, p.changed = new_score(e, p.old and p.old.signed * e.sign)
+  p.score, p.changed = new_score(e, p.old)
   local refused = out_of_range(e, p, ' score', p.score)
   if refused or not e.teams then return refused end
   p.team_old = entry_in(p.teams, e.team)
@@ -116,8 +126,8 @@ local function pushed_out(e, board, rank, prev)
 end
 
 -- put_entry() into one of the period's views (its board or team board), reached now.
-local function put_in_period(e, p, v, id, score, old)
-  put_entry(v, id, old, score * e.sign, e.tie)
+local function put_in_period(e, p, v, id, score, old, meta)
+  put_entry(v, id, old, score * e.sign, e.tie, meta)
   -- An id new to the view may be its first: then the view's keys were just made.
   expire_made(old == nil and redis.call('ZCARD', v.view) == 1, {v.view, v.distinct, v.ties},
               p.expire)
@@ -129,13 +139,17 @@ local function write_period(e, p)
   if p.old then prev = redis.call('ZREVRANK', p.board.view, p.old.member) end
   local rank
   if p.changed then
-    put_in_period(e, p, p.board, e.user, p.score, p.old)
+    put_in_period(e, p, p.board, e.user, p.score, p.old, e.meta)
     rank = redis.call('ZREVRANK', p.board.view, e.tie .. e.user) + 1
   else
     rank = prev + 1
+    -- An unchanged entry keeps its place; on set and incr boards it takes the write's metadata.
+    if e.op ~= 'best' and p.old.meta ~= e.meta then
+      redis.call('HSET', p.board.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
+    end
   end
   if e.teams and (p.team_old == nil or e.value ~= 0) then
-    put_in_period(e, p, p.teams, e.team, p.team_score, p.team_old)
+    put_in_period(e, p, p.teams, e.team, p.team_score, p.team_old, '')
   end
   expire_made(redis.call('SADD', p.regions, e.region) == 1, {p.regions}, p.expire)
   -- Every write of the period adds to both, so the period's first write makes them.

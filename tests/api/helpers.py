@@ -25,6 +25,7 @@ MAIN = {
     "board_id": "main",
     "operator": "incr",
     "order": "desc",
+    "subscore_order": None,
     "periods": ["daily", "weekly", "monthly", "alltime"],
     "timezone": "UTC",
     "min_value": -1_000_000,

@@ -37,6 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 LAPS = {
     "operator": "best",
     "order": "asc",
+    "subscore_order": None,
     "periods": ["weekly", "alltime"],
     "timezone": "Europe/Paris",
     "min_value": 1,

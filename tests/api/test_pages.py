@@ -102,6 +102,7 @@ async def test_a_standing_shows_its_neighbours_and_percentile(quiet: LadderSetti
             "user_id": f"u-{26 - rank:02d}",
             "score": 10 * (26 - rank),
             "display_name": f"Player {26 - rank}",
+            "metadata": None,
         }
         for rank in range(11, 16)
     ]

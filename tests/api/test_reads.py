@@ -86,15 +86,15 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
         )
 
     assert board["entries"] == [
-        {"rank": 1, "team_id": "red-wombats", "score": 15},
-        {"rank": 2, "team_id": "blue-herons", "score": 12},
+        {"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None},
+        {"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None},
     ]
     assert (board["scope"], board["total"], board["next_cursor"]) == ("teams", 2, None)
     assert board["as_of"] is not None
     assert anonymous.status_code == 200
-    assert anonymous.json()["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15}]
-    assert weekly["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15}]
-    assert second["entries"] == [{"rank": 2, "team_id": "blue-herons", "score": 12}]
+    assert anonymous.json()["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}]
+    assert weekly["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}]
+    assert second["entries"] == [{"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None}]
     assert second["next_cursor"] is None
 
 
@@ -168,9 +168,9 @@ async def test_the_friends_scope_ranks_a_player_among_its_friends_on_the_global_
         as_of = await redis.hget(keys.as_of("main"), "alltime:all")
 
     assert own["entries"] == [
-        {"rank": 1, "user_id": "u-2", "score": 50, "display_name": "Name u-2"},
-        {"rank": 2, "user_id": "u-1", "score": 40, "display_name": "Name u-1"},
-        {"rank": 3, "user_id": "u-3", "score": 40, "display_name": "Name u-3"},
+        {"rank": 1, "user_id": "u-2", "score": 50, "display_name": "Name u-2", "metadata": None},
+        {"rank": 2, "user_id": "u-1", "score": 40, "display_name": "Name u-1", "metadata": None},
+        {"rank": 3, "user_id": "u-3", "score": 40, "display_name": "Name u-3", "metadata": None},
     ]
     assert (own["scope"], own["total"], own["next_cursor"]) == ("friends:u-1", 3, None)
     assert own["as_of"] == as_of

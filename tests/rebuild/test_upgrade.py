@@ -14,6 +14,7 @@ from services.rebuild.rebuilder import Rebuilder
 from shared.boards import BoardCatalog
 from shared.db_boards import save_board
 from shared.keys import Keys
+from shared.ranking import parse_record, tie_key
 from shared.settings import LadderSettings
 from tests.helpers import read_view
 from tests.rebuild.test_rebuild import BOARDS, eu, projection, relay, write
@@ -70,9 +71,36 @@ async def test_a_rebuild_turns_old_layout_boards_into_the_new_one(
     assert not await redis.exists(glob, keys.distinct(glob))
     assert await read_view(redis, region, True) == [("ana", 5), ("bob", 5), ("cy", 5)]
     assert await read_view(redis, teams, True) == [("red", 10)]
-    # No member of any view is a bare id: each has its id's tie key in front.
+    # No member of any view is a bare id: each has its id's tie key in front, which its record
+    # names.
     for view in (region, teams):
-        ties = await redis.hgetall(keys.ties(view))
-        assert sorted(t + i for i, t in ties.items()) == sorted(await redis.zrange(view, 0, -1))
+        records = await redis.hgetall(keys.ties(view))
+        members = sorted(parse_record(r)[0] + i for i, r in records.items())
+        assert members == sorted(await redis.zrange(view, 0, -1))
+    dirty = await redis.smembers(keys.dirty("main"))
+    assert {"alltime|all|eu|ana", "alltime|all|eu|zed"} <= dirty
+
+
+async def test_a_global_view_of_bare_tie_keys_is_dropped_and_merged_again(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """A global view of the first exact-score layout (members with tie keys, but a hash of bare
+    tie keys rather than records) is deleted with its hash once its users are marked dirty: the
+    merge would not read its hash."""
+    board = BOARDS[0]
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+    at = datetime.now(UTC).replace(microsecond=0).isoformat()
+    await write(redis, keys, settings, board, **eu("e1", "ana", 5, at, team_id="red"))
+    await relay(redis, keys, db, board)
+    glob = keys.global_view("main", "alltime", "all")
+    tie = tie_key(1_700_000_000_000)
+    await redis.zadd(glob, {tie + "ana": 5, tie + "zed": 3})
+    await redis.hset(keys.ties(glob), mapping={"ana": tie, "zed": tie})
+    await redis.zadd(keys.distinct(glob), {"5": 5, "3": 3})
+
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).run()
+
+    assert not await redis.exists(glob, keys.ties(glob), keys.distinct(glob))
     dirty = await redis.smembers(keys.dirty("main"))
     assert {"alltime|all|eu|ana", "alltime|all|eu|zed"} <= dirty

@@ -24,11 +24,16 @@ from shared.ranking import (
     TIE_WIDTH,
     id_of,
     member,
+    metadata_of,
+    parse_record,
+    record,
     parse_member,
     reached_ms,
     reached_of,
     score_of,
     signed,
+    sub_part,
+    subscore_of,
     tie_key,
 )
 
@@ -164,7 +169,8 @@ def test_each_displaced_user_hears_of_the_bracket_it_left() -> None:
 @pytest.mark.parametrize(
     ("operator", "order", "regional", "expected"),
     [
-        ("incr", "desc", [(10, 5), (7, 9)], (17, 9)),  # the sum, reached with the latest part
+        # the sum, reached with the latest part, with its metadata
+        ("incr", "desc", [(10, 5), (7, 9)], (17, 9)),
         ("best", "desc", [(10, 5), (12, 9), (12, 3)], (12, 3)),  # best, and earliest of equals
         ("best", "asc", [(10, 5), (12, 1)], (10, 5)),  # ascending keeps the lowest
         ("set", "desc", [(10, 5), (3, 9)], (3, 9)),  # the latest value
@@ -174,14 +180,55 @@ def test_global_combines_regions(
     operator: str, order: str, regional: list[tuple[int, int]], expected: tuple[int, int]
 ) -> None:
     board = Board(board_id="b", operator=operator, order=order)  # type: ignore[arg-type]
-    entries = [(signed(s, board.descending), tie_key(t)) for s, t in regional]
+    # Each regional entry's metadata names its reach time, to see whose the merge keeps.
+    entries = [(signed(s, board.descending), tie_key(t), f'{{"t":{t}}}') for s, t in regional]
     merged = combine(board.operator, entries)
     assert merged is not None
-    score, tie = merged
+    score, tie, metadata = merged
     assert (score_of(score, board.descending), reached_of(tie)) == expected
+    assert metadata == f'{{"t":{expected[1]}}}'
+
+
+def test_best_combines_by_score_then_subscore_then_reach() -> None:
+    faster, slower = sub_part(30, "asc"), sub_part(45, "asc")
+    entries = [
+        (3, tie_key(1, slower), "a"),  # three stars, slow, reached first
+        (3, tie_key(9, faster), "b"),  # three stars, fast, reached later: the better pair
+        (2, tie_key(0, sub_part(1, "asc")), "c"),
+    ]
+    assert combine("best", entries) == entries[1]
 
 
 def test_a_global_sum_beyond_the_range_is_refused() -> None:
-    entries = [(MAX_SCORE, tie_key(0)), (1, tie_key(5))]
+    entries = [(MAX_SCORE, tie_key(0), ""), (1, tie_key(5), "")]
     assert combine("incr", entries) is None
-    assert combine("incr", [(MAX_SCORE, tie_key(0)), (0, tie_key(5))]) == (MAX_SCORE, tie_key(5))
+    assert combine("incr", [(MAX_SCORE, tie_key(0), ""), (0, tie_key(5), "")]) == (
+        MAX_SCORE,
+        tie_key(5),
+        "",
+    )
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_subscore_parts_order_the_better_subscore_greater_across_the_range(order: str) -> None:
+    subscores = [-MAX_SCORE, -(10**12), -1, 0, 1, 10**12, MAX_SCORE]
+    parts = [sub_part(x, order) for x in subscores]  # type: ignore[arg-type]
+    assert len({len(p) for p in parts}) == 1
+    # desc: the higher subscore is better; asc: the lower.
+    assert parts == sorted(parts, reverse=(order == "asc"))
+    for x in subscores:
+        tie = tie_key(1_700_000_000_123, sub_part(x, order))  # type: ignore[arg-type]
+        raw = member(tie, "u:7")
+        assert subscore_of(raw, order) == x  # type: ignore[arg-type]
+        assert parse_member(raw) == (tie, "u:7")
+        assert id_of(raw) == "u:7"
+        assert reached_of(tie) == 1_700_000_000_123
+
+
+def test_a_record_keeps_tie_score_and_metadata_with_bars_in_it() -> None:
+    tie = tie_key(5, sub_part(-3, "asc"))
+    raw = record(tie, -MAX_SCORE, '{"note":"a|b"}')
+    assert parse_record(raw) == (tie, -MAX_SCORE, '{"note":"a|b"}')
+    assert metadata_of(raw) == {"note": "a|b"}
+    assert metadata_of(record(tie, 0)) is None
+    assert metadata_of(None) is None

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from services.api.errors import Invalid
 from services.api.reads.views import Row
-from shared.ranking import MAX_SCORE, TIE_WIDTH
+from shared.ranking import MAX_SCORE, SUB_TAG, tie_width
 
 # How many tied entries a cursor page skips at most in one fetch before fetching again.
 _TIE_SLACK = 32
@@ -33,9 +33,10 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         stored, member = data["s"], data["m"]
         if type(stored) is not int or abs(stored) > MAX_SCORE:
             raise ValueError("not an exact score")
-        if not isinstance(member, str) or len(member) <= TIE_WIDTH:
+        if not isinstance(member, str) or len(member) <= tie_width(member):
             raise ValueError("not a member")
-        if not set(member[:TIE_WIDTH]) <= _HEX:
+        hex_from = len(SUB_TAG) if member.startswith(SUB_TAG) else 0
+        if not set(member[hex_from : tie_width(member)]) <= _HEX:
             raise ValueError("not a tie key")
         return float(stored), member
     except (binascii.Error, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:

@@ -1,4 +1,5 @@
-"""Entries of a ranking as the reads answer them: rank in the chosen style, score, name."""
+"""Entries of a ranking as the reads answer them: rank in the chosen style, score, name,
+metadata, and the subscore on boards with one."""
 
 from __future__ import annotations
 
@@ -10,35 +11,51 @@ from redis.asyncio.client import Pipeline
 from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
 from services.api.reads.views import Row, View
 from shared.keys import Keys
-from shared.ranking import id_of
+from shared.ranking import id_of, metadata_of, subscore_of
 
 
 def local_ranks(style: RankStyle, view: View, rows: Sequence[Row]) -> list[int]:
     """Ranks of a whole ranking held here (a friends scope)."""
-    return walk_ranks(style, [view.signed(c) for _, c in rows], 1, 1)
+    return walk_ranks(style, [view.rank_key(row) for row in rows], 1, 1)
 
 
-def entry_of(view: View, member: str, stored: float, rank: int, name: Any) -> dict[str, Any]:
-    """The entry of a sorted-set member (tie key, then id) and its score."""
+def entry_of(
+    view: View, member: str, stored: float, rank: int, name: Any, record: Any = None
+) -> dict[str, Any]:
+    """The entry of a sorted-set member (tie key, then id) and its score; ``record`` is the
+    id's record in the view's hash (shared/ranking.py), which holds its metadata."""
     if view.kind == "teams":
-        return {"rank": rank, "team_id": id_of(member), "score": view.score(stored)}
-    return {
+        return {
+            "rank": rank,
+            "team_id": id_of(member),
+            "score": view.score(stored),
+            "metadata": None,
+        }
+    entry = {
         "rank": rank,
         "user_id": id_of(member),
         "score": view.score(stored),
         "display_name": name,
+        "metadata": metadata_of(record),
     }
+    order = view.board.subscore_order
+    if order is not None:
+        entry["subscore"] = subscore_of(member, order)
+    return entry
 
 
 def queue_extras(
     pipe: Pipeline, keys: Keys, view: View, rows: Sequence[Row], style: RankStyle
 ) -> None:
-    """Queue what turns rows into entries: the display names, the first row's style count."""
+    """Queue what turns rows into entries: the display names and records (metadata), the first
+    row's style count."""
     if not rows:
         return
     if view.kind != "teams":
-        pipe.hmget(keys.names(view.board.board_id), [id_of(m) for m, _ in rows])
-    queue_style_count(pipe, keys, view.key, view.period, style, view.signed(rows[0][1]))
+        ids = [id_of(m) for m, _ in rows]
+        pipe.hmget(keys.names(view.board.board_id), ids)
+        pipe.hmget(view.ties, ids)
+    queue_style_count(pipe, keys, view.key, style, view.rank_key(rows[0]))
 
 
 def entries_of(
@@ -47,10 +64,13 @@ def entries_of(
     """Entries of rows from the replies :func:`queue_extras` queued, in the same order."""
     if not rows:
         return []
-    names: list[Any] = next(replies) if view.kind != "teams" else [None] * len(rows)
+    names: list[Any] = [None] * len(rows)
+    records: list[Any] = [None] * len(rows)
+    if view.kind != "teams":
+        names, records = next(replies), next(replies)
     first_styled = first_ordinal if style == "ordinal" else 1 + int(next(replies))
-    ranks = walk_ranks(style, [view.signed(c) for _, c in rows], first_ordinal, first_styled)
+    ranks = walk_ranks(style, [view.rank_key(row) for row in rows], first_ordinal, first_styled)
     return [
-        entry_of(view, m, c, rank, name)
-        for (m, c), rank, name in zip(rows, ranks, names, strict=True)
+        entry_of(view, m, c, rank, name, record)
+        for (m, c), rank, name, record in zip(rows, ranks, names, records, strict=True)
     ]

@@ -18,7 +18,8 @@ from shared.ranking import id_of
 async def _friends_page(
     redis: Redis, keys: Keys, view: View, limit: int, cursor: str | None, style: RankStyle
 ) -> dict[str, Any]:
-    rows, names = await friends_rows(redis, keys, view)
+    group = await friends_rows(redis, keys, view)
+    rows = group.rows
     start = 0
     if cursor is not None:
         after = decode_cursor(cursor)
@@ -29,7 +30,9 @@ async def _friends_page(
     return {
         "total": len(rows),
         "entries": [
-            entry_of(view, m, c, ranks[start + i], names.get(id_of(m)))
+            entry_of(
+                view, m, c, ranks[start + i], group.names.get(id_of(m)), group.records.get(id_of(m))
+            )
             for i, (m, c) in enumerate(chosen)
         ],
         "next_cursor": encode_cursor(chosen[-1][1], chosen[-1][0]) if more and chosen else None,

@@ -2,8 +2,8 @@
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
 Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (``ladder_standing_v3`` with no neighbours for each view, ``ladder_entries_v2`` of
-the whole friend group per period); and, for the competition and
+size at once (``ladder_standing_v3`` with no neighbours for each view, an ``HMGET`` of the
+whole friend group's records per period); and, for the competition and
 dense styles only, one more counts what ranks strictly better than each score found.
 """
 
@@ -21,7 +21,7 @@ from shared.boards import Board
 from shared.functions import STANDING_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow
-from shared.ranking import id_of, score_of
+from shared.ranking import id_of, score_of, sub_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,8 @@ class _Found:
     stored: float
     position: int
     total: int
+    # The entry's sorted-set member: its subscore part decides ties on a board with one.
+    member: str
 
 
 async def user_ranks(
@@ -142,7 +144,7 @@ async def _read(
                 queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)
         replies = await pipe.execute()
     found = [
-        _Found(probe, float(reply[1]), int(reply[0]) + 1, int(reply[2]))
+        _Found(probe, float(reply[1]), int(reply[0]) + 1, int(reply[2]), reply[3][0])
         for probe, reply in zip(probes, replies, strict=False)
         if reply
     ]
@@ -158,8 +160,8 @@ async def _styled_ranks(
         return [f.position for f in found]
     async with redis.pipeline(transaction=False) as pipe:
         for f in found:
-            signed = int(f.stored)
-            queue_style_count(pipe, keys, f.probe.key, f.probe.period, style, signed)
+            key = (int(f.stored), sub_of(f.member))
+            queue_style_count(pipe, keys, f.probe.key, style, key)
         return [1 + int(count) for count in await pipe.execute()]
 
 
@@ -175,7 +177,7 @@ def _among_friends(
     at = next((i for i, (m, _) in enumerate(rows) if id_of(m) == user_id), None)
     if at is None:
         return None
-    local = walk_ranks(style, [int(c) for _, c in rows], 1, 1)
+    local = walk_ranks(style, [(int(c), sub_of(m)) for m, c in rows], 1, 1)
     return {
         "rank": local[at],
         "score": score_of(rows[at][1], board.descending),

@@ -16,17 +16,21 @@ from shared.keys import Keys
 from shared.ranking import id_of
 
 
-def _standing_body(
-    user_id: str, rank: int, stored: float, position: int, total: int, view: View
-) -> dict[str, Any]:
-    return {
-        "user_id": user_id,
+def _standing_body(own: dict[str, Any], rank: int, position: int, total: int) -> dict[str, Any]:
+    """The standing's body from the user's own entry (``entry_of``): its fields, rank in the
+    read's style, size and percentile."""
+    body = {
+        "user_id": own["user_id"],
         "rank": rank,
-        "score": view.score(stored),
+        "score": own["score"],
         "total": total,
         # The share of the board at or below the user's position, in percent.
         "percentile": round(100.0 * (total - position + 1) / total, 2),
+        "metadata": own["metadata"],
     }
+    if "subscore" in own:
+        body["subscore"] = own["subscore"]
+    return body
 
 
 async def standing(
@@ -45,18 +49,22 @@ async def standing(
             loc=("query", "scope"),
         )
     if view.kind == "friends":
-        rows, names = await friends_rows(redis, keys, view)
+        group = await friends_rows(redis, keys, view)
+        rows = group.rows
         at = next((i for i, (m, _) in enumerate(rows) if id_of(m) == user_id), None)
         if at is None:
             raise NotFound(f"User {user_id!r} has no score among these friends.")
         ranks = local_ranks(style, view, rows)
         start = max(at - around, 0)
+        near = [
+            entry_of(
+                view, m, c, ranks[start + i], group.names.get(id_of(m)), group.records.get(id_of(m))
+            )
+            for i, (m, c) in enumerate(rows[start : at + around + 1])
+        ]
         return {
-            **_standing_body(user_id, ranks[at], rows[at][1], at + 1, len(rows), view),
-            "around": [
-                entry_of(view, m, c, ranks[start + i], names.get(id_of(m)))
-                for i, (m, c) in enumerate(rows[start : at + around + 1])
-            ],
+            **_standing_body(near[at - start], ranks[at], at + 1, len(rows)),
+            "around": near,
         }
     # One round trip: position, score, size, the entries around and their names.
     found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
@@ -71,20 +79,18 @@ async def standing(
     )
     if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")
-    rank0, stored, total = int(found[0]), float(found[1]), int(found[2])
+    rank0, total = int(found[0]), int(found[2])
     flat = found[3]
     rows = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
     start = max(rank0 - around, 0)
+    own = rows[rank0 - start]
     # Competition and dense ranks take a second: the counts above the user and the first entry.
     counts: list[Any] = []
     if style != "ordinal":
         async with redis.pipeline(transaction=False) as pipe:
-            for signed in (view.signed(stored), view.signed(rows[0][1])):
-                queue_style_count(pipe, keys, view.key, view.period, style, signed)
+            for row in (own, rows[0]):
+                queue_style_count(pipe, keys, view.key, style, view.rank_key(row))
             counts = await pipe.execute()
     rank = 1 + int(counts[0]) if counts else rank0 + 1
-    extras = iter([found[4], *counts[1:]])
-    return {
-        **_standing_body(user_id, rank, stored, rank0 + 1, total, view),
-        "around": entries_of(view, rows, start + 1, style, extras),
-    }
+    near = entries_of(view, rows, start + 1, style, iter([found[4], found[5], *counts[1:]]))
+    return {**_standing_body(near[rank0 - start], rank, rank0 + 1, total), "around": near}

@@ -25,7 +25,7 @@ from shared.periods import (
     window_at,
     window_of,
 )
-from shared.ranking import score_of
+from shared.ranking import score_of, sub_of
 
 ScopeKind = Literal["users", "teams", "friends"]
 
@@ -65,9 +65,13 @@ class View:
         """The signed score of a sorted-set score: the score, negated on ascending boards."""
         return int(stored)
 
+    def rank_key(self, row: Row) -> tuple[int, str]:
+        """What a row shares with those it ties with: signed score and subscore part."""
+        return int(row[1]), sub_of(row[0])
+
     @property
     def ties(self) -> str:
-        """The view's hash of tie keys."""
+        """The view's hash of records (tie key, score, metadata)."""
         return Keys.ties(self.key)
 
 

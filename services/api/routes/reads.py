@@ -29,6 +29,13 @@ from shared.periods import Period
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
 
 
+_METADATA = (
+    "The JSON object kept with the entry's score: of the write that set the best on best "
+    "boards, of the latest write on set and incr boards; null when none"
+)
+_SUBSCORE = "Only on boards with a subscore_order: the subscore that ranks equal scores"
+
+
 class Entry(BaseModel):
     """A user's entry."""
 
@@ -36,14 +43,17 @@ class Entry(BaseModel):
     user_id: str
     score: int
     display_name: str | None
+    metadata: dict[str, Any] | None = Field(description=_METADATA)
+    subscore: int | None = Field(default=None, description=_SUBSCORE)
 
 
 class TeamEntry(BaseModel):
-    """A team's entry (the teams scope): no user, no display name."""
+    """A team's entry (the teams scope): no user, no display name, no metadata."""
 
     rank: int
     team_id: str
     score: int = Field(description="The sum of the team's members' scores")
+    metadata: None = Field(default=None, description="Always null: a team keeps none")
 
 
 class LeaderboardOut(BaseModel):
@@ -65,6 +75,8 @@ class StandingOut(BaseModel):
     percentile: float = Field(
         description="The share of the scope at or below the user's position, in percent"
     )
+    metadata: dict[str, Any] | None = Field(description=_METADATA)
+    subscore: int | None = Field(default=None, description=_SUBSCORE)
     around: list[Entry]
 
 

@@ -3,10 +3,21 @@ them."""
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt
+from typing import Any
+
+import orjson
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from shared.events import DisplayName, EventId, Region, TeamId, UserId
 from shared.ranking import MAX_SCORE
+
+METADATA_MAX_BYTES = 1024
+"""The most bytes an entry's metadata may take, serialised as compact JSON."""
+
+
+def metadata_text(metadata: dict[str, Any]) -> str:
+    """Metadata as the compact JSON text that is kept, stored and measured."""
+    return orjson.dumps(metadata).decode()
 
 
 class ScoreIn(BaseModel):
@@ -37,6 +48,34 @@ class ScoreIn(BaseModel):
     team_id: TeamId | None = None
     display_name: DisplayName | None = None
     occurred_at: AwareDatetime | None = Field(default=None, description="Defaults to now")
+    subscore: StrictInt | None = Field(
+        default=None,
+        ge=-MAX_SCORE,
+        le=MAX_SCORE,
+        description="Required on boards with a subscore_order, refused on others: equal scores "
+        "rank by it, in the board's subscore_order",
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description=f"A JSON object of at most {METADATA_MAX_BYTES} bytes as compact JSON, kept "
+        "with the entry's score and returned with it (a replay id, a car, a loadout)",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        try:
+            size = len(metadata_text(value).encode())
+        except orjson.JSONEncodeError as exc:
+            # Nested past orjson's depth, or an integer past 64 bits.
+            raise ValueError(f"metadata cannot be kept as JSON: {exc}") from None
+        if size > METADATA_MAX_BYTES:
+            raise ValueError(
+                f"metadata is {size} bytes as compact JSON; at most {METADATA_MAX_BYTES}"
+            )
+        return value
 
 
 class PeriodOut(BaseModel):

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from services.api.errors import Conflict, Invalid, Unavailable
 from services.api.write.limits import Quota, refusal
-from services.api.write.models import ScoreIn
+from services.api.write.models import ScoreIn, metadata_text
 from shared.boards import Board
 from shared.functions import SUBMIT_FUNCTION, WRITE_FUNCTION
 from shared.keys import Keys
@@ -31,6 +31,10 @@ from shared.submit import SubmitEvent, submit_call
 def body_hash(score: ScoreIn) -> str:
     """What makes two submissions of one ``event_id`` "the same body"."""
     canonical = score.model_dump(mode="json", exclude={"event_id"})
+    # Left out where not given, so that a body hashes as it did before they existed.
+    for optional in ("subscore", "metadata"):
+        if canonical[optional] is None:
+            del canonical[optional]
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
@@ -53,11 +57,24 @@ def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -
         raise Invalid("occurred_at is in the future.", loc=("body", "occurred_at"))
 
 
-def check_value(value: int, board: Board) -> None:
-    if not board.min_value <= value <= board.max_value:
+def check_value(score: ScoreIn, board: Board) -> None:
+    """The value within the board's bounds; a subscore where, and only where, the board ranks
+    by one."""
+    if not board.min_value <= score.value <= board.max_value:
         raise Invalid(
             f"value must be within [{board.min_value}, {board.max_value}] on this board.",
             loc=("body", "value"),
+        )
+    if board.subscore_order is not None and score.subscore is None:
+        raise Invalid(
+            f"Board {board.board_id!r} ranks equal scores by subscore "
+            f"({board.subscore_order}): every score carries one.",
+            loc=("body", "subscore"),
+        )
+    if board.subscore_order is None and score.subscore is not None:
+        raise Invalid(
+            f"Board {board.board_id!r} has no subscore_order: a subscore would rank nothing.",
+            loc=("body", "subscore"),
         )
 
 
@@ -129,7 +146,7 @@ async def prepare(
         return Call(
             event_id, score.user_id, [], [], known=response_from_entry(entry, duplicate=True)
         )
-    check_value(score.value, board)
+    check_value(score, board)
     event = SubmitEvent(
         event_id,
         score.user_id,
@@ -139,6 +156,8 @@ async def prepare(
         score.value,
         occurred_at,
         now,
+        score.subscore,
+        metadata_text(score.metadata) if score.metadata is not None else None,
     )
     call_keys, args = submit_call(
         keys,

@@ -1,0 +1,136 @@
+"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v4`` call runs, by
+board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
+else talks to. A count, not a time: it does not vary with the machine or its load, so that a
+change of the write's layout shows here as the same figure on every run.
+
+``python -m bench.phases.commands`` prints the counts alone, in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from bench.report import Line, Note, Row
+from shared.boards import Board
+from shared.functions import SUBMIT_FUNCTION
+from shared.keys import Keys
+from shared.redis import open_redis
+from shared.submit import SubmitEvent, submit_call
+
+# Board shapes: each a definition and what its events carry.
+SHAPES: dict[str, tuple[Board, dict[str, Any]]] = {
+    "incr, 4 periods, with teams (like main)": (Board(board_id="c-incr"), {"team_id": "red"}),
+    "best, 4 periods": (Board(board_id="c-best", operator="best"), {}),
+    "best, 4 periods, subscore and metadata": (
+        Board(board_id="c-sub", operator="best", subscore_order="asc"),
+        {"subscore": 0, "metadata": orjson.dumps({"car": "wombat-gt", "replay": "r-9f2c"})},
+    ),
+}
+USERS = 200
+WRITES = 2000
+_SKIPPED = {"fcall", "info", "config", "function"}
+
+
+@asynccontextmanager
+async def private_redis() -> AsyncIterator[Redis]:
+    """A ``redis-server`` of its own on a free loopback port, with Ladder's library loaded."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    binary = shutil.which("redis-server") or "redis-server"
+    with tempfile.TemporaryDirectory() as workdir:
+        server = subprocess.Popen(
+            [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            await _wait_for(port)
+            async with open_redis(f"redis://127.0.0.1:{port}/0", load_functions=True) as redis:
+                yield redis
+        finally:
+            server.terminate()
+            server.wait()
+
+
+async def _wait_for(port: int) -> None:
+    for _ in range(200):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"redis-server on port {port} did not start")
+
+
+def _event(board: Board, extra: dict[str, Any], i: int, at: datetime) -> SubmitEvent:
+    subscore = extra.get("subscore")
+    return SubmitEvent(
+        event_id=f"e{i}",
+        user_id=f"u{i % USERS}",
+        region="eu",
+        team_id=extra.get("team_id"),
+        display_name=None,
+        # Growing values: on best boards every write improves, the costlier path.
+        value=1 + i,
+        occurred_at=at,
+        accepted_at=at,
+        subscore=None if subscore is None else subscore - i,
+        metadata=extra["metadata"].decode() if "metadata" in extra else None,
+    )
+
+
+async def commands_per_write(redis: Redis, board: Board, extra: dict[str, Any]) -> float:
+    """The Redis commands one steady-state write runs on ``board``: every user already has an
+    entry in every period; the calls of the first pass over the users are not counted."""
+    keys = Keys("cmd")
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    for i in range(USERS + WRITES):
+        if i == USERS:
+            await redis.config_resetstat()
+        call_keys, args = submit_call(
+            keys,
+            board,
+            _event(board, extra, i, at + timedelta(microseconds=i)),
+            body_hash="h",
+            idempotency_ttl=60,
+            outbox_max=1_000_000,
+            feed_length=100,
+        )
+        await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+    stats: dict[str, Any] = await redis.info("commandstats")
+    calls = sum(
+        int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in _SKIPPED
+    )
+    await redis.flushall()
+    return calls / WRITES
+
+
+async def measure() -> list[Line]:
+    if shutil.which("redis-server") is None:
+        return [Note("Redis commands per write: no redis-server binary here, not counted.")]
+    rows: list[Line] = []
+    async with private_redis() as redis:
+        for name, (board, extra) in SHAPES.items():
+            count = await commands_per_write(redis, board, extra)
+            rows.append(Row(f"Redis commands per steady-state write, {name}", f"{count:.1f}"))
+    return rows
+
+
+if __name__ == "__main__":
+    for line in asyncio.run(measure()):
+        print(line)
