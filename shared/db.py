@@ -17,9 +17,10 @@ import binascii
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from pydantic import Field
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -27,6 +28,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
     and_,
     func,
@@ -76,6 +78,12 @@ score_events = _table(
     Column("value", BigInteger, nullable=False),
     Column("occurred_at", DATETIME(fsp=6), nullable=False),
     Column("accepted_at", DATETIME(fsp=6), nullable=False),
+    # On boards with a subscore_order (NULL elsewhere, and for events stored before 0003).
+    Column("subscore", BigInteger, nullable=True),
+    # The metadata object as the compact JSON text ``orjson.dumps`` makes of it, so that a
+    # rebuild hands the write function the very text of the live write (NULL: none). TEXT, not
+    # MariaDB's JSON, for the reason given at ``boards``; at most 1 KiB by the API's check.
+    Column("metadata", Text, nullable=True),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
     UniqueConstraint("board_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
@@ -120,13 +128,21 @@ class BadCursor(ValueError):
 
 
 class EventRecord(TypedDict):
-    """One stored event as the API shows it (docs/api.md section 7)."""
+    """One stored event as the API shows it (docs/api.md section 7); the feed's entries have
+    the same shape. ``subscore`` and ``metadata`` are always there, null when the event had
+    none, so that a client reads every event the same way."""
 
     event_id: str
     user_id: str
     region: str
     team_id: str | None
     value: int
+    subscore: Annotated[
+        int | None, Field(description="The event's subscore; null on boards without one")
+    ]
+    metadata: Annotated[
+        dict[str, Any] | None, Field(description="The event's metadata object; null if none")
+    ]
     occurred_at: str
     accepted_at: str
 
@@ -209,7 +225,16 @@ async def user_events(
     t = score_events.c
     query = (
         select(
-            t.id, t.event_id, t.user_id, t.region, t.team_id, t.value, t.occurred_at, t.accepted_at
+            t.id,
+            t.event_id,
+            t.user_id,
+            t.region,
+            t.team_id,
+            t.value,
+            t.subscore,
+            t.metadata,
+            t.occurred_at,
+            t.accepted_at,
         )
         .where(t.board_id == board_id, t.user_id == user_id)
         .order_by(t.accepted_at.desc(), t.id.desc())
@@ -231,6 +256,8 @@ async def user_events(
             "region": row.region,
             "team_id": row.team_id,
             "value": row.value,
+            "subscore": row.subscore,
+            "metadata": None if row.metadata is None else orjson.loads(row.metadata),
             "occurred_at": rfc3339(from_db_time(row.occurred_at)),
             "accepted_at": rfc3339(from_db_time(row.accepted_at)),
         }

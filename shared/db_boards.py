@@ -12,7 +12,7 @@ under it, so that concurrent writers reach Redis in the order they reached MySQL
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,9 +28,12 @@ from shared.events import rfc3339
 
 LOCK_TIMEOUT_SECONDS = 10
 FRIENDSHIP_PAGE = 5000
-# A snapshot row is at most ~110 KiB (1000 entries); this keeps one INSERT well under MariaDB's
-# default 16 MiB max_allowed_packet.
+# Snapshot rows a statement, and their entries' bytes: one INSERT stays well under MariaDB's
+# default 16 MiB max_allowed_packet. A row without metadata is at most ~110 KiB (1000 entries),
+# so fifty fit; with metadata (up to 1 KiB an entry, twice that escaped) a row may near 3 MiB,
+# and the byte budget cuts the statement short first.
 SNAPSHOT_CHUNK = 50
+SNAPSHOT_CHUNK_BYTES = 4 * 1024 * 1024
 
 Db = AsyncEngine | AsyncConnection
 
@@ -239,8 +242,24 @@ async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> None:
         for row in rows
     ]
     async with engine.begin() as conn:
-        for start in range(0, len(values), SNAPSHOT_CHUNK):
-            await conn.execute(snapshots.insert().values(values[start : start + SNAPSHOT_CHUNK]))
+        for chunk in _snapshot_chunks(values):
+            await conn.execute(snapshots.insert().values(chunk))
+
+
+def _snapshot_chunks(values: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """``values`` cut into statements of at most ``SNAPSHOT_CHUNK`` rows and
+    ``SNAPSHOT_CHUNK_BYTES`` of entries (UTF-8), a row larger than that alone in its own."""
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for value in values:
+        row_size = len(value["entries"].encode())
+        if chunk and (len(chunk) == SNAPSHOT_CHUNK or size + row_size > SNAPSHOT_CHUNK_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(value)
+        size += row_size
+    if chunk:
+        yield chunk
 
 
 async def snapshot_at(
@@ -277,5 +296,13 @@ async def snapshot_at(
         "period": period,
         "period_id": row.period_id,
         "taken_at": rfc3339(from_db_time(row.taken_at)),
-        "entries": orjson.loads(row.entries),
+        "entries": [_with_metadata(entry) for entry in orjson.loads(row.entries)],
     }
+
+
+def _with_metadata(entry: dict[str, Any]) -> dict[str, Any]:
+    """A stored entry with its ``metadata``: entries taken before metadata was kept have none,
+    and every entry a read answers has the field (null when none)."""
+    if "metadata" not in entry:
+        entry["metadata"] = None
+    return entry

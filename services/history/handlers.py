@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import orjson
 import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
@@ -27,7 +28,8 @@ ROWS = Counter(
 
 # Rows a driver call. The driver also splits them into statements of at most 1 MB; this bounds
 # a statement's size well under MariaDB's default 16 MiB max_allowed_packet whatever the driver
-# does and whatever LADDER_HISTORY_BATCH says (a row is well under 1 KiB).
+# does and whatever LADDER_HISTORY_BATCH says (a row is at most about 3 KiB: its metadata, at
+# most 1 KiB of JSON, doubled at worst by escaping, and well under 1 KiB of the rest).
 CHUNK_ROWS = 1000
 
 
@@ -42,6 +44,8 @@ COLUMNS = (
     "value",
     "occurred_at",
     "accepted_at",
+    "subscore",
+    "metadata",
 )
 
 # One row's statement, run with the driver's executemany: asyncmy rewrites an INSERT ... VALUES
@@ -57,7 +61,12 @@ INSERT_EVENTS = (
 
 
 def _row(event: ScoreAccepted) -> tuple[Any, ...]:
-    """The parameters of INSERT_EVENTS for ``event``, in the order of COLUMNS."""
+    """The parameters of INSERT_EVENTS for ``event``, in the order of COLUMNS.
+
+    The metadata is stored as ``orjson.dumps`` writes it: the compact text the API made of the
+    object and handed to the write function, which the rebuild hands it again (``SubmitEvent``).
+    """
+    metadata = None if event.metadata is None else orjson.dumps(event.metadata).decode()
     return (
         event.event_id,
         event.board_id,
@@ -68,6 +77,8 @@ def _row(event: ScoreAccepted) -> tuple[Any, ...]:
         event.value,
         to_db_time(event.occurred_at),
         to_db_time(event.accepted_at),
+        event.subscore,
+        metadata,
     )
 
 

@@ -30,7 +30,7 @@ from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.periods import PERIODS, Period
-from shared.ranking import id_of, score_of
+from shared.ranking import id_of, metadata_of, score_of, sub_of, subscore_of
 from shared.service import every_board
 
 log = structlog.get_logger(__name__)
@@ -114,44 +114,42 @@ class Snapshotter:
     async def _read(
         self, board: Board, views: list[tuple[Period, str, str]], taken_at: datetime
     ) -> list[SnapshotRow]:
+        """The snapshot rows of ``views``, in two round trips: their tops, then the display
+        names and each user view's records (``Keys.ties``) of the ids on top."""
         keys, bid = self._keys, board.board_id
+        view_keys = [keys.board_view(bid, *view) for view in views]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for period, period_id, scope in views:
-                pipe.zrevrange(
-                    keys.board_view(bid, period, period_id, scope), 0, self._size - 1, True
-                )
+            for key in view_keys:
+                pipe.zrevrange(key, 0, self._size - 1, True)
             tops: list[list[tuple[str, float]]] = await pipe.execute()
+        ranked = [
+            (view, key, rows)
+            for view, key, rows in zip(views, view_keys, tops, strict=True)
+            if rows
+        ]
         users = sorted(
-            {
-                id_of(m)
-                for (_, _, scope), rows in zip(views, tops, strict=True)
-                if scope != "teams"
-                for m, _ in rows
-            }
+            {id_of(m) for (_, _, scope), _, rows in ranked if scope != "teams" for m, _ in rows}
         )
-        names: dict[str, str | None] = {}
-        if users:
-            found: list[Any] = await self._redis.hmget(keys.names(bid), users)
-            names = dict(zip(users, found, strict=True))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if users:
+                pipe.hmget(keys.names(bid), users)
+            for (_, _, scope), key, rows in ranked:
+                if scope != "teams":
+                    pipe.hmget(Keys.ties(key), [id_of(m) for m, _ in rows])
+            replies = iter(await pipe.execute())
+        names: dict[str, str | None] = dict(zip(users, next(replies), strict=True)) if users else {}
         snapshots: list[SnapshotRow] = []
-        for (period, period_id, scope), rows in zip(views, tops, strict=True):
-            if not rows:
-                continue
-            entries: list[dict[str, Any]] = []
-            for rank, (raw, stored) in enumerate(rows, start=1):
-                score, member = score_of(stored, board.descending), id_of(raw)
-                if scope == "teams":
-                    # As the teams scope of a leaderboard read shows them: no display name.
-                    entries.append({"rank": rank, "team_id": member, "score": score})
-                else:
-                    entries.append(
-                        {
-                            "rank": rank,
-                            "user_id": member,
-                            "score": score,
-                            "display_name": names.get(member),
-                        }
+        for (period, period_id, scope), _, rows in ranked:
+            if scope == "teams":
+                entries = [team_entry(board, rank, *row) for rank, row in enumerate(rows, start=1)]
+            else:
+                records: list[str | None] = next(replies)
+                entries = [
+                    user_entry(board, rank, raw, stored, names.get(id_of(raw)), record)
+                    for rank, ((raw, stored), record) in enumerate(
+                        zip(rows, records, strict=True), start=1
                     )
+                ]
             snapshots.append(
                 {
                     "board_id": bid,
@@ -163,6 +161,37 @@ class Snapshotter:
                 }
             )
         return snapshots
+
+
+def user_entry(
+    board: Board, rank: int, raw: str, stored: float, name: str | None, record: str | None
+) -> dict[str, Any]:
+    """A user's entry as a leaderboard read answers it (docs/api.md section 5), from its member
+    and score and its record in the view's hash: the metadata kept with the score and, on a
+    board with a ``subscore_order``, the subscore, which the member's tie key holds."""
+    entry: dict[str, Any] = {
+        "rank": rank,
+        "user_id": id_of(raw),
+        "score": score_of(stored, board.descending),
+    }
+    if board.subscore_order is not None:
+        # A member without a subscore part (none on a board that had one from its first score)
+        # has none to show.
+        entry["subscore"] = subscore_of(raw, board.subscore_order) if sub_of(raw) else None
+    entry["display_name"] = name
+    entry["metadata"] = metadata_of(record)
+    return entry
+
+
+def team_entry(board: Board, rank: int, raw: str, stored: float) -> dict[str, Any]:
+    """A team's entry as the teams scope of a leaderboard read shows it: no display name, and
+    no metadata, which is kept with a user's score, not a team's sum."""
+    return {
+        "rank": rank,
+        "team_id": id_of(raw),
+        "score": score_of(stored, board.descending),
+        "metadata": None,
+    }
 
 
 async def tick(

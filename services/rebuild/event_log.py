@@ -18,7 +18,8 @@ ID_CHUNK = 1000  # event ids an IN (...) lookup
 def page(board_id: str, after: int) -> Any:
     """A page of the board's events after primary key ``after``, in the order the log stored
     them: the order they were applied in, for the events one relay published (see
-    docs/reliability.md)."""
+    docs/reliability.md). Each row has every field of the event's ``SubmitEvent``, the subscore
+    and the metadata text included (:func:`services.rebuild.staging.replay_call`)."""
     t = score_events.c
     return (
         select(
@@ -31,6 +32,8 @@ def page(board_id: str, after: int) -> Any:
             t.value,
             t.occurred_at,
             t.accepted_at,
+            t.subscore,
+            t.metadata,
         )
         .where(t.board_id == board_id, t.id > after)
         .order_by(t.id)

@@ -40,8 +40,10 @@ class Staged:
 def replay_call(
     keys: Keys, settings: LadderSettings, board: Board, row: Any
 ) -> tuple[list[str], list[str | int]]:
-    """The keys (live names) and arguments of ``submit()`` for one stored event: what the API's
-    write path built when the event was accepted."""
+    """The keys (live names) and arguments of ``submit()`` for one stored event (a row of
+    :func:`services.rebuild.event_log.page`): what the API's write path built when the event was
+    accepted. The metadata goes back as the very text the live write was given, which the event
+    log keeps (NULL, for none, is ``None`` as it was)."""
     event = SubmitEvent(
         row.event_id,
         row.user_id,
@@ -51,6 +53,8 @@ def replay_call(
         row.value,
         from_db_time(row.occurred_at),
         from_db_time(row.accepted_at),
+        subscore=row.subscore,
+        metadata=row.metadata,
     )
     # No body hash: the scratch idempotency answer is deleted at once; and the scratch outbox
     # is empty at every call.

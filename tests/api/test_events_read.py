@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 
 from services.history.handlers import HistoryHandler
+from shared.boards import MAIN_BOARD, Board
 from shared.db import open_engine
 from shared.events import ScoreAccepted
+from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import assert_problem, get_ok
-from tests.helpers import accepted_event, api_client, player
+from shared.submit import SubmitEvent, submit_call
+from tests.api.helpers import add_board, assert_problem, get_ok
+from tests.helpers import SERVER, accepted_event, api_client, player
 
 # PyJWT warns on every sign and verify with a key under 32 bytes; the contract's development
 # secret, which these tests use as the API does, is 14.
@@ -52,6 +56,8 @@ async def test_a_users_events_come_from_the_history_database(
         "region": "eu",
         "team_id": "red-wombats",
         "value": -6,
+        "subscore": None,
+        "metadata": None,
         "occurred_at": "2026-11-29T17:00:02.000Z",
         "accepted_at": "2026-11-29T17:00:03.000Z",
     }
@@ -61,3 +67,80 @@ async def test_a_users_events_come_from_the_history_database(
     assert own.status_code == 200
     assert [e["event_id"] for e in own.json()["events"]] == ["e-4", "e-3", "e-1"]
     assert_problem(other, 403)
+
+
+# --- subscore and metadata (the contract's v1.1) -------------------------------------------
+
+T1 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
+RACE = Board(board_id="race", operator="best", order="asc", subscore_order="desc")
+METADATA = {"car": "ü-7", "laps": [61.5, 60.25], "pit": None}
+
+
+async def test_the_events_read_carries_subscore_and_metadata(
+    quiet: LadderSettings, mysql_database: str
+) -> None:
+    events = [
+        accepted("e-1", "u-1", 61, T1).model_copy(update={"subscore": -3, "metadata": METADATA}),
+        accepted("e-2", "u-1", 60, T1 + timedelta(seconds=1)).model_copy(update={"subscore": 0}),
+    ]
+    async with api_client(quiet) as client:
+        async with open_engine(quiet.mysql_url) as engine:
+            await HistoryHandler(engine)(events)
+        response = await client.get("/v1/boards/main/users/u-1/events", headers=SERVER)
+
+    assert response.status_code == 200, response.text
+    got = response.json()["events"]
+    assert [(e["event_id"], e["subscore"], e["metadata"]) for e in got] == [
+        ("e-2", 0, None),
+        ("e-1", -3, METADATA),
+    ]
+    # The object as it was sent, key order included.
+    assert response.content.find(orjson.dumps(METADATA)) > 0
+
+
+async def test_the_feed_carries_subscore_and_metadata_as_the_events_read_does(
+    quiet: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
+) -> None:
+    """Feed entries are the write's records (shared/submit.py), which name ``subscore`` and
+    ``metadata`` only where the event had them; the feed answers both keys always."""
+    plain = SubmitEvent("e-1", "u-1", "eu", "red", "Ana", 5, T1, T1)
+    wide = SubmitEvent(
+        "e-2",
+        "u-2",
+        "eu",
+        None,
+        None,
+        61,
+        T1,
+        T1,
+        subscore=-3,
+        metadata=orjson.dumps(METADATA).decode(),
+    )
+    async with api_client(quiet) as client:
+        await add_board(redis, keys, RACE)
+        for board, event in ((MAIN_BOARD, plain), (RACE, wide)):
+            _, args = submit_call(
+                keys, board, event, body_hash="", idempotency_ttl=60, outbox_max=1, feed_length=10
+            )
+            # The write function closes the record after the periods' results (write.lua).
+            await redis.lpush(keys.feed(board.board_id), f'{args[6]},"periods":{{}}}}')
+        main = await get_ok(client, "/v1/boards/main/feed")
+        race = await get_ok(client, "/v1/boards/race/feed")
+
+    assert main["events"] == [
+        {
+            "event_id": "e-1",
+            "user_id": "u-1",
+            "region": "eu",
+            "team_id": "red",
+            "value": 5,
+            "subscore": None,
+            "metadata": None,
+            "occurred_at": "2026-11-29T17:00:00.000Z",
+            "accepted_at": "2026-11-29T17:00:00.000Z",
+        }
+    ]
+    assert [(e["event_id"], e["subscore"], e["metadata"]) for e in race["events"]] == [
+        ("e-2", -3, METADATA)
+    ]
+    assert list(race["events"][0]) == list(main["events"][0])

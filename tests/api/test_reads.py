@@ -28,7 +28,10 @@ from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, get_ok
 from tests.helpers import SERVER, api_client, player, snapshot
 
-EVENT_FIELDS = {"event_id", "user_id", "region", "team_id", "value", "occurred_at", "accepted_at"}
+EVENT_FIELDS = {
+    *("event_id", "user_id", "region", "team_id", "value"),
+    *("subscore", "metadata", "occurred_at", "accepted_at"),
+}
 
 
 def at(second: int) -> str:
@@ -327,6 +330,8 @@ async def test_the_feed_is_newest_first_and_bounded(quiet: LadderSettings) -> No
         "region": "eu",
         "team_id": None,
         "value": 8,
+        "subscore": None,
+        "metadata": None,
         "occurred_at": at(8).replace("Z", ".000Z"),
         "accepted_at": None,
     }

@@ -3,36 +3,34 @@ and the views marked for a batch whose events differ in board, region, team and 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import pytest
+import orjson
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import CHUNK_ROWS, HistoryHandler, MarkChangedViews
 from services.history.snapshotter import changed_views
-from shared.db import count_events, open_engine, score_events
+from shared.db import count_events, score_events
 from shared.keys import Keys
-from shared.settings import LadderSettings
+from shared.ranking import MAX_SCORE
 from tests.helpers import accepted_event as stored_event
 from tests.history.test_history import counted
 from tests.history.test_snapshots import WEEK, accepted, dirty
-
-
-@pytest.fixture
-async def db(settings: LadderSettings, mysql_database: str) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(settings.mysql_url, changed_rows=True) as engine:
-        yield engine
 
 
 async def test_a_batch_of_several_statements_counts_each_row_once(db: AsyncEngine) -> None:
     handler = HistoryHandler(db)
     total = 2 * CHUNK_ROWS + 500
     batch = [stored_event(f"e-{i}", user_id=f"u-{i % 7}", value=i) for i in range(total - 1)]
-    # Stored as given: the driver substitutes parameters into the statement's text itself.
+    # Stored as given: the driver substitutes parameters into the statement's text itself. The
+    # value and subscore at the bounds of the range (docs/api.md section 1).
     tricky = "50% %s %(x)s 'q' \\ \"d\" ;"
-    batch.append(stored_event("e-tricky", display_name=tricky, value=-(2**53)))
+    metadata = {tricky: [tricky, {"%s": None}], "n": -MAX_SCORE}
+    batch.append(
+        stored_event("e-tricky", display_name=tricky, value=-MAX_SCORE).model_copy(
+            update={"subscore": MAX_SCORE, "metadata": metadata}
+        )
+    )
     await handler(batch[::3])  # a third of them arrived before
     inserted, duplicates = counted("inserted"), counted("duplicate")
 
@@ -44,12 +42,16 @@ async def test_a_batch_of_several_statements_counts_each_row_once(db: AsyncEngin
     async with db.connect() as conn:
         row = (
             await conn.execute(
-                select(score_events.c.display_name, score_events.c.value).where(
-                    score_events.c.event_id == "e-tricky"
-                )
+                select(
+                    score_events.c.display_name,
+                    score_events.c.value,
+                    score_events.c.subscore,
+                    score_events.c.metadata,
+                ).where(score_events.c.event_id == "e-tricky")
             )
         ).one()
-    assert (row.display_name, row.value) == (tricky, -(2**53))
+    assert (row.display_name, row.value, row.subscore) == (tricky, -MAX_SCORE, MAX_SCORE)
+    assert row.metadata == orjson.dumps(metadata).decode()
 
 
 async def test_a_mixed_batch_marks_every_view_of_every_event(redis: Redis, keys: Keys) -> None:

@@ -45,12 +45,6 @@ async def eventually(condition: Callable[[], Awaitable[bool]]) -> None:
             await asyncio.sleep(0.02)
 
 
-@pytest.fixture
-async def db(settings: LadderSettings, mysql_database: str) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(settings.mysql_url, changed_rows=True) as engine:
-        yield engine
-
-
 # --- the handler ---------------------------------------------------------------------------
 
 
@@ -163,6 +157,8 @@ async def test_user_events_shape(db: AsyncEngine) -> None:
             "region": "eu",
             "team_id": "red-wombats",
             "value": -4,
+            "subscore": None,
+            "metadata": None,
             "occurred_at": "2026-11-29T16:59:59.123Z",
             "accepted_at": "2026-11-29T17:00:00.123Z",
         }

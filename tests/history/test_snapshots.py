@@ -8,12 +8,11 @@ import contextlib
 import os
 import signal
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aio_pika
-import pytest
+import orjson
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,16 +20,14 @@ from services.history import main as history_main
 from services.history.handlers import MarkChangedViews
 from services.history.snapshotter import Snapshotter, tick, view_member
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
-from shared.db import open_engine
-from shared.db_boards import snapshot_at
+from shared.db_boards import SnapshotRow, save_snapshots, snapshot_at
 from shared.events import PeriodResult, ScoreAccepted, message_body
 from shared.keys import Keys
 from shared.periods import Period
-from shared.ranking import member, signed, tie_key
+from shared.ranking import MAX_SCORE, member, parse_record, record, signed, sub_part, tie_key
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.api.helpers import assert_problem
-from tests.helpers import api_client, eventually, player
+from tests.helpers import eventually
 from tests.stack import free_port
 
 T1 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
@@ -77,32 +74,42 @@ async def write_view(
     period_id: str,
     scope: str,
     scores: dict[str, int],
+    *,
+    subscores: dict[str, int] | None = None,
+    metadata: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Scores into a view as the atomic write (or the aggregator) leaves them, reached in the
-    order given: an earlier member wins a tie."""
+    order given: an earlier member wins a tie. Each id's record in the view's hash holds its
+    tie key (with its subscore, on a board with a ``subscore_order``), its signed score and its
+    metadata, if given (shared/ranking.py)."""
     view = keys.board_view(board.board_id, period, period_id, scope)
-    ties = {entry: tie_key(1_700_000_000_000 + ms) for ms, entry in enumerate(scores)}
+    subs, kept = subscores or {}, metadata or {}
+    ties = {
+        entry: tie_key(1_700_000_000_000 + ms, sub_part(subs.get(entry), board.subscore_order))
+        for ms, entry in enumerate(scores)
+    }
     members = {
         member(ties[entry], entry): signed(score, board.descending)
         for entry, score in scores.items()
     }
+    records = {
+        entry: record(
+            ties[entry],
+            signed(score, board.descending),
+            orjson.dumps(kept[entry]).decode() if entry in kept else "",
+        )
+        for entry, score in scores.items()
+    }
     old = await redis.hmget(Keys.ties(view), list(ties))
-    gone = [member(tie, entry) for tie, entry in zip(old, ties, strict=True) if tie is not None]
+    gone = [
+        member(parse_record(raw)[0], entry)
+        for raw, entry in zip(old, ties, strict=True)
+        if raw is not None
+    ]
     if gone:
         await redis.zrem(view, *gone)
     await redis.zadd(view, members)
-    await redis.hset(Keys.ties(view), mapping=ties)
-
-
-@pytest.fixture
-async def db(settings: LadderSettings, mysql_database: str) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(settings.mysql_url) as engine:
-        yield engine
-
-
-@pytest.fixture
-def snapshotter(redis: Redis, keys: Keys, db: AsyncEngine, settings: LadderSettings) -> Snapshotter:
-    return Snapshotter(redis, keys, db, size=3)
+    await redis.hset(Keys.ties(view), mapping=records)
 
 
 async def dirty(redis: Redis, keys: Keys, board_id: str = "main") -> set[str]:
@@ -158,16 +165,16 @@ async def test_a_pass_stores_the_top_n_of_each_changed_view(
         "period_id": WEEK,
         "taken_at": "2026-11-29T17:00:00.000Z",
         "entries": [
-            {"rank": 1, "user_id": "u-2", "score": 70, "display_name": "Bo"},
-            {"rank": 2, "user_id": "u-1", "score": 50, "display_name": "Ana"},
-            {"rank": 3, "user_id": "u-3", "score": 50, "display_name": None},
+            {"rank": 1, "user_id": "u-2", "score": 70, "display_name": "Bo", "metadata": None},
+            {"rank": 2, "user_id": "u-1", "score": 50, "display_name": "Ana", "metadata": None},
+            {"rank": 3, "user_id": "u-3", "score": 50, "display_name": None, "metadata": None},
         ],
     }
     teams = await snapshot_at(db, "main", "teams", "weekly", T1)
     assert teams is not None
     assert teams["entries"] == [
-        {"rank": 1, "team_id": "blue", "score": 130},
-        {"rank": 2, "team_id": "red", "score": 120},
+        {"rank": 1, "team_id": "blue", "score": 130, "metadata": None},
+        {"rank": 2, "team_id": "red", "score": 120, "metadata": None},
     ]
     assert await snapshot_at(db, "main", "global", "weekly", T1) is None
     # The global view is taken again on the next pass, once the merge has landed.
@@ -177,7 +184,9 @@ async def test_a_pass_stores_the_top_n_of_each_changed_view(
     assert await snapshotter.take_board(board, T2) == 1
     merged = await snapshot_at(db, "main", "global", "weekly", T2)
     assert merged is not None
-    assert merged["entries"] == [{"rank": 1, "user_id": "u-2", "score": 70, "display_name": "Bo"}]
+    assert merged["entries"] == [
+        {"rank": 1, "user_id": "u-2", "score": 70, "display_name": "Bo", "metadata": None}
+    ]
     # A follow-up is not followed up again; nothing changed, nothing is taken.
     assert await dirty(redis, keys) == set()
     assert await snapshotter.take_board(board, T2 + timedelta(minutes=1)) == 0
@@ -194,6 +203,52 @@ async def test_an_ascending_board_decodes_its_scores(
     found = await snapshot_at(db, "laps", "region:eu", "alltime", T1)
     assert found is not None
     assert [(e["user_id"], e["score"]) for e in found["entries"]] == [("u-1", 58), ("u-2", 61)]
+
+
+async def test_entries_carry_their_metadata_and_on_a_subscore_board_their_subscore(
+    redis: Redis, keys: Keys, db: AsyncEngine, snapshotter: Snapshotter
+) -> None:
+    """As a leaderboard read shows them (docs/api.md section 5): every user entry its metadata
+    (null when none) from the view's records, and on a board with a subscore_order its
+    subscore, from its member; the board's other views and boards without one are untouched."""
+    race = Board(board_id="race", operator="best", order="asc", subscore_order="desc")
+    kept = {"u-1": {"car": "ü", "laps": [1, 2.5]}, "u-3": {}}
+    # u-2 ties u-1's time with a better subscore, reached later; u-3 is slower at the bound.
+    times, subs = {"u-1": 58, "u-2": 58, "u-3": 61}, {"u-1": 3, "u-2": 5, "u-3": -MAX_SCORE}
+    for scope in ("region:eu", "global"):
+        await write_view(
+            redis, keys, race, "alltime", "all", scope, times, subscores=subs, metadata=kept
+        )
+    await write_view(
+        redis, keys, MAIN_BOARD, "alltime", "all", "region:eu", {"u-1": 5}, metadata=kept
+    )
+    await redis.hset(keys.names("race"), "u-1", "Ana")
+    await MarkChangedViews(redis, keys)(
+        [
+            accepted(board_id="race", periods=(("alltime", "all"),)),
+            accepted(periods=(("alltime", "all"),)),
+        ]
+    )
+
+    assert await snapshotter.take_board(race, T1) == 2
+    assert await snapshotter.take_board(MAIN_BOARD, T1) == 1
+
+    want = [
+        {"rank": 1, "user_id": "u-2", "score": 58, "subscore": 5, "display_name": None},
+        {"rank": 2, "user_id": "u-1", "score": 58, "subscore": 3, "display_name": "Ana"},
+        {"rank": 3, "user_id": "u-3", "score": 61, "subscore": -MAX_SCORE, "display_name": None},
+    ]
+    for entry in want:
+        entry["metadata"] = kept.get(entry["user_id"])
+    for scope in ("region:eu", "global"):
+        taken = await snapshot_at(db, "race", scope, "alltime", T1)
+        assert taken is not None
+        assert taken["entries"] == want, scope
+    plain = await snapshot_at(db, "main", "region:eu", "alltime", T1)
+    assert plain is not None
+    assert plain["entries"] == [
+        {"rank": 1, "user_id": "u-1", "score": 5, "display_name": None, "metadata": kept["u-1"]}
+    ]
 
 
 async def test_a_pass_cut_short_is_taken_again(
@@ -277,7 +332,7 @@ async def test_the_history_service_snapshots_what_it_consumes(
 
         snapshot = await eventually(taken, within=15)
         assert snapshot["entries"] == [
-            {"rank": 1, "user_id": "u-1", "score": 5, "display_name": None}
+            {"rank": 1, "user_id": "u-1", "score": 5, "display_name": None, "metadata": None}
         ]
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(asyncio.shield(service), 15)
@@ -288,106 +343,36 @@ async def test_the_history_service_snapshots_what_it_consumes(
                 await service
 
 
-# --- the API ---------------------------------------------------------------------------------
-
-
-SNAPSHOTS = "/v1/boards/main/snapshots"
-
-
-def rfc(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
-
-
-async def test_a_snapshot_answers_for_a_time_between_two_takes(
-    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine, snapshotter: Snapshotter
+async def test_snapshots_with_full_metadata_are_stored_in_statements_mysql_takes(
+    db: AsyncEngine,
 ) -> None:
-    mark = MarkChangedViews(redis, keys)
-    weekly = {"scope": "region:eu", "period": "weekly"}
-    async with api_client(quiet) as client:
-        before_any = await client.get(SNAPSHOTS, params=weekly | {"at": rfc(T2)})
-
-        await write_view(redis, keys, MAIN_BOARD, "weekly", WEEK, "region:eu", {"u-1": 10})
-        await mark([accepted(periods=(("weekly", WEEK),))])
-        await snapshotter.take_board(MAIN_BOARD, T1)
-        await write_view(
-            redis, keys, MAIN_BOARD, "weekly", WEEK, "region:eu", {"u-2": 30, "u-1": 20}
-        )
-        await mark([accepted("u-2", periods=(("weekly", WEEK),))])
-        await snapshotter.take_board(MAIN_BOARD, T2)
-
-        between = await client.get(SNAPSHOTS, params=weekly | {"at": "2026-11-29T18:00:30+01:00"})
-        at_first = await client.get(SNAPSHOTS, params=weekly | {"at": rfc(T1)})
-        after = await client.get(SNAPSHOTS, params=weekly | {"at": rfc(T2 + timedelta(days=1))})
-        latest = await client.get(SNAPSHOTS, params=weekly, headers=player("u-9"))
-        too_early = await client.get(
-            SNAPSHOTS, params=weekly | {"at": rfc(T1 - timedelta(milliseconds=1))}
-        )
-        other_week = await client.get(
-            SNAPSHOTS, params=weekly | {"at": rfc(T2), "period_id": "2026-W47"}
-        )
-        other_scope = await client.get(
-            SNAPSHOTS, params={"scope": "global", "period": "weekly", "at": rfc(T2)}
-        )
-
-    assert_problem(before_any, 404)
-    assert between.status_code == 200, between.text
-    assert between.json() == {
-        "board_id": "main",
-        "scope": "region:eu",
-        "period": "weekly",
-        "period_id": WEEK,
-        "taken_at": "2026-11-29T17:00:00.000Z",
-        "entries": [{"rank": 1, "user_id": "u-1", "score": 10, "display_name": None}],
-    }
-    assert at_first.json() == between.json()
-    assert after.json()["taken_at"] == "2026-11-29T17:01:00.000Z"
-    assert [(e["user_id"], e["score"]) for e in after.json()["entries"]] == [
-        ("u-2", 30),
-        ("u-1", 20),
+    """Twenty views of 1000 entries, each with 1 KiB of metadata: some 21 MiB, past MariaDB's
+    default 16 MiB max_allowed_packet in one statement, so save_snapshots cuts them by size."""
+    entries = [
+        {
+            "rank": r,
+            "user_id": f"u-{r}",
+            "score": r,
+            "display_name": None,
+            "metadata": {"m": "x" * 1016},
+        }
+        for r in range(1, 1001)
     ]
-    assert latest.json() == after.json()
-    assert_problem(too_early, 404)
-    assert_problem(other_week, 404)
-    assert_problem(other_scope, 404)
+    rows: list[SnapshotRow] = [
+        {
+            "board_id": "main",
+            "scope": f"region:r{i}",
+            "period": "alltime",
+            "period_id": "all",
+            "taken_at": T1,
+            "entries": entries,
+        }
+        for i in range(20)
+    ]
 
+    await save_snapshots(db, rows)
 
-@pytest.mark.parametrize(
-    ("params", "status", "loc"),
-    [
-        ({"at": "2026-11-29T17:00:00"}, 422, "at"),  # no offset
-        ({"at": "yesterday"}, 422, "at"),
-        ({"at": "9999-12-31T23:00:00-05:00"}, 422, "at"),
-        ({"scope": "friends:u-1"}, 422, "scope"),
-        ({"scope": "region:EU"}, 422, "scope"),
-        ({"scope": "everyone"}, 422, "scope"),
-        ({"period": "hourly"}, 422, "period"),
-        ({"period": "weekly", "period_id": "2026-48"}, 422, "period_id"),
-        ({"period": "weekly", "period_id": "2026-W48"}, 404, None),
-        ({"at": "1000-01-01T00:00:00Z"}, 404, None),
-    ],
-)
-async def test_a_bad_snapshot_query_is_a_problem(
-    quiet: LadderSettings,
-    mysql_database: str,
-    params: dict[str, str],
-    status: int,
-    loc: str | None,
-) -> None:
-    async with api_client(quiet) as client:
-        response = await client.get(SNAPSHOTS, params=params)
-
-    body = assert_problem(response, status)
-    if loc is not None:
-        assert any(error["loc"][-1] == loc for error in body["errors"]), body
-
-
-async def test_snapshots_of_an_unknown_board_or_period_are_404(
-    quiet: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
-) -> None:
-    async with api_client(quiet) as client:
-        await BoardCatalog(redis, keys).put(LAPS)
-        unknown = await client.get("/v1/boards/nope/snapshots")
-        not_kept = await client.get("/v1/boards/laps/snapshots", params={"period": "daily"})
-
-    assert_problem(unknown, 404)
-    assert_problem(not_kept, 404)
+    for i in (0, 19):
+        found = await snapshot_at(db, "main", f"region:r{i}", "alltime", T1)
+        assert found is not None
+        assert found["entries"] == entries

@@ -24,7 +24,6 @@ router = APIRouter(prefix="/v1/boards", tags=["activity"])
 
 FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20
-_EVENT_FIELDS = ("event_id", "user_id", "region", "team_id", "value", "occurred_at", "accepted_at")
 
 
 class FeedOut(BaseModel):
@@ -69,11 +68,28 @@ async def feed(
     events = []
     for item in raw:
         try:
-            event = orjson.loads(item)
-            events.append({name: event[name] for name in _EVENT_FIELDS})
+            events.append(_feed_event(orjson.loads(item)))
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("unreadable feed entry", board_id=board.board_id)
     return {"events": events}
+
+
+def _feed_event(entry: dict[str, Any]) -> dict[str, Any]:
+    """A feed entry (the write's outbox record) shaped as the events read shows an event
+    (``EventRecord``). The record has ``subscore`` and ``metadata`` only where the event had
+    them, so that records of boards without them stay as they were; the answer always has both,
+    null when absent, as the events read does."""
+    return {
+        "event_id": entry["event_id"],
+        "user_id": entry["user_id"],
+        "region": entry["region"],
+        "team_id": entry["team_id"],
+        "value": entry["value"],
+        "subscore": entry.get("subscore"),
+        "metadata": entry.get("metadata"),
+        "occurred_at": entry["occurred_at"],
+        "accepted_at": entry["accepted_at"],
+    }
 
 
 @router.get(

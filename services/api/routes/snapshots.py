@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 from pydantic import AwareDatetime, BaseModel, Field
 
+from services.api.answers import json_answer
 from services.api.errors import Invalid, NotFound, problems
 from services.api.reads import views
 from services.api.routes.params import PeriodQuery
@@ -67,7 +68,7 @@ async def snapshot(
             description="Only snapshots of this period id",
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> Response:
     """The newest stored top-N snapshot of a view taken at or before ``at``; 404 if none was
     taken by then. Without ``period_id`` it may be of any period id (the answer names it): at
     the start of a period, the latest snapshot is the final one of the period before."""
@@ -95,4 +96,6 @@ async def snapshot(
             f"No snapshot of {scope} {period} on board {board.board_id!r} was taken by "
             f"{rfc3339(moment)}."
         )
-    return dict(found)
+    # As stored: the entries were taken in the shape a leaderboard read answers (subscore on
+    # boards with one, metadata), which the model would cut down to the fields it names.
+    return json_answer(dict(found))

@@ -1,0 +1,125 @@
+"""The history schema's migrations against real MariaDB: the tables of shared/db.py are exactly
+what the migrations make (what ``alembic revision --autogenerate`` compares), and a database
+holding events at an older revision upgrades in place, keeping them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
+
+from services.history.handlers import HistoryHandler
+from services.history.migrate import alembic_config, check_schema, migrate
+from shared.db import metadata, open_engine, user_events
+from shared.settings import LadderSettings
+from tests.helpers import T0, accepted_event, server_statement
+from tests.history.test_history import scratch_database
+
+
+def _differences(connection: Connection) -> list[Any]:
+    context = MigrationContext.configure(
+        connection, opts={"compare_type": True, "compare_server_default": True}
+    )
+    return list(compare_metadata(context, metadata))
+
+
+async def test_the_tables_are_what_the_migrations_make(db: AsyncEngine) -> None:
+    """Compared as the migration environment compares them (types and server defaults too):
+    a column added to shared/db.py without its migration, or the other way round, fails here."""
+    async with db.connect() as conn:
+        assert await conn.run_sync(_differences) == []
+
+
+def _alembic(connection: Connection, verb: str, revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    getattr(command, verb)(config, revision)
+
+
+async def alembic_to(url: str, verb: str, revision: str) -> None:
+    """``alembic upgrade`` or ``downgrade`` to ``revision``, on the connection env.py is handed,
+    as :func:`services.history.migrate.migrate` runs it."""
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(_alembic, verb, revision)
+            await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+def _columns(connection: Connection) -> list[str]:
+    return [c["name"] for c in inspect(connection).get_columns("score_events")]
+
+
+# Two events as the history service stored them before 0003, in the columns it had.
+OLD_ROWS = [
+    {"event_id": f"e-{i}", "value": v, "at": T0 + timedelta(seconds=i)}
+    for i, v in enumerate((5, -9007199254740991))
+]
+
+
+async def test_a_database_at_0002_with_events_upgrades_keeping_them(
+    settings: LadderSettings,
+) -> None:
+    async with scratch_database(settings, "up") as url:
+        base, _, name = url.rpartition("/")
+        await server_statement(base, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        await alembic_to(url, "upgrade", "0002")
+        async with open_engine(url, changed_rows=True) as engine:
+            async with engine.begin() as conn:
+                assert "metadata" not in await conn.run_sync(_columns)
+                await conn.execute(
+                    text(
+                        "INSERT INTO score_events (event_id, board_id, user_id, region, team_id,"
+                        " display_name, value, occurred_at, accepted_at) VALUES (:event_id,"
+                        " 'main', 'u-1', 'eu', NULL, 'Ana', :value, :at, :at)"
+                    ),
+                    [{**row, "at": row["at"].replace(tzinfo=None)} for row in OLD_ROWS],
+                )
+
+            await migrate(url)
+
+            await check_schema(engine)
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_differences) == []
+                assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
+            # The old events read with no subscore and no metadata; a new one keeps both.
+            await HistoryHandler(engine)(
+                [
+                    accepted_event("e-new", accepted_at=T0 + timedelta(minutes=1)).model_copy(
+                        update={"subscore": 3, "metadata": {"k": "v"}}
+                    )
+                ]
+            )
+            events, _ = await user_events(engine, "main", "u-1", 10, None)
+    assert [(e["event_id"], e["value"], e["subscore"], e["metadata"]) for e in events] == [
+        ("e-new", 5, 3, {"k": "v"}),
+        ("e-1", -9007199254740991, None, None),
+        ("e-0", 5, None, None),
+    ]
+
+
+async def test_0003_downgrades_to_0002_keeping_the_events(db: AsyncEngine) -> None:
+    """The way back, for an operator who returns to the release before: the two columns go,
+    every event stays."""
+    await HistoryHandler(db)([accepted_event("e-1").model_copy(update={"metadata": {"k": 1}})])
+    url = db.url.render_as_string(hide_password=False)
+
+    await alembic_to(url, "downgrade", "0002")
+
+    async with db.connect() as conn:
+        columns = await conn.run_sync(_columns)
+        count = (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar()
+    assert "subscore" not in columns and "metadata" not in columns
+    assert count == 1
+    # And up again, as `make migrate` would.
+    await migrate(url)
+    await check_schema(db)
