@@ -95,9 +95,15 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
     assert (board["scope"], board["total"], board["next_cursor"]) == ("teams", 2, None)
     assert board["as_of"] is not None
     assert anonymous.status_code == 200
-    assert anonymous.json()["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}]
-    assert weekly["entries"] == [{"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}]
-    assert second["entries"] == [{"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None}]
+    assert anonymous.json()["entries"] == [
+        {"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}
+    ]
+    assert weekly["entries"] == [
+        {"rank": 1, "team_id": "red-wombats", "score": 15, "metadata": None}
+    ]
+    assert second["entries"] == [
+        {"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None}
+    ]
     assert second["next_cursor"] is None
 
 
