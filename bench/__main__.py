@@ -18,7 +18,18 @@ import httpx
 
 from bench import probes
 from bench.machine import machine, versions
-from bench.phases import BENCH_PREFIX, Bench, baselines, batch, merge, push, reads, single, sizes
+from bench.phases import (
+    BENCH_PREFIX,
+    Bench,
+    baselines,
+    batch,
+    commands,
+    merge,
+    push,
+    reads,
+    single,
+    sizes,
+)
 from bench.report import Report, write_report
 from bench.settings import BenchSettings
 from shared.logs import configure
@@ -52,6 +63,7 @@ async def measure(bench: Bench, report: Report) -> None:
     print("batch ingest", flush=True)
     report.take(await batch.measure(bench, base))
     report.take(await sizes.write_path(bench, batch.BOARD))
+    report.take(await commands.measure())
     print("POST → WebSocket push", flush=True)
     report.take(await push.measure(bench))
     print(f"reads on a board of {bench.options.members:,} members", flush=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,9 +49,9 @@ async def private_redis() -> AsyncIterator[Redis]:
         port = probe.getsockname()[1]
     binary = shutil.which("redis-server") or "redis-server"
     with tempfile.TemporaryDirectory() as workdir:
-        server = subprocess.Popen(
-            [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL,
+        server = await asyncio.create_subprocess_exec(
+            *(binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir),
+            stdout=asyncio.subprocess.DEVNULL,
         )
         try:
             await _wait_for(port)
@@ -60,7 +59,7 @@ async def private_redis() -> AsyncIterator[Redis]:
                 yield redis
         finally:
             server.terminate()
-            server.wait()
+            await server.wait()
 
 
 async def _wait_for(port: int) -> None:
@@ -133,4 +132,4 @@ async def measure() -> list[Line]:
 
 if __name__ == "__main__":
     for line in asyncio.run(measure()):
-        print(line)
+        print(f"{line.figure}: {line.value}" if isinstance(line, Row) else line.text)

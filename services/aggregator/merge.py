@@ -37,7 +37,16 @@ from shared.events import rfc3339
 from shared.functions import PUT_FUNCTION
 from shared.keys import Keys, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
-from shared.ranking import MAX_SCORE, id_of, parse_record, reached_of, score_of, tie_key
+from shared.ranking import (
+    MAX_SCORE,
+    id_of,
+    metadata_of,
+    parse_record,
+    reached_of,
+    score_of,
+    subscore_of,
+    tie_key,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +83,22 @@ def combine(operator: str, entries: list[Entry]) -> Entry | None:
     if abs(total) > MAX_SCORE:
         return None
     return total, tie_key(reached[latest]), entries[latest][2]
+
+
+def top_entry(
+    board: Board, rank: int, member: str, stored: float, name: str | None, raw: str | None
+) -> dict[str, Any]:
+    """A ``leaderboard`` push's entry, shaped as the reads' (docs/api.md section 5)."""
+    entry: dict[str, Any] = {
+        "rank": rank,
+        "user_id": id_of(member),
+        "score": score_of(stored, board.descending),
+        "display_name": name,
+        "metadata": metadata_of(raw),
+    }
+    if board.subscore_order is not None:
+        entry["subscore"] = subscore_of(member, board.subscore_order)
+    return entry
 
 
 class Merger:
@@ -157,24 +182,31 @@ class Merger:
                 pipe.get(keys.last_top(bid, period, period_id, scope))
             replies = await pipe.execute()
         members = {id_of(m) for rows in replies[0::2] for m, _ in rows}
-        names: dict[str, str | None] = {}
-        if members:
-            found: list[Any] = await self._redis.hmget(keys.names(bid), list(members))
-            names = dict(zip(members, found, strict=True))
+        # The tops' display names and records (their metadata), in one round trip.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if members:
+                pipe.hmget(keys.names(bid), list(members))
+            for scope, rows in zip(scopes, replies[0::2], strict=True):
+                if rows:
+                    view = keys.board_view(bid, period, period_id, scope)
+                    pipe.hmget(keys.ties(view), [id_of(m) for m, _ in rows])
+            found = await pipe.execute()
+        names: dict[str, str | None] = (
+            dict(zip(members, found.pop(0), strict=True)) if members else {}
+        )
+        held = iter(found)
+        records: list[list[Any]] = [next(held) if rows else [] for rows in replies[0::2]]
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         changed = 0
         async with self._redis.pipeline(transaction=False) as pipe:
             # Every changed scope's swap and push in one round trip.
-            for scope, rows, last in zip(scopes, replies[0::2], replies[1::2], strict=True):
-                entries: list[dict[str, Any]] = [
-                    {
-                        "rank": i + 1,
-                        "user_id": id_of(m),
-                        "score": score_of(c, board.descending),
-                        "display_name": names.get(id_of(m)),
-                    }
-                    for i, (m, c) in enumerate(rows)
+            for scope, rows, last, kept in zip(
+                scopes, replies[0::2], replies[1::2], records, strict=True
+            ):
+                entries = [
+                    top_entry(board, i + 1, m, c, names.get(id_of(m)), raw)
+                    for i, ((m, c), raw) in enumerate(zip(rows, kept, strict=True))
                 ]
                 fingerprint = orjson.dumps(entries).decode()
                 if fingerprint == last:

@@ -144,13 +144,24 @@ REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
         "must stay exactly rankable: the board's definition and the stored score"
     ),
     (SCORE, ("body", "event_id")): "A body event_id must equal the Idempotency-Key header",
+    (SCORE, ("body", "subscore")): (
+        "subscore is required on a board with a subscore_order and refused on any other: the "
+        "board's definition"
+    ),
+    (SCORE, ("body", "metadata")): (
+        "metadata takes at most 1024 bytes as compact JSON: a size of the serialised object, "
+        "which no JSON Schema keyword measures"
+    ),
     (SCORE, ("body", "display_name")): (
         "display_name is printable (Python's str.isprintable: no control, format, separator, "
         "private-use or unassigned characters), a set of code points that changes with each "
         "Unicode version and that no pattern can list"
     ),
     (PUT_BOARD, ("body", "timezone")): "A timezone is a name the server's tz database knows",
-    (PUT_BOARD, ("body",)): "min_value may not exceed max_value: one field bounded by another",
+    (PUT_BOARD, ("body",)): (
+        "min_value may not exceed max_value, and subscore_order is refused on incr boards: "
+        "fields bounded by others"
+    ),
     (BEFRIEND, ("path", "friend_id")): "A user cannot befriend itself: two path parameters differ",
 }
 

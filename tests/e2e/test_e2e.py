@@ -84,6 +84,7 @@ async def test_score_travels_through_all_four_services(stack: Stack) -> None:
             "user_id": hero,
             "score": 25,
             "display_name": "Hero",
+            "metadata": None,
         }
         pushed = await watcher.expect(
             lambda m: (
