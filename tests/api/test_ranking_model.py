@@ -5,6 +5,10 @@ Redis Function call each, no HTTP); the region's board read back with ``ZREVRANG
 same users, in the same order, with the same scores as a list kept by hand. Values are drawn
 across the whole range, ±(2**53 - 1), with small ones and the edges often enough that equal
 scores, ties, and totals that would leave the range (refused, writing nothing) happen.
+
+Boards with a ``subscore_order`` (``best`` and ``set``) are held the same way against a model of
+(score, subscore) pairs, subscores drawn like the values; the subscore is read back from the
+member's tie key.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 from hypothesis import given, settings
@@ -28,7 +32,7 @@ from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import Period, window_at
-from shared.ranking import MAX_SCORE
+from shared.ranking import MAX_SCORE, id_of, score_of, subscore_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from tests.conftest import REDIS_URL
@@ -44,6 +48,11 @@ USERS = [f"u-{i}" for i in range(6)]
 _EDGES = st.sampled_from([MAX_SCORE, -MAX_SCORE, MAX_SCORE - 1, -MAX_SCORE + 1, 2**52, -(2**52)])
 _WIDE = st.one_of(st.integers(-3, 3), _EDGES, st.integers(-MAX_SCORE, MAX_SCORE))
 VALUES = {"incr": _WIDE, "best": _WIDE, "set": _WIDE}
+# Scores for the subscore boards: fewer small ones, so that equal scores, and so their order by
+# subscore, come up often.
+_FEW = st.one_of(st.integers(-1, 1), _EDGES, st.integers(-MAX_SCORE, MAX_SCORE))
+# And fewer users, so that a user's writes meet its own pair often.
+PAIR_USERS = 3
 
 
 @dataclass
@@ -191,6 +200,144 @@ def test_the_model_knows_its_rules() -> None:
     # incr: adding zero changes nothing, not even the time.
     writes = [("u-0", 1, t[0]), ("u-1", 1, t[1]), ("u-0", 0, t[2])]
     assert model("incr", "desc", writes) == ([("u-0", 1), ("u-1", 1)], [True, True, False])
+
+
+# --- subscores -------------------------------------------------------------------------------
+
+Pair = tuple[int, int]
+
+
+@dataclass
+class PairStanding:
+    pair: Pair
+    reached: datetime
+
+
+def pair_model(
+    operator: Operator, order: Order, sub_order: Order, writes: list[tuple[str, Pair, datetime]]
+) -> tuple[list[tuple[str, int, int]], list[bool]]:
+    """A subscore board by hand: ``(user, score, subscore)`` best first, and whether each write
+    changed the entry. Pairs compare by score in ``order``, then subscore in ``sub_order``;
+    ``best`` keeps the better pair (an equal one later changes nothing), ``set`` the latest, and
+    a pair's time is when it was reached (the same pair again keeps it). Equal pairs rank the
+    earlier first."""
+    sign, sub_sign = (1 if order == "desc" else -1), (1 if sub_order == "desc" else -1)
+
+    def key(pair: Pair) -> Pair:
+        return sign * pair[0], sub_sign * pair[1]
+
+    board: dict[str, PairStanding] = {}
+    changed: list[bool] = []
+    for user, pair, at in writes:
+        old = board.get(user)
+        if old is None:
+            moved = True
+        elif operator == "best":
+            moved = key(pair) > key(old.pair)
+        else:
+            moved = pair != old.pair
+        if moved:
+            board[user] = PairStanding(pair, at)
+        changed.append(moved)
+    # Best first: the greater key, then the earlier.
+    ranked = sorted(
+        board.items(), key=lambda kv: (-key(kv[1].pair)[0], -key(kv[1].pair)[1], kv[1].reached)
+    )
+    return [(user, s.pair[0], s.pair[1]) for user, s in ranked], changed
+
+
+async def read_pairs(
+    redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
+) -> list[tuple[str, int, int]]:
+    """A region's board read back as ``(id, score, subscore)`` (the layout of shared/ranking.py:
+    the subscore is in the member's tie key)."""
+    assert board.subscore_order is not None
+    view = keys.region_view(board.board_id, period, period_id, REGION)
+    rows = cast(list[tuple[str, float]], await redis.zrevrange(view, 0, -1, withscores=True))
+    return [
+        (id_of(m), score_of(s, board.descending), subscore_of(m, board.subscore_order))
+        for m, s in rows
+    ]
+
+
+async def pair_scenario(
+    operator: Operator, order: Order, sub_order: Order, plays: list[tuple[int, int, int]]
+) -> None:
+    prefix = "lm-" + uuid.uuid4().hex[:12]
+    config = ladder_settings(prefix)
+    keys = Keys(prefix)
+    board = Board(
+        board_id="pairs",
+        operator=operator,
+        order=order,
+        subscore_order=sub_order,
+        periods=PERIODS,
+        min_value=-MAX_SCORE,
+        max_value=MAX_SCORE,
+    )
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=500)
+    writes = [
+        (USERS[who], (value, sub), start + timedelta(milliseconds=i))
+        for i, (who, value, sub) in enumerate(plays)
+    ]
+    async with open_redis(config.redis_url, load_functions=True) as redis:
+        try:
+            answers: list[dict[str, Any]] = []
+            for i, (user, (value, sub), at) in enumerate(writes):
+                body = {"user_id": user, "region": REGION, "value": value, "subscore": sub}
+                score = ScoreIn.model_validate(body | {"occurred_at": at})
+                answers.append(await submit(redis, keys, config, board, score, f"e{i}"))
+
+            expected, changed = pair_model(operator, order, sub_order, writes)
+            assert await read_pairs(redis, keys, board, "alltime", "all") == expected
+            assert [a["periods"]["alltime"]["improved"] for a in answers] == changed
+            for i, answer in enumerate(answers):
+                so_far, _ = pair_model(operator, order, sub_order, writes[: i + 1])
+                rank = [u for u, _, _ in so_far].index(writes[i][0]) + 1
+                standing = answer["periods"]["alltime"]
+                assert (standing["rank"], standing["score"]) == (rank, so_far[rank - 1][1])
+            days: dict[str, list[tuple[str, Pair, datetime]]] = {}
+            for write in writes:
+                day = window_at("daily", write[2], board.timezone).period_id
+                days.setdefault(day, []).append(write)
+            for day, within in days.items():
+                expected_day, _ = pair_model(operator, order, sub_order, within)
+                assert await read_pairs(redis, keys, board, "daily", day) == expected_day
+        finally:
+            await drop_prefix(redis, prefix)
+
+
+@pytest.mark.parametrize("sub_order", ["desc", "asc"])
+@pytest.mark.parametrize("order", ["desc", "asc"])
+@pytest.mark.parametrize("operator", ["best", "set"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_subscore_board_holds_the_model(
+    operator: Operator, order: Order, sub_order: Order, data: st.DataObject
+) -> None:
+    plays = data.draw(
+        st.lists(st.tuples(st.integers(0, PAIR_USERS - 1), _FEW, _WIDE), min_size=1, max_size=25),
+        label="plays (user index, value, subscore)",
+    )
+    asyncio.run(pair_scenario(operator, order, sub_order, plays))
+
+
+def test_the_pair_model_knows_its_rules() -> None:
+    t = [datetime(2026, 1, 1, tzinfo=UTC) + timedelta(milliseconds=i) for i in range(5)]
+    # best, desc, subscore asc: (3, 1) beats (3, 2); an equal pair later keeps the earlier time.
+    writes = [("u-0", (3, 2), t[0]), ("u-1", (3, 1), t[1]), ("u-0", (3, 1), t[2])]
+    writes += [("u-1", (3, 1), t[3]), ("u-0", (2, -9), t[4])]
+    assert pair_model("best", "desc", "asc", writes) == (
+        [("u-1", 3, 1), ("u-0", 3, 1)],
+        [True, True, True, False, False],
+    )
+    # set, asc, subscore desc: every other pair replaces; the same pair again keeps the time.
+    writes = [("u-0", (3, 2), t[0]), ("u-1", (3, 2), t[1]), ("u-0", (3, 2), t[2])]
+    writes += [("u-1", (3, 5), t[3]), ("u-0", (4, 9), t[4])]
+    assert pair_model("set", "asc", "desc", writes) == (
+        [("u-1", 3, 5), ("u-0", 4, 9)],
+        [True, True, False, True, True],
+    )
 
 
 # --- concurrency -----------------------------------------------------------------------------
