@@ -69,15 +69,14 @@ events. Two cores give at most 2,000,000 µs a second, so an event that costs th
 C µs in all cannot go through faster than 2,000,000 / C a second, whoever spends it.
 
 - **Batch ingest is bound by Redis**, one core: the write function is most of its share.
-  `ladder_submit_v2` on a board like `main` (four periods, teams) runs 65 Redis commands, the
-  rate limits 6 more (it ran 97 before the expiry of a key was set once, when the write makes
-  it, and before the distinct-score sets lost their per-score counts), against the 4 of the
-  baseline's FCALL; its cost in Redis grows with the count of commands (each `redis.call` from
-  Lua costs about as much again as the command itself). What would move it: the team boards
-  kept by the aggregator, from the per-member contributions it already records for the MVP
-  view, rather than by the write (about 18 of the 65 commands); boards with fewer periods;
-  past one Redis, boards spread over cluster shards (their keys share one hash tag per board
-  already).
+  The rows "Redis commands per steady-state write" count what one write runs (the rate
+  limits' 6 not included), against the 4 of the baseline's FCALL; its cost in Redis grows with
+  the count of commands (each `redis.call` from Lua costs about as much again as the command
+  itself). Of a write on a board like `main` (four periods, teams), the team boards take about
+  a quarter, the distinct-score sets of dense ranks another, the period counters and the feed a
+  sixth. What would move it: those derived views kept by the aggregator, in batches, rather
+  than by the write; boards with fewer periods; past one Redis, boards spread over cluster
+  shards (their keys share one hash tag per board already).
 - **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
   several times the bare endpoint's (2 cores / U). A py-spy profile of a worker under this load
   (docs/architecture.md): over a third of its main thread in uvicorn, Starlette and FastAPI
@@ -157,8 +156,10 @@ def write_report(
         "It uses boards `bench-single`, `bench-batch`, `bench-ws` and `bench-reads` of the running",
         "Ladder, the key prefix `ladder-bench` and the database `ladder_bench`, and removes all of",
         "them at the end (and at the start, after an interrupted run). The million-member board is",
-        "filled by pipelined ZADDs of correctly encoded all-time entries straight into its",
-        "region's sorted set; the reads then go through the API. Load comes from wrk",
+        "filled by pipelined ZADDs and HSETs of all-time entries and their records, in the",
+        "layout of shared/ranking.py, straight into its region's view; the reads then go through",
+        "the API. The command counts come from a private redis-server of their own. Load comes",
+        "from wrk",
         "(`bench/wrk/*.lua`); the WebSocket probe is a Python client that times, from outside, a",
         "POST until the push it causes arrives.",
         "",
