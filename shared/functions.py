@@ -12,7 +12,10 @@ rebuild flag and journal, and the rebuild's staging keys, come in as keys. v3 of
 of the merge's put and of the standing read: the exact score and the member's tie key, with a
 hash of tie keys beside each view, shared/ranking.py. v4 of the write, replay and rebuild finish,
 v3 of the put and standing read: subscores in the tie key, and each id's
-record (tie key, score, metadata) in that hash, which readers of ids' entries take by ``HMGET``.)
+record (tie key, score, metadata) in that hash, which readers of ids' entries take by ``HMGET``.
+v5 of the write, replay and rebuild finish, v2 of contribute: the event's record under its id
+holds a 16-digit body hash and a compact answer, and its consumers' seen marks, which contribute
+takes as its first two keys, the record and the old seen key.)
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v4"
+SUBMIT_FUNCTION = "ladder_submit_v5"
 """One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v4"
+WRITE_FUNCTION = "ladder_write_v5"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -34,21 +37,27 @@ HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 """Move the hot view's windows forward, taking out what they leave behind."""
-CONTRIBUTE_FUNCTION = "ladder_contribute_v1"
+CONTRIBUTE_FUNCTION = "ladder_contribute_v2"
 """Count one event toward its member's team contribution (the MVP view), once."""
+
+# -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
+SEEN_FUNCTION = "ladder_seen_v1"
+"""Whether a consumer marked each of some events handled (read-only)."""
+MARK_SEEN_FUNCTION = "ladder_mark_seen_v1"
+"""Mark events handled by a consumer, in each event's record."""
 
 # -- the notifier ------------------------------------------------------------------------------
 AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v4"
+REPLAY_FUNCTION = "ladder_replay_v5"
 """``SUBMIT_FUNCTION`` onto staging keys, leaving no answer and no outbox entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v4"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v5"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""
@@ -67,6 +76,8 @@ REGISTERED: dict[str, str] = {
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,
+    "seen": SEEN_FUNCTION,
+    "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,

@@ -13,7 +13,10 @@ key                                                type        holds
 ``{P:B}:lb:<period>:<period_id>:global``           zset        the merged global board
 ``{P:B}:regions:<period>:<period_id>``             set         regions that have scores then
 ``{P:B}:names``                                    hash        user_id -> display_name
-``{P:B}:idem:<event_id>``                          string      the first answer to an event_id
+``{P:B}:idem:<event_id>``                          string      the event's record: the first
+                                                               answer to its event_id and its
+                                                               consumers' seen marks
+                                                               (shared/lua/write.lua, live.lua)
 ``{P:B}:outbox``                                   stream      accepted events not yet relayed
 ``{P:B}:dirty``                                    set         "<period>|<period_id>|<region>|
                                                                <user_id>" touched, to merge
@@ -21,7 +24,9 @@ key                                                type        holds
 ``{P:B}:asof``                                     hash        "<period>:<period_id>" -> time of
                                                                the last merge (RFC 3339)
 ``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
-``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it
+``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it:
+                                                               the layout before, for events
+                                                               whose record is of that layout
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
                                                                ranks); member = signed score,
@@ -54,7 +59,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v4`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v5`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -140,6 +145,9 @@ class Keys:
         return f"{self.tag(board_id)}:top:{period}:{period_id}:{scope}"
 
     def seen(self, board_id: str, consumer: str, event_id: str) -> str:
+        """A consumer's mark of the layout before, kept apart from the event's record; a
+        record of that layout expires within ``LADDER_IDEMPOTENCY_TTL_SECONDS`` of the
+        upgrade, and with it the last use of these."""
         return f"{self.tag(board_id)}:seen:{consumer}:{event_id}"
 
     def teams_view(self, board_id: str, period: str, period_id: str) -> str:
@@ -233,6 +241,12 @@ class Keys:
             self.staged(board_id, self.rebuilding(board_id)),
             self.staged(board_id, self.rebuild_journal(board_id)),
         ]
+
+
+def seen_keys(keys: Keys, board_id: str, consumer: str, event_id: str) -> tuple[str, str]:
+    """What a consumer's seen marks of an event take (shared/lua/live.lua): the event's record,
+    which holds its mark, and its seen key of the layout before."""
+    return keys.idempotency(board_id, event_id), keys.seen(board_id, consumer, event_id)
 
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:

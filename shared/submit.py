@@ -172,7 +172,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v4`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v5`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -180,7 +180,7 @@ def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str
 def finish_keys(
     keys: Keys, board_id: str, counters: Sequence[str], others: Sequence[str]
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v4``: flag, journal, the replay's scratch keys, then
+    """The keys of ``ladder_rebuild_finish_v5``: flag, journal, the replay's scratch keys, then
     each live key the rebuild replaces with its staging copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]
     return [

@@ -1,4 +1,4 @@
-"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v4`` call runs, by
+"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v5`` call runs, by
 board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
 else talks to. A count, not a time: it does not vary with the machine or its load, so that a
 change of the write's layout shows here as the same figure on every run.

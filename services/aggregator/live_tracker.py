@@ -7,8 +7,8 @@ Consumed events are recorded in Redis, idempotently and with no regard to order:
   ``ladder_hot_add_v1`` call per board and batch does both, for each event whose member is new,
   so a redelivery adds nothing;
 - each team event of an ``incr`` board adds its value to its member's contribution to the team
-  in every period, once per event id (``ladder_contribute_v1``: a seen key and the increments in
-  one atomic step).
+  in every period, once per event id (``ladder_contribute_v2``: the aggregator's mark in the
+  event's record, shared/lua/live.lua, and the increments in one atomic step).
 
 On the ticker each window's start moves up to the clock (``ladder_hot_trim_v1`` takes the
 events it leaves out of its sums, so a tick costs what arrived and left since the last one plus
@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
-from shared.keys import Keys
+from shared.keys import Keys, seen_keys
 from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at, window_of
@@ -121,7 +121,7 @@ class RecordLive:
     def _contribute(
         self, pipe: Any, board: Board, event: ScoreAccepted, team: str
     ) -> frozenset[str]:
-        """Queue the event's ``ladder_contribute_v1`` call; the periods it marks dirty."""
+        """Queue the event's ``ladder_contribute_v2`` call; the periods it marks dirty."""
         bid = board.board_id
         periods = tuple((period, result.period_id) for period, result in event.periods.items())
         memo = (bid, team, periods)
@@ -132,15 +132,15 @@ class RecordLive:
                 self._calls.clear()
             known = self._calls[memo] = (board, *self._call_of(board, team, periods))
         _, view_keys, expiries, dirty = known
-        seen = self._keys.seen(bid, "aggregator", event.event_id)
+        seen = seen_keys(self._keys, bid, "aggregator", event.event_id)
         args = (SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at))
-        pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys) + 1, seen, *view_keys, *args, *expiries)
+        pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys) + 2, *seen, *view_keys, *args, *expiries)
         return dirty
 
     def _call_of(
         self, board: Board, team: str, periods: tuple[tuple[Period, str], ...]
     ) -> tuple[tuple[str, ...], tuple[int, ...], frozenset[str]]:
-        """The keys (but the seen key), expiries and dirty marks of a contribution to ``team``
+        """The keys (but the seen keys), expiries and dirty marks of a contribution to ``team``
         in ``periods``: the same for every event of that team in those periods."""
         keys, bid = self._keys, board.board_id
         view_keys: list[str] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import orjson
@@ -12,8 +13,8 @@ from services.notifier.rules import crossings, earned
 from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
-from shared.functions import AWARD_FUNCTION
-from shared.keys import Keys
+from shared.functions import AWARD_FUNCTION, MARK_SEEN_FUNCTION, SEEN_FUNCTION
+from shared.keys import Keys, seen_keys
 from shared.periods import Period
 from shared.ranking import parse_record, score_of
 
@@ -29,10 +30,12 @@ class Notify:
     (broker redelivery).
 
     An event is marked seen only after its messages are published: a crash in between repeats
-    the rank messages on redelivery rather than losing them. Badges never repeat: each award is
-    one ``ladder_award_v1`` call whose ``HSETNX`` on the user's badges hash decides, in the same
-    atomic step as the publish, so a badge is pushed exactly once however often, and however
-    partly, its event was handled before.
+    the rank messages on redelivery rather than losing them. The mark is the notifier's bit in
+    the event's record (``ladder_seen_v1`` reads it, ``ladder_mark_seen_v1`` sets it: one call
+    a board each), so a handled event keeps no key of its own (shared/lua/live.lua). Badges
+    never repeat: each award is one ``ladder_award_v1`` call whose ``HSETNX`` on the user's
+    badges hash decides, in the same atomic step as the publish, so a badge is pushed exactly
+    once however often, and however partly, its event was handled before.
     """
 
     def __init__(self, redis: Redis, keys: Keys, catalog: BoardCatalog) -> None:
@@ -41,13 +44,13 @@ class Notify:
         self._catalog = catalog
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
-        seen_keys = [self._keys.seen(e.board_id, "notifier", e.event_id) for e in events]
-        seen = await self._redis.mget(seen_keys)
-        fresh: dict[str, ScoreAccepted] = {}
-        for key, event, was_seen in zip(seen_keys, events, seen, strict=True):
+        seen = await self._seen(events)
+        fresh: dict[tuple[str, str], ScoreAccepted] = {}
+        for event, was_seen in zip(events, seen, strict=True):
+            named = (event.board_id, event.event_id)
             # A message delivered twice within one batch counts once, too.
-            if was_seen is None and key not in fresh:
-                fresh[key] = event
+            if not was_seen and named not in fresh:
+                fresh[named] = event
         SKIPPED.inc(len(events) - len(fresh))
         found: list[tuple[ScoreAccepted, bool, Period, Crossing]] = []
         awards: list[tuple[str, str, str, str, bytes]] = []
@@ -71,13 +74,37 @@ class Notify:
                 pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
             for channel, rank_message in messages:
                 pipe.publish(channel, orjson.dumps(rank_message))
-            for key in fresh:
-                # SET key 1 EX ttl, queued as it is (``pipe.set`` checks its options on each call).
-                pipe.execute_command("SET", key, 1, "EX", SEEN_TTL_SECONDS)
+            for marks in self._seen_keys(list(fresh.values())).values():
+                pipe.execute_command(
+                    "FCALL", MARK_SEEN_FUNCTION, len(marks), *marks, "notifier", SEEN_TTL_SECONDS
+                )
             replies: list[Any] = await pipe.execute()
         AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
         for _, rank_message in messages:
             PUSHES.labels(rank_message["reason"]).inc()
+
+    def _seen_keys(self, events: list[ScoreAccepted]) -> dict[str, list[str]]:
+        """The seen keys of ``events`` (two each: shared.keys.seen_keys), by board."""
+        by_board: dict[str, list[str]] = defaultdict(list)
+        for event in events:
+            by_board[event.board_id] += seen_keys(
+                self._keys, event.board_id, "notifier", event.event_id
+            )
+        return by_board
+
+    async def _seen(self, events: list[ScoreAccepted]) -> list[bool]:
+        """Whether the notifier marked each of ``events`` handled: one read a board."""
+        by_board = self._seen_keys(events)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for marks in by_board.values():
+                pipe.execute_command("FCALL", SEEN_FUNCTION, len(marks), *marks, "notifier")
+            replies: list[Any] = await pipe.execute()
+        found: dict[tuple[str, str], bool] = {}
+        for board_id, marks in zip(by_board, replies, strict=True):
+            keys = by_board[board_id][::2]
+            for key, mark in zip(keys, marks, strict=True):
+                found[(board_id, key)] = bool(mark)
+        return [found[(e.board_id, self._keys.idempotency(e.board_id, e.event_id))] for e in events]
 
     def _award(self, event: ScoreAccepted, badge: str) -> tuple[str, str, str, str, bytes]:
         """The arguments of one ``ladder_award_v1`` call."""

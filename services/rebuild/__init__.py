@@ -8,7 +8,7 @@ views of every period still retained, team boards, distinct-score sets, feed, pl
 counts, each user's regions and team, and display names; then it marks every user of every view
 dirty, so the aggregator merges the global views again through its own code.
 
-Each event is replayed, in the order the event log stored it, through ``ladder_replay_v4``:
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v5``:
 the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
 no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
 the log holds the events in the order they were applied (one relay a board; with several, events
@@ -27,7 +27,7 @@ Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuil
    key (memory stays bounded by a page), replaying each onto staging
    (:mod:`services.rebuild.event_log`, :mod:`services.rebuild.staging`).
 4. In the same snapshot, look up which journaled events it held.
-5. ``ladder_rebuild_finish_v4``, one atomic step: replay the other journaled events onto staging,
+5. ``ladder_rebuild_finish_v5``, one atomic step: replay the other journaled events onto staging,
    check that no live event counter is ahead of its staged one (an event applied before the flag
    that MySQL did not hold yet: then all is thrown away and the board read again), rename
    staging over the live keys, drop the flag and journal (:mod:`services.rebuild.finish`).

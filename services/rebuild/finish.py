@@ -28,7 +28,7 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v4``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v5``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
     delete the ``live`` keys the rebuild did not make again), drop flag and journal.
 

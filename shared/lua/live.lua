@@ -63,18 +63,74 @@ local function hot_trim(keys, args)
 end
 
 --[[
+A consumer's mark that it handled an event (docs/architecture.md, "Idempotency"): its bit in the
+marks byte that starts the event's record (write.lua), so that an event's idempotency answer
+and its consumers' marks share one key. Each call gets two keys: the record, and the event's
+seen key of the layout before, which a record of that layout (no marks byte: it starts with a
+hex digit) still uses until it expires. A mark keeps the record at least `ttl` seconds more, so
+that a redelivery within that time is known, however short the idempotency records' TTL; an
+event with no record (its answer expired) gets a record of marks alone.
+]]
+local SEEN_BITS = {notifier = 6, aggregator = 7}  -- SETBIT offsets in the marks byte '@' (0x40)
+
+local function marks_of(record)
+  local first = redis.call('GETRANGE', record, 0, 0)
+  if first == '' then return nil end
+  return string.byte(first)
+end
+
+local function is_marks(byte) return byte >= 64 and byte < 68 end
+
+local function mask_of(consumer) return 2 ^ (7 - SEEN_BITS[consumer]) end
+
+-- Whether the consumer marked the event: record key, old seen key, consumer.
+local function was_seen(record, old, consumer)
+  local marks = marks_of(record)
+  if marks == nil then return false end
+  if not is_marks(marks) then return redis.call('EXISTS', old) == 1 end
+  return bit.band(marks, mask_of(consumer)) ~= 0
+end
+
+-- Mark the event handled by the consumer; returns whether it was marked already.
+local function mark_seen(record, old, consumer, ttl)
+  local marks, mask = marks_of(record), mask_of(consumer)
+  if marks == nil then
+    redis.call('SET', record, string.char(64 + mask), 'EX', ttl)
+    return false
+  end
+  if not is_marks(marks) then return not redis.call('SET', old, '1', 'NX', 'EX', ttl) end
+  if bit.band(marks, mask) ~= 0 then return true end
+  redis.call('SETBIT', record, SEEN_BITS[consumer], 1)
+  redis.call('EXPIRE', record, ttl, 'GT')
+  return false
+end
+
+-- seen: KEYS two per event (record, old seen key), ARGV the consumer; 1 or 0 for each event.
+local function seen(keys, args)
+  local out = {}
+  for i = 1, #keys, 2 do out[#out + 1] = was_seen(keys[i], keys[i + 1], args[1]) and 1 or 0 end
+  return out
+end
+
+-- mark_seen: KEYS as seen's, ARGV the consumer and the ttl in seconds.
+local function mark(keys, args)
+  for i = 1, #keys, 2 do mark_seen(keys[i], keys[i + 1], args[1], tonumber(args[2])) end
+  return #keys / 2
+end
+
+--[[
 Count one event toward its member's team contribution in every period, exactly once (the MVP
-view). KEYS: the aggregator's seen key for the event, then two per period: the team's member
-contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
+view). KEYS: the event's record and its old seen key (as seen's), then two per period: the
+team's member contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
 ARGV: seen ttl, value, user, team, accepted at (ms), then per period its expire-at (0: never).
 The user's team in a period is the one its latest accepted event named. Returns 1 if counted
 now, 0 if the event had been counted before.
 ]]
 local function contribute(keys, args)
-  if not redis.call('SET', keys[1], '1', 'NX', 'EX', tonumber(args[1])) then return 0 end
+  if mark_seen(keys[1], keys[2], 'aggregator', tonumber(args[1])) then return 0 end
   local value, user, team, accepted = tonumber(args[2]), args[3], args[4], tonumber(args[5])
-  for i = 1, (#keys - 1) / 2 do
-    local members, teams, at = keys[2 * i], keys[2 * i + 1], tonumber(args[5 + i])
+  for i = 1, (#keys - 2) / 2 do
+    local members, teams, at = keys[2 * i + 1], keys[2 * i + 2], tonumber(args[5 + i])
     redis.call('ZINCRBY', members, value, user)
     local latest = redis.call('HGET', teams, user)
     if not latest or tonumber(string.match(latest, '^(%d+)|')) <= accepted then
@@ -88,3 +144,5 @@ end
 redis.register_function(FUNCTIONS.hot_add, hot_add)
 redis.register_function(FUNCTIONS.hot_trim, hot_trim)
 redis.register_function(FUNCTIONS.contribute, contribute)
+redis.register_function{function_name = FUNCTIONS.seen, callback = seen, flags = {'no-writes'}}
+redis.register_function(FUNCTIONS.mark_seen, mark)

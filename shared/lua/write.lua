@@ -25,14 +25,48 @@ Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range
 
 local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 8, 9, 17, 3
 
+-- The event's record under its id (docs/architecture.md, "Idempotency"): a marks byte (the
+-- consumers' seen bits, live.lua), the body hash, then the first answer, compactly: per period
+-- its code (the name's initial, upper case if improved) and period id, then score, rank and
+-- previous rank ('' for none) in base 36, ' ' between fields and ';' between periods. A record
+-- of the layout before (the hash in 32 hex digits, '\n', the outbox entry) answers until it
+-- expires; one of marks alone (a consumer saw the event after its answer expired) holds none.
+local MARKS_NONE = '@'
+local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
+
+local function base36(n)
+  if n < 0 then return '-' .. base36(-n) end
+  local s = ''
+  repeat
+    local d = n % 36
+    s = string.sub(DIGITS, d + 1, d + 1) .. s
+    n = (n - d) / 36
+  until n == 0
+  return s
+end
+
+local function compact_answer(periods)
+  local parts = {}
+  for name, a in pairs(periods) do
+    local code = string.sub(name, 1, 1)
+    if a.improved then code = string.upper(code) end
+    local previous = ''
+    if a.previous_rank ~= cjson.null then previous = base36(a.previous_rank) end
+    parts[#parts + 1] = code .. a.period_id .. ' ' .. base36(tonumber(string.sub(a.score, 8))) ..
+                        ' ' .. base36(a.rank) .. ' ' .. previous
+  end
+  return table.concat(parts, ';')
+end
+
 -- The answer already stored under the event id, or the outbox bound; nil: the write goes on.
 local function refusal(keys, args)
   local stored = redis.call('GET', keys[1])
-  if stored then
-    local sep = string.find(stored, '\n', 1, true)
-    if string.sub(stored, 1, sep - 1) == args[1] then
-      return {'duplicate', string.sub(stored, sep + 1)}
+  if stored and #stored > 1 then
+    local hash, answer = string.sub(stored, 2, 17), string.sub(stored, 18)
+    if string.byte(stored, 33) == 10 then  -- the layout before: its hash starts with ours
+      hash, answer = string.sub(stored, 1, 16), string.sub(stored, 34)
     end
+    if hash == args[1] then return {'duplicate', answer} end
     return {'conflict', ''}
   end
   if redis.call('XLEN', keys[2]) >= tonumber(args[10]) then
@@ -175,7 +209,8 @@ local function record(keys, args, e, periods)
     redis.call('LTRIM', keys[6], 0, feed_length - 1)
   end
   local entry = args[7] .. ',"periods":' .. exact_json(periods) .. '}'
-  redis.call('SET', keys[1], args[1] .. '\n' .. entry, 'EX', tonumber(args[9]))
+  redis.call('SET', keys[1], MARKS_NONE .. args[1] .. compact_answer(periods), 'EX',
+             tonumber(args[9]))
   redis.call('XADD', keys[2], '*', 'e', entry)
   if redis.call('EXISTS', keys[3]) == 1 then
     redis.call('RPUSH', keys[4], cjson.encode({keys = keys, args = args}))

@@ -39,6 +39,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 
 QUEST = Board(board_id="quest", badges={"bronze": 100, "silver": 500})
 LAPS = Board(board_id="laps", operator="best", order="asc", badges={"sub-60": 60})
+# The notifier's seen mark: its bit (a SETBIT offset) in the marks byte that starts the event's
+# record (shared/lua/live.lua, SEEN_BITS).
+NOTIFIER_BIT = 6
 T0 = datetime(2026, 11, 29, 17, 0, 0, tzinfo=UTC)
 
 
@@ -202,7 +205,9 @@ async def test_a_notifier_that_died_after_awarding_does_not_award_again(
     async with listening(redis, keys.user_channel("u-1")) as channel:
         await notify([event])
         # As if it died before marking the event seen: the redelivery looks fresh.
-        await redis.delete(keys.seen("quest", "notifier", event.event_id))
+        record = keys.idempotency("quest", event.event_id)
+        assert await redis.getbit(record, NOTIFIER_BIT) == 1
+        await redis.setbit(record, NOTIFIER_BIT, 0)
         await notify([event])
         heard = await channel.drain()
     assert [m for m in heard if m["type"] == "badge"] == [badge_message("bronze")]
@@ -307,9 +312,9 @@ async def test_a_badge_reaches_the_player_once_through_the_stack(
         # The same message again, as the broker may deliver it...
         await republish(exchange, message)
         # ...and again as if the notifier had died after the award, before marking it seen.
-        seen = keys.seen("quest", "notifier", event_id)
-        await eventually(lambda: redis.exists(seen))
-        await redis.delete(seen)
+        record = keys.idempotency("quest", event_id)
+        await eventually(lambda: redis.getbit(record, NOTIFIER_BIT))
+        await redis.setbit(record, NOTIFIER_BIT, 0)
         await republish(exchange, message)
         # A fresh event behind them that earns the next badge: once it arrives, they were handled.
         marker = await api.post(

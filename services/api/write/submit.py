@@ -1,8 +1,8 @@
 """The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v4``: the rate limits of docs/api.md section 9a checked and
+A client's write runs as ``ladder_write_v5``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
-pipeline) and a refused one writes nothing. ``ladder_submit_v4`` is the write alone.
+pipeline) and a refused one writes nothing. ``ladder_submit_v5`` is the write alone.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from services.api.write.models import ScoreIn, metadata_text
 from shared.boards import Board
 from shared.functions import SUBMIT_FUNCTION, WRITE_FUNCTION
 from shared.keys import Keys
-from shared.periods import PERIODS
+from shared.periods import PERIODS, Period
 from shared.settings import LadderSettings
 from shared.submit import SubmitEvent, submit_call
 
@@ -35,7 +35,10 @@ def body_hash(score: ScoreIn) -> str:
     for optional in ("subscore", "metadata"):
         if canonical[optional] is None:
             del canonical[optional]
-    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+    # 64 bits: it tells apart only bodies sent under one event_id, so a different body passes
+    # for the first with a chance of 2**-64, and the event's record stays short. (The record
+    # layout before kept 32 digits, of which these are the first: shared/lua/write.lua.)
+    return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
 def resolve_event_id(score: ScoreIn, header: str | None) -> str:
@@ -78,6 +81,46 @@ def check_value(score: ScoreIn, board: Board) -> None:
         )
 
 
+# The period of each code in a record's compact answer: the name's initial (upper case: improved).
+_PERIOD_CODES: dict[str, Period] = {name[0]: name for name in PERIODS}
+assert len(_PERIOD_CODES) == len(PERIODS), "each period needs an initial of its own"
+
+
+def _periods_from_record(answer: str) -> dict[str, dict[str, Any]]:
+    """The periods of a first answer as the event's record keeps it (shared/lua/write.lua):
+    ``<code><period_id> <score> <rank> <previous rank>`` per period, numbers in base 36, ``;``
+    between periods."""
+    found: dict[str, dict[str, Any]] = {}
+    for part in answer.split(";") if answer else ():
+        head, score, rank, previous = part.split(" ")
+        found[_PERIOD_CODES[head[0].lower()]] = {
+            "period_id": head[1:],
+            "score": int(score, 36),
+            "rank": int(rank, 36),
+            "previous_rank": int(previous, 36) if previous else None,
+            "improved": head[0].isupper(),
+        }
+    return {name: found[name] for name in PERIODS if name in found}
+
+
+def response_from_record(
+    answer: str, event_id: str, board_id: str, user_id: str, region: str
+) -> dict[str, Any]:
+    """The duplicate's answer: the first answer the record keeps, with the event's own fields
+    from the request (its body hashed the same). A record of the layout before holds the
+    outbox entry (JSON) instead."""
+    if answer.startswith("{"):
+        return response_from_entry(answer, duplicate=True)
+    return {
+        "event_id": event_id,
+        "duplicate": True,
+        "board_id": board_id,
+        "user_id": user_id,
+        "region": region,
+        "periods": _periods_from_record(answer),
+    }
+
+
 def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     accepted = orjson.loads(entry)
     return {
@@ -96,13 +139,15 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One prepared ``ladder_submit_v4`` call, or the answer already known without one."""
+    """One prepared ``ladder_submit_v5`` call, or the answer already known without one."""
 
     event_id: str
     user_id: str
     keys: list[str]
     args: list[str | int]
     known: dict[str, Any] | None = None
+    board_id: str = ""
+    region: str = ""
 
     def command(self, quota: Quota | None, now_ms: int) -> list[Any]:
         """The FCALL arguments: the write under ``quota``'s limits, or the bare write."""
@@ -136,16 +181,18 @@ async def prepare(
     except Invalid:
         # A retry of an event accepted earlier is still a duplicate, however late it comes.
         stored: Any = await redis.get(keys.idempotency(board.board_id, event_id))
-        if stored is None:
+        first = _first_answer(stored)
+        if first is None:
             raise
-        first_hash, _, entry = stored.partition("\n")
+        first_hash, answer_kept = first
         if first_hash != digest:
             raise Conflict(
                 f"event_id {event_id!r} was already accepted with a different body."
             ) from None
-        return Call(
-            event_id, score.user_id, [], [], known=response_from_entry(entry, duplicate=True)
+        known = response_from_record(
+            answer_kept, event_id, board.board_id, score.user_id, score.region
         )
+        return Call(event_id, score.user_id, [], [], known)
     check_value(score, board)
     event = SubmitEvent(
         event_id,
@@ -168,7 +215,17 @@ async def prepare(
         outbox_max=settings.outbox_max,
         feed_length=settings.feed_length,
     )
-    return Call(event_id, score.user_id, call_keys, args)
+    return Call(event_id, score.user_id, call_keys, args, None, board.board_id, score.region)
+
+
+def _first_answer(stored: str | None) -> tuple[str, str] | None:
+    """(body hash, answer) of an event's record as shared/lua/write.lua ``refusal()`` reads it;
+    None for none, or for a record of consumers' marks alone."""
+    if stored is None or len(stored) <= 1:
+        return None
+    if stored[32:33] == "\n":  # the layout before: 32 digits of hash, of which ours are the first
+        return stored[:16], stored[33:]
+    return stored[1:17], stored[17:]
 
 
 def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
@@ -177,7 +234,7 @@ def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
     if status == "ok":
         return response_from_entry(payload, duplicate=False)
     if status == "duplicate":
-        return response_from_entry(payload, duplicate=True)
+        return response_from_record(payload, event_id, call.board_id, call.user_id, call.region)
     if status == "conflict":
         raise Conflict(f"event_id {event_id!r} was already accepted with a different body.")
     if status == "range":
