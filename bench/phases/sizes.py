@@ -10,7 +10,6 @@ from bench.phases import Bench
 from bench.probes import Ladder
 from bench.report import Line, Row
 
-
 KEPT_TARGET = 250
 """Redis bytes kept per accepted event at most (issue 14): its record and any seen keys."""
 
