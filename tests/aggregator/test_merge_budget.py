@@ -12,13 +12,14 @@ from redis.asyncio import Redis
 
 from bench.probes import layout_entries
 from services.aggregator.live_tracker import LiveViews
-from services.aggregator.main import MERGE_BUDGET, tick
+from services.aggregator.main import tick
 from services.aggregator.merge import Merger
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
 
 BACKLOG = 200_000
-INTERVAL = 0.2
+# LADDER_MERGE_INTERVAL's default is 2 s; 1 s keeps the test short and the bound tighter.
+INTERVAL = 1.0
 
 
 class Catalog:
@@ -79,9 +80,10 @@ async def test_a_backlog_drains_while_live_views_keep_their_cadence(
     await ticker
     assert not await redis.exists(keys.dirty_merging(board.board_id))
     assert await redis.hlen(Keys.ties(view)) == BACKLOG
-    # The live views ticked all along, each no later than about an interval after the last
-    # ended (an interval, one merge pass's budget at most, and slack for a shared machine).
+    # The live views ticked all along, each held back less than one interval past its own
+    # (what holds it back: a merge round's calls in Redis, the pass's budget at most; the whole
+    # backlog in one pass took seconds).
     during = [t for t in live.starts if t <= drained]
-    assert len(during) >= (drained - began) / (INTERVAL + MERGE_BUDGET) - 1
+    assert len(during) >= (drained - began) / (2 * INTERVAL) - 1
     gaps = [b - a for a, b in zip(live.starts, live.starts[1:], strict=False)]
-    assert max(gaps) < INTERVAL + MERGE_BUDGET + 0.25, gaps
+    assert max(gaps) < 2 * INTERVAL, gaps
