@@ -33,6 +33,9 @@ WRITE_FUNCTION = "ladder_write_v5"
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
+MERGE_FUNCTION = "ladder_merge_v1"
+"""Combine a chunk of dirty users' regional records into the global view, in Redis, reading
+each user's regions only, and take their dirty marks out of the merging set."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
@@ -73,6 +76,7 @@ REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
     "write": WRITE_FUNCTION,
     "put": PUT_FUNCTION,
+    "merge": MERGE_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,

@@ -1,5 +1,7 @@
-"""The aggregator: regional boards merged into the global one on a ticker, and the live views of
-play (hot streaks, team MVPs) recomputed on the same ticker.
+"""The aggregator: regional boards merged into the global one, and the live views of play (hot
+streaks, team MVPs) recomputed, each on its own ticker of ``LADDER_MERGE_INTERVAL``: a merge
+backlog (thousands of dirty users after a restart) drains in bounded passes, one after another,
+while the live views and their pushes keep their cadence.
 
 Run as ``python -m services.aggregator``. Start-up opens Redis (loading the function library),
 then the ops endpoints, the consumer and the ticker; shutdown goes in reverse (see
@@ -9,6 +11,7 @@ then the ops endpoints, the consumer and the ticker; shutdown goes in reverse (s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import structlog
 
@@ -16,7 +19,7 @@ from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared import service
-from shared.boards import Board, BoardCatalog
+from shared.boards import BoardCatalog
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -24,17 +27,40 @@ from shared.settings import LadderSettings
 log = structlog.get_logger(__name__)
 
 
+# Seconds a board's merge pass may take before the next board's (and the next pass) get a turn.
+MERGE_BUDGET = 0.25
+
+
+async def merges(
+    merger: Merger, catalog: BoardCatalog, interval: float, stop: asyncio.Event
+) -> None:
+    """Merge every board, a bounded pass each, until ``stop``: again at once while a board is
+    behind, else after ``interval``; one last pass on the way. A pass that fails is logged and
+    retried: its work waits in Redis."""
+    while True:
+        stopping = stop.is_set()
+        try:
+            for board in await catalog.all():
+                await merger.merge_board(board, MERGE_BUDGET)
+        except Exception:
+            log.exception("merge pass failed; retrying next tick")
+        if stopping:
+            return
+        if merger.behind:
+            await asyncio.sleep(0)  # a backlog: the next pass now, after what is waiting
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
 async def tick(
     merger: Merger, live: LiveViews, catalog: BoardCatalog, interval: float, stop: asyncio.Event
 ) -> None:
-    """Merge every board and recompute its live views every ``interval`` seconds until
-    ``stop``; one last pass on the way."""
-
-    async def work(board: Board) -> None:
-        await merger.merge_board(board)
-        await live.tick_board(board)
-
-    await service.every_board(catalog, interval, stop, work)
+    """The merge and the live views, apart, each every ``interval`` seconds until ``stop``."""
+    await asyncio.gather(
+        merges(merger, catalog, interval, stop),
+        service.every_board(catalog, interval, stop, live.tick_board),
+    )
 
 
 async def run(settings: LadderSettings) -> None:

@@ -2,8 +2,11 @@
 
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
-crash mid-merge leaves it to be merged again), reads each dirty user's current score in every
-region of that period, and writes the user's global entry:
+crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
+function (``ladder_merge_v1``, shared/lua/merge.lua) that reads each one's current record in
+each region it played in (its regions set and its marks: the cost follows the users and their
+regions, not the board's count of regions), writes the user's global entry and takes its marks
+out of the merging set in the same step. :func:`combine` is the reference of that entry:
 
 - ``incr``: the sum of the regional scores, reached when the latest of them was, with the
   metadata of that latest;
@@ -12,16 +15,20 @@ region of that period, and writes the user's global entry:
 
 An entry carries its metadata along (shared/ranking.py).
 
-Because it reads current state, lost, late, doubled or reordered messages cannot skew it: the
-next merge that sees the user makes the entry right. Then every touched view whose top 10
-changed is pushed to ``leaderboard`` subscribers, and the users who crossed a bracket of the global
-scope get ``rank`` messages (:mod:`services.aggregator.global_brackets`).
+A pass is bounded (``budget``): what it leaves stays in the merging set for the next pass, so
+that a backlog drains while the aggregator's live views keep their cadence (main.py runs them
+apart). Because it reads current state, lost, late, doubled or reordered messages cannot skew
+it: the next merge that sees the user makes the entry right. After each pass every touched view
+whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose global entry
+changed and crossed a bracket of the global scope get ``rank`` messages
+(:mod:`services.aggregator.global_brackets`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,17 +38,16 @@ from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.aggregator.global_brackets import GlobalBrackets
+from services.aggregator.global_brackets import GlobalBrackets, Standing
 from shared.boards import Board
 from shared.events import rfc3339
-from shared.functions import PUT_FUNCTION
-from shared.keys import Keys, parse_dirty_member
+from shared.functions import MERGE_FUNCTION
+from shared.keys import Keys, dirty_member, parse_dirty_member
 from shared.periods import Period, expire_at, window_of
 from shared.ranking import (
     MAX_SCORE,
     id_of,
     metadata_of,
-    parse_record,
     reached_of,
     score_of,
     subscore_of,
@@ -54,14 +60,43 @@ MERGED = Counter("ladder_aggregator_merged_users_total", "User entries merged in
 MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board's merge")
 PUSHES = Counter("ladder_aggregator_top_pushes_total", "Top-10 changes published")
 
-CHUNK = 500
+# Users a merge call takes (one Redis function call: ~10 ms of Redis, others wait meanwhile).
+CHUNK = 1000
+# Marks a round takes from the merging set: its calls go in one round trip.
+ROUND = 5000
 TOP = 10
+# A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
+# stays the only place that spells them. NUL is in no id.
+_SLOT = "\0"
 
 
-@dataclass(frozen=True, slots=True)
+def _ends(template: str) -> tuple[str, str]:
+    """The two ends of a key or mark built around ``_SLOT``."""
+    prefix, suffix = template.split(_SLOT)
+    return prefix, suffix
+
+
+@dataclass(slots=True)
 class Touched:
-    users: set[str]
-    regions: set[str]
+    """What one pass did to one period: the global top before it, who changed, in which
+    regions."""
+
+    before: Standing | None = None
+    read: bool = False
+    changed: set[str] = field(default_factory=set)
+    regions: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Pass:
+    """One bounded pass of a board's merge."""
+
+    board: Board
+    written: int = 0
+    periods: dict[tuple[Period, str], Touched] = field(default_factory=dict)
+
+    def touched(self, period: Period, period_id: str) -> Touched:
+        return self.periods.setdefault((period, period_id), Touched())
 
 
 # A regional or global entry: its signed score (shared/ranking.py), tie key and metadata.
@@ -102,75 +137,123 @@ def top_entry(
 
 
 class Merger:
+    """Merges boards' dirty users into their global views, a bounded pass at a time."""
+
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
         self._brackets = GlobalBrackets(redis, keys)
+        # Periods each board's current batch has merged so far: their ``as_of`` moves when the
+        # batch is drained (lost on a restart, it then says older, never newer, than the view).
+        self._merged: dict[str, set[tuple[Period, str]]] = defaultdict(set)
+        self.behind: set[str] = set()
+        """Boards whose batch a pass left partway (its budget spent): more to merge now."""
 
-    async def merge_board(self, board: Board) -> int:
-        """Merge everything dirty of ``board``; returns how many user entries were written."""
+    async def merge_board(self, board: Board, budget: float | None = None) -> int:
+        """Merge what is dirty of ``board``, for at most ``budget`` seconds (``None``: all of it);
+        returns how many users were merged. What the budget leaves stays in the merging set."""
         dirty, merging = self._keys.dirty(board.board_id), self._keys.dirty_merging(board.board_id)
         if not await self._redis.exists(merging):
             try:
                 await self._redis.rename(dirty, merging)
             except ResponseError:
+                self.behind.discard(board.board_id)
                 return 0  # nothing dirty
         with MERGE_SECONDS.time():
-            touched: dict[tuple[Period, str], Touched] = defaultdict(lambda: Touched(set(), set()))
-            async for member in self._redis.sscan_iter(merging, count=1000):
-                period, period_id, region, user_id = parse_dirty_member(member)
-                if period not in board.periods:
-                    continue
-                entry = touched[(period, period_id)]
-                entry.users.add(user_id)
-                entry.regions.add(region)
-            written = 0
-            for (period, period_id), entry in touched.items():
-                before = await self._brackets.standing(board, period, period_id)
-                written += await self._merge_period(board, period, period_id, entry.users)
-                await self._brackets.announce(board, period, period_id, before, entry.users)
-                scopes = ["global", *(f"region:{r}" for r in sorted(entry.regions))]
-                await self._push_tops(board, period, period_id, scopes)
-            await self._redis.delete(merging)
-        MERGED.inc(written)
-        return written
+            deadline = None if budget is None else time.monotonic() + budget
+            work = Pass(board)
+            cursor, drained = 0, False
+            while not drained:
+                cursor, marks = await self._take(merging, cursor)
+                drained = cursor == 0
+                await self._merge_round(work, merging, marks)
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+            await self._finish(work, drained)
+        MERGED.inc(work.written)
+        return work.written
+
+    async def _take(self, merging: str, cursor: int) -> tuple[int, set[str]]:
+        """About a round of marks from the merging set, and where the scan goes on."""
+        marks: set[str] = set()
+        while True:
+            cursor, found = await self._redis.sscan(merging, cursor, count=ROUND)
+            marks.update(str(mark) for mark in found)
+            if cursor == 0 or len(marks) >= ROUND:
+                return cursor, marks
+
+    async def _merge_round(self, work: Pass, merging: str, marks: set[str]) -> None:
+        board, foreign = work.board, []
+        by_period: dict[tuple[Period, str], dict[str, list[str]]] = defaultdict(dict)
+        for mark in marks:
+            period, period_id, region, user_id = parse_dirty_member(mark)
+            if period not in board.periods:
+                foreign.append(mark)  # a period the board no longer keeps: nothing to merge
+                continue
+            by_period[(period, period_id)].setdefault(user_id, []).append(region)
+        if foreign:
+            await self._redis.srem(merging, *foreign)
+        for (period, period_id), users in by_period.items():
+            touched = work.touched(period, period_id)
+            if not touched.read:  # the top before the pass's first write to the period
+                touched.before = await self._brackets.standing(board, period, period_id)
+                touched.read = True
+            touched.changed |= await self._merge_period(board, period, period_id, users)
+            touched.regions.update(r for regions in users.values() for r in regions)
+            work.written += len(users)
+            self._merged[board.board_id].add((period, period_id))
+
+    async def _finish(self, work: Pass, drained: bool) -> None:
+        """After a pass: brackets and top-10 pushes of what it changed; ``as_of`` once drained."""
+        board, bid = work.board, work.board.board_id
+        for (period, period_id), touched in work.periods.items():
+            await self._brackets.announce(board, period, period_id, touched.before, touched.changed)
+            scopes = ["global", *(f"region:{r}" for r in sorted(touched.regions))]
+            await self._push_tops(board, period, period_id, scopes)
+        if not drained:
+            self.behind.add(bid)
+            return
+        self.behind.discard(bid)
+        await self._redis.delete(self._keys.dirty_merging(bid))
+        periods = self._merged.pop(bid, set())
+        if periods:
+            now = rfc3339(datetime.now(UTC))
+            await self._redis.hset(
+                self._keys.as_of(bid), mapping={f"{p}:{pid}": now for p, pid in periods}
+            )
 
     async def _merge_period(
-        self, board: Board, period: Period, period_id: str, users: set[str]
-    ) -> int:
+        self, board: Board, period: Period, period_id: str, users: dict[str, list[str]]
+    ) -> set[str]:
+        """Merge ``users`` (id -> the regions its marks name) in Redis, ``CHUNK`` a call, the
+        round's calls in one round trip; returns the users whose global entry changed."""
         keys, bid = self._keys, board.board_id
-        members: set[Any] = await self._redis.smembers(keys.regions(bid, period, period_id))
-        regions: list[str] = sorted(members)
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         global_key = keys.global_view(bid, period, period_id)
-        ordered = sorted(users)
-        for start in range(0, len(ordered), CHUNK):
-            chunk = ordered[start : start + CHUNK]
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for region in regions:
-                    view = keys.region_view(bid, period, period_id, region)
-                    pipe.hmget(keys.ties(view), chunk)
-                per_region: list[list[Any]] = await pipe.execute() if regions else []
-            fours: list[str | int] = []
-            absent: list[str] = []
-            for i, user in enumerate(chunk):
-                # The user's entries, one a region: its record at i of each region's reply.
-                records = [parse_record(found[i]) for found in per_region if found[i] is not None]
-                entries = [(signed, tie, meta) for tie, signed, meta in records]
-                merged = combine(board.operator, entries) if entries else None
-                if merged is None:
-                    if entries:
-                        log.warning("global score out of range", user_id=user, period=period)
-                    absent.append(user)
-                else:
-                    fours += [user, *merged]
-            for user in absent:
-                fours += [user, "", "", ""]
-            view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
-            await self._redis.fcall(PUT_FUNCTION, len(view_keys), *view_keys, expiry or 0, *fours)
-        await self._redis.hset(keys.as_of(bid), f"{period}:{period_id}", rfc3339(datetime.now(UTC)))
-        return len(ordered)
+        view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
+        view_keys.append(keys.dirty_merging(bid))
+        head = [
+            expiry or 0,
+            board.operator,
+            *_ends(keys.ties(keys.region_view(bid, period, period_id, _SLOT))),
+            *_ends(keys.user_regions(bid, _SLOT)),
+            *_ends(dirty_member(period, period_id, _SLOT, "")),
+        ]
+        ordered = list(users.items())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for start in range(0, len(ordered), CHUNK):
+                args: list[str | int] = list(head)
+                for user, regions in ordered[start : start + CHUNK]:
+                    args += [user, len(regions), *regions]
+                pipe.fcall(MERGE_FUNCTION, len(view_keys), *view_keys, *args)
+            replies: list[Any] = await pipe.execute()
+        changed: set[str] = set()
+        for moved, refused in replies:
+            changed.update(moved)
+            for user in refused:
+                log.warning("global score out of range", user_id=user, period=period)
+        return changed
 
     async def _push_tops(
         self, board: Board, period: Period, period_id: str, scopes: list[str]

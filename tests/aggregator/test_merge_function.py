@@ -1,0 +1,137 @@
+"""The merge function (``ladder_merge_v1``, shared/lua/merge.lua) against :func:`combine`, the
+reference: random boards, operators, orders, subscores, metadata, scores at the range's ends,
+regions missing from a user's set or holding no record, and a second merge over the first."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from services.aggregator.merge import Entry, Merger, combine
+from shared.boards import Board
+from shared.keys import Keys, dirty_member
+from shared.ranking import MAX_SCORE, member, parse_record, record, sub_part, tie_key
+from shared.redis import open_redis
+from tests.conftest import REDIS_URL
+
+REGIONS = ("eu", "na", "ap", "eu-2")
+USERS = ("a", "b", "c", "d", "e")
+# Few reach times and scores, so that equal pairs, equal times and equal sums come up often.
+scores = st.one_of(
+    st.sampled_from([0, 1, -1, 7, MAX_SCORE, -MAX_SCORE, MAX_SCORE - 1]),
+    st.integers(-MAX_SCORE, MAX_SCORE),
+)
+metas = st.sampled_from(["", '{"k":1}', '{"s":"a|b"}'])
+# One regional entry: score, reach time (ms), subscore, metadata.
+entries = st.tuples(scores, st.integers(0, 3), st.integers(-3, 3), metas)
+# A state of the board: user -> region -> entry (a region left out holds no record).
+states = st.dictionaries(
+    st.sampled_from(USERS), st.dictionaries(st.sampled_from(REGIONS), entries, max_size=4)
+)
+
+
+def regional(board: Board, raw: tuple[int, int, int, str]) -> Entry:
+    score, reached, subscore, meta = raw
+    signed = score if board.descending else -score
+    return signed, tie_key(reached, sub_part(subscore, board.subscore_order)), meta
+
+
+async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, listed: dict) -> None:
+    """The regional views as ``state`` says, each user's regions set as ``listed`` says, and a
+    mark per user and region of the state."""
+    bid = board.board_id
+    for region in REGIONS:
+        view = keys.region_view(bid, "alltime", "all", region)
+        await redis.delete(view, Keys.ties(view))
+    for user, regions in state.items():
+        for region, raw in regions.items():
+            signed, tie, meta = regional(board, raw)
+            view = keys.region_view(bid, "alltime", "all", region)
+            await redis.zadd(view, {member(tie, user): signed})
+            await redis.hset(Keys.ties(view), user, record(tie, signed, meta))
+            await redis.sadd(keys.dirty(bid), dirty_member("alltime", "all", region, user))
+    for user, regions in listed.items():
+        await redis.delete(keys.user_regions(bid, user))
+        if regions:
+            await redis.sadd(keys.user_regions(bid, user), *regions)
+
+
+def expected(board: Board, state: dict) -> dict[str, Entry]:
+    """The reference: combine() over each user's entries in sorted region order."""
+    out: dict[str, Entry] = {}
+    for user, regions in state.items():
+        found = [regional(board, regions[r]) for r in sorted(regions)]
+        merged = combine(board.operator, found) if found else None
+        if merged is not None:
+            out[user] = merged
+    return out
+
+
+def parsed(raw: str) -> Entry:
+    tie, signed, meta = parse_record(raw)
+    return signed, tie, meta
+
+
+async def check(redis: Redis, keys: Keys, board: Board, want: dict[str, Entry]) -> None:
+    view = keys.global_view(board.board_id, "alltime", "all")
+    records = await redis.hgetall(Keys.ties(view))
+    assert {u: parsed(r) for u, r in records.items()} == want
+    members = dict(await redis.zrange(view, 0, -1, withscores=True))
+    assert members == {member(tie, u): float(s) for u, (s, tie, _) in want.items()}
+    pairs = {f"{tie[:15] if tie.startswith('s') else ''}{s}" for s, tie, _ in want.values()}
+    assert set(await redis.zrange(Keys.distinct(view), 0, -1)) == pairs
+    assert not await redis.exists(keys.dirty_merging(board.board_id))
+
+
+async def scenario(board: Board, first: dict, second: dict, listed: dict) -> None:
+    prefix = f"lt-mf{uuid.uuid4().hex[:10]}"
+    keys = Keys(prefix)
+    async with open_redis(REDIS_URL, load_functions=True) as redis:
+        try:
+            merger = Merger(redis, keys)
+            # A user's regions set lists what ``listed`` says, maybe less than it played in.
+            await write_state(redis, keys, board, first, listed)
+            await merger.merge_board(board)
+            await check(redis, keys, board, expected(board, first))
+            # Then the regions change: entries move, go, appear; the global view follows.
+            await write_state(redis, keys, board, second, listed)
+            for user in (u for u in first if not second.get(u)):  # in no region now: marked
+                mark = dirty_member("alltime", "all", REGIONS[0], user)
+                await redis.sadd(keys.dirty(board.board_id), mark)
+            await merger.merge_board(board)
+            await check(redis, keys, board, expected(board, second))
+        finally:
+            found = [k async for k in redis.scan_iter(match="{" + prefix + ":*")]
+            if found:
+                await redis.delete(*found)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    operator=st.sampled_from(["incr", "best", "set"]),
+    order=st.sampled_from(["desc", "asc"]),
+    subscored=st.booleans(),
+    first=states,
+    second=states,
+    listed=st.dictionaries(
+        st.sampled_from(USERS), st.lists(st.sampled_from([*REGIONS, "gone"]), max_size=3)
+    ),
+)
+def test_the_function_merges_as_combine_does(
+    operator: str, order: str, subscored: bool, first: dict, second: dict, listed: dict
+) -> None:
+    sub_order = "asc" if subscored and operator != "incr" else None
+    board = Board(
+        board_id="m",
+        operator=operator,  # type: ignore[arg-type]
+        order=order,  # type: ignore[arg-type]
+        periods=("alltime",),
+        subscore_order=sub_order,  # type: ignore[arg-type]
+        min_value=-MAX_SCORE,
+        max_value=MAX_SCORE,
+    )
+    asyncio.run(scenario(board, first, second, listed))
