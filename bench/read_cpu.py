@@ -8,15 +8,14 @@ ratios between two versions of the code on the same machine. It also counts the 
 trips of each read (``INFO commandstats`` calls are not round trips: the client's sends are
 counted by wrapping the connection's ``send_packed_command``).
 
-``python -m bench.read_cpu [members] [requests]`` against ``LADDER_TEST_REDIS_URL`` (default
-a private redis-server on port 6393, db 1) with an unreachable broker and MySQL: the read
-paths need neither.
+``python -m bench.read_cpu [members] [requests] [redis URL]`` (by default a private
+redis-server on port 6393, db 1) with an unreachable broker and MySQL: the read paths need
+neither.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -32,7 +31,6 @@ from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 
-REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6393/1")
 PREFIX = "lt-readcpu"
 BOARD = "main"
 _sends = 0
@@ -73,11 +71,11 @@ async def per_request(client: httpx.AsyncClient, urls: list[str], n: int) -> tup
     return 1e6 * cpu / n, (_sends - sends_before) / n
 
 
-async def main(members: int, n: int) -> None:
+async def main(members: int, n: int, redis_url: str) -> None:
     settings = LadderSettings(
         _env_file=None,
         env="dev",
-        redis_url=REDIS_URL,
+        redis_url=redis_url,
         amqp_url="amqp://guest:guest@127.0.0.1:1/",
         mysql_url="mysql+asyncmy://root@127.0.0.1:1/ladder_readcpu",
         key_prefix=PREFIX,
@@ -85,7 +83,7 @@ async def main(members: int, n: int) -> None:
     )
     keys = Keys(PREFIX)
     view = keys.region_view(BOARD, "alltime", "all", "eu")
-    async with open_redis(REDIS_URL) as redis:
+    async with open_redis(redis_url) as redis:
         if await redis.zcard(view) != members:
             await redis.unlink(view, Keys.ties(view))
             await probes.fill_board(redis, view, members)
@@ -109,5 +107,6 @@ if __name__ == "__main__":
         main(
             int(sys.argv[1]) if len(sys.argv) > 1 else 100_000,
             int(sys.argv[2]) if len(sys.argv) > 2 else 2000,
+            sys.argv[3] if len(sys.argv) > 3 else "redis://127.0.0.1:6393/1",
         )
     )
