@@ -58,17 +58,22 @@ def paths(members: int) -> dict[str, list[str]]:
 
 
 async def per_request(client: httpx.AsyncClient, urls: list[str], n: int) -> tuple[float, float]:
-    """Mean CPU µs and Redis sends per request over ``n`` sequential requests."""
-    global _sends
-    for url in urls[:20]:  # warm-up
-        assert (await client.get(url)).status_code == 200, url
-    sends_before, cpu = _sends, 0.0
-    for i in range(n):
-        started = time.process_time()
-        response = await client.get(urls[i % len(urls)])
-        cpu += time.process_time() - started
-        assert response.status_code == 200, response.text
-    return 1e6 * cpu / n, (_sends - sends_before) / n
+    """CPU µs and Redis sends per request: the median of five rounds of ``n / 5`` sequential
+    requests, after 100 more to warm up. The median, because the machine is shared and the
+    app's background tasks (the relay and restorer retrying their broker and database) wake up
+    now and then inside a round."""
+    for i in range(100):
+        assert (await client.get(urls[i % len(urls)])).status_code == 200, urls[i % len(urls)]
+    rounds: list[tuple[float, float]] = []
+    for _ in range(5):
+        sends_before, cpu, count = _sends, 0.0, max(n // 5, 1)
+        for i in range(count):
+            started = time.process_time()
+            response = await client.get(urls[i % len(urls)])
+            cpu += time.process_time() - started
+            assert response.status_code == 200, response.text
+        rounds.append((1e6 * cpu / count, (_sends - sends_before) / count))
+    return sorted(rounds)[2]
 
 
 async def main(members: int, n: int, redis_url: str) -> None:
