@@ -71,6 +71,12 @@ STANDING_FUNCTION = "ladder_standing_v3"
 ABOVE_FUNCTION = "ladder_above_v1"
 """How many entries (competition) or distinct pairs (dense) rank above a (score, subscore)
 pair (read-only)."""
+PLACE_FUNCTION = "ladder_place_v1"
+"""``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
+the standing and ranks reads take one round trip in every style (read-only)."""
+PAGE_FUNCTION = "ladder_page_v1"
+"""A page of a view: rows, size, first position (cursors), names, records, the first row's
+style count and the global view's as_of, in one round trip (read-only)."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -90,6 +96,8 @@ REGISTERED: dict[str, str] = {
     "rebuild_abort": REBUILD_ABORT_FUNCTION,
     "standing": STANDING_FUNCTION,
     "above": ABOVE_FUNCTION,
+    "placed": PLACE_FUNCTION,
+    "page": PAGE_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

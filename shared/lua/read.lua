@@ -35,7 +35,127 @@ local function above(keys, args)
   return (above_pair(keys[1], signed, sub))
 end
 
+--[[
+The count behind the style rank of an entry holding the pair (signed score, subscore part):
+how many entries (competition) or distinct pairs (dense) rank strictly above it, as
+services/api/reads/styles.py once queued it (ZCOUNT on the view or its distinct-score set, or
+the pair-aware count of above() on boards with a subscore). false for ordinal, whose rank is the
+position.
+]]
+local function style_count(view, distinct, style, signed, sub)
+  if style == 'ordinal' then return false end
+  if sub ~= '' then return above({view, distinct}, {style, signed, sub}) end
+  local key = style == 'dense' and distinct or view
+  return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')
+end
+
+-- Whether string a sorts before b in a sorted set's member order (bytes, as memcmp): Lua's own
+-- < follows the server's collation locale, which need not be bytewise.
+local function bytes_below(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- Up to count rows (member, score, ...) that come after (signed, member) in rank order, and the
+-- 0-based position of the first of them: after the member's position while it still holds that
+-- score, else those below the score and, at the score, below the member (it moved or left).
+local function after_cursor(view, signed, member, count)
+  local position = redis.call('ZREVRANK', view, member)
+  if position and tonumber(redis.call('ZSCORE', view, member)) == signed then
+    return redis.call('ZREVRANGE', view, position + 1, position + count, 'WITHSCORES'),
+           position + 1
+  end
+  local out, offset = {}, 0
+  while #out < 2 * count do
+    -- How many tied entries one fetch skips at most before fetching again: 32.
+    local want = count - #out / 2 + 32
+    local rows = redis.call('ZREVRANGEBYSCORE', view, fmt(signed), '-inf', 'WITHSCORES',
+                            'LIMIT', offset, want)
+    for i = 1, #rows, 2 do
+      if tonumber(rows[i + 1]) ~= signed or bytes_below(rows[i], member) then
+        out[#out + 1], out[#out + 2] = rows[i], rows[i + 1]
+      end
+    end
+    if #rows < 2 * want then break end
+    offset = offset + #rows / 2
+  end
+  while #out > 2 * count do table.remove(out) end
+  if #out == 0 then return out, 0 end
+  return out, redis.call('ZREVRANK', view, out[1])
+end
+
+-- The display names and records of rows' ids. A member is a tie key, then the id: 12 characters
+-- of time part, after 15 of subscore part on boards with one (shared/ranking.py).
+local function extras_of(names, ties, rows)
+  local ids = {}
+  for i = 1, #rows, 2 do
+    local m = rows[i]
+    ids[#ids + 1] = string.sub(m, (sub_of(m) == '' and 13 or 28))
+  end
+  return redis.call('HMGET', names, unpack(ids)), redis.call('HMGET', ties, unpack(ids))
+end
+
+--[[
+A page of a view, best first, read in one step (docs/api.md section 5, the leaderboard read).
+KEYS: the view, its hash of records, the board's display names, its distinct-score set, the
+board's as_of hash. ARGV: limit, rank style, the cursor's signed score and member ('' for the
+first page), 'names' if entries carry names and records (not on a team view), the as_of field
+('' for a view whose as_of is the time of the read). Returns {the view's size, the 0-based
+position of the first row, the rows as member, score..., whether more follow (0 or 1), their
+display names, their records (both {} without 'names'), the first row's style_count(), as_of}.
+]]
+local function page(keys, args)
+  local limit, style = tonumber(args[1]), args[2]
+  local rows, first
+  if args[3] == '' then
+    rows, first = redis.call('ZREVRANGE', keys[1], 0, limit, 'WITHSCORES'), 0
+  else
+    rows, first = after_cursor(keys[1], tonumber(args[3]), args[4], limit + 1)
+  end
+  local more = 0
+  if #rows > 2 * limit then
+    more = 1
+    table.remove(rows)
+    table.remove(rows)
+  end
+  local names, records, count = {}, {}, false
+  if #rows > 0 then
+    if args[5] == 'names' then names, records = extras_of(keys[3], keys[2], rows) end
+    count = style_count(keys[1], keys[4], style, tonumber(rows[2]), sub_of(rows[1]))
+  end
+  local as_of = false
+  if args[6] ~= '' then as_of = redis.call('HGET', keys[5], args[6]) end
+  return {redis.call('ZCARD', keys[1]), first, rows, more, names, records, count, as_of}
+end
+
+--[[
+A user's place in one view with the entries around it and the counts of its style rank, read in
+one step (the standing read). KEYS: the view, its hash of records, the board's display names, its
+distinct-score set. ARGV: user, how many entries either side, rank style. Returns {} if the user
+has no score in the view; else standing()'s reply, then the style_count() of the user's entry and
+of the first entry around it.
+]]
+local function placed(keys, args)
+  local found = standing(keys, args)
+  if #found == 0 then return found end
+  local rows, style = found[4], args[3]
+  local own = 2 * (found[1] - math.max(found[1] - tonumber(args[2]), 0)) + 1
+  found[7] = style_count(keys[1], keys[4], style, tonumber(rows[own + 1]), sub_of(rows[own]))
+  found[8] = found[7]
+  if own ~= 1 then
+    found[8] = style_count(keys[1], keys[4], style, tonumber(rows[2]), sub_of(rows[1]))
+  end
+  return found
+end
+
 redis.register_function{function_name = FUNCTIONS.above, callback = above,
                         flags = {'no-writes'}}
 redis.register_function{function_name = FUNCTIONS.standing, callback = standing,
+                        flags = {'no-writes'}}
+redis.register_function{function_name = FUNCTIONS.page, callback = page,
+                        flags = {'no-writes'}}
+redis.register_function{function_name = FUNCTIONS.placed, callback = placed,
                         flags = {'no-writes'}}

@@ -6,11 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from redis.asyncio.client import Pipeline
-
-from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
+from services.api.reads.styles import RankStyle, walk_ranks
 from services.api.reads.views import Row, View
-from shared.keys import Keys
 from shared.ranking import id_of, metadata_of, subscore_of
 
 
@@ -44,24 +41,11 @@ def entry_of(
     return entry
 
 
-def queue_extras(
-    pipe: Pipeline, keys: Keys, view: View, rows: Sequence[Row], style: RankStyle
-) -> None:
-    """Queue what turns rows into entries: the display names and records (metadata), the first
-    row's style count."""
-    if not rows:
-        return
-    if view.kind != "teams":
-        ids = [id_of(m) for m, _ in rows]
-        pipe.hmget(keys.names(view.board.board_id), ids)
-        pipe.hmget(view.ties, ids)
-    queue_style_count(pipe, keys, view.key, style, view.rank_key(rows[0]))
-
-
 def entries_of(
     view: View, rows: Sequence[Row], first_ordinal: int, style: RankStyle, replies: Iterator[Any]
 ) -> list[dict[str, Any]]:
-    """Entries of rows from the replies :func:`queue_extras` queued, in the same order."""
+    """Entries of rows from the replies of ``ladder_page_v1`` or ``ladder_place_v1``: the rows'
+    display names and records (not on a team view), then the first row's style count."""
     if not rows:
         return []
     names: list[Any] = [None] * len(rows)

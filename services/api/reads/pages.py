@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
 
-from services.api.reads.cursors import after_cursor, decode_cursor, encode_cursor
-from services.api.reads.entries import entries_of, entry_of, local_ranks, queue_extras
+from services.api.reads.cursors import decode_cursor, encode_cursor
+from services.api.reads.entries import entries_of, entry_of, local_ranks
 from services.api.reads.friends import friends_rows
 from services.api.reads.styles import RankStyle
 from services.api.reads.views import Row, View
+from shared.functions import PAGE_FUNCTION
 from shared.keys import Keys
 from shared.ranking import id_of
 
@@ -46,29 +47,42 @@ async def page(
     limit: int,
     cursor: str | None,
     style: RankStyle = "ordinal",
+    as_of_field: str = "",
 ) -> dict[str, Any]:
-    """A page of a view: ``{"total", "entries", "next_cursor"}``."""
+    """A page of a view: ``{"total", "entries", "next_cursor"}``, and ``"as_of"``: the field
+    ``as_of_field`` of the board's as_of hash (``None`` where it is not set or not asked for).
+
+    One round trip (``ladder_page_v1``) but for a friends scope: the rows after the cursor, the
+    view's size, the first row's position, names, records and style count, and the as_of."""
     if view.kind == "friends":
-        return await _friends_page(redis, keys, view, limit, cursor, style)
-    rows: list[Row]
-    if cursor is None:
-        rows = cast(list[Row], await redis.zrevrange(view.key, 0, limit, withscores=True))
-    else:
+        body = await _friends_page(redis, keys, view, limit, cursor, style)
+        body["as_of"] = None
+        if as_of_field:
+            body["as_of"] = await redis.hget(keys.as_of(view.board.board_id), as_of_field)
+        return body
+    after: tuple[Any, ...] = ("", "")
+    if cursor is not None:
         stored, member = decode_cursor(cursor)
-        rows = await after_cursor(redis, view.key, stored, member, limit + 1)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.zcard(view.key)
-        if cursor is not None and rows:
-            pipe.zrevrank(view.key, rows[0][0])
-        queue_extras(pipe, keys, view, rows, style)
-        replies = iter(await pipe.execute())
-    total = int(next(replies))
-    first_rank = 1
-    if cursor is not None and rows:
-        found = next(replies)
-        first_rank = int(found or 0) + 1
-    entries = entries_of(view, rows, first_rank, style, replies)
+        after = (int(stored), member)
+    found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL_RO",
+        PAGE_FUNCTION,
+        5,
+        view.key,
+        view.ties,
+        keys.names(view.board.board_id),
+        keys.distinct(view.key),
+        keys.as_of(view.board.board_id),
+        limit,
+        style,
+        *after,
+        "" if view.kind == "teams" else "names",
+        as_of_field,
+    )
+    total, first, flat, more = int(found[0]), int(found[1]), found[2], found[3]
+    rows: list[Row] = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+    # The function's replies in the order entries_of() takes them; a team view has no names.
+    replies = [found[6]] if view.kind == "teams" else [found[4], found[5], found[6]]
+    entries = entries_of(view, rows, first + 1, style, iter(replies))
     next_cursor = encode_cursor(rows[-1][1], rows[-1][0]) if more and rows else None
-    return {"total": total, "entries": entries, "next_cursor": next_cursor}
+    return {"total": total, "entries": entries, "next_cursor": next_cursor, "as_of": found[7]}

@@ -2,9 +2,9 @@
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
 Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (``ladder_standing_v3`` with no neighbours for each view, an ``HMGET`` of the
-whole friend group's records per period); and, for the competition and
-dense styles only, one more counts what ranks strictly better than each score found.
+size at once (``ladder_place_v1`` with no neighbours for each view, which also counts what ranks
+strictly better for the competition and dense styles, and an ``HMGET`` of the whole friend
+group's records per period).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from services.api.errors import NotFound
 from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
-from services.api.reads.styles import RankStyle, queue_style_count, walk_ranks
+from services.api.reads.styles import RankStyle, walk_ranks
 from shared.boards import Board
-from shared.functions import STANDING_FUNCTION
+from shared.functions import PLACE_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow
 from shared.ranking import id_of, score_of, sub_of
@@ -42,6 +42,8 @@ class _Found:
     total: int
     # The entry's sorted-set member: its subscore part decides ties on a board with one.
     member: str
+    # What ranks strictly better in the read's style (None for ordinal).
+    above: int | None
 
 
 async def user_ranks(
@@ -60,8 +62,10 @@ async def user_ranks(
     regions, team, friends = await _memberships(redis, keys, board, user_id, with_friends)
     group = [*friends, user_id]
     probes = _probes(keys, board.board_id, user_id, windows, regions, team)
-    found, group_scores = await _read(redis, keys, board.board_id, probes, windows, friends, group)
-    ranks = await _styled_ranks(redis, keys, found, style)
+    found, group_scores = await _read(
+        redis, keys, board.board_id, probes, windows, friends, group, style
+    )
+    ranks = [f.position if f.above is None else 1 + f.above for f in found]
 
     periods: dict[str, dict[str, Any]] = {
         w.period: {"period_id": w.period_id, "scopes": {}} for w in windows
@@ -131,38 +135,33 @@ async def _read(
     windows: list[PeriodWindow],
     friends: list[str],
     group: list[str],
+    style: RankStyle,
 ) -> tuple[list[_Found], list[Any]]:
-    """Every probe's score, position and size, and (with friends) the whole group's scores in
-    each period's global view: one round trip."""
+    """Every probe's score, position, size and style count, and (with friends) the whole group's
+    scores in each period's global view: one round trip."""
     async with redis.pipeline(transaction=False) as pipe:
         for probe in probes:
-            # Position, score and size of the probe's entry (no neighbours): {} if none.
-            view_keys = (probe.key, Keys.ties(probe.key), keys.names(bid))
-            pipe.fcall_ro(STANDING_FUNCTION, 3, *view_keys, probe.member, 0)
+            # Position, score, size and style count of the probe's entry (no neighbours): {} if
+            # none.
+            view_keys = (probe.key, Keys.ties(probe.key), keys.names(bid), keys.distinct(probe.key))
+            pipe.fcall_ro(PLACE_FUNCTION, 4, *view_keys, probe.member, 0, style)
         if friends:
             for w in windows:
                 queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)
         replies = await pipe.execute()
     found = [
-        _Found(probe, float(reply[1]), int(reply[0]) + 1, int(reply[2]), reply[3][0])
+        _Found(
+            probe,
+            float(reply[1]),
+            int(reply[0]) + 1,
+            int(reply[2]),
+            reply[3][0],
+            None if style == "ordinal" else int(reply[6]),
+        )
         for probe, reply in zip(probes, replies, strict=False)
         if reply
     ]
     return found, replies[len(probes) :]
-
-
-async def _styled_ranks(
-    redis: Redis, keys: Keys, found: list[_Found], style: RankStyle
-) -> list[int]:
-    """The rank of each score found, in ``style``: the position, or one more round trip that
-    counts what ranks strictly better."""
-    if style == "ordinal" or not found:
-        return [f.position for f in found]
-    async with redis.pipeline(transaction=False) as pipe:
-        for f in found:
-            key = (int(f.stored), sub_of(f.member))
-            queue_style_count(pipe, keys, f.probe.key, style, key)
-        return [1 + int(count) for count in await pipe.execute()]
 
 
 def _among_friends(

@@ -9,9 +9,9 @@ from redis.asyncio import Redis
 from services.api.errors import Invalid, NotFound
 from services.api.reads.entries import entries_of, entry_of, local_ranks
 from services.api.reads.friends import friends_rows
-from services.api.reads.styles import RankStyle, queue_style_count
+from services.api.reads.styles import RankStyle
 from services.api.reads.views import View
-from shared.functions import STANDING_FUNCTION
+from shared.functions import PLACE_FUNCTION
 from shared.keys import Keys
 from shared.ranking import id_of
 
@@ -66,16 +66,19 @@ async def standing(
             **_standing_body(near[at - start], ranks[at], at + 1, len(rows)),
             "around": near,
         }
-    # One round trip: position, score, size, the entries around and their names.
+    # One round trip: position, score, size, the entries around, their names and records, and
+    # the counts of the style's ranks of the user and of the first entry around.
     found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
         "FCALL_RO",
-        STANDING_FUNCTION,
-        3,
+        PLACE_FUNCTION,
+        4,
         view.key,
         view.ties,
         keys.names(view.board.board_id),
+        keys.distinct(view.key),
         user_id,
         around,
+        style,
     )
     if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")
@@ -83,14 +86,6 @@ async def standing(
     flat = found[3]
     rows = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
     start = max(rank0 - around, 0)
-    own = rows[rank0 - start]
-    # Competition and dense ranks take a second: the counts above the user and the first entry.
-    counts: list[Any] = []
-    if style != "ordinal":
-        async with redis.pipeline(transaction=False) as pipe:
-            for row in (own, rows[0]):
-                queue_style_count(pipe, keys, view.key, style, view.rank_key(row))
-            counts = await pipe.execute()
-    rank = 1 + int(counts[0]) if counts else rank0 + 1
-    near = entries_of(view, rows, start + 1, style, iter([found[4], found[5], *counts[1:]]))
+    rank = rank0 + 1 if style == "ordinal" else 1 + int(found[6])
+    near = entries_of(view, rows, start + 1, style, iter([found[4], found[5], found[7]]))
     return {**_standing_body(near[rank0 - start], rank, rank0 + 1, total), "around": near}

@@ -9,19 +9,17 @@ first entry, and walks the rest: an equal score keeps the rank; a new one takes 
 
 On a board with a subscore, entries tie only when score and subscore are both equal: what
 compares is the pair (signed score, subscore part of the member; shared/ranking.py), and the
-count is ``ladder_above_v1``, which finds the pair's place among the entries of its score by a
-binary search over positions (O(log² n)).
+count finds the pair's place among the entries of its score by a binary search over positions
+(O(log² n)).
+
+The counts are made in Redis, in the same call as the read they serve (``style_count`` of
+shared/lua/read.lua, in ``ladder_page_v1`` and ``ladder_place_v1``); this module walks from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Literal
-
-from redis.asyncio.client import Pipeline
-
-from shared.functions import ABOVE_FUNCTION
-from shared.keys import Keys
 
 RankStyle = Literal["ordinal", "competition", "dense"]
 
@@ -47,20 +45,3 @@ def walk_ranks(
         else:
             ranks.append(ranks[-1] + 1)
     return ranks
-
-
-def queue_style_count(
-    pipe: Pipeline, keys: Keys, view_key: str, style: RankStyle, key: RankKey
-) -> bool:
-    """Queue the count that gives the style's rank of an entry with rank key ``key``; ``False``
-    (and nothing queued) for ordinal, whose rank is the position."""
-    signed, sub = key
-    if style != "ordinal" and sub:
-        pipe.fcall_ro(ABOVE_FUNCTION, 2, view_key, keys.distinct(view_key), style, signed, sub)
-    elif style == "competition":
-        pipe.zcount(view_key, signed + 1, "+inf")
-    elif style == "dense":
-        pipe.zcount(keys.distinct(view_key), signed + 1, "+inf")
-    else:
-        return False
-    return True

@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from services.api.answers import json_answer
+from services.api.auth import Principal, authenticate, bearer
 from services.api.errors import Invalid, problems
 from services.api.reads import pages, ranks, standings, views
 from services.api.reads.styles import RankStyle
 from services.api.routes.params import (
+    PageQuery,
     PeriodIdItem,
-    PeriodIdQuery,
-    PeriodQuery,
     RankStyleQuery,
-    ScopeQuery,
+    StandingQuery,
     UserIdPath,
-    UserScopeQuery,
+    parameters_of,
+    path_errors,
+    query_of,
 )
-from services.api.state import PUBLIC_READ, BoardDep, Caller, Reader, State
+from services.api.state import (
+    BEARER,
+    PUBLIC_READ,
+    ApiState,
+    BoardDep,
+    Caller,
+    Reader,
+    State,
+    get_board,
+    get_reader,
+)
+from shared.boards import Board
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import rfc3339
 from shared.periods import Period
@@ -108,45 +121,64 @@ class EventsOut(BaseModel):
     next_cursor: str | None
 
 
+Q = TypeVar("Q", bound=BaseModel)
+# What the document says of the reads that check their credential themselves: the bearer
+# scheme, as a Reader dependency would declare it, then PUBLIC_READ's empty requirement.
+_READ_SECURITY = [{BEARER.scheme_name: []}, *PUBLIC_READ["security"]]
+
+
+async def _read_of(
+    request: Request, model: type[Q], *path: str
+) -> tuple[ApiState, Board, Principal, Q]:
+    """The state, board, reader and query of a read, checked in the order FastAPI's dependencies
+    checked them: the board (404), the credential (401), then every path and query error in one
+    422."""
+    state: ApiState = request.state.ladder
+    errors = path_errors(request, "board_id")
+    board = None
+    if not errors:
+        board = await get_board(request.path_params["board_id"], state)
+    caller = authenticate(bearer(request.headers.get("authorization")), state.settings)
+    reader = await get_reader(caller, state)
+    query = query_of(model, request, errors + path_errors(request, *path))
+    assert board is not None  # a bad board id is among the errors query_of raised
+    return state, board, reader, query
+
+
 @router.get(
     "/{board_id}/leaderboard",
     response_model=LeaderboardOut,
     responses=problems(401, 403, 404, 422, 503),
-    openapi_extra=PUBLIC_READ,
+    openapi_extra={
+        "parameters": parameters_of(("board_id",), PageQuery),
+        "security": _READ_SECURITY,
+    },
 )
-async def leaderboard(
-    board: BoardDep,
-    state: State,
-    reader: Reader,
-    scope: ScopeQuery = "global",
-    period: PeriodQuery = "alltime",
-    period_id: PeriodIdQuery = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 10,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
-    rank_style: RankStyleQuery = "ordinal",
-) -> Response:
+async def leaderboard(request: Request) -> Response:
     """A page of a board, best first.
 
     The global scope is the aggregator's merge of the regions, and a friends scope (the player
     and its friends) is ranked on it: ``as_of`` says when it was merged. For a region and the
     teams scope, written as each score is, it is the time of the read. Team entries carry
     ``team_id`` and no ``display_name``."""
-    view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
-    body = await pages.page(state.redis, state.keys, view, limit, cursor, rank_style)
-    if view.key == state.keys.global_view(board.board_id, period, view.period_id):
-        as_of = await state.redis.hget(
-            state.keys.as_of(board.board_id), f"{period}:{view.period_id}"
-        )
-    else:
-        as_of = rfc3339(datetime.now(UTC))
+    state, board, reader, q = await _read_of(request, PageQuery)
+    view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
+    merged = view.key == state.keys.global_view(board.board_id, q.period, view.period_id)
+    as_of_field = f"{q.period}:{view.period_id}" if merged else ""
+    body = await pages.page(
+        state.redis, state.keys, view, q.limit, q.cursor, q.rank_style, as_of_field
+    )
+    as_of = body["as_of"] if merged else rfc3339(datetime.now(UTC))
     return json_answer(
         {
             "board_id": board.board_id,
-            "scope": scope,
-            "period": period,
+            "scope": q.scope,
+            "period": q.period,
             "period_id": view.period_id,
             "as_of": as_of,
-            **body,
+            "total": body["total"],
+            "entries": body["entries"],
+            "next_cursor": body["next_cursor"],
         }
     )
 
@@ -155,24 +187,19 @@ async def leaderboard(
     "/{board_id}/users/{user_id}",
     response_model=StandingOut,
     responses=problems(401, 403, 404, 422, 503),
-    openapi_extra=PUBLIC_READ,
+    openapi_extra={
+        "parameters": parameters_of(("user_id", "board_id"), StandingQuery),
+        "security": _READ_SECURITY,
+    },
 )
-async def standing(
-    board: BoardDep,
-    user_id: UserIdPath,
-    state: State,
-    reader: Reader,
-    scope: UserScopeQuery = "global",
-    period: PeriodQuery = "alltime",
-    period_id: PeriodIdQuery = None,
-    around: Annotated[int, Query(ge=0, le=50)] = 0,
-    rank_style: RankStyleQuery = "ordinal",
-) -> Response:
+async def standing(request: Request) -> Response:
     """A user's rank and score in one view, with ``around`` entries either side. The teams
     scope has no users (422); a friends scope ranks the user among that player's friends."""
-    view = views.resolve_view(state.keys, board, scope, period, period_id, reader=reader)
+    state, board, reader, q = await _read_of(request, StandingQuery, "user_id")
+    view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
+    user_id = request.path_params["user_id"]
     return json_answer(
-        await standings.standing(state.redis, state.keys, view, user_id, around, rank_style)
+        await standings.standing(state.redis, state.keys, view, user_id, q.around, q.rank_style)
     )
 
 

@@ -1,0 +1,121 @@
+"""The leaderboard and standing reads in one Redis round trip each (``ladder_page_v1``,
+``ladder_place_v1``), and the cursor's other path inside the page function: the cursor's entry
+has moved since the page that handed it out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio.connection import Connection
+
+from shared.settings import LadderSettings
+from tests.api.helpers import LEADERBOARD, get_ok, post, rfc, score
+from tests.helpers import api_client
+
+pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+
+
+class Sends:
+    """How many times one task sends to Redis (a pipeline sends once): the app's background
+    tasks (relay, hub) run in tasks of their own, and a request over the ASGI transport runs in
+    the task of the client that sends it."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Any] | None = None
+        self.count = 0
+
+    async def of(self, client: httpx.AsyncClient, path: str, **params: Any) -> int:
+        """The sends of one read, which must answer 200."""
+        self.task, before = asyncio.current_task(), self.count
+        await get_ok(client, path, **params)
+        self.task = None
+        return self.count - before
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sends]:
+    sends = Sends()
+    send = Connection.send_packed_command
+
+    async def counted(self: Connection, *args: Any, **kwargs: Any) -> None:
+        if sends.task is not None and asyncio.current_task() is sends.task:
+            sends.count += 1
+        await send(self, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "send_packed_command", counted)
+    yield sends
+
+
+@pytest.mark.parametrize("style", ["ordinal", "competition", "dense"])
+async def test_each_read_is_one_round_trip(
+    quiet: LadderSettings, round_trips: Sends, style: str
+) -> None:
+    async with api_client(quiet) as client:
+        for i in range(1, 8):
+            await post(client, score(user_id=f"u-{i}", value=10 * (i % 3), display_name=f"P{i}"))
+        first = await get_ok(client, LEADERBOARD, scope="region:eu", limit=3)  # the board cached
+        counts = {
+            "page": await round_trips.of(
+                client, LEADERBOARD, scope="region:eu", limit=3, rank_style=style
+            ),
+            "cursor page": await round_trips.of(
+                client,
+                LEADERBOARD,
+                scope="region:eu",
+                limit=3,
+                cursor=first["next_cursor"],
+                rank_style=style,
+            ),
+            "teams page": await round_trips.of(
+                client, LEADERBOARD, scope="teams", rank_style=style
+            ),
+            "standing": await round_trips.of(
+                client,
+                "/v1/boards/main/users/u-4",
+                scope="region:eu",
+                around=2,
+                rank_style=style,
+            ),
+        }
+
+    assert counts == {"page": 1, "cursor page": 1, "teams page": 1, "standing": 1}
+
+
+async def test_a_cursor_whose_entry_moved_goes_on_below_where_it_was(
+    quiet: LadderSettings,
+) -> None:
+    """Six users tie at 100, reached at the same moment (so ordered by id, the greater first);
+    the second of them improves after the first page: the next page goes on after where it
+    was, with ranks as they are now."""
+    at = rfc(datetime.now(UTC) - timedelta(seconds=30))
+    async with api_client(quiet) as client:
+        for i in range(6):
+            await post(client, score(user_id=f"u-{i}", value=100, occurred_at=at))
+        first = await get_ok(client, LEADERBOARD, scope="region:eu", limit=2)
+        await post(client, score(user_id="u-4", value=100))
+        second = await get_ok(
+            client, LEADERBOARD, scope="region:eu", limit=2, cursor=first["next_cursor"]
+        )
+        third = await get_ok(
+            client, LEADERBOARD, scope="region:eu", limit=2, cursor=second["next_cursor"]
+        )
+        styled = await get_ok(
+            client,
+            LEADERBOARD,
+            scope="region:eu",
+            limit=2,
+            cursor=first["next_cursor"],
+            rank_style="competition",
+        )
+
+    assert [e["user_id"] for e in first["entries"]] == ["u-5", "u-4"]
+    assert [(e["user_id"], e["rank"]) for e in second["entries"]] == [("u-3", 3), ("u-2", 4)]
+    assert [(e["user_id"], e["rank"]) for e in third["entries"]] == [("u-1", 5), ("u-0", 6)]
+    assert third["next_cursor"] is None
+    # Competition: the five still at 100 share rank 2, under u-4's 200.
+    assert [(e["user_id"], e["rank"]) for e in styled["entries"]] == [("u-3", 2), ("u-2", 2)]
