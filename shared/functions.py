@@ -68,9 +68,6 @@ REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
 STANDING_FUNCTION = "ladder_standing_v3"
 """A user's place in a view and the entries around it (read-only)."""
-ABOVE_FUNCTION = "ladder_above_v1"
-"""How many entries (competition) or distinct pairs (dense) rank above a (score, subscore)
-pair (read-only)."""
 PLACE_FUNCTION = "ladder_place_v1"
 """``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
 the standing and ranks reads take one round trip in every style (read-only)."""
@@ -95,7 +92,6 @@ REGISTERED: dict[str, str] = {
     "rebuild_finish": REBUILD_FINISH_FUNCTION,
     "rebuild_abort": REBUILD_ABORT_FUNCTION,
     "standing": STANDING_FUNCTION,
-    "above": ABOVE_FUNCTION,
     "placed": PLACE_FUNCTION,
     "page": PAGE_FUNCTION,
 }

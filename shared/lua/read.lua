@@ -21,30 +21,26 @@ local function standing(keys, args)
           redis.call('HMGET', keys[3], unpack(ids)), redis.call('HMGET', keys[2], unpack(ids))}
 end
 
---[[
-The count behind a competition or dense rank on a board with a subscore (docs/api.md section 5):
-KEYS: the view, its distinct-score set. ARGV: the style, a signed score, a subscore part
-(shared/ranking.py). Returns how many entries (competition) or distinct (score, subscore) pairs
-(dense) rank strictly above the pair; the pair is one that an entry of the view holds.
-]]
-local function above(keys, args)
-  local signed, sub = tonumber(args[2]), args[3]
-  if args[1] == 'dense' then
-    return redis.call('ZREVRANK', keys[2], distinct_member(signed, sub)) or 0
+-- The count behind a competition or dense rank on a board with a subscore: how many entries
+-- (competition: a binary search over the positions of the score's entries) or distinct
+-- (score, subscore) pairs (dense: the pair's ZREVRANK in the distinct set) rank strictly above
+-- the pair (shared/ranking.py), which an entry of the view holds.
+local function above_sub(view, distinct, style, signed, sub)
+  if style == 'dense' then
+    return redis.call('ZREVRANK', distinct, distinct_member(signed, sub)) or 0
   end
-  return (above_pair(keys[1], signed, sub))
+  return (above_pair(view, signed, sub))
 end
 
 --[[
 The count behind the style rank of an entry holding the pair (signed score, subscore part):
-how many entries (competition) or distinct pairs (dense) rank strictly above it, as
-services/api/reads/styles.py once queued it (ZCOUNT on the view or its distinct-score set, or
-the pair-aware count of above() on boards with a subscore). false for ordinal, whose rank is the
-position.
+how many entries (competition) or distinct pairs (dense) rank strictly above it: a ZCOUNT on
+the view or its distinct-score set, or above_sub() on boards with a subscore. false for
+ordinal, whose rank is the position.
 ]]
 local function style_count(view, distinct, style, signed, sub)
   if style == 'ordinal' then return false end
-  if sub ~= '' then return above({view, distinct}, {style, signed, sub}) end
+  if sub ~= '' then return above_sub(view, distinct, style, signed, sub) end
   local key = style == 'dense' and distinct or view
   return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')
 end
@@ -151,8 +147,6 @@ local function placed(keys, args)
   return found
 end
 
-redis.register_function{function_name = FUNCTIONS.above, callback = above,
-                        flags = {'no-writes'}}
 redis.register_function{function_name = FUNCTIONS.standing, callback = standing,
                         flags = {'no-writes'}}
 redis.register_function{function_name = FUNCTIONS.page, callback = page,
