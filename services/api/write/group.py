@@ -29,7 +29,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from prometheus_client import Counter
 from redis.asyncio import Redis
+
+# Their ratio is the mean group size: how many writes share a round trip.
+GROUPS = Counter("ladder_api_write_groups_total", "Redis round trips of single score writes")
+GROUPED = Counter("ladder_api_write_grouped_total", "Single score writes sent in those groups")
 
 # A waiting call: its FCALL arguments and the future its request awaits.
 _Waiting = tuple[list[Any], "asyncio.Future[tuple[str, str]]"]
@@ -46,9 +51,6 @@ class GroupCommit:
         self._handle: asyncio.Handle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._closed = False
-        # What the groups sent, for the metrics and the tests: groups and calls.
-        self.groups = 0
-        self.calls = 0
 
     def write(self, command: list[Any]) -> asyncio.Future[tuple[str, str]]:
         """Send ``FCALL *command`` with the next group; the future of its ``(status, payload)``,
@@ -98,8 +100,8 @@ class GroupCommit:
                 if not future.done():
                     future.set_exception(_each(exc))
         else:
-            self.groups += 1
-            self.calls += len(group)
+            GROUPS.inc()
+            GROUPED.inc(len(group))
             for reply, (_, future) in zip(replies, group, strict=True):
                 if future.done():
                     continue
@@ -109,7 +111,7 @@ class GroupCommit:
                     future.set_result((str(reply[0]), str(reply[1])))
         finally:
             task = asyncio.current_task()
-            self._in_flight.discard(task)  # type: ignore[arg-type]
+            self._in_flight.discard(task)
             if self._waiting and not self._in_flight:
                 # What gathered while this group was out goes now, without waiting the window.
                 self._flush()
