@@ -60,9 +60,7 @@ class Writer:
     async def call(self, event_id: str, **fields: Any) -> Call:
         body = ScoreIn.model_validate(score(**fields))
         now = datetime.now(UTC)
-        return await prepare(
-            self.redis, self.keys, self.settings, self.board, body, event_id, now
-        )
+        return await prepare(self.redis, self.keys, self.settings, self.board, body, event_id, now)
 
     def command(self, call: Call) -> list[Any]:
         return call.command(self.quota, int(time.time() * 1000))
@@ -281,9 +279,7 @@ async def test_the_lifespan_context_drains_on_the_way_out(
     assert await redis.xlen(writer.keys.outbox("main")) == 6
 
 
-async def test_group_commit_off_sends_each_write_alone(
-    quiet: LadderSettings, redis: Redis
-) -> None:
+async def test_group_commit_off_sends_each_write_alone(quiet: LadderSettings, redis: Redis) -> None:
     settings = quiet.model_copy(update={"write_group_ms": 0.0})
     before = sent()
     async with api_client(settings) as client:
