@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
+import hiredis
 from redis.asyncio import Connection, Redis
 from redis.connection import HiredisRespSerializer
 from redis.utils import HIREDIS_AVAILABLE
@@ -33,13 +34,24 @@ class PackedConnection(Connection):
             return super().pack_command(*args)
         # The asyncio client's encoder turns every argument into bytes; hiredis takes str,
         # bytes, int and float as they are, encoding str as UTF-8 (the encoder's default).
-        packed: list[bytes] = self._serializer.pack(*args)
-        return packed
+        return [_packed(self._serializer, args)]
 
     def pack_commands(self, commands: Any) -> list[bytes]:
         if self._serializer is None:
             return super().pack_commands(commands)
-        return [b"".join(self._serializer.pack(*command)[0] for command in commands)]
+        serializer = self._serializer
+        return [b"".join(_packed(serializer, tuple(command)) for command in commands)]
+
+
+def _packed(serializer: HiredisRespSerializer, args: tuple[Any, ...]) -> bytes:
+    """``args`` packed by hiredis itself: the serializer's pass over every argument (for
+    memoryviews, and command names of two words) costs as much as the packing on a write's
+    ninety arguments, so it is left to the commands that need it."""
+    if isinstance(args[0], str) and " " not in args[0]:
+        with contextlib.suppress(TypeError):  # a memoryview or bytearray argument
+            return hiredis.pack_command(args)  # type: ignore[no-any-return]
+    packed: bytes = serializer.pack(*args)[0]
+    return packed
 
 
 def library_source() -> str:

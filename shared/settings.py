@@ -81,6 +81,10 @@ class LadderSettings(BaseSettings):
     feed_length: int = Field(default=1000, ge=1)
     outbox_max: int = Field(default=100_000, ge=1)
     idempotency_ttl_seconds: int = Field(default=86_400, ge=60)
+    # Group commit of single score writes (services/api/write/group.py): the longest a write
+    # waits for others to share its Redis round trip (0: each goes alone), and the most in one.
+    write_group_ms: float = Field(default=1.0, ge=0, le=100, description="milliseconds")
+    write_group_max: int = Field(default=64, ge=1, le=1000)
 
     relay_batch: int = Field(default=200, ge=1, le=5000)
     relay_claim_idle_ms: int = Field(default=15_000, ge=100)

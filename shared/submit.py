@@ -66,6 +66,41 @@ def expiry_of(window: PeriodWindow, timezone: str, retention: int | None) -> int
     return expire_at(window, timezone, retention) or 0
 
 
+# A write's keys but its idempotency record and user's regions are the same for every write of
+# the board (and, for a period's, of the region in that period): built once, not per request.
+@functools.lru_cache(maxsize=256)
+def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str]:
+    """Outbox, rebuild flag, rebuild journal, names, feed, user-team: in submit()'s order."""
+    return (
+        keys.outbox(board_id),
+        keys.rebuilding(board_id),
+        keys.rebuild_journal(board_id),
+        keys.names(board_id),
+        keys.feed(board_id),
+        keys.user_team(board_id),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _period_keys(
+    keys: Keys, board_id: str, period: Period, period_id: str, region: str
+) -> tuple[str, ...]:
+    """The ``KEYS_PER_PERIOD`` keys of one period of a write, the event counter last."""
+    view = keys.region_view(board_id, period, period_id, region)
+    teams = keys.teams_view(board_id, period, period_id)
+    return (
+        view,
+        keys.distinct(view),
+        keys.ties(view),
+        keys.regions(board_id, period, period_id),
+        teams,
+        keys.distinct(teams),
+        keys.ties(teams),
+        keys.players(board_id, period, period_id),
+        keys.event_count(board_id, period, period_id),
+    )
+
+
 def _record(board: Board, event: SubmitEvent) -> dict[str, object]:
     """The event as the outbox, the feed and the idempotency record keep it."""
     record: dict[str, object] = {
@@ -100,32 +135,21 @@ def submit_call(
     """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
     record = _record(board, event)
     bid = board.board_id
+    outbox, rebuilding, journal, names, feed, user_team = _board_keys(keys, bid)
     call_keys = [
         keys.idempotency(bid, event.event_id),
-        keys.outbox(bid),
-        keys.rebuilding(bid),
-        keys.rebuild_journal(bid),
-        keys.names(bid),
-        keys.feed(bid),
+        outbox,
+        rebuilding,
+        journal,
+        names,
+        feed,
         keys.user_regions(bid, event.user_id),
-        keys.user_team(bid),
+        user_team,
     ]
     period_args: list[str | int] = []
     for period in board.periods:
         window = current_window(period, event.occurred_at, board.timezone)
-        view = keys.region_view(bid, period, window.period_id, event.region)
-        teams = keys.teams_view(bid, period, window.period_id)
-        call_keys += [
-            view,
-            keys.distinct(view),
-            keys.ties(view),
-            keys.regions(bid, period, window.period_id),
-            teams,
-            keys.distinct(teams),
-            keys.ties(teams),
-            keys.players(bid, period, window.period_id),
-            keys.event_count(bid, period, window.period_id),
-        ]
+        call_keys += _period_keys(keys, bid, period, window.period_id, event.region)
         period_args += [
             period,
             window.period_id,

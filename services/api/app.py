@@ -30,6 +30,7 @@ from services.api.routes import (
 )
 from services.api.routes import live as live_views
 from services.api.state import ApiState, document_private_reads
+from services.api.write.group import group_commit
 from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.keys import Keys
@@ -89,13 +90,17 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
             hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}")
-            state = ApiState(settings, keys, redis, catalog, engine, relay, hub)
-            # The relay gets the grace period to hand what is in the outbox to the broker.
+            # The relay gets the grace period to hand what is in the outbox to the broker; the
+            # group commit, last in, is drained first, so that the relay sees its writes.
             async with (
                 _background(hub.run(), hub.stop, 5.0),
                 _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
                 _background(restorer.retry(), restorer.stop, 1.0),
+                group_commit(
+                    redis, window=settings.write_group_ms / 1000, most=settings.write_group_max
+                ) as writes,
             ):
+                state = ApiState(settings, keys, redis, catalog, engine, relay, hub, writes)
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
                 # services.api.serving sets it before any connection is closed; under another

@@ -20,6 +20,7 @@ from shared.settings import LadderSettings
 if TYPE_CHECKING:
     from services.api.push.hub import Hub
     from services.api.relay.outbox import Relay
+    from services.api.write.group import GroupCommit
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ApiState:
     engine: AsyncEngine
     relay: Relay
     hub: Hub
+    writes: GroupCommit
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
 
 
