@@ -1,6 +1,6 @@
 """Single score POSTs against one API process, before and after a change: ``python
-scripts/probe_single_posts.py [LADDER_X=value ...]`` from a checkout, with a private
-redis-server on ``PROBE_REDIS`` (default 127.0.0.1:6394) that nothing else uses.
+scripts/probe_single_posts.py [--redis HOST:PORT] [--api-port N] [LADDER_X=value ...]`` from a
+checkout, with a private redis-server (default 127.0.0.1:6394) that nothing else uses.
 
 It starts the checkout's API (one uvicorn process, the broker away so the relay idles) on a
 private port, posts single scores from raw HTTP/1.1 keep-alive connections (far cheaper than the
@@ -13,6 +13,7 @@ bench``: a micro-measurement for before/after ratios on a shared machine (docs/a
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import statistics
@@ -24,10 +25,10 @@ import uuid
 
 import redis
 
-HOST, _, PORT = os.environ.get("PROBE_REDIS", "127.0.0.1:6394").partition(":")
-API_PORT = int(os.environ.get("PROBE_API_PORT", "18694"))
-REDIS_URL = f"redis://{HOST}:{PORT}/2"
 PREFIX = "probe" + uuid.uuid4().hex[:6]
+# Set from the command line by main().
+API_PORT = 18694
+REDIS_URL = "redis://127.0.0.1:6394/2"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,22 +98,26 @@ def measure(api: subprocess.Popen[bytes], client: redis.Redis, clients: int, eac
 
 
 def main() -> None:
-    env = dict(
-        os.environ,
-        LADDER_REDIS_URL=REDIS_URL,
-        LADDER_AMQP_URL="amqp://guest:guest@127.0.0.1:1/",
-        LADDER_API_PORT=str(API_PORT),
-        LADDER_API_WORKERS="1",
-        LADDER_KEY_PREFIX=PREFIX,
-        LADDER_KEY_RATE="1000000",
-        LADDER_LOG_LEVEL="ERROR",
-    )
-    for arg in sys.argv[1:]:
-        name, _, value = arg.partition("=")
-        env[name] = value
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", default="127.0.0.1:6394", help="a private redis-server")
+    parser.add_argument("--api-port", type=int, default=18694)
+    parser.add_argument("settings", nargs="*", help="LADDER_X=value, for the API process")
+    options = parser.parse_args()
+    global REDIS_URL, API_PORT
+    REDIS_URL, API_PORT = f"redis://{options.redis}/2", options.api_port
+    overrides = {
+        "LADDER_REDIS_URL": REDIS_URL,
+        "LADDER_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
+        "LADDER_API_PORT": str(API_PORT),
+        "LADDER_API_WORKERS": "1",
+        "LADDER_KEY_PREFIX": PREFIX,
+        "LADDER_KEY_RATE": "1000000",
+        "LADDER_LOG_LEVEL": "ERROR",
+    }
+    overrides.update(arg.partition("=")[::2] for arg in options.settings)
+    # env(1) adds the settings to what the API inherits: the probe reads no environment itself.
     api = subprocess.Popen(
-        [sys.executable, "-m", "services.api"],
-        env=env,
+        ["env", *(f"{k}={v}" for k, v in overrides.items()), sys.executable, "-m", "services.api"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
