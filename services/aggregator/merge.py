@@ -204,23 +204,25 @@ class Merger:
             self._merged[board.board_id].add((period, period_id))
 
     async def _finish(self, work: Pass, drained: bool) -> None:
-        """After a pass: brackets and top-10 pushes of what it changed; ``as_of`` once drained."""
+        """After a pass: ``as_of`` once drained, then brackets and top-10 pushes of what it
+        changed. ``as_of`` first: a reader that sees the pass's entries should find the time it
+        was merged by, not the one before (or none, on a period's first merge)."""
         board, bid = work.board, work.board.board_id
+        if drained:
+            self.behind.discard(bid)
+            await self._redis.delete(self._keys.dirty_merging(bid))
+            periods = self._merged.pop(bid, set())
+            if periods:
+                now = rfc3339(datetime.now(UTC))
+                await self._redis.hset(
+                    self._keys.as_of(bid), mapping={f"{p}:{pid}": now for p, pid in periods}
+                )
+        else:
+            self.behind.add(bid)
         for (period, period_id), touched in work.periods.items():
             await self._brackets.announce(board, period, period_id, touched.before, touched.changed)
             scopes = ["global", *(f"region:{r}" for r in sorted(touched.regions))]
             await self._push_tops(board, period, period_id, scopes)
-        if not drained:
-            self.behind.add(bid)
-            return
-        self.behind.discard(bid)
-        await self._redis.delete(self._keys.dirty_merging(bid))
-        periods = self._merged.pop(bid, set())
-        if periods:
-            now = rfc3339(datetime.now(UTC))
-            await self._redis.hset(
-                self._keys.as_of(bid), mapping={f"{p}:{pid}": now for p, pid in periods}
-            )
 
     async def _merge_period(
         self, board: Board, period: Period, period_id: str, users: dict[str, list[str]]
