@@ -60,9 +60,12 @@ MERGED = Counter("ladder_aggregator_merged_users_total", "User entries merged in
 MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board's merge")
 PUSHES = Counter("ladder_aggregator_top_pushes_total", "Top-10 changes published")
 
-# Users a merge call takes (one Redis function call: ~10 ms of Redis, others wait meanwhile).
-CHUNK = 1000
-# Marks a round takes from the merging set: its calls go in one round trip.
+# Users a merge call takes: one Redis function call, a few ms of Redis on a board of a million,
+# during which every other client waits (a score write, a publish on the way to a push).
+CHUNK = 250
+# Marks a round takes from the merging set. Its calls go one at a time, each its own round trip:
+# Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
+# wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
 TOP = 10
 # A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
@@ -227,8 +230,8 @@ class Merger:
     async def _merge_period(
         self, board: Board, period: Period, period_id: str, users: dict[str, list[str]]
     ) -> set[str]:
-        """Merge ``users`` (id -> the regions its marks name) in Redis, ``CHUNK`` a call, the
-        round's calls in one round trip; returns the users whose global entry changed."""
+        """Merge ``users`` (id -> the regions its marks name) in Redis, ``CHUNK`` a call, one
+        call at a time; returns the users whose global entry changed."""
         keys, bid = self._keys, board.board_id
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
@@ -243,15 +246,13 @@ class Merger:
             *_ends(dirty_member(period, period_id, _SLOT, "")),
         ]
         ordered = list(users.items())
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for start in range(0, len(ordered), CHUNK):
-                args: list[str | int] = list(head)
-                for user, regions in ordered[start : start + CHUNK]:
-                    args += [user, len(regions), *regions]
-                pipe.fcall(MERGE_FUNCTION, len(view_keys), *view_keys, *args)
-            replies: list[Any] = await pipe.execute()
         changed: set[str] = set()
-        for moved, refused in replies:
+        for start in range(0, len(ordered), CHUNK):
+            args: list[str | int] = list(head)
+            for user, regions in ordered[start : start + CHUNK]:
+                args += [user, len(regions), *regions]
+            reply: Any = await self._redis.fcall(MERGE_FUNCTION, len(view_keys), *view_keys, *args)
+            moved, refused = reply
             changed.update(moved)
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
