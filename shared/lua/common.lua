@@ -12,6 +12,16 @@ A board's keys share its hash tag, so that each call stays in one hash slot.
 
 local function fmt(n) return string.format('%.17g', n) end
 
+-- Whether string a sorts before b as a sorted set orders members and Python orders str: byte by
+-- byte, as memcmp. Lua's own < follows the server's collation locale, which need not be bytewise.
+local function bytes_less(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
 -- The subscore part a tie key or member starts with: 's' and 14 hex digits on boards with a
 -- subscore, '' on others (shared/ranking.py).
 local function sub_of(raw)

@@ -48,15 +48,6 @@ call stays in one slot.
 local B32 = 4294967296
 local HI = 2097152 -- 2**21: |total| <= 2**53 - 1 = (2**21 - 1) * 2**32 + (2**32 - 1)
 
--- Whether a < b byte by byte (Python's order of str), whatever Redis's collation locale.
-local function bytes_less(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-
 -- The exact sum of signed scores, each within +-(2**53 - 1), or nil past that range. Doubles
 -- add integers exactly only below 2**53: each score is split at 2**32, and the parts summed.
 local function exact_sum(entries)

@@ -45,16 +45,6 @@ local function style_count(view, distinct, style, signed, sub)
   return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')
 end
 
--- Whether string a sorts before b in a sorted set's member order (bytes, as memcmp): Lua's own
--- < follows the server's collation locale, which need not be bytewise.
-local function bytes_below(a, b)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-
 -- Up to count rows (member, score, ...) that come after (signed, member) in rank order, and the
 -- 0-based position of the first of them: after the member's position while it still holds that
 -- score, else those below the score and, at the score, below the member (it moved or left).
@@ -71,7 +61,7 @@ local function after_cursor(view, signed, member, count)
     local rows = redis.call('ZREVRANGEBYSCORE', view, fmt(signed), '-inf', 'WITHSCORES',
                             'LIMIT', offset, want)
     for i = 1, #rows, 2 do
-      if tonumber(rows[i + 1]) ~= signed or bytes_below(rows[i], member) then
+      if tonumber(rows[i + 1]) ~= signed or bytes_less(rows[i], member) then
         out[#out + 1], out[#out + 2] = rows[i], rows[i + 1]
       end
     end
