@@ -74,6 +74,9 @@ the standing and ranks reads take one round trip in every style (read-only)."""
 PAGE_FUNCTION = "ladder_page_v1"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
 style count and the global view's as_of, in one round trip (read-only)."""
+FRIENDS_FUNCTION = "ladder_friends_v1"
+"""A friends scope: the owner's friends (capped), their records in the global view, their names
+and the view's as_of, in one round trip (read-only)."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -94,6 +97,7 @@ REGISTERED: dict[str, str] = {
     "standing": STANDING_FUNCTION,
     "placed": PLACE_FUNCTION,
     "page": PAGE_FUNCTION,
+    "friends": FRIENDS_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

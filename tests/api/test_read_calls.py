@@ -11,11 +11,15 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
+from services.api.reads import friends
+from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, get_ok, post, rfc, score
-from tests.helpers import api_client
+from tests.api.test_reads import Friends, merge
+from tests.helpers import api_client, player
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -84,6 +88,66 @@ async def test_each_read_is_one_round_trip(
         }
 
     assert counts == {"page": 1, "cursor page": 1, "teams page": 1, "standing": 1}
+
+
+@pytest.mark.parametrize("style", ["ordinal", "dense"])
+async def test_a_friends_read_is_one_round_trip(
+    quiet: LadderSettings, redis: Redis, keys: Keys, round_trips: Sends, style: str
+) -> None:
+    """The friend set, the group's records and names and the global view's as_of: one call
+    (ladder_friends_v1), on the first page, a cursor's page and a standing."""
+    async with api_client(quiet) as client:
+        await Friends().seed(client, redis, keys)
+        own = player("u-1")
+        first = await get_ok(client, LEADERBOARD, headers=own, scope="friends:u-1", limit=2)
+        counts = {
+            "page": await round_trips.of(
+                client, LEADERBOARD, headers=own, scope="friends:u-1", limit=2, rank_style=style
+            ),
+            "cursor page": await round_trips.of(
+                client,
+                LEADERBOARD,
+                headers=own,
+                scope="friends:u-1",
+                limit=2,
+                cursor=first["next_cursor"],
+                rank_style=style,
+            ),
+            "standing": await round_trips.of(
+                client,
+                "/v1/boards/main/users/u-3",
+                headers=own,
+                scope="friends:u-1",
+                around=1,
+                rank_style=style,
+            ),
+        }
+        as_of = await redis.hget(keys.as_of("main"), "alltime:all")
+
+    assert counts == {"page": 1, "cursor page": 1, "standing": 1}
+    assert first["as_of"] == as_of is not None
+    assert [e["user_id"] for e in first["entries"]] == ["u-2", "u-1"]
+
+
+async def test_a_friends_read_takes_the_first_friends_in_byte_order_past_the_most(
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the most friends a read takes (1000; 3 here), the first in byte order are ranked,
+    then the owner, whatever the set's own order: upper case before lower, '9' before 'A'."""
+    monkeypatch.setattr(friends, "MAX_FRIENDS", 3)
+    async with api_client(quiet) as client:
+        for user in ("me", "b", "B", "a", "9", "Z"):
+            await post(client, score(user_id=user, value=10, display_name=f"N{user}"))
+        await redis.sadd(keys.friends("me"), "me", "b", "B", "a", "9", "Z", "nobody")
+        await redis.sadd(keys.friends("b"), "me")
+        await merge(redis, keys)
+        page = await get_ok(client, LEADERBOARD, scope="friends:me", limit=10)
+        alone = await get_ok(client, LEADERBOARD, scope="friends:b", limit=10)
+
+    assert sorted(e["user_id"] for e in page["entries"]) == ["9", "B", "Z", "me"]
+    assert {e["display_name"] for e in page["entries"]} == {"N9", "NB", "NZ", "Nme"}
+    assert page["total"] == 4
+    assert sorted(e["user_id"] for e in alone["entries"]) == ["b", "me"]
 
 
 async def test_a_cursor_whose_entry_moved_goes_on_below_where_it_was(

@@ -1,6 +1,7 @@
-"""The friends scope: the owner and its friends ranked on the global view, with one
-``SMEMBERS`` and one ``HMGET`` of their records (tie key, score, metadata: shared/ranking.py),
-sorted here exactly as Redis would (score, then member, both descending)."""
+"""The friends scope: the owner and its friends ranked on the global view. One Redis call,
+``ladder_friends_v1``, reads the friend set, the group's records (tie key, score, metadata:
+shared/ranking.py) and names, and the view's as_of; the rows are sorted here exactly as Redis
+would (score, then member, both descending)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any, cast
 from redis.asyncio import Redis
 
 from services.api.reads.views import Row, View
+from shared.functions import FRIENDS_FUNCTION
 from shared.keys import Keys
 from shared.ranking import member, parse_record
 
-# The most friends a friends scope reads; the owner comes on top of them.
+# The most friends a friends scope reads (the first in byte order); the owner comes on top.
 MAX_FRIENDS = 1000
 
 
@@ -25,22 +27,32 @@ class FriendsRows:
     rows: list[Row]
     names: dict[str, Any]
     records: dict[str, Any]
+    # The field asked for of the board's as_of hash (None where not asked for or not set).
+    as_of: Any = None
 
 
-async def friends_rows(redis: Redis, keys: Keys, view: View) -> FriendsRows:
+async def friends_rows(redis: Redis, keys: Keys, view: View, as_of_field: str = "") -> FriendsRows:
     """The owner and its friends that have a score in the view, best first, with their names
-    and records."""
-    owner = cast(str, view.owner)
-    found: set[Any] = await redis.smembers(keys.friends(owner))
-    group = [*sorted(found - {owner})[:MAX_FRIENDS], owner]
-    async with redis.pipeline(transaction=False) as pipe:
-        queue_entries(pipe, view.key, group)
-        pipe.hmget(keys.names(view.board.board_id), group)
-        records, names = await pipe.execute()
+    and records, and the field ``as_of_field`` of the board's as_of hash: one round trip."""
+    owner, board_id = cast(str, view.owner), view.board.board_id
+    found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
+        "FCALL_RO",
+        FRIENDS_FUNCTION,
+        4,
+        keys.friends(owner),
+        view.ties,
+        keys.names(board_id),
+        keys.as_of(board_id),
+        owner,
+        MAX_FRIENDS,
+        as_of_field,
+    )
+    group, records, names = found[0], found[1], found[2]
     return FriendsRows(
         rank_locally(group, records),
         dict(zip(group, names, strict=True)),
         dict(zip(group, records, strict=True)),
+        found[3],
     )
 
 

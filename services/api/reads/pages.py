@@ -17,9 +17,15 @@ from shared.ranking import id_of
 
 
 async def _friends_page(
-    redis: Redis, keys: Keys, view: View, limit: int, cursor: str | None, style: RankStyle
+    redis: Redis,
+    keys: Keys,
+    view: View,
+    limit: int,
+    cursor: str | None,
+    style: RankStyle,
+    as_of_field: str,
 ) -> dict[str, Any]:
-    group = await friends_rows(redis, keys, view)
+    group = await friends_rows(redis, keys, view, as_of_field)
     rows = group.rows
     start = 0
     if cursor is not None:
@@ -37,6 +43,7 @@ async def _friends_page(
             for i, (m, c) in enumerate(chosen)
         ],
         "next_cursor": encode_cursor(chosen[-1][1], chosen[-1][0]) if more and chosen else None,
+        "as_of": group.as_of,
     }
 
 
@@ -52,14 +59,11 @@ async def page(
     """A page of a view: ``{"total", "entries", "next_cursor"}``, and ``"as_of"``: the field
     ``as_of_field`` of the board's as_of hash (``None`` where it is not set or not asked for).
 
-    One round trip (``ladder_page_v1``) but for a friends scope: the rows after the cursor, the
-    view's size, the first row's position, names, records and style count, and the as_of."""
+    One round trip: ``ladder_page_v1`` (the rows after the cursor, the view's size, the first
+    row's position, names, records and style count, and the as_of), or for a friends scope
+    ``ladder_friends_v1`` (the group, their records and names, and the as_of)."""
     if view.kind == "friends":
-        body = await _friends_page(redis, keys, view, limit, cursor, style)
-        body["as_of"] = None
-        if as_of_field:
-            body["as_of"] = await redis.hget(keys.as_of(view.board.board_id), as_of_field)
-        return body
+        return await _friends_page(redis, keys, view, limit, cursor, style, as_of_field)
     after: tuple[Any, ...] = ("", "")
     if cursor is not None:
         stored, member = decode_cursor(cursor)
