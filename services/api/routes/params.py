@@ -129,11 +129,15 @@ Q = TypeVar("Q", bound=BaseModel)
 _PATHS = {"board_id": re.compile(BOARD_ID_PATTERN), "user_id": re.compile(USER_ID_PATTERN)}
 
 
-def parameters_of(path: tuple[str, ...], query: type[BaseModel]) -> list[dict[str, Any]]:
-    """The OpenAPI parameters of these path parameters and of a query model, as FastAPI writes
-    those of parameters declared one by one."""
+def parameters_of(
+    path: tuple[str, ...], query: type[BaseModel] | None = None
+) -> list[dict[str, Any]]:
+    """The OpenAPI parameters of these path parameters and of a query model (if any), as FastAPI
+    writes those of parameters declared one by one."""
     out: list[dict[str, Any]] = []
     for where, model, names in (("path", _PathDoc, path), ("query", query, None)):
+        if model is None:
+            continue
         properties = model.model_json_schema()["properties"]
         for name in names or properties:
             schema = properties[name]
