@@ -19,6 +19,7 @@ from tests.api.helpers import (
     SCORES,
     add_board,
     ago,
+    assert_problem,
     get_ok,
     period_ids,
     post,
@@ -186,3 +187,22 @@ async def test_a_json_body_labelled_text_plain_is_read(quiet: LadderSettings) ->
         )
 
     assert response.status_code == 200, response.text
+
+
+async def test_a_single_post_checks_its_path_first_as_fastapi_did(
+    quiet: LadderSettings,
+) -> None:
+    """The single POST reads its path itself (no FastAPI parameter): a malformed board id is
+    one 422 naming the path alone, before the credential and the body are looked at; a
+    well-formed board that does not exist is a 404 before them."""
+    async with api_client(quiet) as client:
+        malformed = await client.post("/v1/boards/Not_A_Board/scores", content=b"{")
+        missing = await client.post("/v1/boards/nowhere/scores", content=b"{")
+        accepted = await client.post("/v1/boards/main/scores", json=score(), headers=SERVER)
+
+    body = assert_problem(malformed, 422)
+    assert [(e["loc"], e["type"]) for e in body["errors"]] == [
+        (["path", "board_id"], "string_pattern_mismatch")
+    ]
+    assert_problem(missing, 404)
+    assert accepted.status_code == 200, accepted.text
