@@ -75,8 +75,8 @@ PAGE_FUNCTION = "ladder_page_v1"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
 style count and the global view's as_of, in one round trip (read-only)."""
 FRIENDS_FUNCTION = "ladder_friends_v1"
-"""A friends scope: the owner's friends (capped), their records in the global view, their names
-and the view's as_of, in one round trip (read-only)."""
+"""A friends scope's group: the records in the global view and names of ids the caller read from
+the owner's friend set, and the view's as_of, in one call of the board's keys (read-only)."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,

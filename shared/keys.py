@@ -4,9 +4,7 @@ No other module builds a Redis key or a Pub/Sub channel name.
 
 Every key of a board carries the hash tag ``{<prefix>:<board_id>}``, so that every multi-key
 operation Ladder makes (the atomic write, the global merge, a relay read) touches one hash slot
-and runs unchanged on Redis Cluster. The price is that one board lives on one shard. The one
-exception is a read: the friends scope's call takes the user's friend set, a key of its own,
-beside the board's keys (docs/architecture.md, "Reads").
+and runs unchanged on Redis Cluster. The price is that one board lives on one shard.
 
 =================================================  ==========  ===============================
 key                                                type        holds
@@ -209,7 +207,7 @@ class Keys:
         return f"{self.tag(board_id)}:mvp:dirty"
 
     def friends(self, user_id: str) -> str:
-        """One set per user; a friends read takes it in the same call as the board's keys."""
+        """One set per user; a friends read takes it and then batches one board read."""
         return f"{self.prefix}:friends:{user_id}"
 
     def snapshot_dirty(self, board_id: str, *, taking: bool = False) -> str:

@@ -138,29 +138,19 @@ local function placed(keys, args)
 end
 
 --[[
-A friends scope in one step (docs/api.md section 5): the owner and its friends, with their
-records in the global view and their display names. KEYS: the owner's friend set, the global
-view's hash of records, the board's display names, the board's as_of hash. ARGV: the owner, the
-most friends read (past it, the first in byte order), the as_of field ('' for none). Returns
-{the ids, the owner last, their records (nil where the id has no entry), their display names,
-as_of}. Ranking them is the caller's: a record holds the entry's tie key and signed score
-(shared/ranking.py). The friend set is a key of its own, with no board's hash tag: this is the
-one call of the library that names keys of two hash tags (docs/architecture.md, "Reads").
+A friends scope's group read in one step (docs/api.md section 5): the records in the global
+view and the display names of the owner and its friends, whose ids the caller read from the
+owner's friend set first (a key of the user, not of the board: invariant 6 keeps it out of this
+call). KEYS: the global view's hash of records, the board's display names, the board's as_of
+hash. ARGV: the as_of field ('' for none), then the ids. Returns {their records (nil where the
+id has no entry), their display names, as_of}. Ranking them is the caller's: a record holds the
+entry's tie key and signed score (shared/ranking.py).
 ]]
 local function friends(keys, args)
-  local owner, most = args[1], tonumber(args[2])
-  local ids = {}
-  for _, id in ipairs(redis.call('SMEMBERS', keys[1])) do
-    if id ~= owner then ids[#ids + 1] = id end
-  end
-  if #ids > most then
-    table.sort(ids, bytes_less)
-    for i = #ids, most + 1, -1 do ids[i] = nil end
-  end
-  ids[#ids + 1] = owner
+  local ids = {unpack(args, 2)}
   local as_of = false
-  if args[3] ~= '' then as_of = redis.call('HGET', keys[4], args[3]) end
-  return {ids, redis.call('HMGET', keys[2], unpack(ids)), redis.call('HMGET', keys[3], unpack(ids)),
+  if args[1] ~= '' then as_of = redis.call('HGET', keys[3], args[1]) end
+  return {redis.call('HMGET', keys[1], unpack(ids)), redis.call('HMGET', keys[2], unpack(ids)),
           as_of}
 end
 

@@ -91,11 +91,12 @@ async def test_each_read_is_one_round_trip(
 
 
 @pytest.mark.parametrize("style", ["ordinal", "dense"])
-async def test_a_friends_read_is_one_round_trip(
+async def test_a_friends_read_is_two_round_trips(
     quiet: LadderSettings, redis: Redis, keys: Keys, round_trips: Sends, style: str
 ) -> None:
-    """The friend set, the group's records and names and the global view's as_of: one call
-    (ladder_friends_v1), on the first page, a cursor's page and a standing."""
+    """The friend set (a key of the user), then the group's records and names and the global
+    view's as_of in one call of the board's keys (ladder_friends_v1): two round trips, on the
+    first page, a cursor's page and a standing, never one a friend."""
     async with api_client(quiet) as client:
         await Friends().seed(client, redis, keys)
         own = player("u-1")
@@ -124,7 +125,7 @@ async def test_a_friends_read_is_one_round_trip(
         }
         as_of = await redis.hget(keys.as_of("main"), "alltime:all")
 
-    assert counts == {"page": 1, "cursor page": 1, "standing": 1}
+    assert counts == {"page": 2, "cursor page": 2, "standing": 2}
     assert first["as_of"] == as_of is not None
     assert [e["user_id"] for e in first["entries"]] == ["u-2", "u-1"]
 

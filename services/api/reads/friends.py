@@ -1,7 +1,7 @@
-"""The friends scope: the owner and its friends ranked on the global view. One Redis call,
-``ladder_friends_v1``, reads the friend set, the group's records (tie key, score, metadata:
-shared/ranking.py) and names, and the view's as_of; the rows are sorted here exactly as Redis
-would (score, then member, both descending)."""
+"""The friends scope: the owner and its friends ranked on the global view. The friend set is
+read first (a key of the user), then one call of the board's keys, ``ladder_friends_v1``, reads
+the group's records (tie key, score, metadata: shared/ranking.py), names and the view's as_of;
+the rows are sorted here exactly as Redis would (score, then member, both descending)."""
 
 from __future__ import annotations
 
@@ -33,26 +33,30 @@ class FriendsRows:
 
 async def friends_rows(redis: Redis, keys: Keys, view: View, as_of_field: str = "") -> FriendsRows:
     """The owner and its friends that have a score in the view, best first, with their names
-    and records, and the field ``as_of_field`` of the board's as_of hash: one round trip."""
+    and records, and the field ``as_of_field`` of the board's as_of hash: two round trips, the
+    friend set (a key of the user) and then one call of the board's keys, since no Redis call
+    names keys of two hash tags (docs/architecture.md, invariant 6)."""
     owner, board_id = cast(str, view.owner), view.board.board_id
+    members = cast(set[str], await redis.smembers(keys.friends(owner)))
+    group = sorted(i for i in members if i != owner)
+    del group[MAX_FRIENDS:]
+    group.append(owner)
     found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
         "FCALL_RO",
         FRIENDS_FUNCTION,
-        4,
-        keys.friends(owner),
+        3,
         view.ties,
         keys.names(board_id),
         keys.as_of(board_id),
-        owner,
-        MAX_FRIENDS,
         as_of_field,
+        *group,
     )
-    group, records, names = found[0], found[1], found[2]
+    records, names = found[0], found[1]
     return FriendsRows(
         rank_locally(group, records),
         dict(zip(group, names, strict=True)),
         dict(zip(group, records, strict=True)),
-        found[3],
+        found[2],
     )
 
 
