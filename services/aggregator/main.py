@@ -42,6 +42,7 @@ async def merges(
         try:
             for board in await catalog.all():
                 await merger.merge_board(board, MERGE_BUDGET)
+                await merger.build_dense(board, MERGE_BUDGET)
         except Exception:
             log.exception("merge pass failed; retrying next tick")
         if stopping:
