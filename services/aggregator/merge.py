@@ -40,7 +40,7 @@ from redis.exceptions import ResponseError
 
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from shared.boards import Board
-from shared.events import rfc3339
+from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
 from shared.keys import Keys, dirty_member
 from shared.periods import Period, expire_at, window_of
@@ -143,6 +143,26 @@ def top_entry(
     return entry
 
 
+class FreshRegions:
+    """The regional views that consumed events changed since their top 10 was last looked at,
+    by board: a region's view is the write's own, current without the merge, so its top-10 push
+    need not wait behind a merge backlog (:meth:`Merger.push_fresh`)."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, set[tuple[Period, str, str]]] = defaultdict(set)
+
+    def note(self, events: list[ScoreAccepted]) -> None:
+        for event in events:
+            for period, result in event.periods.items():
+                self.add(event.board_id, period, result.period_id, event.region)
+
+    def add(self, board_id: str, period: Period, period_id: str, region: str) -> None:
+        self._views[board_id].add((period, period_id, region))
+
+    def take(self, board_id: str) -> set[tuple[Period, str, str]]:
+        return self._views.pop(board_id, set())
+
+
 class Merger:
     """Merges boards' dirty users into their global views, a bounded pass at a time."""
 
@@ -182,6 +202,18 @@ class Merger:
             await self._finish(work, drained)
         MERGED.inc(work.written)
         return work.written
+
+    async def push_fresh(self, board: Board, fresh: FreshRegions) -> int:
+        """The top-10 pushes of the regional views that events changed since the last call
+        (``fresh``), whatever the merge has yet to do; returns how many views were looked at."""
+        views = fresh.take(board.board_id)
+        by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
+        for period, period_id, region in views:
+            if period in board.periods:
+                by_period[(period, period_id)].append(f"region:{region}")
+        for (period, period_id), scopes in by_period.items():
+            await self._push_tops(board, period, period_id, sorted(scopes))
+        return len(views)
 
     async def build_dense(self, board: Board, budget: float | None = None) -> int:
         """Build the distinct-score sets that dense reads of ``board``'s global views asked for
