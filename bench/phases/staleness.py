@@ -18,7 +18,6 @@ shared machine); ``make bench`` runs it with the other phases.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import socket
 import subprocess
@@ -40,7 +39,7 @@ from bench.settings import ROOT
 from shared.boards import MAIN_BOARD
 from shared.keys import Keys, dirty_member
 from shared.periods import window_at
-from shared.settings import DEV_SERVER_KEY, load_settings
+from shared.settings import DEV_SERVER_KEY, child_environment, load_settings
 from shared.topology import Topology
 
 BACKLOG = 200_000
@@ -198,22 +197,22 @@ async def watch_backlog(redis: Redis, keys: Keys, run: Run, started: float) -> N
 def _env(port: int, ports: dict[str, int], broker_prefix: str) -> dict[str, str]:
     """The stack's environment: the broker and MySQL of the machine's Ladder settings, the rest
     its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LADDER_")}
     settings = load_settings()
-    env.update(
-        LADDER_ENV="dev",
-        LADDER_KEY_PREFIX=PREFIX,
-        LADDER_BROKER_PREFIX=broker_prefix,
-        LADDER_AMQP_URL=settings.amqp_url,
-        LADDER_MYSQL_URL=settings.mysql_url,
-        LADDER_REDIS_URL=f"redis://127.0.0.1:{port}/0",
-        LADDER_API_PORT=str(ports["api"]),
-        LADDER_AGGREGATOR_PORT=str(ports["aggregator"]),
-        LADDER_API_WORKERS="1",
-        LADDER_KEY_RATE="1000000",
-        LADDER_LOG_LEVEL="WARNING",
+    return child_environment(
+        dict(
+            LADDER_ENV="dev",
+            LADDER_KEY_PREFIX=PREFIX,
+            LADDER_BROKER_PREFIX=broker_prefix,
+            LADDER_AMQP_URL=settings.amqp_url,
+            LADDER_MYSQL_URL=settings.mysql_url,
+            LADDER_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+            LADDER_API_PORT=str(ports["api"]),
+            LADDER_AGGREGATOR_PORT=str(ports["aggregator"]),
+            LADDER_API_WORKERS="1",
+            LADDER_KEY_RATE="1000000",
+            LADDER_LOG_LEVEL="WARNING",
+        )
     )
-    return env
 
 
 async def measure() -> list[Line]:

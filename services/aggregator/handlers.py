@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from services.aggregator.merge import FreshRegions
+from services.aggregator.fresh import FreshRegions
 from shared.events import ScoreAccepted
 from shared.keys import Keys, dirty_member
 

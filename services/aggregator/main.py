@@ -15,9 +15,10 @@ import contextlib
 
 import structlog
 
+from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
-from services.aggregator.merge import FreshRegions, Merger
+from services.aggregator.merge import Merger
 from shared import service
 from shared.boards import BoardCatalog
 from shared.keys import Keys

@@ -38,9 +38,10 @@ from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from shared.boards import Board
-from shared.events import ScoreAccepted, rfc3339
+from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
 from shared.keys import Keys, dirty_member
 from shared.periods import Period, expire_at, window_of
@@ -141,26 +142,6 @@ def top_entry(
     if board.subscore_order is not None:
         entry["subscore"] = subscore_of(member, board.subscore_order)
     return entry
-
-
-class FreshRegions:
-    """The regional views that consumed events changed since their top 10 was last looked at,
-    by board: a region's view is the write's own, current without the merge, so its top-10 push
-    need not wait behind a merge backlog (:meth:`Merger.push_fresh`)."""
-
-    def __init__(self) -> None:
-        self._views: dict[str, set[tuple[Period, str, str]]] = defaultdict(set)
-
-    def note(self, events: list[ScoreAccepted]) -> None:
-        for event in events:
-            for period, result in event.periods.items():
-                self.add(event.board_id, period, result.period_id, event.region)
-
-    def add(self, board_id: str, period: Period, period_id: str, region: str) -> None:
-        self._views[board_id].add((period, period_id, region))
-
-    def take(self, board_id: str) -> set[tuple[Period, str, str]]:
-        return self._views.pop(board_id, set())
 
 
 class Merger:

@@ -12,9 +12,10 @@ import time
 from redis.asyncio import Redis
 
 from bench.probes import layout_entries
+from services.aggregator.fresh import FreshRegions
 from services.aggregator.live_tracker import LiveViews
 from services.aggregator.main import tick
-from services.aggregator.merge import FreshRegions, Merger
+from services.aggregator.merge import Merger
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
 from shared.ranking import member, record, tie_key
