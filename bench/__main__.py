@@ -29,6 +29,7 @@ from bench.phases import (
     reads,
     single,
     sizes,
+    staleness,
 )
 from bench.report import Report, write_report
 from bench.settings import BenchSettings
@@ -70,6 +71,8 @@ async def measure(bench: Bench, report: Report) -> None:
     report.take(await reads.measure(bench, base))
     print("aggregator merge", flush=True)
     report.take(await merge.measure(bench))
+    print("global view staleness after a start with a backlog (private stack)", flush=True)
+    report.take(await staleness.measure())
     print("MySQL", flush=True)
     report.take(await sizes.mysql(bench))
 

@@ -33,9 +33,13 @@ WRITE_FUNCTION = "ladder_write_v5"
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
-MERGE_FUNCTION = "ladder_merge_v1"
+MERGE_FUNCTION = "ladder_merge_v2"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
-each user's regions only, and take their dirty marks out of the merging set."""
+each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
+set being built and the board's dense marker come in as keys, the marker's member as an
+argument; the global view keeps a distinct-score set only where it is read densely.)"""
+DENSE_BUILD_FUNCTION = "ladder_dense_build_v1"
+"""A step of building a global view's distinct-score set from the view, for dense reads."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
@@ -68,12 +72,14 @@ REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
 STANDING_FUNCTION = "ladder_standing_v3"
 """A user's place in a view and the entries around it (read-only)."""
-PLACE_FUNCTION = "ladder_place_v1"
+PLACE_FUNCTION = "ladder_place_v2"
 """``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
-the standing and ranks reads take one round trip in every style (read-only)."""
-PAGE_FUNCTION = "ladder_page_v1"
+the standing and ranks reads take one round trip in every style (read-only). (v2: a dense
+count on a view without its distinct-score set comes as {count}, walked, or {} if too long.)"""
+PAGE_FUNCTION = "ladder_page_v2"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
-style count and the global view's as_of, in one round trip (read-only)."""
+style count and the global view's as_of, in one round trip (read-only). (v2: as the place
+read's v2, its dense count.)"""
 FRIENDS_FUNCTION = "ladder_friends_v1"
 """A friends scope's group: the records in the global view and names of ids the caller read from
 the owner's friend set, and the view's as_of, in one call of the board's keys (read-only)."""
@@ -83,6 +89,7 @@ REGISTERED: dict[str, str] = {
     "write": WRITE_FUNCTION,
     "put": PUT_FUNCTION,
     "merge": MERGE_FUNCTION,
+    "dense_build": DENSE_BUILD_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,

@@ -32,6 +32,16 @@ key                                                type        holds
                                                                ranks); member = signed score,
                                                                removed when the view's ZCOUNT
                                                                of it reaches 0
+``{P:B}:lb:<period>:<period_id>:<scope>:distinct:building``
+                                                   zset        a distinct-score set being built
+                                                               (the aggregator's dense build),
+                                                               renamed to ``:distinct`` when done
+``{P:B}:dense``                                    set         scope kinds read densely
+                                                               ("global"): their views keep a
+                                                               distinct-score set (set by reads)
+``{P:B}:dense:build``                              set         "<period>|<period_id>|<scope>"
+                                                               views whose distinct-score set a
+                                                               dense read waits for
 ``{P:B}:lb:<period>:<period_id>:<scope>:ties``     hash        id -> its member's tie key, beside
                                                                each view (shared/ranking.py)
 ``{P:B}:feed``                                     list        the newest accepted events (JSON)
@@ -157,6 +167,22 @@ class Keys:
     def distinct(view_key: str) -> str:
         """The distinct-score set that goes with a view (for dense ranks)."""
         return f"{view_key}:distinct"
+
+    @staticmethod
+    def distinct_building(view_key: str) -> str:
+        """A view's distinct-score set while the aggregator builds it (renamed when done)."""
+        return f"{view_key}:distinct:building"
+
+    def dense(self, board_id: str) -> str:
+        """``{P:B}:dense`` (set): the scope kinds of the board read with ``rank_style=dense``
+        ("global"); a view of such a scope keeps a distinct-score set. Generic over scopes: only
+        the global one is kept on demand today."""
+        return f"{self.tag(board_id)}:dense"
+
+    def dense_build(self, board_id: str) -> str:
+        """``{P:B}:dense:build`` (set): "<period>|<period_id>|<scope>" views whose distinct-score
+        set a dense read found missing, for the aggregator to build."""
+        return f"{self.tag(board_id)}:dense:build"
 
     @staticmethod
     def ties(view_key: str) -> str:

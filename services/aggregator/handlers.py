@@ -7,18 +7,24 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from services.aggregator.fresh import FreshRegions
 from shared.events import ScoreAccepted
 from shared.keys import Keys, dirty_member
 
 
 class MarkDirty:
-    """Idempotent by nature: a set member marked twice is marked once."""
+    """Idempotent by nature: a set member marked twice is marked once. With ``fresh`` (the
+    merger's :class:`~services.aggregator.merge.FreshRegions`), each event's regional views are
+    noted there too, for their top-10 pushes, which do not wait for the merge."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, fresh: FreshRegions | None = None) -> None:
         self._redis = redis
         self._keys = keys
+        self._fresh = fresh
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
+        if self._fresh is not None:
+            self._fresh.note(events)
         # One SADD a board and batch, not one an event: the set ends up the same.
         members: dict[str, list[str]] = {}
         for event in events:

@@ -15,6 +15,7 @@ import contextlib
 
 import structlog
 
+from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
@@ -32,16 +33,25 @@ MERGE_BUDGET = 0.25
 
 
 async def merges(
-    merger: Merger, catalog: BoardCatalog, interval: float, stop: asyncio.Event
+    merger: Merger,
+    catalog: BoardCatalog,
+    interval: float,
+    stop: asyncio.Event,
+    fresh: FreshRegions | None = None,
 ) -> None:
     """Merge every board, a bounded pass each, until ``stop``: again at once while a board is
-    behind, else after ``interval``; one last pass on the way. A pass that fails is logged and
-    retried: its work waits in Redis."""
+    behind, else after ``interval``; one last pass on the way. Before each pass, the top-10
+    pushes of the regional views that events changed (``fresh``), which do not wait for the
+    merge; after it, a bounded step of the dense builds that reads asked for. A pass that fails
+    is logged and retried: its work waits in Redis."""
     while True:
         stopping = stop.is_set()
         try:
             for board in await catalog.all():
+                if fresh is not None:
+                    await merger.push_fresh(board, fresh)
                 await merger.merge_board(board, MERGE_BUDGET)
+                await merger.build_dense(board, MERGE_BUDGET)
         except Exception:
             log.exception("merge pass failed; retrying next tick")
         if stopping:
@@ -54,11 +64,16 @@ async def merges(
 
 
 async def tick(
-    merger: Merger, live: LiveViews, catalog: BoardCatalog, interval: float, stop: asyncio.Event
+    merger: Merger,
+    live: LiveViews,
+    catalog: BoardCatalog,
+    interval: float,
+    stop: asyncio.Event,
+    fresh: FreshRegions | None = None,
 ) -> None:
     """The merge and the live views, apart, each every ``interval`` seconds until ``stop``."""
     await asyncio.gather(
-        merges(merger, catalog, interval, stop),
+        merges(merger, catalog, interval, stop, fresh),
         service.every_board(catalog, interval, stop, live.tick_board),
     )
 
@@ -69,13 +84,13 @@ async def run(settings: LadderSettings) -> None:
     async with open_redis(settings.redis_url, load_functions=True) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
-        merger = Merger(redis, keys)
+        merger, fresh = Merger(redis, keys), FreshRegions()
         live = LiveViews(redis, keys)
-        handler = Each(MarkDirty(redis, keys), RecordLive(redis, keys, catalog))
+        handler = Each(MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
         runner = service.consumer("aggregator", settings, handler)
 
         async def ticker(stop: asyncio.Event) -> None:
-            await tick(merger, live, catalog, settings.merge_interval, stop)
+            await tick(merger, live, catalog, settings.merge_interval, stop, fresh)
 
         await service.consume(
             runner, redis, settings, port=settings.aggregator_port, companions=(ticker,)

@@ -3,7 +3,7 @@
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v1``, shared/lua/merge.lua) that reads each one's current record in
+function (``ladder_merge_v2``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its regions set and its marks: the cost follows the users and their
 regions, not the board's count of regions), writes the user's global entry and takes its marks
 out of the merging set in the same step. :func:`combine` is the reference of that entry:
@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import structlog
@@ -38,11 +38,12 @@ from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from shared.boards import Board
 from shared.events import rfc3339
-from shared.functions import MERGE_FUNCTION
-from shared.keys import Keys, dirty_member, parse_dirty_member
+from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
+from shared.keys import Keys, dirty_member
 from shared.periods import Period, expire_at, window_of
 from shared.ranking import (
     MAX_SCORE,
@@ -68,6 +69,10 @@ CHUNK = 250
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
 TOP = 10
+# The scope of the global view, as the dense marker names it (shared/keys.py ``dense``).
+GLOBAL = "global"
+# Members a step of a dense build takes (ladder_dense_build_v1): about a millisecond of Redis.
+BUILD_STEP = 2000
 # A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
 # stays the only place that spells them. NUL is in no id.
 _SLOT = "\0"
@@ -149,6 +154,9 @@ class Merger:
         # Periods each board's current batch has merged so far: their ``as_of`` moves when the
         # batch is drained (lost on a restart, it then says older, never newer, than the view).
         self._merged: dict[str, set[tuple[Period, str]]] = defaultdict(set)
+        # Dense builds under way: build set member -> the cursor to go on from.
+        self._building: dict[str, list[str]] = {}
+        self.build_step = BUILD_STEP
         self.behind: set[str] = set()
         """Boards whose batch a pass left partway (its budget spent): more to merge now."""
 
@@ -176,35 +184,83 @@ class Merger:
         MERGED.inc(work.written)
         return work.written
 
-    async def _take(self, merging: str, cursor: int) -> tuple[int, set[str]]:
-        """About a round of marks from the merging set, and where the scan goes on."""
-        marks: set[str] = set()
+    async def push_fresh(self, board: Board, fresh: FreshRegions) -> int:
+        """The top-10 pushes of the regional views that events changed since the last call
+        (``fresh``), whatever the merge has yet to do; returns how many views were looked at."""
+        views = fresh.take(board.board_id)
+        by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
+        for period, period_id, region in views:
+            if period in board.periods:
+                by_period[(period, period_id)].append(f"region:{region}")
+        for (period, period_id), scopes in by_period.items():
+            await self._push_tops(board, period, period_id, sorted(scopes))
+        return len(views)
+
+    async def build_dense(self, board: Board, budget: float | None = None) -> int:
+        """Build the distinct-score sets that dense reads of ``board``'s global views asked for
+        (``{P:B}:dense:build``), a step a call, one call at a time, for at most ``budget``
+        seconds (``None``: until done); returns how many views were finished. What the budget
+        leaves goes on from its cursor at the next pass (from the top after a restart, which
+        only adds pairs again: the merge keeps the set being built up to date meanwhile)."""
+        keys, bid = self._keys, board.board_id
+        wanted = [str(item) for item in await self._redis.smembers(keys.dense_build(bid))]
+        deadline = None if budget is None else time.monotonic() + budget
+        done = 0
+        for item in sorted(wanted):
+            period, period_id, scope = item.split("|", 2)
+            if scope != GLOBAL or period not in board.periods:
+                continue  # the regional and team sets are kept by their own writer
+            view = keys.global_view(bid, period, period_id)
+            window = window_of(period, period_id, board.timezone)
+            expiry = expire_at(window, board.timezone, board.retention.of(period)) or 0
+            build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
+            build_keys.append(keys.dense_build(bid))
+            cursor: list[str] = self._building.get(item, ["", ""])
+            while True:
+                reply: Any = await self._redis.fcall(
+                    DENSE_BUILD_FUNCTION, 4, *build_keys, expiry, item, *cursor, self.build_step
+                )
+                if not reply:
+                    self._building.pop(item, None)
+                    done += 1
+                    break
+                cursor = [str(reply[0]), str(reply[1])]
+                self._building[item] = cursor
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.behind.add(bid)
+                    return done
+        return done
+
+    async def _take(self, merging: str, cursor: int) -> tuple[int, list[str]]:
+        """About a round of marks from the merging set, and where the scan goes on (a mark the
+        scan returns twice is merged twice, to the same result)."""
+        marks: list[str] = []
         while True:
             cursor, found = await self._redis.sscan(merging, cursor, count=ROUND)
-            marks.update(str(mark) for mark in found)
+            marks += cast(list[str], found)  # decoded replies: str
             if cursor == 0 or len(marks) >= ROUND:
                 return cursor, marks
 
-    async def _merge_round(self, work: Pass, merging: str, marks: set[str]) -> None:
+    async def _merge_round(self, work: Pass, merging: str, marks: list[str]) -> None:
         board, foreign = work.board, []
-        by_period: dict[tuple[Period, str], dict[str, list[str]]] = defaultdict(dict)
+        # The marks by period: what precedes a mark's region ("<period>|<period_id>|"); the
+        # function takes them as they are.
+        by_period: dict[str, list[str]] = defaultdict(list)
         for mark in marks:
-            period, period_id, region, user_id = parse_dirty_member(mark)
+            by_period[mark[: mark.index("|", mark.index("|") + 1) + 1]].append(mark)
+        for head, group in by_period.items():
+            period, period_id = head[:-1].split("|")
             if period not in board.periods:
-                foreign.append(mark)  # a period the board no longer keeps: nothing to merge
+                foreign += group  # a period the board no longer keeps: nothing to merge
                 continue
-            by_period[(period, period_id)].setdefault(user_id, []).append(region)
-        if foreign:
-            await self._redis.srem(merging, *foreign)
-        for (period, period_id), users in by_period.items():
             touched = work.touched(period, period_id)
             if not touched.read:  # the top before the pass's first write to the period
                 touched.before = await self._brackets.standing(board, period, period_id)
                 touched.read = True
-            touched.changed |= await self._merge_period(board, period, period_id, users)
-            touched.regions.update(r for regions in users.values() for r in regions)
-            work.written += len(users)
+            work.written += await self._merge_period(board, period, period_id, group, touched)
             self._merged[board.board_id].add((period, period_id))
+        if foreign:
+            await self._redis.srem(merging, *foreign)
 
     async def _finish(self, work: Pass, drained: bool) -> None:
         """After a pass: ``as_of`` once drained, then brackets and top-10 pushes of what it
@@ -228,35 +284,46 @@ class Merger:
             await self._push_tops(board, period, period_id, scopes)
 
     async def _merge_period(
-        self, board: Board, period: Period, period_id: str, users: dict[str, list[str]]
-    ) -> set[str]:
-        """Merge ``users`` (id -> the regions its marks name) in Redis, ``CHUNK`` a call, one
-        call at a time; returns the users whose global entry changed."""
+        self, board: Board, period: Period, period_id: str, marks: list[str], touched: Touched
+    ) -> int:
+        """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call, one
+        call at a time; notes in ``touched`` the users whose global entry changed and the regions
+        the marks name; returns how many users were merged (a user whose marks two calls share
+        counts in each)."""
         keys, bid = self._keys, board.board_id
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
         global_key = keys.global_view(bid, period, period_id)
         view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
-        view_keys.append(keys.dirty_merging(bid))
+        view_keys += [
+            keys.dirty_merging(bid),
+            keys.distinct_building(global_key),
+            keys.dense(bid),
+        ]
         head = [
             expiry or 0,
             board.operator,
             *_ends(keys.ties(keys.region_view(bid, period, period_id, _SLOT))),
             *_ends(keys.user_regions(bid, _SLOT)),
             *_ends(dirty_member(period, period_id, _SLOT, "")),
+            GLOBAL,
         ]
-        ordered = list(users.items())
-        changed: set[str] = set()
-        for start in range(0, len(ordered), CHUNK):
-            args: list[str | int] = list(head)
-            for user, regions in ordered[start : start + CHUNK]:
-                args += [user, len(regions), *regions]
-            reply: Any = await self._redis.fcall(MERGE_FUNCTION, len(view_keys), *view_keys, *args)
-            moved, refused = reply
-            changed.update(moved)
+        merged = 0
+        for start in range(0, len(marks), CHUNK):
+            reply: Any = await self._redis.fcall(
+                MERGE_FUNCTION,
+                len(view_keys),
+                *view_keys,
+                *head,
+                *marks[start : start + CHUNK],
+            )
+            moved, refused, regions, users = reply
+            touched.changed.update(moved)
+            touched.regions.update(regions)
+            merged += int(users)
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
-        return changed
+        return merged
 
     async def _push_tops(
         self, board: Board, period: Period, period_id: str, scopes: list[str]

@@ -60,6 +60,34 @@ local function held(view, signed, sub)
   return sub_of(redis.call('ZREVRANGE', view, at, at)[1]) == sub
 end
 
+-- The first member of a view, and its signed score, whose pair comes after the pair (signed
+-- score, subscore part) in rank order: a lower score, or the same score and a smaller subscore
+-- part (the members of a score descend by it); nil past the last. signed nil: the first member.
+-- O(log n) a step, O(log² n) on boards with a subscore (a binary search among the score's).
+local function next_pair(view, signed, sub)
+  local rows
+  if signed == nil then
+    rows = redis.call('ZREVRANGE', view, 0, 0, 'WITHSCORES')
+  else
+    local k = fmt(signed)
+    if sub ~= '' then
+      local lo = redis.call('ZCOUNT', view, '(' .. k, '+inf')
+      local past = lo + redis.call('ZCOUNT', view, k, k)
+      local hi = past
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if sub_of(redis.call('ZREVRANGE', view, mid, mid)[1]) >= sub then lo = mid + 1 else hi = mid end
+      end
+      if lo < past then rows = redis.call('ZREVRANGE', view, lo, lo, 'WITHSCORES') end
+    end
+    if rows == nil then
+      rows = redis.call('ZREVRANGEBYSCORE', view, '(' .. k, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+  end
+  if rows[1] == nil then return nil, nil end
+  return rows[1], tonumber(rows[2])
+end
+
 -- A member of a view's distinct-score set: one a distinct (score, subscore) pair, scored by the
 -- signed score, so that equal scores order by subscore part (for dense ranks).
 local function distinct_member(signed, sub) return sub .. fmt(signed) end

@@ -28,21 +28,33 @@ end
 redis.register_function(FUNCTIONS.put, put)
 
 --[[
-The global merge (services/aggregator/merge.py), where the data is: a chunk of dirty users of one
-board period, each combined from its records in the regions it played in (combine() in merge.py
-is the reference; the tests hold this to it) and put in the global view.
+The global merge (services/aggregator/merge.py), where the data is: a chunk of dirty marks of one
+board period, each of whose users is combined from its records in the regions it played in
+(combine() in merge.py is the reference; the tests hold this to it) and put in the global view.
 
-KEYS: global view, its distinct set, its records, the merging set. ARGV: expire-at (0: never),
-operator, the two ends of a region view's records key (prefix, suffix: the key is prefix ..
-region .. suffix), the two ends of a user's regions key, the two parts of a dirty mark (prefix,
-separator: the mark is prefix .. region .. separator .. id), then per user: id, n, and the n
-regions its marks name. Returns {ids whose global entry changed, ids whose sum was out of range}.
+KEYS: global view, its distinct set, its records, the merging set, the distinct set being built,
+the board's dense marker (shared/keys.py). ARGV: expire-at (0: never), operator, the two ends of a
+region view's records key (prefix, suffix: the key is prefix .. region .. suffix), the two ends of
+a user's regions key, the two parts of a dirty mark (prefix, separator: the mark is prefix ..
+region .. separator .. id), the marker's member for this scope ('global'), then the marks, as
+the merging set holds them. Returns {ids whose global entry changed, ids whose sum was out of
+range, the regions the marks name, how many users were merged}.
+
+The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
+if it has one; else, if the marker names the scope, the set of a new view from its first member,
+or the one the aggregator is building (dense_build below) for a view that has members.
 
 This function builds key names, against common.lua's rule, from templates that shared/keys.py
 made: which regions a user played in is read here (its regions set, with its marks' regions),
 so the region keys are known only inside the call; passing them as KEYS would take another
 round trip and a key per user and region. Every such key carries the board's hash tag, the
 call stays in one slot.
+
+Most users of a chunk played in one region and most records do not change: the function works
+on records as the strings the hashes hold (tie|score|metadata, shared/ranking.py), so that a
+user of one region takes its regional record as its global one as it is, and one whose global
+record is that string already costs no write; records are split into fields (parsed()) only
+where a combine or a replaced member needs them.
 ]]
 
 local B32 = 4294967296
@@ -90,75 +102,150 @@ local function combined(op, entries)
   return total, string.sub(pick.tie, -12), pick.meta
 end
 
--- A record's fields (shared/ranking.py), as entry_in() reads them; nil for none.
+-- A record's fields (shared/ranking.py), as entry_in() reads them; nil for none. Split with
+-- plain finds: a pattern match costs several times as much.
 local function parsed(rec, id)
   if not rec then return nil end
-  local tie, score, meta = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
-  return {tie = tie, member = tie .. id, signed = tonumber(score), meta = meta, sub = sub_of(tie)}
+  local a = string.find(rec, '|', 1, true)
+  local b = string.find(rec, '|', a + 1, true)
+  local tie = string.sub(rec, 1, a - 1)
+  return {tie = tie, member = tie .. id, signed = tonumber(string.sub(rec, a + 1, b - 1)),
+          meta = string.sub(rec, b + 1), sub = sub_of(tie)}
 end
 
--- Each user's entries (users[i].entries) from its records in the regions it played in: those
--- of its regions set and those its marks name (so a mark is merged even if the set trailed).
--- One HMGET a region of the chunk, of the chunk's users who played there; a region without a
--- record of the user (never in this period, or its view expired) adds nothing.
-local function read_entries(t, users)
-  local by_region, order = {}, {}
-  for i, u in ipairs(users) do
-    local seen = {}
-    for _, r in ipairs(redis.call('SMEMBERS', t.user_prefix .. u.id .. t.user_suffix)) do
-      seen[r] = true
+-- The chunk's users from its marks (ARGV from 10): c.ids (in order of their first mark),
+-- c.marked[i] (the first region a mark of user i names), c.more[i] (a list of the others, if
+-- any), and c.regions (each region the marks name, once).
+local function users_of(args)
+  local plen, sep = #args[7], args[8]
+  local c = {ids = {}, marked = {}, more = {}, regions = {}}
+  local index, named, n = {}, {}, 0
+  for j = 10, #args do
+    local mark = args[j]
+    local at = string.find(mark, sep, plen + 1, true)
+    local region, id = string.sub(mark, plen + 1, at - 1), string.sub(mark, at + #sep)
+    if not named[region] then
+      named[region] = true
+      c.regions[#c.regions + 1] = region
     end
-    for _, r in ipairs(u.marked) do seen[r] = true end
-    for r in pairs(seen) do
-      if not by_region[r] then
-        by_region[r] = {}
-        order[#order + 1] = r
-      end
-      table.insert(by_region[r], i)
+    local i = index[id]
+    if i == nil then
+      n = n + 1
+      index[id], c.ids[n], c.marked[n] = n, id, region
+    elseif c.marked[i] ~= region then
+      local more = c.more[i] or {}
+      more[#more + 1] = region
+      c.more[i] = more
     end
-    u.entries = {}
   end
+  return c
+end
+
+-- Each user's regional records, as stored: c.first[i] (the first found, with its region in
+-- c.first_region[i]) and c.others[i] (a list of {rec, region} for the rest, if any), from the
+-- regions it played in: those of its regions set and those its marks name (so a mark is merged
+-- even if the set trailed). One HMGET a region of the chunk, of the chunk's users who played
+-- there; a region without a record of the user (never in this period, or its view expired) adds
+-- nothing.
+local function read_records(t, c)
+  local by_region, order = {}, {}
+  local function add(r, i)
+    local at = by_region[r]
+    if not at then
+      at = {}
+      by_region[r] = at
+      order[#order + 1] = r
+    end
+    at[#at + 1] = i
+  end
+  for i, id in ipairs(c.ids) do
+    local listed = redis.call('SMEMBERS', t.user_prefix .. id .. t.user_suffix)
+    local mine, more = c.marked[i], c.more[i]
+    if more == nil and (#listed == 0 or (#listed == 1 and listed[1] == mine)) then
+      add(mine, i) -- the common case: one region, marked and listed
+    else
+      local seen = {[mine] = true}
+      add(mine, i)
+      for _, r in ipairs(listed) do
+        if not seen[r] then
+          seen[r] = true
+          add(r, i)
+        end
+      end
+      for _, r in ipairs(more or {}) do
+        if not seen[r] then
+          seen[r] = true
+          add(r, i)
+        end
+      end
+    end
+  end
+  c.first, c.first_region, c.others = {}, {}, {}
   for _, r in ipairs(order) do
     local at, ids = by_region[r], {}
-    for k, i in ipairs(at) do ids[k] = users[i].id end
+    for k, i in ipairs(at) do ids[k] = c.ids[i] end
     local recs = redis.call('HMGET', t.region_prefix .. r .. t.region_suffix, unpack(ids))
     for k, i in ipairs(at) do
-      local e = parsed(recs[k], ids[k])
-      if e then
-        e.region, e.time = r, tonumber(string.sub(e.tie, -12), 16)
-        table.insert(users[i].entries, e)
+      local rec = recs[k]
+      if rec then
+        if c.first[i] == nil then
+          c.first[i], c.first_region[i] = rec, r
+        else
+          local others = c.others[i] or {}
+          others[#others + 1] = {rec, r}
+          c.others[i] = others
+        end
       end
     end
   end
 end
 
--- One user's change to the global view, added to the batch w: its old entry (parsed()) out,
--- its combined one in (nil: none, or a sum out of range). Whether anything changed.
-local function plan_user(w, id, old, signed, tie, meta)
-  if signed == nil then
-    if old == nil then return false end
-    table.insert(w.removed, old.member)
-    table.insert(w.dropped, id)
-    table.insert(w.left, old)
-    return true
+-- User i's global record from its regional ones: the one as it is, or combined (nil: none, or
+-- a sum out of range; refused says which).
+local function new_record(op, c, i)
+  local first = c.first[i]
+  if first == nil or c.others[i] == nil then return first, false end
+  local entries = {}
+  for _, found in ipairs({{first, c.first_region[i]}, unpack(c.others[i])}) do
+    local e = parsed(found[1], c.ids[i])
+    e.region, e.time = found[2], tonumber(string.sub(e.tie, -12), 16)
+    entries[#entries + 1] = e
   end
-  if old ~= nil and old.signed == signed and old.tie == tie and old.meta == meta then
-    return false
+  local signed, tie, meta = combined(op, entries)
+  if signed == nil then return nil, true end
+  return record_of(tie, signed, meta), false
+end
+
+-- One user's change to the global view, added to the batch w: its old record (as stored, nil
+-- for none) out, its new one in (nil: none). Called only where the two differ.
+local function plan_user(w, id, old_rec, rec)
+  local old = parsed(old_rec, id)
+  if rec == nil then
+    w.removed[#w.removed + 1] = old.member
+    w.dropped[#w.dropped + 1] = id
+    if w.distinct then w.left[#w.left + 1] = old end
+    return
   end
-  local member, sub = tie .. id, sub_of(tie)
+  local a = string.find(rec, '|', 1, true)
+  local b = string.find(rec, '|', a + 1, true)
+  local tie, score = string.sub(rec, 1, a - 1), string.sub(rec, a + 1, b - 1)
+  local member, signed = tie .. id, tonumber(score)
   if old == nil or old.member ~= member or old.signed ~= signed then
-    table.insert(w.added, fmt(signed))
-    table.insert(w.added, member)
-    if old ~= nil and old.member ~= member then table.insert(w.removed, old.member) end
+    local added = w.added
+    added[#added + 1] = score
+    added[#added + 1] = member
+    if old ~= nil and old.member ~= member then w.removed[#w.removed + 1] = old.member end
   end
-  table.insert(w.records, id)
-  table.insert(w.records, record_of(tie, signed, meta))
-  if old == nil or old.signed ~= signed or old.sub ~= sub then
-    table.insert(w.pairs, fmt(signed))
-    table.insert(w.pairs, distinct_member(signed, sub))
-    if old ~= nil then table.insert(w.left, old) end
+  w.records[#w.records + 1] = id
+  w.records[#w.records + 1] = rec
+  if w.distinct then
+    local sub = sub_of(tie)
+    if old == nil or old.signed ~= signed or old.sub ~= sub then
+      w.pairs[#w.pairs + 1] = fmt(signed)
+      w.pairs[#w.pairs + 1] = distinct_member(signed, sub)
+      if old ~= nil then w.left[#w.left + 1] = old end
+    end
   end
-  return true
 end
 
 -- A command on a key with a long flat list of arguments, in calls of at most 4,000 (Lua's
@@ -171,10 +258,11 @@ end
 
 -- The batch's writes, as put_entry() and remove_entry() make them one by one: new members and
 -- pairs added before old ones go (the distinct set is never emptied while the view has
--- members), then each old pair that nobody holds any more taken out of the distinct set.
+-- members), then each old pair that nobody holds any more taken out of the distinct set
+-- (w.distinct, nil where the view keeps none).
 local function write_batch(v, w)
   batched('ZADD', v.view, w.added)
-  batched('ZADD', v.distinct, w.pairs)
+  if w.distinct then batched('ZADD', w.distinct, w.pairs) end
   batched('ZREM', v.view, w.removed)
   batched('HSET', v.ties, w.records)
   batched('HDEL', v.ties, w.dropped)
@@ -183,54 +271,114 @@ local function write_batch(v, w)
     local pair = distinct_member(old.signed, old.sub)
     if not gone[pair] and not held(v.view, old.signed, old.sub) then
       gone[pair] = true
-      redis.call('ZREM', v.distinct, pair)
+      redis.call('ZREM', w.distinct, pair)
     end
   end
 end
 
--- The users of ARGV (from 9): {id, marked = the regions its marks name}, and those marks.
-local function users_of(args)
-  local users, marks, j = {}, {}, 9
-  while j <= #args do
-    local id, n = args[j], tonumber(args[j + 1])
-    local u = {id = id, marked = {}}
-    for k = 1, n do
-      u.marked[k] = args[j + 1 + k]
-      marks[#marks + 1] = args[7] .. u.marked[k] .. args[8] .. id
-    end
-    users[#users + 1] = u
-    j = j + 2 + n
-  end
-  return users, marks
+-- Which distinct-score set the merge keeps for the global view (KEYS as merge()'s), nil for
+-- none: the view's own if it has one; else, where the board is read densely (the marker names
+-- the scope, marker_member), the view's own for a view not made yet (from its first member) or
+-- the one being built for a view that has members.
+local function kept_distinct(keys, marker_member)
+  if redis.call('EXISTS', keys[2]) == 1 then return keys[2] end
+  if redis.call('SISMEMBER', keys[6], marker_member) == 0 then return nil end
+  if redis.call('EXISTS', keys[1]) == 0 then return keys[2] end
+  return keys[5]
 end
 
 local function merge(keys, args)
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
              user_suffix = args[6]}
-  local users, marks = users_of(args)
-  if #users == 0 then return {{}, {}} end
-  read_entries(t, users)
-  local ids = {}
-  for i, u in ipairs(users) do ids[i] = u.id end
-  local olds = redis.call('HMGET', v.ties, unpack(ids))
-  local w = {added = {}, pairs = {}, removed = {}, records = {}, dropped = {}, left = {}}
-  local changed, refused = {}, {}
-  for i, u in ipairs(users) do
-    local signed, tie, meta = nil, nil, nil
-    if #u.entries > 0 then
-      signed, tie, meta = combined(args[2], u.entries)
-      if signed == nil then refused[#refused + 1] = u.id end
-    end
-    if plan_user(w, u.id, parsed(olds[i], u.id), signed, tie, meta) then
-      changed[#changed + 1] = u.id
+  if #args < 10 then return {{}, {}, {}, 0} end
+  local c = users_of(args)
+  read_records(t, c)
+  local olds = redis.call('HMGET', v.ties, unpack(c.ids))
+  local w = {added = {}, pairs = {}, removed = {}, records = {}, dropped = {}, left = {},
+             distinct = kept_distinct(keys, args[9])}
+  local changed, refused, op = {}, {}, args[2]
+  for i, id in ipairs(c.ids) do
+    local rec, out_of_range = new_record(op, c, i)
+    if out_of_range then refused[#refused + 1] = id end
+    if rec ~= olds[i] and (rec ~= nil or olds[i]) then
+      plan_user(w, id, olds[i] or nil, rec)
+      changed[#changed + 1] = id
     end
   end
   write_batch(v, w)
   -- The marks go in the step that merged them: a crash leaves them, never loses them.
-  batched('SREM', keys[4], marks)
-  expire({keys[1], keys[2], keys[3]}, tonumber(args[1]))
-  return {changed, refused}
+  batched('SREM', keys[4], {unpack(args, 10)})
+  local made = {keys[1], keys[3]}
+  if w.distinct then made[3] = w.distinct end
+  expire(made, tonumber(args[1]))
+  return {changed, refused, c.regions, #c.ids}
 end
 
 redis.register_function(FUNCTIONS.merge, merge)
+
+--[[
+A global view's distinct-score set built from the view, a bounded step a call, while the merge
+keeps it up to date (kept_distinct(): the set being built follows every change the merge makes
+from the first step on, so each step only adds the pairs that entries hold now; a pair whose
+last holder leaves is taken out by the merge). When the walk passes the last pair, the set is
+renamed to the view's distinct set, which reads then use.
+
+KEYS: the view, its distinct set, the set being built, the board's build set (shared/keys.py).
+ARGV: expire-at (0: never), the view's member of the build set, the cursor (the last pair
+added: signed score and subscore part; '' and '' to start), how many members to take. Returns
+the cursor to go on from, or {} once done (the build set then no longer names the view).
+]]
+local function dense_build(keys, args)
+  local view, distinct, building = keys[1], keys[2], keys[3]
+  local at, count = tonumber(args[1]), tonumber(args[5])
+  if redis.call('EXISTS', distinct) == 1 then -- done before, or a new view's, made by the merge
+    redis.call('DEL', building)
+    redis.call('SREM', keys[4], args[2])
+    return {}
+  end
+  local signed, sub = nil, nil
+  if args[3] ~= '' then signed, sub = tonumber(args[3]), args[4] end
+  local added, finished = {}, false
+  local first = redis.call('ZREVRANGE', view, 0, 0)[1]
+  if first == nil then
+    finished = true
+  elseif sub_of(first) == '' then
+    -- No subscores: a pair is a score; the rows of a range, many entries a step. The rest of
+    -- the last score's entries, beyond the range, hold the same pair.
+    local top = '+inf'
+    if signed ~= nil then top = '(' .. fmt(signed) end
+    local rows = redis.call('ZREVRANGEBYSCORE', view, top, '-inf', 'WITHSCORES', 'LIMIT', 0, count)
+    for i = 2, #rows, 2 do
+      local s = tonumber(rows[i])
+      if s ~= signed then
+        signed = s
+        added[#added + 1] = rows[i]
+        added[#added + 1] = distinct_member(s, '')
+      end
+    end
+    sub = ''
+    finished = #rows < 2 * count
+  else
+    for _ = 1, count do
+      local m, s = next_pair(view, signed, sub)
+      if m == nil then
+        finished = true
+        break
+      end
+      signed, sub = s, sub_of(m)
+      added[#added + 1] = fmt(s)
+      added[#added + 1] = distinct_member(s, sub)
+    end
+  end
+  if #added > 0 then
+    batched('ZADD', building, added)
+    expire({building}, at)
+  end
+  if not finished then return {fmt(signed), sub} end
+  if redis.call('EXISTS', building) == 1 then redis.call('RENAME', building, distinct) end
+  redis.call('SREM', keys[4], args[2])
+  return {}
+end
+
+redis.register_function(FUNCTIONS.dense_build, dense_build)

@@ -32,14 +32,39 @@ local function above_sub(view, distinct, style, signed, sub)
   return (above_pair(view, signed, sub))
 end
 
+-- Distinct pairs a dense read counts by walking the view, at most, while the view has no
+-- distinct-score set (docs/architecture.md, dense ranks on demand).
+local DENSE_WALK = 1000
+
+-- How many distinct pairs of the view rank strictly above the pair (signed, sub), walked pair
+-- by pair from the top (next_pair()); nil past DENSE_WALK of them.
+local function walked_above(view, signed, sub)
+  local count, m, s = 0, next_pair(view, nil, nil)
+  while m do
+    local p = sub_of(m)
+    if s < signed or (s == signed and p <= sub) then return count end
+    count = count + 1
+    if count > DENSE_WALK then return nil end
+    m, s = next_pair(view, s, p)
+  end
+  return count
+end
+
 --[[
 The count behind the style rank of an entry holding the pair (signed score, subscore part):
 how many entries (competition) or distinct pairs (dense) rank strictly above it: a ZCOUNT on
 the view or its distinct-score set, or above_sub() on boards with a subscore. false for
-ordinal, whose rank is the position.
+ordinal, whose rank is the position. Dense on a view without its distinct-score set (a global
+view whose set is not built yet; the view has members, or nothing is counted): {the count},
+walked, or {} if the walk would pass DENSE_WALK pairs.
 ]]
 local function style_count(view, distinct, style, signed, sub)
   if style == 'ordinal' then return false end
+  if style == 'dense' and redis.call('EXISTS', distinct) == 0 then
+    local walked = walked_above(view, signed, sub)
+    if walked == nil then return {} end
+    return {walked}
+  end
   if sub ~= '' then return above_sub(view, distinct, style, signed, sub) end
   local key = style == 'dense' and distinct or view
   return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')

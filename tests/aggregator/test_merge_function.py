@@ -1,6 +1,9 @@
-"""The merge function (``ladder_merge_v1``, shared/lua/merge.lua) against :func:`combine`, the
+"""The merge function (``ladder_merge_v2``, shared/lua/merge.lua) against :func:`combine`, the
 reference: random boards, operators, orders, subscores, metadata, scores at the range's ends,
-regions missing from a user's set or holding no record, and a second merge over the first."""
+regions missing from a user's set or holding no record, and a second merge over the first. The
+global distinct-score set: none on a board not read densely; exact on one read densely from the
+start, and on one whose set is built (a step at a time, around the second merge) once a dense
+read asks for it."""
 
 from __future__ import annotations
 
@@ -76,34 +79,61 @@ def parsed(raw: str) -> Entry:
     return signed, tie, meta
 
 
-async def check(redis: Redis, keys: Keys, board: Board, want: dict[str, Entry]) -> None:
+def pairs_of(want: dict[str, Entry]) -> set[str]:
+    """The distinct set's members the entries make: subscore part, then signed score."""
+    return {f"{tie[:15] if tie.startswith('s') else ''}{s}" for s, tie, _ in want.values()}
+
+
+async def check(
+    redis: Redis, keys: Keys, board: Board, want: dict[str, Entry], dense: bool
+) -> None:
     view = keys.global_view(board.board_id, "alltime", "all")
     records = await redis.hgetall(Keys.ties(view))
     assert {u: parsed(r) for u, r in records.items()} == want
     members = dict(await redis.zrange(view, 0, -1, withscores=True))
     assert members == {member(tie, u): float(s) for u, (s, tie, _) in want.items()}
-    pairs = {f"{tie[:15] if tie.startswith('s') else ''}{s}" for s, tie, _ in want.values()}
-    assert set(await redis.zrange(Keys.distinct(view), 0, -1)) == pairs
+    if dense:
+        assert set(await redis.zrange(Keys.distinct(view), 0, -1)) == pairs_of(want)
+        assert not await redis.exists(Keys.distinct_building(view))
+    else:
+        assert not await redis.exists(Keys.distinct(view), Keys.distinct_building(view))
     assert not await redis.exists(keys.dirty_merging(board.board_id))
 
 
-async def scenario(board: Board, first: dict, second: dict, listed: dict) -> None:
+async def ask_dense(redis: Redis, keys: Keys, board: Board) -> None:
+    """What a dense read of the global view leaves when its distinct-score set is missing."""
+    await redis.sadd(keys.dense(board.board_id), "global")
+    await redis.sadd(keys.dense_build(board.board_id), "alltime|all|global")
+
+
+async def scenario(board: Board, first: dict, second: dict, listed: dict, dense: str) -> None:
+    """``dense``: "never" read densely, "always" (from before the first merge), or "later"
+    (asked after the first merge: built a step before the second merge, the rest after)."""
     prefix = f"lt-mf{uuid.uuid4().hex[:10]}"
     keys = Keys(prefix)
     async with open_redis(REDIS_URL, load_functions=True) as redis:
         try:
             merger = Merger(redis, keys)
+            merger.build_step = 1
+            if dense == "always":
+                await ask_dense(redis, keys, board)
             # A user's regions set lists what ``listed`` says, maybe less than it played in.
             await write_state(redis, keys, board, first, listed)
             await merger.merge_board(board)
-            await check(redis, keys, board, expected(board, first))
+            await check(redis, keys, board, expected(board, first), dense == "always")
+            if dense == "later":
+                await ask_dense(redis, keys, board)
+                await merger.build_dense(board, budget=0)  # one step, then the merge
             # Then the regions change: entries move, go, appear; the global view follows.
             await write_state(redis, keys, board, second, listed)
             for user in (u for u in first if not second.get(u)):  # in no region now: marked
                 mark = dirty_member("alltime", "all", REGIONS[0], user)
                 await redis.sadd(keys.dirty(board.board_id), mark)
             await merger.merge_board(board)
-            await check(redis, keys, board, expected(board, second))
+            if dense != "never":
+                await merger.build_dense(board)
+                assert not await redis.exists(keys.dense_build(board.board_id))
+            await check(redis, keys, board, expected(board, second), dense != "never")
         finally:
             found = [k async for k in redis.scan_iter(match="{" + prefix + ":*")]
             if found:
@@ -120,9 +150,10 @@ async def scenario(board: Board, first: dict, second: dict, listed: dict) -> Non
     listed=st.dictionaries(
         st.sampled_from(USERS), st.lists(st.sampled_from([*REGIONS, "gone"]), max_size=3)
     ),
+    dense=st.sampled_from(["never", "always", "later"]),
 )
 def test_the_function_merges_as_combine_does(
-    operator: str, order: str, subscored: bool, first: dict, second: dict, listed: dict
+    operator: str, order: str, subscored: bool, first: dict, second: dict, listed: dict, dense: str
 ) -> None:
     sub_order = "asc" if subscored and operator != "incr" else None
     board = Board(
@@ -134,4 +165,4 @@ def test_the_function_merges_as_combine_does(
         min_value=-MAX_SCORE,
         max_value=MAX_SCORE,
     )
-    asyncio.run(scenario(board, first, second, listed))
+    asyncio.run(scenario(board, first, second, listed, dense))

@@ -1,5 +1,5 @@
 """Cursors of paged reads: the last entry handed out (its sorted-set member and score), opaque
-to the client. What comes after one is read by ``ladder_page_v1`` (shared/lua/read.lua): the
+to the client. What comes after one is read by ``ladder_page_v2`` (shared/lua/read.lua): the
 entries after the member's position while it still holds the cursor's score, else those below
 the score and, at the score, below the member."""
 

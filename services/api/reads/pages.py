@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 from services.api.reads.cursors import decode_cursor, encode_cursor
 from services.api.reads.entries import entries_of, entry_of, local_ranks
 from services.api.reads.friends import friends_rows
-from services.api.reads.styles import RankStyle
+from services.api.reads.styles import RankStyle, counted, walked, want_dense
 from services.api.reads.views import Row, View
 from shared.functions import PAGE_FUNCTION
 from shared.keys import Keys
@@ -59,9 +59,9 @@ async def page(
     """A page of a view: ``{"total", "entries", "next_cursor"}``, and ``"as_of"``: the field
     ``as_of_field`` of the board's as_of hash (``None`` where it is not set or not asked for).
 
-    One round trip: ``ladder_page_v1`` (the rows after the cursor, the view's size, the first
-    row's position, names, records and style count, and the as_of), or for a friends scope
-    ``ladder_friends_v1`` (the group, their records and names, and the as_of)."""
+    One round trip: ``ladder_page_v2`` (the rows after the cursor, the view's size, the first
+    row's position, names, records and style count, and the as_of); a friends scope takes two,
+    the friend set then ``ladder_friends_v1`` (the group's records and names, and the as_of)."""
     if view.kind == "friends":
         return await _friends_page(redis, keys, view, limit, cursor, style, as_of_field)
     after: tuple[Any, ...] = ("", "")
@@ -83,6 +83,9 @@ async def page(
         "" if view.kind == "teams" else "names",
         as_of_field,
     )
+    if walked(found[6]):  # a dense count without the view's distinct-score set
+        await want_dense(redis, keys, view.board.board_id, [view])
+        found[6] = counted(found[6])
     total, first, flat, more = int(found[0]), int(found[1]), found[2], found[3]
     rows: list[Row] = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
     # The function's replies in the order entries_of() takes them; a team view has no names.

@@ -2,7 +2,7 @@
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
 Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (``ladder_place_v1`` with no neighbours for each view, which also counts what ranks
+size at once (``ladder_place_v2`` with no neighbours for each view, which also counts what ranks
 strictly better for the competition and dense styles, and an ``HMGET`` of the whole friend
 group's records per period).
 """
@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from services.api.errors import NotFound
 from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
-from services.api.reads.styles import RankStyle, walk_ranks
+from services.api.reads.styles import RankStyle, counted, walk_ranks, walked, want_dense
 from shared.boards import Board
 from shared.functions import PLACE_FUNCTION
 from shared.keys import Keys
@@ -32,6 +32,7 @@ class _Probe:
     scope: str
     key: str
     member: str
+    period_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +119,13 @@ def _probes(
     probes: list[_Probe] = []
     for w in windows:
         p, pid = w.period, w.period_id
-        probes.append(_Probe(p, "global", keys.global_view(bid, p, pid), user_id))
+        probes.append(_Probe(p, "global", keys.global_view(bid, p, pid), user_id, pid))
         probes += [
-            _Probe(p, f"region:{r}", keys.region_view(bid, p, pid, r), user_id) for r in regions
+            _Probe(p, f"region:{r}", keys.region_view(bid, p, pid, r), user_id, pid)
+            for r in regions
         ]
         if team:
-            probes.append(_Probe(p, "teams", keys.teams_view(bid, p, pid), team))
+            probes.append(_Probe(p, "teams", keys.teams_view(bid, p, pid), team, pid))
     return probes
 
 
@@ -149,6 +151,10 @@ async def _read(
             for w in windows:
                 queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)
         replies = await pipe.execute()
+    # Dense counts of views without their distinct-score set (a global view not built yet).
+    unbuilt = [p for p, r in zip(probes, replies, strict=False) if r and walked(r[6])]
+    if unbuilt:
+        await want_dense(redis, keys, bid, unbuilt)
     found = [
         _Found(
             probe,
@@ -156,7 +162,7 @@ async def _read(
             int(reply[0]) + 1,
             int(reply[2]),
             reply[3][0],
-            None if style == "ordinal" else int(reply[6]),
+            None if style == "ordinal" else counted(reply[6]),
         )
         for probe, reply in zip(probes, replies, strict=False)
         if reply

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 from services.api.errors import Invalid, NotFound
 from services.api.reads.entries import entries_of, entry_of, local_ranks
 from services.api.reads.friends import friends_rows
-from services.api.reads.styles import RankStyle
+from services.api.reads.styles import RankStyle, counted, walked, want_dense
 from services.api.reads.views import View
 from shared.functions import PLACE_FUNCTION
 from shared.keys import Keys
@@ -82,6 +82,9 @@ async def standing(
     )
     if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")
+    if walked(found[6], found[7]):  # dense counts without the view's distinct-score set
+        await want_dense(redis, keys, view.board.board_id, [view])
+        found[6], found[7] = counted(found[6]), counted(found[7])
     rank0, total = int(found[0]), int(found[2])
     flat = found[3]
     rows = [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]

@@ -13,18 +13,65 @@ count finds the pair's place among the entries of its score by a binary search o
 (O(log² n)).
 
 The counts are made in Redis, in the same call as the read they serve (``style_count`` of
-shared/lua/read.lua, in ``ladder_page_v1`` and ``ladder_place_v1``); this module walks from them.
+shared/lua/read.lua, in ``ladder_page_v2`` and ``ladder_place_v2``); this module walks from them.
+
+A global view keeps its distinct-score set only once the board is read densely (docs/
+architecture.md, "Dense ranks on demand"). Until the aggregator has built it, the function
+counts a dense rank by walking the view's distinct pairs from the top, at most 1,000 of them,
+and says so (``[count]``; ``[]`` past that bound, answered 503 with ``Retry-After``); the read
+then marks the board and the view for the aggregator (:func:`want_dense`), one ``SADD`` each,
+only while the set is missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+
+from services.api.errors import Unavailable
+from shared.keys import Keys
 
 RankStyle = Literal["ordinal", "competition", "dense"]
 
 # What two entries must share to tie: the signed score and the subscore part ("" where none).
 RankKey = tuple[int, str]
+
+# Seconds a dense read asks to wait while a distinct-score set is built (a million members take
+# about a second or two of the aggregator's time, spread over its passes).
+DENSE_RETRY_AFTER = 2
+
+
+def walked(*counts: Any) -> bool:
+    """Whether a read function counted a dense rank without the view's distinct-score set."""
+    return any(isinstance(count, list) for count in counts)
+
+
+def counted(count: Any) -> int:
+    """A read function's style count as a number: 503 if it was too far down to walk."""
+    if isinstance(count, list):
+        if not count:
+            raise Unavailable(
+                "Dense ranks of this view are being prepared (its first dense read); "
+                "retry shortly.",
+                retry_after=DENSE_RETRY_AFTER,
+            )
+        return int(count[0])
+    return int(count)
+
+
+async def want_dense(redis: Redis, keys: Keys, board_id: str, views: Sequence[Any]) -> None:
+    """Mark the board read densely in these views' scopes, and each view for the aggregator's
+    build of its distinct-score set (``views``: :class:`~services.api.reads.views.View` or
+    anything with ``scope``, ``period`` and ``period_id``). The scope kind ("global",
+    "region", "teams") is what the marker holds: the aggregator keeps only the global one on
+    demand today."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for view in views:
+            pipe.sadd(keys.dense(board_id), view.scope.split(":", 1)[0])
+            pipe.sadd(keys.dense_build(board_id), f"{view.period}|{view.period_id}|{view.scope}")
+        await pipe.execute()
 
 
 def walk_ranks(
