@@ -114,6 +114,11 @@ class RanksOut(BaseModel):
     user_id: str
     rank_style: RankStyle
     periods: dict[Period, PeriodRanks]
+    as_of: str | None = Field(
+        description="When the aggregator last applied a batch of the board's events (RFC 3339; "
+        "null: none yet). The user's regions and team are learnt from it: a region or team of "
+        "an event accepted since may not show yet"
+    )
 
 
 class EventsOut(BaseModel):
