@@ -26,6 +26,11 @@ from shared.submit import expiry_of, feed_entry
 
 DERIVED = Counter("ladder_aggregator_derived_events_total", "Events applied to derived views")
 EXPIRY_MEMO = 1024
+# Events a derive call takes at most: a consumer's batch may hold tens of thousands of one
+# board's events (500 messages of up to LADDER_RELAY_BATCH), and a call runs atomically, holding
+# Redis meanwhile, and passes each key's values to one command (Lua's unpack() takes a few
+# thousand). A longer batch goes in several calls, in order, in one pipeline.
+CHUNK = 1000
 
 
 class Derive:
@@ -86,7 +91,8 @@ class Derive:
             board = await self._catalog.get(board_id) if self._catalog is not None else None
             if board is None:
                 continue  # a board deleted since: nothing of it is read any more
-            calls.append(self.call(board, board_events, as_of))
+            for start in range(0, len(board_events), CHUNK):
+                calls.append(self.call(board, board_events[start : start + CHUNK], as_of))
         if not calls:
             return
         async with self._redis.pipeline(transaction=False) as pipe:

@@ -66,7 +66,8 @@ end
 
 --[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
-the stream keeps), so that the feed is newest first.
+the stream keeps), so that the feed is newest first; at most a thousand (CHUNK in
+services/aggregator/derive.py), each key's values going to one command.
 KEYS: feed, user team, the board's as_of hash; then two per event: its record, the user's
       regions; then three per period of the event: regions set, players, event count.
 ARGV: feed length, as_of (RFC 3339), then per event: its period count, its feed entry (JSON),

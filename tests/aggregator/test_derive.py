@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import pytest
 from redis.asyncio import Redis
 
 from bench.phases.commands import SHAPES, commands_per_write, private_redis
+from services.aggregator import derive as derive_module
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
-from shared.boards import Board
+from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -148,3 +150,20 @@ async def test_the_write_runs_fewer_redis_commands() -> None:
     board, extra = SHAPES["incr, 4 periods, with teams (like main)"]
     async with private_redis() as redis:
         assert await commands_per_write(redis, board, extra) <= 75.0
+
+
+async def test_a_batch_longer_than_a_call_goes_in_calls_in_order(
+    settings: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler splits a board's batch into calls of ``CHUNK`` events, in order: the feed
+    still lists the newest accepted first, and each event counts once."""
+    monkeypatch.setattr(derive_module, "CHUNK", 3)
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(BOARD)
+    events = await accept(redis, keys, settings, 8)
+    handler = derive_module.Derive(redis, keys, catalog, FEED)
+    await handler(events)
+    await handler(events)
+    state = await derived(redis, keys, events)
+    assert state["feed"] == [f"d-{i}" for i in range(7, -1, -1)]
+    assert state["alltime"] == ("8", 5, {"eu", "na"})
