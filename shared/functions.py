@@ -16,10 +16,10 @@ record (tie key, score, metadata) in that hash, which readers of ids' entries ta
 v5 of the write, replay and rebuild finish, v2 of contribute: the event's record under its id
 holds a 16-digit body hash and a compact answer, and its consumers' seen marks, which contribute
 takes as its first two keys, the record and the old seen key. v6 of the write, replay and
-rebuild finish, v2 of rebuild begin: the derived views (feed, players, event counts, regions,
-the user's regions and team) leave the write for the aggregator's derive step; the write notes
-the board's newest event in a key of its own and sets the record's derive-pending bit, and the
-finish clears the journaled events' bits.)
+rebuild finish, v2 of rebuild begin: the derived views (team boards, feed, players, event
+counts, regions, the user's regions and team) leave the write for the aggregator's derive
+step; the write notes the board's newest event in a key of its own and sets the record's
+derive-pending bit, and the finish clears the journaled events' bits.)
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 CONTRIBUTE_FUNCTION = "ladder_contribute_v2"
 """Count one event toward its member's team contribution (the MVP view), once."""
 DERIVE_FUNCTION = "ladder_derive_v1"
-"""Apply a batch of a board's events to the views derived from them (feed, players, event
-counts, regions, users' regions and teams), once per event."""
+"""Apply a batch of a board's events to the views derived from them (team boards, feed,
+players, event counts, regions, users' regions and teams), once per event."""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v1"

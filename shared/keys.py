@@ -31,6 +31,7 @@ key                                                type        holds
                                                                the layout before, for events
                                                                whose record is of that layout
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
+                                                               (the aggregator's, derive.lua)
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
                                                                ranks); member = signed score,
                                                                removed when the view's ZCOUNT

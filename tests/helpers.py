@@ -146,7 +146,8 @@ async def derive(
     team) or merges. Returns how many events were applied now (a redelivery applies none)."""
     derive_step = Derive(redis, keys, None, feed_length)
     call_keys, args = derive_step.call(board, events, rfc3339(datetime.now(UTC)))
-    return int(await redis.fcall(DERIVE_FUNCTION, len(call_keys), *call_keys, *args))
+    applied, _ = await redis.fcall(DERIVE_FUNCTION, len(call_keys), *call_keys, *args)
+    return int(applied)
 
 
 async def derive_outbox(redis: Redis, keys: Keys, board: Board, feed_length: int) -> int:

@@ -49,16 +49,20 @@ local function rebuild_abort(keys, args)
   return 1
 end
 
--- derive_events()'s keys and event for a submit() call's KEYS and ARGV (write.lua's layout).
+-- derive_events()'s keys, event and board for a submit() call's KEYS and ARGV (write.lua's
+-- layout).
 local function derived_of(keys, args)
-  local periods = {}
+  local periods, teams = {}, args[2] == 'incr' and args[14] ~= ''
   for i = 1, tonumber(args[8]) do
     local base = KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
     periods[i] = {regions = keys[base + 4], players = keys[base + 8], events = keys[base + 9],
                   expire = tonumber(args[ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD + 3])}
+    if teams then periods[i].teams = view_of(keys[base + 5], keys[base + 6], keys[base + 7]) end
   end
   local k = {feed = keys[7], user_regions = {keys[8]}, user_team = keys[9], periods = {periods}}
-  return k, {entry = args[7] .. '}', user = args[4], region = args[5], team = args[14]}
+  local ev = {entry = args[7] .. '}', user = args[4], region = args[5], team = args[14],
+              value = tonumber(args[3]), tie = args[15]}
+  return k, ev, {sign = args[12] == '1' and 1 or -1, max = tonumber(args[16]), refused = 0}
 end
 
 --[[
@@ -70,8 +74,8 @@ journaled). Returns submit()'s status.
 local function replay(keys, args)
   local answer = submit(keys, args)
   if answer[1] == 'ok' then
-    local k, ev = derived_of(keys, args)
-    derive_events(k, {ev}, tonumber(args[13]))
+    local k, ev, b = derived_of(keys, args)
+    derive_events(k, {ev}, tonumber(args[13]), b)
   end
   redis.call('DEL', keys[1], keys[2], keys[5])
   return answer[1]

@@ -2,16 +2,16 @@
 The atomic write of one accepted score (docs/api.md section 4; docs/architecture.md, invariant 1).
 
 One call keeps what the answer and the guarantees need, nothing more: check the idempotency
-record and the outbox bound; compute the new score of every period's regional board and team
-board (refusing the whole call if any leaves the range of exact scores); write them with their
+record and the outbox bound; compute the new score of every period's regional board (refusing
+the whole call if any leaves the range of exact scores); write them with their
 hashes of records (tie key, score, metadata) and distinct-score sets (for dense ranks;
 shared/ranking.py has the layout); read rank and previous rank; name whoever this write pushed
 out of each notify bracket; record the answer under the event id, its "derive pending" mark set;
 note the event as the board's newest; append it to the outbox; journal the call while the board
 is being rebuilt. Every key shares one hash tag.
 
-What is derived from the event (the feed, the period's players, events and regions, the user's
-regions and team) is the aggregator's: derive.lua applies it from the event stream, once per
+What is derived from the event (the team boards, the feed, the period's players, events and
+regions, the user's regions and team) is the aggregator's: derive.lua applies it from the event stream, once per
 event. The call still names those keys, so that a journaled call is replayed whole (the write,
 then the derive step: rebuild.lua) onto staging.
 
@@ -98,7 +98,6 @@ local function event_of(args)
              display = args[6], team = args[14], desc = desc, sign = desc and 1 or -1,
              tie = args[15], sub = sub_of(args[15]), max = tonumber(args[16]),
              meta = args[17], brackets = {}}
-  e.teams = e.op == 'incr' and e.team ~= ''
   for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = tonumber(t) end
   return e
 end
@@ -146,11 +145,7 @@ end
 local function plan_period(e, p)
   p.old = entry_in(p.board, e.user)
   p.score, p.changed = new_score(e, p.old)
-  local refused = out_of_range(e, p, ' score', p.score)
-  if refused or not e.teams then return refused end
-  p.team_old = entry_in(p.teams, e.team)
-  p.team_score = (p.team_old and p.team_old.signed or 0) * e.sign + e.value
-  return out_of_range(e, p, ' team score', p.team_score)
+  return out_of_range(e, p, ' score', p.score)
 end
 
 -- The ids whose rank a move from prev (0-based, false: absent) to rank (1-based) pushed below
@@ -188,9 +183,6 @@ local function write_period(e, p)
     if e.op ~= 'best' and p.old.meta ~= e.meta then
       redis.call('HSET', p.board.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
     end
-  end
-  if e.teams and (p.team_old == nil or e.value ~= 0) then
-    put_in_period(e, p, p.teams, e.team, p.team_score, p.team_old, '')
   end
   local previous = cjson.null
   if prev then previous = prev + 1 end

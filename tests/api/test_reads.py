@@ -75,12 +75,17 @@ def table(entries: list[dict[str, Any]], *names: str) -> list[tuple[Any, ...]]:
 # --- the teams scope ---------------------------------------------------------------------------
 
 
-async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSettings) -> None:
+async def test_the_teams_scope_ranks_teams_by_their_members_sum(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
     async with api_client(quiet) as client:
         await post(client, user_id="u-1", region="eu", value=10, team_id="red-wombats")
         await post(client, user_id="u-2", region="na", value=5, team_id="red-wombats")
         await post(client, user_id="u-3", region="eu", value=12, team_id="blue-herons")
         await post(client, user_id="u-4", region="eu", value=99)  # no team
+        # The team boards are the aggregator's: until it derives the events, none shows.
+        underived = await get_ok(client, LEADERBOARD, scope="teams")
+        assert await derive_outbox(redis, keys, MAIN_BOARD, FEED_LENGTH) == 4
         board = await get_ok(client, LEADERBOARD, scope="teams")
         anonymous = await client.get(LEADERBOARD, params={"scope": "teams", "limit": 1})
         weekly = await get_ok(client, LEADERBOARD, scope="teams", period="weekly", limit=1)
@@ -99,6 +104,8 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
         {"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None},
     ]
     assert (board["scope"], board["total"], board["next_cursor"]) == ("teams", 2, None)
+    assert (underived["total"], underived["as_of"]) == (0, None)
+    assert board["as_of"] == await redis.hget(keys.as_of("main"), "derived")
     assert board["as_of"] is not None
     assert anonymous.status_code == 200
     assert anonymous.json()["entries"] == [
@@ -113,12 +120,15 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
     assert second["next_cursor"] is None
 
 
-async def test_the_teams_scope_has_ties_in_every_style(quiet: LadderSettings) -> None:
+async def test_the_teams_scope_has_ties_in_every_style(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
     async with api_client(quiet) as client:
         for i, (team, value) in enumerate([("a", 20), ("b", 10), ("c", 10), ("d", 5)]):
             await post(
                 client, user_id=f"u-{i}", region="eu", value=value, team_id=team, occurred_at=at(i)
             )
+        await derive_outbox(redis, keys, MAIN_BOARD, FEED_LENGTH)
         read = {
             style: await get_ok(client, LEADERBOARD, scope="teams", rank_style=style)
             for style in ("ordinal", "competition", "dense")
