@@ -15,7 +15,11 @@ v3 of the put and standing read: subscores in the tie key, and each id's
 record (tie key, score, metadata) in that hash, which readers of ids' entries take by ``HMGET``.
 v5 of the write, replay and rebuild finish, v2 of contribute: the event's record under its id
 holds a 16-digit body hash and a compact answer, and its consumers' seen marks, which contribute
-takes as its first two keys, the record and the old seen key.)
+takes as its first two keys, the record and the old seen key. v6 of the write, replay and
+rebuild finish, v2 of rebuild begin: the derived views (team boards, feed, players, event
+counts, regions, the user's regions and team) leave the write for the aggregator's derive
+step; the write notes the board's newest event in a key of its own and sets the record's
+derive-pending bit, and the finish clears the journaled events' bits.)
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v5"
-"""One accepted score, atomically: boards, ranks, counts, feed, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v5"
+SUBMIT_FUNCTION = "ladder_submit_v6"
+"""One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox."""
+WRITE_FUNCTION = "ladder_write_v6"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -46,6 +50,9 @@ HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 """Move the hot view's windows forward, taking out what they leave behind."""
 CONTRIBUTE_FUNCTION = "ladder_contribute_v2"
 """Count one event toward its member's team contribution (the MVP view), once."""
+DERIVE_FUNCTION = "ladder_derive_v1"
+"""Apply a batch of a board's events to the views derived from them (team boards, feed,
+players, event counts, regions, users' regions and teams), once per event."""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v1"
@@ -58,13 +65,14 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v5"
-"""``SUBMIT_FUNCTION`` onto staging keys, leaving no answer and no outbox entry."""
-REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v1"
+REPLAY_FUNCTION = "ladder_replay_v6"
+"""``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
+entry."""
+REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v2"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v5"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v6"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""
@@ -93,6 +101,7 @@ REGISTERED: dict[str, str] = {
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,
+    "derive": DERIVE_FUNCTION,
     "seen": SEEN_FUNCTION,
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,

@@ -22,12 +22,16 @@ key                                                type        holds
                                                                <user_id>" touched, to merge
 ``{P:B}:dirty:merging``                            set         the batch a merge is working on
 ``{P:B}:asof``                                     hash        "<period>:<period_id>" -> time of
-                                                               the last merge (RFC 3339)
+                                                               the last merge (RFC 3339);
+                                                               "derived" -> time the aggregator
+                                                               last derived a batch (derive.lua)
+``{P:B}:newest``                                   string      the newest accepted event's id
 ``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
 ``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it:
                                                                the layout before, for events
                                                                whose record is of that layout
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
+                                                               (the aggregator's, derive.lua)
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
                                                                ranks); member = signed score,
                                                                removed when the view's ZCOUNT
@@ -44,7 +48,9 @@ key                                                type        holds
                                                                dense read waits for
 ``{P:B}:lb:<period>:<period_id>:<scope>:ties``     hash        id -> its member's tie key, beside
                                                                each view (shared/ranking.py)
-``{P:B}:feed``                                     list        the newest accepted events (JSON)
+``{P:B}:feed``                                     list        the newest accepted events (JSON);
+                                                               this and the next four are the
+                                                               aggregator's (shared/lua/derive.lua)
 ``{P:B}:players:<period>:<period_id>``             hyperloglog distinct users of the period
 ``{P:B}:events:<period>:<period_id>``              string      accepted events of the period
 ``{P:B}:user:<user_id>:regions``                   set         regions the user scored in
@@ -69,7 +75,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v5`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v6`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -204,6 +210,10 @@ class Keys:
     def user_team(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:user-team"
 
+    def newest_event(self, board_id: str) -> str:
+        """The id of the newest event the write accepted (what a rebuild waits for)."""
+        return f"{self.tag(board_id)}:newest"
+
     def badges(self, board_id: str, user_id: str) -> str:
         return f"{self.tag(board_id)}:badges:{user_id}"
 
@@ -257,16 +267,22 @@ class Keys:
         return f"{tag}:rebuild{key[len(tag) :]}"
 
     def replay_scratch(self, board_id: str) -> list[str]:
-        """What a replayed write gets in place of its idempotency record, outbox, rebuild flag
-        and journal (``shared.submit.WRITE_OWN_KEYS``): staging names that nothing reads, the
-        replay deleting what it wrote to them and the flag never set, so that it journals
-        nothing."""
+        """What a replayed write gets in place of its idempotency record, outbox, rebuild flag,
+        journal and newest event (``shared.submit.WRITE_OWN_KEYS``): staging names that nothing
+        reads, the replay deleting what it wrote to them and the flag never set, so that it
+        journals nothing."""
         return [
             self.staged(board_id, self.idempotency(board_id, "replay")),
             self.staged(board_id, self.outbox(board_id)),
             self.staged(board_id, self.rebuilding(board_id)),
             self.staged(board_id, self.rebuild_journal(board_id)),
+            self.staged(board_id, self.newest_event(board_id)),
         ]
+
+
+DERIVED_FIELD = "derived"
+"""The field of a board's as_of hash that the aggregator's derive step sets (shared/lua/derive.lua
+spells it too): when it last applied a batch of the board's events."""
 
 
 def seen_keys(keys: Keys, board_id: str, consumer: str, event_id: str) -> tuple[str, str]:

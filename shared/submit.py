@@ -17,16 +17,19 @@ from datetime import datetime
 import orjson
 
 from shared.boards import Board
-from shared.events import rfc3339
+from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at
 from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
-# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): eight
-# keys of the event, the first four the write's own (idempotency record, outbox, rebuild flag
-# and journal), then nine a period, the period's event counter last.
-WRITE_OWN_KEYS = 4
-KEYS_BEFORE = 8
+# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): nine
+# keys of the event, the first five the write's own (idempotency record, outbox, rebuild flag,
+# journal and newest event), then nine a period, the period's event counter last. The derived
+# views' keys (feed, user regions and team, each period's regions, players and event count)
+# are named though the write does not touch them: a journaled call is replayed whole, the write
+# then the derive step (shared/lua/rebuild.lua).
+WRITE_OWN_KEYS = 5
+KEYS_BEFORE = 9
 KEYS_PER_PERIOD = 9
 
 
@@ -69,12 +72,14 @@ def expiry_of(window: PeriodWindow, timezone: str, retention: int | None) -> int
 # A write's keys but its idempotency record and user's regions are the same for every write of
 # the board (and, for a period's, of the region in that period): built once, not per request.
 @functools.lru_cache(maxsize=256)
-def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str]:
-    """Outbox, rebuild flag, rebuild journal, names, feed, user-team: in submit()'s order."""
+def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str, str]:
+    """Outbox, rebuild flag, rebuild journal, newest event, names, feed, user-team: in
+    submit()'s order."""
     return (
         keys.outbox(board_id),
         keys.rebuilding(board_id),
         keys.rebuild_journal(board_id),
+        keys.newest_event(board_id),
         keys.names(board_id),
         keys.feed(board_id),
         keys.user_team(board_id),
@@ -101,11 +106,11 @@ def _period_keys(
     )
 
 
-def _record(board: Board, event: SubmitEvent) -> dict[str, object]:
+def _record(board_id: str, event: SubmitEvent) -> dict[str, object]:
     """The event as the outbox, the feed and the idempotency record keep it."""
     record: dict[str, object] = {
         "event_id": event.event_id,
-        "board_id": board.board_id,
+        "board_id": board_id,
         "user_id": event.user_id,
         "region": event.region,
         "team_id": event.team_id,
@@ -122,6 +127,27 @@ def _record(board: Board, event: SubmitEvent) -> dict[str, object]:
     return record
 
 
+def feed_entry(event: ScoreAccepted) -> str:
+    """The event as the feed keeps it (the aggregator's derive step pushes it): the very JSON
+    the write was given (``_record``), so that a live feed and a rebuilt one (replayed from the
+    write's arguments, shared/lua/rebuild.lua) hold the same bytes. The metadata was compact
+    JSON by orjson (services/api/write/models.py), which orjson writes back unchanged."""
+    metadata = None if event.metadata is None else orjson.dumps(event.metadata).decode()
+    stored = SubmitEvent(
+        event.event_id,
+        event.user_id,
+        event.region,
+        event.team_id,
+        event.display_name,
+        event.value,
+        event.occurred_at,
+        event.accepted_at,
+        subscore=event.subscore,
+        metadata=metadata,
+    )
+    return orjson.dumps(_record(event.board_id, stored)).decode()
+
+
 def submit_call(
     keys: Keys,
     board: Board,
@@ -133,14 +159,15 @@ def submit_call(
     feed_length: int,
 ) -> tuple[list[str], list[str | int]]:
     """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
-    record = _record(board, event)
+    record = _record(board.board_id, event)
     bid = board.board_id
-    outbox, rebuilding, journal, names, feed, user_team = _board_keys(keys, bid)
+    outbox, rebuilding, journal, newest, names, feed, user_team = _board_keys(keys, bid)
     call_keys = [
         keys.idempotency(bid, event.event_id),
         outbox,
         rebuilding,
         journal,
+        newest,
         names,
         feed,
         keys.user_regions(bid, event.user_id),
@@ -196,20 +223,26 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v5`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v6`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
 
 def finish_keys(
-    keys: Keys, board_id: str, counters: Sequence[str], others: Sequence[str]
+    keys: Keys,
+    board_id: str,
+    counters: Sequence[str],
+    others: Sequence[str],
+    records: Sequence[str],
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v5``: flag, journal, the replay's scratch keys, then
-    each live key the rebuild replaces with its staging copy, the event counters first."""
+    """The keys of ``ladder_rebuild_finish_v6``: flag, journal, the replay's scratch keys, the
+    records of the journal's events, then each live key the rebuild replaces with its staging
+    copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]
     return [
         keys.rebuilding(board_id),
         keys.rebuild_journal(board_id),
         *keys.replay_scratch(board_id),
+        *records,
         *pairs,
     ]

@@ -17,8 +17,11 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.aggregator.derive import Derive
 from services.api.app import create_app
-from shared.events import ScoreAccepted
+from shared.boards import Board
+from shared.events import ScoreAccepted, rfc3339
+from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
 from shared.ops import running
 from shared.ranking import id_of, parse_record, score_of
@@ -132,6 +135,27 @@ async def serve(settings: LadderSettings) -> AsyncIterator[str]:
     )
     async with running(_Server(config)):
         yield f"ws://127.0.0.1:{port}/v1/ws"
+
+
+async def derive(
+    redis: Redis, keys: Keys, board: Board, events: list[ScoreAccepted], feed_length: int
+) -> int:
+    """The aggregator's derive step (services.aggregator.derive) for ``events`` of ``board``,
+    as a running aggregator applies a batch of the stream: what a test with no aggregator
+    running does before it reads a derived view (feed, stats, players, a user's regions and
+    team) or merges. Returns how many events were applied now (a redelivery applies none)."""
+    derive_step = Derive(redis, keys, None, feed_length)
+    call_keys, args = derive_step.call(board, events, rfc3339(datetime.now(UTC)))
+    applied, _ = await redis.fcall(DERIVE_FUNCTION, len(call_keys), *call_keys, *args)
+    return int(applied)
+
+
+async def derive_outbox(redis: Redis, keys: Keys, board: Board, feed_length: int) -> int:
+    """:func:`derive` for every event in ``board``'s outbox (where they stay in tests whose
+    broker is unreachable), in the order the write accepted them."""
+    entries: list[Any] = await redis.xrange(keys.outbox(board.board_id))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    return await derive(redis, keys, board, events, feed_length)
 
 
 async def snapshot(redis: Redis, prefix: str) -> dict[str, tuple[str, Any]]:

@@ -1,7 +1,9 @@
-"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v5`` call runs, by
+"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v6`` call runs, by
 board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
-else talks to. A count, not a time: it does not vary with the machine or its load, so that a
-change of the write's layout shows here as the same figure on every run.
+else talks to; and what the aggregator's derive step (``ladder_derive_v1``, in batches of
+``DERIVE_BATCH``) then runs per event for the views the write leaves to it. A count, not a
+time: it does not vary with the machine or its load, so that a change of the write's layout
+shows here as the same figure on every run.
 
 ``python -m bench.phases.commands`` prints the counts alone, in seconds.
 """
@@ -21,8 +23,10 @@ import orjson
 from redis.asyncio import Redis
 
 from bench.report import Line, Note, Row
+from services.aggregator.derive import Derive
 from shared.boards import Board
-from shared.functions import SUBMIT_FUNCTION
+from shared.events import ScoreAccepted
+from shared.functions import DERIVE_FUNCTION, SUBMIT_FUNCTION
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.submit import SubmitEvent, submit_call
@@ -38,6 +42,7 @@ SHAPES: dict[str, tuple[Board, dict[str, Any]]] = {
 }
 USERS = 200
 WRITES = 2000
+DERIVE_BATCH = 100
 _SKIPPED = {"fcall", "info", "config", "function"}
 
 
@@ -119,6 +124,39 @@ async def commands_per_write(redis: Redis, board: Board, extra: dict[str, Any]) 
     return calls / WRITES
 
 
+async def commands_per_derived_event(redis: Redis, board: Board, extra: dict[str, Any]) -> float:
+    """The Redis commands the derive step runs per event, the writes' events derived in batches
+    of ``DERIVE_BATCH`` as the aggregator takes them from the stream."""
+    keys = Keys("cmd")
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    for i in range(WRITES):
+        call_keys, args = submit_call(
+            keys,
+            board,
+            _event(board, extra, i, at + timedelta(microseconds=i)),
+            body_hash="h",
+            idempotency_ttl=60,
+            outbox_max=1_000_000,
+            feed_length=100,
+        )
+        await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+    entries: Any = await redis.xrange(keys.outbox(board.board_id))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    derive = Derive(redis, keys, None, 100)
+    await redis.config_resetstat()
+    for start in range(0, len(events), DERIVE_BATCH):
+        derive_keys, derive_args = derive.call(board, events[start : start + DERIVE_BATCH], "t")
+        await redis.fcall(DERIVE_FUNCTION, len(derive_keys), *derive_keys, *derive_args)
+    stats: dict[str, Any] = await redis.info("commandstats")
+    calls = sum(
+        int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in _SKIPPED
+    )
+    await redis.flushall()
+    return calls / len(events)
+
+
 async def measure() -> list[Line]:
     if shutil.which("redis-server") is None:
         return [Note("Redis commands per write: no redis-server binary here, not counted.")]
@@ -127,6 +165,9 @@ async def measure() -> list[Line]:
         for name, (board, extra) in SHAPES.items():
             count = await commands_per_write(redis, board, extra)
             rows.append(Row(f"Redis commands per steady-state write, {name}", f"{count:.1f}"))
+        for name, (board, extra) in SHAPES.items():
+            count = await commands_per_derived_event(redis, board, extra)
+            rows.append(Row(f"Redis commands per event in the derive step, {name}", f"{count:.1f}"))
     return rows
 
 

@@ -1,7 +1,8 @@
-"""The aggregator: regional boards merged into the global one, and the live views of play (hot
-streaks, team MVPs) recomputed, each on its own ticker of ``LADDER_MERGE_INTERVAL``: a merge
-backlog (thousands of dirty users after a restart) drains in bounded passes, one after another,
-while the live views and their pushes keep their cadence.
+"""The aggregator: the views derived from events (feed, stats, users' regions and teams) kept
+from each consumed batch (services/aggregator/derive.py), regional boards merged into the global
+one, and the live views of play (hot streaks, team MVPs) recomputed, each on its own ticker of
+``LADDER_MERGE_INTERVAL``: a merge backlog (thousands of dirty users after a restart) drains in
+bounded passes, one after another, while the live views and their pushes keep their cadence.
 
 Run as ``python -m services.aggregator``. Start-up opens Redis (loading the function library),
 then the ops endpoints, the consumer and the ticker; shutdown goes in reverse (see
@@ -15,6 +16,7 @@ import contextlib
 
 import structlog
 
+from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
@@ -86,7 +88,12 @@ async def run(settings: LadderSettings) -> None:
         await catalog.ensure_defaults()
         merger, fresh = Merger(redis, keys), FreshRegions()
         live = LiveViews(redis, keys)
-        handler = Each(MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
+        # Derived first: a user the merge finds dirty has its regions set already.
+        handler = Each(
+            Derive(redis, keys, catalog, settings.feed_length),
+            MarkDirty(redis, keys, fresh),
+            RecordLive(redis, keys, catalog),
+        )
         runner = service.consumer("aggregator", settings, handler)
 
         async def ticker(stop: asyncio.Event) -> None:

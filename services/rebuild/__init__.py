@@ -8,29 +8,33 @@ views of every period still retained, team boards, distinct-score sets, feed, pl
 counts, each user's regions and team, and display names; then it marks every user of every view
 dirty, so the aggregator merges the global views again through its own code.
 
-Each event is replayed, in the order the event log stored it, through ``ladder_replay_v5``:
-the very ``submit()`` of the write path, aimed at staging keys, leaving no idempotency answer and
-no outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v6``:
+the very ``submit()`` of the write path, then the aggregator's derive step (feed, counts,
+regions, users' regions and teams), aimed at staging keys, leaving no idempotency answer and no
+outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
 the log holds the events in the order they were applied (one relay a board; with several, events
 accepted within milliseconds of each other may be stored in another order: docs/reliability.md).
 
 Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuilder`):
 
-1. ``ladder_rebuild_begin_v1`` raises the board's ``rebuilding`` flag, holding this rebuild's
+1. ``ladder_rebuild_begin_v2`` raises the board's ``rebuilding`` flag, holding this rebuild's
    token (a second rebuild of the board at once is refused), with a TTL kept up while the
    rebuild works, and starts its journal: from then on every event ``submit()`` applies is
-   also journaled. It returns the ids of the events in the outbox and of the newest in the feed
-   (:mod:`services.rebuild.flag`).
-2. Wait until MySQL holds those: then it holds every event applied before the flag (the relay
-   publishes, and history stores, in outbox order).
+   also journaled. It returns the ids of the events in the outbox and of the newest the write
+   accepted (:mod:`services.rebuild.flag`).
+2. Wait until MySQL holds those, and the aggregator has derived them: then both hold every
+   event applied before the flag (the relay publishes, and history stores and the aggregator
+   derives, in outbox order).
 3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of the primary
    key (memory stays bounded by a page), replaying each onto staging
    (:mod:`services.rebuild.event_log`, :mod:`services.rebuild.staging`).
 4. In the same snapshot, look up which journaled events it held.
-5. ``ladder_rebuild_finish_v5``, one atomic step: replay the other journaled events onto staging,
+5. ``ladder_rebuild_finish_v6``, one atomic step: replay the other journaled events onto staging,
    check that no live event counter is ahead of its staged one (an event applied before the flag
    that MySQL did not hold yet: then all is thrown away and the board read again), rename
-   staging over the live keys, drop the flag and journal (:mod:`services.rebuild.finish`).
+   staging over the live keys, clear the journaled events' derive-pending bits (staging holds
+   their derived views: the aggregator must not apply them again), drop the flag and journal
+   (:mod:`services.rebuild.finish`).
 
 Running it twice changes nothing: the second run builds the same keys from the same events.
 docs/reliability.md has the argument in full.

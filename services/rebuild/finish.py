@@ -28,13 +28,15 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v5``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v6``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
-    delete the ``live`` keys the rebuild did not make again), drop flag and journal.
+    delete the ``live`` keys the rebuild did not make again), clear the journaled events'
+    derive-pending bits (staging holds their derived views), drop flag and journal.
 
     Every key it touches is given, with its staging name: those ``staged`` from MySQL, those of
     the journal's events (``journal``) and ``live``. An event journaled after the journal was
-    read may name a key not given: the step then writes nothing and answers "unknown", and is
+    read may name a key (or have a record) not given: the step then writes nothing and answers
+    "unknown", and is
     called again with the journal read again. (Such an event is not among ``known``: MySQL's
     snapshot was taken before.)
 
@@ -43,13 +45,15 @@ async def finish(
     for _ in range(FINISH_TRIES):
         counters = sorted(staged.counters | journal.counters)
         others = sorted((staged.others | journal.others | live) - set(counters))
-        call_keys = finish_keys(keys, flag.board_id, counters, others)
+        records = sorted(journal.records)
+        call_keys = finish_keys(keys, flag.board_id, counters, others, records)
         status, detail = await redis.fcall(
             REBUILD_FINISH_FUNCTION,
             len(call_keys),
             *call_keys,
             len(counters),
             flag.token,
+            len(records),
             *sorted(known),
         )
         if status != "unknown":

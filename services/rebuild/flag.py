@@ -41,8 +41,8 @@ class BoardFlag:
 
     async def begin(self) -> list[str] | None:
         """Raise the flag and start an empty journal. Returns the ids of the events in the
-        outbox and of the newest in the feed (those MySQL must hold before it is read), or
-        ``None`` if another rebuild holds the flag."""
+        outbox and of the newest the write accepted (those MySQL must hold, and the aggregator
+        have derived, before it is read), or ``None`` if another rebuild holds the flag."""
         bid = self.board_id
         begun: list[Any] = await self._redis.fcall(
             REBUILD_BEGIN_FUNCTION,
@@ -50,7 +50,7 @@ class BoardFlag:
             self.flag,
             self.journal,
             self._keys.outbox(bid),
-            self._keys.feed(bid),
+            self._keys.newest_event(bid),
             FLAG_TTL_MS,
             self.token,
         )

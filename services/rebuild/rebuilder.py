@@ -29,6 +29,20 @@ log = structlog.get_logger(__name__)
 ATTEMPTS = 5
 
 
+# The derive-pending bit of a record's marks byte (shared/lua/live.lua, PENDING_BIT 5), and the
+# marks bytes ('@' to 'G'); a record of the layout before starts with a hex digit.
+_PENDING_MASK = 0x04
+
+
+def _pending(first: Any) -> bool:
+    """Whether a record's first byte (``GETRANGE 0 0``; empty if it has none) is a marks byte
+    with the derive-pending bit set."""
+    if not first:
+        return False
+    byte = first.encode("latin-1")[0] if isinstance(first, str) else first[0]
+    return 0x40 <= byte < 0x48 and bool(byte & _PENDING_MASK)
+
+
 class RebuildFailed(RuntimeError):
     """A board could not be rebuilt (MySQL never caught up, or the rebuild kept losing its
     flag); Redis keeps what it had."""
@@ -105,6 +119,7 @@ class Rebuilder:
                     await self._redis.unlink(*found.staging)
                     found.staging.clear()
                 await self._wait_stored(bid, applied)
+                await self._wait_derived(bid, applied)
                 outcome, views = await self._build(board, done, found.live)
             except BaseException:
                 await flag.abort()
@@ -135,6 +150,32 @@ class Rebuilder:
                     f"board {board_id!r}: {len(pending)} events applied in Redis are not in the "
                     f"history database after {self._wait_seconds:g} s (is history consuming?), "
                     f"e.g. {sorted(pending)[:3]}"
+                )
+            await self._flags[board_id].extend()
+            await asyncio.sleep(0.25)
+
+    async def _wait_derived(self, board_id: str, event_ids: list[str]) -> None:
+        """Until the aggregator has derived every one of ``event_ids`` (their records' derive-
+        pending bits clear, or their records gone). These are the newest events applied before
+        the flag; the aggregator derives a board's events in the order they were accepted, so
+        every event before them is derived too. The finish step clears the bits of the events
+        applied after the flag (the journal's): together, every event the rebuild replays is
+        one the aggregator will not derive again onto what the rebuild puts in place."""
+        pending = list(event_ids)
+        end = time.monotonic() + self._wait_seconds
+        while pending:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for event_id in pending:
+                    pipe.getrange(self._keys.idempotency(board_id, event_id), 0, 0)
+                firsts: list[Any] = await pipe.execute()
+            pending = [e for e, first in zip(pending, firsts, strict=True) if _pending(first)]
+            if not pending:
+                return
+            if time.monotonic() > end:
+                raise RebuildFailed(
+                    f"board {board_id!r}: {len(pending)} events applied in Redis are not derived "
+                    f"by the aggregator after {self._wait_seconds:g} s (is the aggregator "
+                    f"consuming?), e.g. {sorted(pending)[:3]}"
                 )
             await self._flags[board_id].extend()
             await asyncio.sleep(0.25)

@@ -1,5 +1,5 @@
 """Stored events replayed onto a board's staging keys, through the write path's own ``submit()``
-(``ladder_replay_v5``), so that the rebuilt keys are made by the very calls that made the live
+(``ladder_replay_v6``), so that the rebuilt keys are made by the very calls that made the live
 ones."""
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ class Staged:
 
     counters: set[str] = field(default_factory=set)
     others: set[str] = field(default_factory=set)
+    # The journal's events' records (their live idempotency records): the finish clears their
+    # derive-pending bits.
+    records: set[str] = field(default_factory=set)
 
     def add(self, call_keys: Sequence[str]) -> None:
         """The keys a replay of one ``submit()`` call stages (not the write's own keys, for
@@ -100,4 +103,5 @@ def journaled_ids(entries: Iterable[Any], journal: Staged) -> set[str]:
     calls = [orjson.loads(entry) for entry in entries]
     for call in calls:
         journal.add(call["keys"])
+        journal.records.add(call["keys"][0])
     return {orjson.loads(call["args"][6] + "}")["event_id"] for call in calls}

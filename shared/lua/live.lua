@@ -72,6 +72,10 @@ that a redelivery within that time is known, however short the idempotency recor
 event with no record (its answer expired) gets a record of marks alone.
 ]]
 local SEEN_BITS = {notifier = 6, aggregator = 7}  -- SETBIT offsets in the marks byte '@' (0x40)
+-- The derive-pending bit (derive.lua): set by the write ('D', 0x44), cleared once the
+-- aggregator applied the event's derived views. Marks bytes are '@' to 'G' (0x40 to 0x47); a
+-- record of the layout before starts with a lowercase hex digit.
+local PENDING_BIT = 5
 
 local function marks_of(record)
   local first = redis.call('GETRANGE', record, 0, 0)
@@ -79,7 +83,7 @@ local function marks_of(record)
   return string.byte(first)
 end
 
-local function is_marks(byte) return byte >= 64 and byte < 68 end
+local function is_marks(byte) return byte >= 64 and byte < 72 end
 
 local function mask_of(consumer) return 2 ^ (7 - SEEN_BITS[consumer]) end
 

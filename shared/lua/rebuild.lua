@@ -6,16 +6,17 @@ submit() journals every call it applies; rebuild_finish replays the journal's ev
 database did not hold yet onto staging and puts staging in place of the live keys, in one step.
 ]]
 
--- submit()'s first keys: where a write answers, queues and journals. A replay is given scratch
--- keys in their place, and writes staging keys for the others.
-local WRITE_OWN_KEYS = 4
+-- submit()'s first keys: where a write answers, queues, journals and notes the newest event. A
+-- replay is given scratch keys in their place, and writes staging keys for the others.
+local WRITE_OWN_KEYS = 5
 
 --[[
-KEYS: flag, journal, outbox, feed. ARGV: ttl in ms (a safety net: a rebuild that dies leaves
-nothing behind for long), the rebuild's token. Raises the flag, holding the token, and starts an
-empty journal; or returns {'busy'} if another rebuild of the board holds the flag. Returns
-{'ok', event ids...}: those of every outbox entry and of the newest feed entry, the events
-applied before the flag that the history database may not hold yet, which the rebuild waits for.
+KEYS: flag, journal, outbox, newest event. ARGV: ttl in ms (a safety net: a rebuild that dies
+leaves nothing behind for long), the rebuild's token. Raises the flag, holding the token, and
+starts an empty journal; or returns {'busy'} if another rebuild of the board holds the flag.
+Returns {'ok', event ids...}: those of every outbox entry and of the newest event the write
+accepted, the events applied before the flag that the history database may not hold yet, or
+the aggregator not have derived yet, which the rebuild waits for.
 ]]
 local function rebuild_begin(keys, args)
   local ttl = tonumber(args[1])
@@ -27,8 +28,8 @@ local function rebuild_begin(keys, args)
   for _, entry in ipairs(redis.call('XRANGE', keys[3], '-', '+')) do
     ids[#ids + 1] = cjson.decode(entry[2][2]).event_id
   end
-  local newest = redis.call('LINDEX', keys[4], 0)
-  if newest then ids[#ids + 1] = cjson.decode(newest).event_id end
+  local newest = redis.call('GET', keys[4])
+  if newest then ids[#ids + 1] = newest end
   return ids
 end
 
@@ -48,14 +49,35 @@ local function rebuild_abort(keys, args)
   return 1
 end
 
+-- derive_events()'s keys, event and board for a submit() call's KEYS and ARGV (write.lua's
+-- layout).
+local function derived_of(keys, args)
+  local periods, teams = {}, args[2] == 'incr' and args[14] ~= ''
+  for i = 1, tonumber(args[8]) do
+    local base = KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
+    periods[i] = {regions = keys[base + 4], players = keys[base + 8], events = keys[base + 9],
+                  expire = tonumber(args[ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD + 3])}
+    if teams then periods[i].teams = view_of(keys[base + 5], keys[base + 6], keys[base + 7]) end
+  end
+  local k = {feed = keys[7], user_regions = {keys[8]}, user_team = keys[9], periods = {periods}}
+  local ev = {entry = args[7] .. '}', user = args[4], region = args[5], team = args[14],
+              value = tonumber(args[3]), tie = args[15]}
+  return k, ev, {sign = args[12] == '1' and 1 or -1, max = tonumber(args[16]), refused = 0}
+end
+
 --[[
-Apply one event as submit() does, to the keys given (staging ones), leaving no idempotency
-answer and no outbox entry behind: KEYS and ARGV are submit()'s, with its first four keys
-scratch keys (the flag one never set, so nothing is journaled). Returns submit()'s status.
+Apply one event as submit() then the aggregator's derive step do, to the keys given (staging
+ones), leaving no idempotency answer, newest event or outbox entry behind: KEYS and ARGV are
+submit()'s, with its first five keys scratch keys (the flag one never set, so nothing is
+journaled). Returns submit()'s status.
 ]]
 local function replay(keys, args)
   local answer = submit(keys, args)
-  redis.call('DEL', keys[1], keys[2])
+  if answer[1] == 'ok' then
+    local k, ev, b = derived_of(keys, args)
+    derive_events(k, {ev}, tonumber(args[13]), b)
+  end
+  redis.call('DEL', keys[1], keys[2], keys[5])
   return answer[1]
 end
 
@@ -77,27 +99,46 @@ local function journaled_calls(journal, scratch, staging, known)
   return calls
 end
 
+-- The journaled calls' records (their first key: the live idempotency record) all among
+-- `given`: nil, or the first that is not.
+local function records_missing(journal, given)
+  for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
+    local record = cjson.decode(raw).keys[1]
+    if not given[record] then return record end
+  end
+  return nil
+end
+
 --[[
-KEYS: flag, journal, the four scratch keys a replay is given for submit()'s first four, then
-pairs of a live key the rebuild replaces and its staging key, the event counters' pairs first.
-ARGV: how many pairs are event counters', the token, then the ids of the journal's events that
-the database already held when the board was read from it.
+KEYS: flag, journal, the five scratch keys a replay is given for submit()'s first five, the
+records of the journal's events, then pairs of a live key the rebuild replaces and its staging
+key, the event counters' pairs first.
+ARGV: how many pairs are event counters', the token, how many records, then the ids of the
+journal's events that the database already held when the board was read from it.
 Returns {'expired', ''} if the token's flag lapsed, and {'unknown', key}, writing nothing, if a
 journaled event to replay names a live key not among the pairs (journaled after the caller read
 the journal: it reads it again and calls again). Replays the journal's other events onto
 staging; then refuses with {'behind', key} if a live event counter is above its staged one (an
 event applied before the flag was not in the database yet: the caller aborts and starts over
 later). Otherwise renames each staging key over its live one (a live key with no staging one is
-deleted), drops the flag and the journal and returns {'ok', events replayed}.
+deleted), clears the derive-pending bit of every journaled event (staging holds its derived
+views: the aggregator must not apply them again to what staging becomes), drops the flag and
+the journal and returns {'ok', events replayed}. (Events applied before the flag were derived
+before the rebuild read the database: services/rebuild waits for that.)
 ]]
 local function rebuild_finish(keys, args)
   if redis.call('GET', keys[1]) ~= args[2] then return {'expired', ''} end
-  local first_pair, known, staging = WRITE_OWN_KEYS + 3, {}, {}
+  local first_record = WRITE_OWN_KEYS + 3
+  local first_pair = first_record + tonumber(args[3])
+  local known, staging, records = {}, {}, {}
+  for i = first_record, first_pair - 1 do records[keys[i]] = true end
   for i = first_pair, #keys, 2 do staging[keys[i]] = keys[i + 1] end
-  for i = 3, #args do known[args[i]] = true end
-  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_pair - 1)}, staging,
+  for i = 4, #args do known[args[i]] = true end
+  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_record - 1)}, staging,
                                          known)
   if calls == nil then return {'unknown', unknown} end
+  unknown = records_missing(keys[2], records)
+  if unknown then return {'unknown', unknown} end
   for _, call in ipairs(calls) do replay(call.keys, call.args) end
   for i = first_pair, first_pair + 2 * tonumber(args[1]) - 1, 2 do
     local now = tonumber(redis.call('GET', keys[i]) or '0')
@@ -109,6 +150,9 @@ local function rebuild_finish(keys, args)
     else
       redis.call('DEL', keys[i])
     end
+  end
+  for record in pairs(records) do
+    if pending(record) then clear_pending(record) end
   end
   redis.call('DEL', keys[1], keys[2])
   return {'ok', #calls}

@@ -1,19 +1,24 @@
 --[[
 The atomic write of one accepted score (docs/api.md section 4; docs/architecture.md, invariant 1).
 
-One call: check the idempotency record and the outbox bound; compute the new score of every
-period's regional board and team board (refusing the whole call if any leaves the range of
-exact scores); write them with their hashes of records (tie key, score, metadata) and
-distinct-score sets (for dense ranks; shared/ranking.py has the layout); read rank and previous
-rank;
-name whoever this write pushed out of each notify bracket; count the period's players and events;
-record the answer under the event id; append the event to the feed and the outbox; journal the
-call while the board is being rebuilt. Every key shares one hash tag.
+One call keeps what the answer and the guarantees need, nothing more: check the idempotency
+record and the outbox bound; compute the new score of every period's regional board (refusing
+the whole call if any leaves the range of exact scores); write them with their
+hashes of records (tie key, score, metadata) and distinct-score sets (for dense ranks;
+shared/ranking.py has the layout); read rank and previous rank; name whoever this write pushed
+out of each notify bracket; record the answer under the event id, its "derive pending" mark set;
+note the event as the board's newest; append it to the outbox; journal the call while the board
+is being rebuilt. Every key shares one hash tag.
 
-KEYS: idem, outbox, rebuild flag, rebuild journal (the write's own keys: a replay gets scratch
-      keys for them), names, feed, user regions, user team; then nine per period: regional
-      board, its distinct set, its tie keys, regions set, team board, its distinct set, its tie
-      keys, players (HyperLogLog), event count. shared/submit.py builds them.
+What is derived from the event (the team boards, the feed, the period's players, events and
+regions, the user's regions and team) is the aggregator's: derive.lua applies it from the event stream, once per
+event. The call still names those keys, so that a journaled call is replayed whole (the write,
+then the derive step: rebuild.lua) onto staging.
+
+KEYS: idem, outbox, rebuild flag, rebuild journal, newest event (the write's own keys: a replay
+      gets scratch keys for them), names, feed, user regions, user team; then nine per period:
+      regional board, its distinct set, its tie keys, regions set, team board, its distinct set,
+      its tie keys, players (HyperLogLog), event count. shared/submit.py builds them.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
@@ -23,7 +28,7 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 8, 9, 17, 3
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 9, 9, 17, 3
 
 -- The event's record under its id (docs/architecture.md, "Idempotency"): a marks byte (the
 -- consumers' seen bits, live.lua), the body hash, then the first answer, compactly: per period
@@ -31,7 +36,9 @@ local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 8, 9, 17, 3
 -- previous rank ('' for none) in base 36, ' ' between fields and ';' between periods. A record
 -- of the layout before (the hash in 32 hex digits, '\n', the outbox entry) answers until it
 -- expires; one of marks alone (a consumer saw the event after its answer expired) holds none.
-local MARKS_NONE = '@'
+-- A write's record starts with its derive-pending bit set (live.lua, MARKS_PENDING): the
+-- aggregator's derive step clears it when it applies the event.
+local MARKS_NEW = 'D'
 local DIGITS = '0123456789abcdefghijklmnopqrstuvwxyz'
 
 local function base36(n)
@@ -91,7 +98,6 @@ local function event_of(args)
              display = args[6], team = args[14], desc = desc, sign = desc and 1 or -1,
              tie = args[15], sub = sub_of(args[15]), max = tonumber(args[16]),
              meta = args[17], brackets = {}}
-  e.teams = e.op == 'incr' and e.team ~= ''
   for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = tonumber(t) end
   return e
 end
@@ -139,11 +145,7 @@ end
 local function plan_period(e, p)
   p.old = entry_in(p.board, e.user)
   p.score, p.changed = new_score(e, p.old)
-  local refused = out_of_range(e, p, ' score', p.score)
-  if refused or not e.teams then return refused end
-  p.team_old = entry_in(p.teams, e.team)
-  p.team_score = (p.team_old and p.team_old.signed or 0) * e.sign + e.value
-  return out_of_range(e, p, ' team score', p.team_score)
+  return out_of_range(e, p, ' score', p.score)
 end
 
 -- The ids whose rank a move from prev (0-based, false: absent) to rank (1-based) pushed below
@@ -182,35 +184,26 @@ local function write_period(e, p)
       redis.call('HSET', p.board.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
     end
   end
-  if e.teams and (p.team_old == nil or e.value ~= 0) then
-    put_in_period(e, p, p.teams, e.team, p.team_score, p.team_old, '')
-  end
-  expire_made(redis.call('SADD', p.regions, e.region) == 1, {p.regions}, p.expire)
-  -- Every write of the period adds to both, so the period's first write makes them.
-  local first = redis.call('INCR', p.events) == 1
-  redis.call('PFADD', p.players, e.user)
-  expire_made(first, {p.players, p.events}, p.expire)
   local previous = cjson.null
   if prev then previous = prev + 1 end
   return {period_id = p.id, score = exact(p.score), rank = rank, previous_rank = previous,
           improved = p.changed, pushed_out = pushed_out(e, p.board.view, rank, prev)}
 end
 
--- What the write leaves beside the boards: the display name, the user's regions and team, the
--- feed, the answer under the event id and the outbox entry (returned); and, while a rebuild of
--- the board runs (rebuild.lua), the call itself in the journal.
+-- The event id that the event's JSON (shared/submit.py) starts with; ids hold no '"'.
+local function event_id_of(json) return string.match(json, '^{"event_id":"([^"]*)"') end
+
+-- What the write leaves beside the boards: the display name (reads show it beside each entry;
+-- one HSET, and the rebuild restores it as it restores the boards), the answer under the event
+-- id, the event's id as the board's newest (the rebuild waits for it: rebuild.lua) and the
+-- outbox entry (returned); and, while a rebuild of the board runs (rebuild.lua), the call itself
+-- in the journal.
 local function record(keys, args, e, periods)
-  if e.display ~= '' then redis.call('HSET', keys[5], e.user, e.display) end
-  redis.call('SADD', keys[7], e.region)
-  if e.team ~= '' then redis.call('HSET', keys[8], e.user, e.team) end
-  local event = args[7] .. '}'
-  local feed_length = tonumber(args[13])
-  if redis.call('LPUSH', keys[6], event) > feed_length then
-    redis.call('LTRIM', keys[6], 0, feed_length - 1)
-  end
+  if e.display ~= '' then redis.call('HSET', keys[6], e.user, e.display) end
   local entry = args[7] .. ',"periods":' .. exact_json(periods) .. '}'
-  redis.call('SET', keys[1], MARKS_NONE .. args[1] .. compact_answer(periods), 'EX',
+  redis.call('SET', keys[1], MARKS_NEW .. args[1] .. compact_answer(periods), 'EX',
              tonumber(args[9]))
+  redis.call('SET', keys[5], event_id_of(args[7]))
   redis.call('XADD', keys[2], '*', 'e', entry)
   if redis.call('EXISTS', keys[3]) == 1 then
     redis.call('RPUSH', keys[4], cjson.encode({keys = keys, args = args}))

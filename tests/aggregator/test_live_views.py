@@ -23,6 +23,7 @@ import pytest
 import websockets
 from redis.asyncio import Redis
 
+from services.aggregator.derive import Derive
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.boards import MAIN_BOARD, BoardCatalog
@@ -72,7 +73,9 @@ async def outbox(redis: Redis, keys: Keys, board_id: str = "main") -> list[Score
 
 def consumer(redis: Redis, keys: Keys) -> Each:
     """The aggregator's handler, exactly as its main wires it."""
-    return Each(MarkDirty(redis, keys), RecordLive(redis, keys, BoardCatalog(redis, keys)))
+    catalog = BoardCatalog(redis, keys)
+    derive = Derive(redis, keys, catalog, LadderSettings().feed_length)
+    return Each(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))
 
 
 def recorder(redis: Redis, keys: Keys) -> RecordLive:

@@ -15,7 +15,7 @@ from shared.boards import Board
 from shared.keys import Keys, dirty_member
 from shared.ranking import MAX_SCORE, record
 from shared.settings import LadderSettings
-from tests.helpers import read_view
+from tests.helpers import derive_outbox, read_view
 
 T = 10**12
 
@@ -33,6 +33,8 @@ class Game:
         at = self.start + timedelta(milliseconds=ms)
         score = ScoreIn(user_id=user, region=region, value=value, occurred_at=at)
         await submit(self.redis, self.keys, self.settings, self.board, score, f"e{self.n}")
+        # Derived (the user's regions, which the merge reads), as the aggregator would.
+        await derive_outbox(self.redis, self.keys, self.board, self.settings.feed_length)
         dirty = dirty_member("alltime", "all", region, user)
         await self.redis.sadd(self.keys.dirty(self.board.board_id), dirty)
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
+from services.aggregator.derive import Derive
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import RecordLive
 from services.api.write.models import ScoreIn
@@ -28,8 +29,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 
 BATCH = "/v1/boards/main/scores/batch"
 # The consumers' bits (SETBIT offsets) in the marks byte '@' that starts a record
-# (shared/lua/live.lua, SEEN_BITS).
-NOTIFIER_BIT, AGGREGATOR_BIT = 6, 7
+# (shared/lua/live.lua, SEEN_BITS), and the derive-pending bit the write sets ('D') and the
+# aggregator's derive step clears (PENDING_BIT).
+NOTIFIER_BIT, AGGREGATOR_BIT, PENDING_BIT = 6, 7, 5
 KEPT_TARGET = 250
 
 
@@ -43,7 +45,8 @@ async def consume(redis: Redis, keys: Keys, events: list[ScoreAccepted]) -> None
     them."""
     catalog = BoardCatalog(redis, keys)
     await catalog.ensure_defaults()
-    await Each(MarkDirty(redis, keys), RecordLive(redis, keys, catalog))(events)
+    derive = Derive(redis, keys, catalog, LadderSettings().feed_length)
+    await Each(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))(events)
     await Notify(redis, keys, catalog)(events)
 
 
@@ -81,7 +84,8 @@ async def test_a_duplicate_answers_the_first_answer_exactly(
         ("u-1", 5),
     ]
     record = await redis.get(keys.idempotency("main", "r-1"))
-    assert record is not None and record.startswith("@") and len(record) < 110
+    # The marks byte with the derive-pending bit alone: the aggregator has not derived it yet.
+    assert record is not None and record.startswith("D") and len(record) < 110
 
 
 async def test_a_late_retry_and_another_body_read_the_compact_record(
@@ -197,8 +201,10 @@ async def test_consumers_mark_the_record_once_and_keep_it_a_day(
         await consume(redis, keys, events + events)
         again = await post(client, score(event_id="m-1", value=40, team_id="red"))
     marked = await redis.get(record)
-    # Both bits set, the answer after them untouched.
-    assert before is not None and marked == "C" + before[1:]
+    # Written derive-pending ('D'); consumed: both seen bits set and the pending bit cleared
+    # ('C'), the answer after them untouched.
+    assert before is not None and before[0] == "D" and marked == "C" + before[1:]
+    assert await redis.getbit(record, PENDING_BIT) == 0
     assert await redis.getbit(record, NOTIFIER_BIT) == await redis.getbit(record, AGGREGATOR_BIT)
     # A redelivery within a day of handling is known, however short the idempotency TTL.
     assert await redis.ttl(record) > SEEN_TTL_SECONDS - 60
@@ -233,7 +239,7 @@ async def test_an_event_without_a_record_gets_one_of_marks_alone(
         answer = await post(client, score(event_id="gone-1", value=3))
     assert answer["duplicate"] is False
     stored = await redis.get(record)
-    assert stored is not None and stored.startswith("@") and len(stored) > 17
+    assert stored is not None and stored.startswith("D") and len(stored) > 17
 
 
 async def test_an_event_keeps_at_most_250_bytes_in_redis(

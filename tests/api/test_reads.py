@@ -26,7 +26,7 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, get_ok
-from tests.helpers import SERVER, api_client, player, snapshot
+from tests.helpers import SERVER, api_client, derive, derive_outbox, player, snapshot
 
 EVENT_FIELDS = {
     *("event_id", "user_id", "region", "team_id", "value"),
@@ -47,10 +47,16 @@ async def post(client: httpx.AsyncClient, board: str = "main", **body: Any) -> d
     return answer
 
 
+# The feed's length in the suite's settings (LADDER_FEED_LENGTH's default).
+FEED_LENGTH: int = LadderSettings.model_fields["feed_length"].default
+
+
 async def merge(redis: Redis, keys: Keys, board: Board = MAIN_BOARD) -> None:
-    """What the aggregator does with the outbox's events: mark them dirty, then merge once."""
+    """What the aggregator does with the outbox's events: derive the views kept from them (the
+    users' regions, which the merge reads), mark them dirty, then merge once."""
     entries: list[Any] = await redis.xrange(keys.outbox(board.board_id))
     events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    await derive(redis, keys, board, events, FEED_LENGTH)
     await MarkDirty(redis, keys)(events)
     assert await Merger(redis, keys).merge_board(board) > 0
 
@@ -69,12 +75,17 @@ def table(entries: list[dict[str, Any]], *names: str) -> list[tuple[Any, ...]]:
 # --- the teams scope ---------------------------------------------------------------------------
 
 
-async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSettings) -> None:
+async def test_the_teams_scope_ranks_teams_by_their_members_sum(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
     async with api_client(quiet) as client:
         await post(client, user_id="u-1", region="eu", value=10, team_id="red-wombats")
         await post(client, user_id="u-2", region="na", value=5, team_id="red-wombats")
         await post(client, user_id="u-3", region="eu", value=12, team_id="blue-herons")
         await post(client, user_id="u-4", region="eu", value=99)  # no team
+        # The team boards are the aggregator's: until it derives the events, none shows.
+        underived = await get_ok(client, LEADERBOARD, scope="teams")
+        assert await derive_outbox(redis, keys, MAIN_BOARD, FEED_LENGTH) == 4
         board = await get_ok(client, LEADERBOARD, scope="teams")
         anonymous = await client.get(LEADERBOARD, params={"scope": "teams", "limit": 1})
         weekly = await get_ok(client, LEADERBOARD, scope="teams", period="weekly", limit=1)
@@ -93,6 +104,8 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
         {"rank": 2, "team_id": "blue-herons", "score": 12, "metadata": None},
     ]
     assert (board["scope"], board["total"], board["next_cursor"]) == ("teams", 2, None)
+    assert (underived["total"], underived["as_of"]) == (0, None)
+    assert board["as_of"] == await redis.hget(keys.as_of("main"), "derived")
     assert board["as_of"] is not None
     assert anonymous.status_code == 200
     assert anonymous.json()["entries"] == [
@@ -107,12 +120,15 @@ async def test_the_teams_scope_ranks_teams_by_their_members_sum(quiet: LadderSet
     assert second["next_cursor"] is None
 
 
-async def test_the_teams_scope_has_ties_in_every_style(quiet: LadderSettings) -> None:
+async def test_the_teams_scope_has_ties_in_every_style(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
     async with api_client(quiet) as client:
         for i, (team, value) in enumerate([("a", 20), ("b", 10), ("c", 10), ("d", 5)]):
             await post(
                 client, user_id=f"u-{i}", region="eu", value=value, team_id=team, occurred_at=at(i)
             )
+        await derive_outbox(redis, keys, MAIN_BOARD, FEED_LENGTH)
         read = {
             style: await get_ok(client, LEADERBOARD, scope="teams", rank_style=style)
             for style in ("ordinal", "competition", "dense")
@@ -268,7 +284,10 @@ async def test_the_ranks_call_answers_every_period_and_scope(
             period: {"period_id": answer["periods"][period]["period_id"], "scopes": scopes}
             for period in ("daily", "weekly", "monthly", "alltime")
         },
+        # When the aggregator (here merge()'s derive step) last applied the board's events.
+        "as_of": await redis.hget(keys.as_of("main"), "derived"),
     }
+    assert own["as_of"] is not None
     assert list(own["periods"]["weekly"]["scopes"]) == list(scopes)
     # Without the player's token, its friends stay private.
     assert public.status_code == 200
@@ -286,11 +305,13 @@ async def test_the_ranks_call_answers_every_period_and_scope(
 
 
 async def test_the_ranks_call_reads_a_past_period_and_404s_a_stranger(
-    quiet: LadderSettings,
+    quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     yesterday = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
     async with api_client(quiet) as client:
         await post(client, user_id="u-1", region="eu", value=7)
+        # The user's regions are the aggregator's: derived from the event, as it would.
+        assert await derive_outbox(redis, keys, MAIN_BOARD, FEED_LENGTH) == 1
         past = await get_ok(client, "/v1/boards/main/users/u-1/ranks", period_id=yesterday)
         nobody = await client.get("/v1/boards/main/users/u-9/ranks")
 
@@ -305,9 +326,12 @@ async def test_the_ranks_call_reads_a_past_period_and_404s_a_stranger(
 # --- the feed ----------------------------------------------------------------------------------
 
 
-async def test_the_feed_is_newest_first_and_bounded(quiet: LadderSettings) -> None:
+async def test_the_feed_is_newest_first_and_bounded(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
     settings = quiet.model_copy(update={"feed_length": 5})
     async with api_client(settings) as client:
+        empty = await get_ok(client, "/v1/boards/main/feed")
         for i in range(1, 9):
             await post(
                 client,
@@ -319,12 +343,23 @@ async def test_the_feed_is_newest_first_and_bounded(quiet: LadderSettings) -> No
                 display_name="Ana",
                 occurred_at=at(i),
             )
+        # The feed is the aggregator's, one batch at a time: until it applies the events, the
+        # feed holds none of them.
+        before = await get_ok(client, "/v1/boards/main/feed")
+        started = datetime.now(UTC)
+        entries: list[Any] = await redis.xrange(keys.outbox("main"))
+        events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        assert await derive(redis, keys, MAIN_BOARD, events[:3], 5) == 3
+        assert await derive(redis, keys, MAIN_BOARD, events[3:], 5) == 5
         whole = await client.get("/v1/boards/main/feed")
         two = await get_ok(client, "/v1/boards/main/feed", limit=2)
         five = await get_ok(client, "/v1/boards/main/feed", limit=5)
         too_many = await client.get("/v1/boards/main/feed", params={"limit": 6})
 
+    assert empty == {"events": [], "as_of": None}
+    assert before == {"events": [], "as_of": None}
     assert whole.status_code == 200  # public
+    assert datetime.fromisoformat(whole.json()["as_of"]) >= started.replace(microsecond=0)
     events = whole.json()["events"]
     assert [e["event_id"] for e in events] == ["e-8", "e-7", "e-6", "e-5", "e-4"]
     assert five["events"] == events
@@ -364,6 +399,13 @@ async def test_stats_count_distinct_players_closely_and_events_exactly(
     work = [(n, n) for n in range(users)] + [(users + n, n) for n in range(repeats)]
     for start in range(0, len(work), 50):
         await asyncio.gather(*(write(n, user) for n, user in work[start : start + 50]))
+    # The counts are the aggregator's: applied in batches of the stream, a batch redelivered
+    # (the second call) counting nothing again.
+    entries: list[Any] = await redis.xrange(keys.outbox("main"))
+    accepted = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    for start in range(0, len(accepted), 500):
+        assert await derive(redis, keys, board, accepted[start : start + 500], FEED_LENGTH) > 0
+    assert await derive(redis, keys, board, accepted[:500], FEED_LENGTH) == 0
     yesterday = (datetime.now(UTC) - timedelta(days=1)).date().isoformat()
     async with api_client(quiet) as client:
         alltime = await client.get("/v1/boards/main/stats")
@@ -380,7 +422,9 @@ async def test_stats_count_distinct_players_closely_and_events_exactly(
         "period_id": yesterday,
         "players": 0,
         "events": 0,
+        "as_of": body["as_of"],
     }
+    assert body["as_of"] is not None
 
 
 # --- every error is a problem and changes nothing ----------------------------------------------

@@ -51,7 +51,7 @@ from shared.keys import Keys, dirty_member
 from shared.periods import PERIODS, window_at
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import ADMIN
+from tests.helpers import ADMIN, derive
 
 pytestmark = [
     pytest.mark.fuzz,
@@ -405,9 +405,30 @@ async def history(settings: LadderSettings, mysql_database: str) -> AsyncIterato
     yield
 
 
+# The seeded events as the aggregator receives them (from the write's answers), for ``merged``
+# to derive: the broker is the test's own, and nothing consumes it here.
+_SEEDED: list[ScoreAccepted] = []
+
+
+def _seeded_event(body: dict[str, Any], answer: dict[str, Any]) -> ScoreAccepted:
+    now = datetime.now(UTC)
+    fields = {k: body[k] for k in ("user_id", "region", "team_id", "value")}
+    return ScoreAccepted.model_validate(
+        {
+            **fields,
+            "event_id": answer["event_id"],
+            "board_id": answer["board_id"],
+            "occurred_at": now,
+            "accepted_at": now,
+            "periods": answer["periods"],
+        }
+    )
+
+
 def _seed(client: asgi.ASGIClient) -> None:
     """Board ``races`` (another operator and order) and, through the API, scores on both
     boards and friends."""
+    _SEEDED.clear()
     races = RACES.model_dump(mode="json", exclude={"board_id"})
     calls: list[tuple[str, str, dict[str, Any] | None]] = [("PUT", "/v1/boards/races", races)]
     for n, (user, region, team) in enumerate(PLAYERS * 2):
@@ -418,6 +439,8 @@ def _seed(client: asgi.ASGIClient) -> None:
     for method, path, body in calls:
         response = client.request(method, path, json=body, headers=ADMIN)
         assert response.status_code < 300, (path, response.status_code, response.text)
+        if path.endswith("/scores") and body is not None:
+            _SEEDED.append(_seeded_event(body, response.json()))
 
 
 @pytest.fixture
@@ -439,9 +462,12 @@ def api(
 
 @pytest.fixture
 async def merged(api: asgi.ASGIClient, redis: Redis, keys: Keys) -> None:
-    """The global view of the seeded scores, as the aggregator merges it."""
+    """The views derived from the seeded scores (the users' regions and teams, the feed, the
+    stats) and the global view, as the aggregator derives and merges them."""
     now = datetime.now(UTC)
     for board in BOARDS:
+        events = [e for e in _SEEDED if e.board_id == board.board_id]
+        assert await derive(redis, keys, board, events, LadderSettings().feed_length) > 0
         await redis.sadd(
             keys.dirty(board.board_id),
             *[

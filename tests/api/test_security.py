@@ -14,10 +14,19 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from shared.boards import MAIN_BOARD
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, player, stored_score
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    UNREACHABLE_BROKER,
+    api_client,
+    derive_outbox,
+    player,
+    stored_score,
+)
 from tests.stack import free_port, run, spawn_api
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
@@ -67,12 +76,14 @@ MATRIX: list[tuple[str, str, str, Any, dict[str, int]]] = [
 PRIVATE_READS = {"none": 401, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}
 
 
-async def seeded(client: httpx.AsyncClient) -> None:
-    """Board ``open`` takes player writes; u-1 has a score on main."""
+async def seeded(client: httpx.AsyncClient, redis: Redis, settings: LadderSettings) -> None:
+    """Board ``open`` takes player writes; u-1 has a score on main, derived (its regions) as
+    the aggregator would (the broker is unreachable: the event waits in the outbox)."""
     response = await client.put("/v1/boards/open", json={"player_writes": True}, headers=ADMIN)
     assert response.status_code == 201, response.text
     response = await client.post("/v1/boards/main/scores", json=score(), headers=SERVER)
     assert response.status_code == 200, response.text
+    await derive_outbox(redis, Keys(settings.key_prefix), MAIN_BOARD, settings.feed_length)
 
 
 def cells() -> Iterator[Any]:
@@ -93,7 +104,7 @@ async def test_the_credential_matrix(
     status: int,
 ) -> None:
     async with api_client(quiet) as client:
-        await seeded(client)
+        await seeded(client, redis, quiet)
         response = await client.request(
             method, path.format(cred=cred), json=body, headers=CREDENTIALS[cred]
         )
@@ -118,7 +129,7 @@ async def test_reads_need_a_credential_when_they_are_not_public(
 ) -> None:
     private = quiet.model_copy(update={"public_reads": False})
     async with api_client(private) as client:
-        await seeded(client)
+        await seeded(client, redis, private)
         for cred, status in PRIVATE_READS.items():
             response = await client.get(path, headers=CREDENTIALS[cred])
             assert response.status_code == status, (cred, response.text)

@@ -26,7 +26,7 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.ranking import id_of
 from shared.settings import LadderSettings
-from tests.helpers import read_view, snapshot, stored_score
+from tests.helpers import derive, read_view, snapshot, stored_score
 
 BOARDS = [
     Board(board_id="main"),
@@ -57,17 +57,36 @@ def eu(event_id: str, user_id: str, value: int, occurred_at: str, **more: Any) -
     }
 
 
+# The feed's length in the suite's settings (the rebuild replays with it).
+FEED_LENGTH: int = LadderSettings.model_fields["feed_length"].default
+
+
 async def relay(
-    redis: Redis, keys: Keys, db: AsyncEngine, board: Board, *, skip: str = ""
+    redis: Redis,
+    keys: Keys,
+    db: AsyncEngine,
+    board: Board,
+    *,
+    skip: str = "",
+    derived: bool = True,
 ) -> list[ScoreAccepted]:
-    """What the relay and history do: the outbox into MySQL, in order, then out of the outbox.
-    An event ``skip`` is taken out of the outbox but not stored (it is on its way): returned."""
+    """What the relay, history and the aggregator's derive step do: the outbox into MySQL, in
+    order, and (unless not ``derived``: the aggregator is behind) into the derived views, then
+    out of the outbox. An event ``skip`` is taken out of the outbox and derived but not stored
+    (it is on its way to history): returned."""
     entries = await redis.xrange(keys.outbox(board.board_id))
     events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
     await HistoryHandler(db)([e for e in events if e.event_id != skip])
+    if derived:
+        await derive(redis, keys, board, events, FEED_LENGTH)
     if entries:
         await redis.xdel(keys.outbox(board.board_id), *[entry_id for entry_id, _ in entries])
     return [e for e in events if e.event_id == skip]
+
+
+async def outbox_events(redis: Redis, keys: Keys, board: Board) -> list[ScoreAccepted]:
+    entries = await redis.xrange(keys.outbox(board.board_id))
+    return [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
 
 
 def random_scores(board: Board, count: int, seed: int) -> list[dict[str, Any]]:
@@ -208,11 +227,15 @@ async def test_writes_during_a_rebuild_count_once(
         await write(redis, keys, settings, board, **eu("known", "u1", 100, base, team_id="red"))
         await relay(redis, keys, db, board)
 
+    late: list[ScoreAccepted] = []
+
     async def replay_then_write(self: Rebuilder, *args: Any) -> int:
         refused = await original_replay(self, *args)
         if not await redis.exists(keys.idempotency("main", "late")):
             await write(redis, keys, settings, board, **eu("late", "u2", 1000, base, team_id="red"))
-            await relay(redis, keys, db, board)
+            late.extend(await outbox_events(redis, keys, board))
+            # Stored, but not derived yet: the aggregator is behind.
+            await relay(redis, keys, db, board, derived=False)
         return refused
 
     monkeypatch.setattr(Rebuilder, "_wait_stored", wait_then_write)
@@ -231,6 +254,12 @@ async def test_writes_during_a_rebuild_count_once(
     teams = keys.teams_view("main", "alltime", "all")
     assert await stored_score(redis, teams, "red", True) == 1400
     assert await redis.get(keys.event_count("main", "alltime", "all")) == "32"
+    # The rebuild derived the journaled event into what it put in place, and cleared its
+    # derive-pending bit: the aggregator, catching up, derives nothing of it again.
+    assert [e.event_id for e in late] == ["late"]
+    assert await derive(redis, keys, board, late, FEED_LENGTH) == 0
+    assert await redis.get(keys.event_count("main", "alltime", "all")) == "32"
+    assert (await redis.lrange(keys.feed("main"), 0, 0))[0].startswith('{"event_id":"late"')
 
 
 async def test_a_second_rebuild_of_a_board_at_once_is_refused(
@@ -261,3 +290,30 @@ async def test_without_history_catching_up_the_rebuild_gives_up_and_changes_noth
     with pytest.raises(RebuildFailed, match="1 events applied in Redis are not in the history"):
         await Rebuilder(db, redis, keys, settings, wait_seconds=1).board(board)
     assert await snapshot(redis, settings.key_prefix) == before
+
+
+async def test_without_the_aggregator_catching_up_the_rebuild_gives_up_and_changes_nothing(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """An accepted event stored by history but not derived by the aggregator (it is behind):
+    the rebuild would derive it into staging, and the aggregator again after the rebuild. It
+    waits ``--wait`` seconds for the aggregator, then fails, leaving Redis as it was; once the
+    aggregator derived it, the rebuild goes through."""
+    board = BOARDS[0]
+    now = datetime.now(UTC).isoformat()
+    await write(redis, keys, settings, board, **eu("e1", "u1", 3, now))
+    await relay(redis, keys, db, board)
+    await write(redis, keys, settings, board, **eu("e2", "u1", 4, now))
+    behind = await outbox_events(redis, keys, board)
+    await relay(redis, keys, db, board, derived=False)
+    before = await snapshot(redis, settings.key_prefix)
+
+    with pytest.raises(RebuildFailed, match="1 events applied in Redis are not derived"):
+        await Rebuilder(db, redis, keys, settings, wait_seconds=1).board(board)
+    assert await snapshot(redis, settings.key_prefix) == before
+
+    assert await derive(redis, keys, board, behind, FEED_LENGTH) == 1
+    derived = await projection(redis, settings)
+    await Rebuilder(db, redis, keys, settings, wait_seconds=1).board(board)
+    assert await projection(redis, settings) == derived
+    assert await redis.get(keys.event_count("main", "alltime", "all")) == "2"

@@ -19,7 +19,7 @@ from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
 from services.api.reads.styles import RankStyle, counted, walk_ranks, walked, want_dense
 from shared.boards import Board
 from shared.functions import PLACE_FUNCTION
-from shared.keys import Keys
+from shared.keys import DERIVED_FIELD, Keys
 from shared.periods import Period, PeriodWindow
 from shared.ranking import id_of, score_of, sub_of
 
@@ -56,11 +56,12 @@ async def user_ranks(
     style: RankStyle,
     with_friends: bool,
 ) -> dict[str, Any]:
-    """``{"periods": {period: {"period_id", "scopes": {scope: {"rank", "score", "total"}}}}}``
+    """``{"periods": {period: {"period_id", "scopes": {scope: {"rank", "score", "total"}}}},
+    "as_of"}``
     where a scope is ``global``, ``region:<r>``, ``teams`` (with ``team_id``) or ``friends``
     (only ``with_friends``, and only if the user has friends). A scope appears only where the
     user (or its team) has a score in that period; 404 if the user never scored on the board."""
-    regions, team, friends = await _memberships(redis, keys, board, user_id, with_friends)
+    regions, team, friends, as_of = await _memberships(redis, keys, board, user_id, with_friends)
     group = [*friends, user_id]
     probes = _probes(keys, board.board_id, user_id, windows, regions, team)
     found, group_scores = await _read(
@@ -85,18 +86,20 @@ async def user_ranks(
         among = _among_friends(board, user_id, group, flat, style)
         if among is not None:
             periods[w.period]["scopes"]["friends"] = among
-    return {"periods": periods}
+    return {"periods": periods, "as_of": as_of}
 
 
 async def _memberships(
     redis: Redis, keys: Keys, board: Board, user_id: str, with_friends: bool
-) -> tuple[list[str], str | None, list[str]]:
-    """The user's regions, team (incr boards) and friends (``with_friends``); 404 if it has no
-    region, having never scored on the board."""
+) -> tuple[list[str], str | None, list[str], str | None]:
+    """The user's regions, team (incr boards) and friends (``with_friends``), and when the
+    aggregator, which keeps the regions and team, last applied a batch of the board (its as_of);
+    404 if it has no region, having never scored on the board (or not yet derived)."""
     bid = board.board_id
     async with redis.pipeline(transaction=False) as pipe:
         pipe.smembers(keys.user_regions(bid, user_id))
         pipe.hget(keys.user_team(bid), user_id)
+        pipe.hget(keys.as_of(bid), DERIVED_FIELD)
         if with_friends:
             pipe.smembers(keys.friends(user_id))
         learned = await pipe.execute()
@@ -104,8 +107,8 @@ async def _memberships(
     if not regions:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
     team: str | None = learned[1] if board.operator == "incr" else None
-    friends = sorted(set(learned[2]) - {user_id})[:MAX_FRIENDS] if with_friends else []
-    return regions, team, friends
+    friends = sorted(set(learned[3]) - {user_id})[:MAX_FRIENDS] if with_friends else []
+    return regions, team, friends, learned[2]
 
 
 def _probes(

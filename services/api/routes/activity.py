@@ -1,5 +1,7 @@
 """Activity and stats of a board (docs/api.md section 8): the feed of the newest accepted events and
-a period's distinct players and accepted events, all kept by the atomic write."""
+a period's distinct players and accepted events, all kept by the aggregator from the event
+stream (shared/lua/derive.lua): each answer's ``as_of`` is when it last applied a batch of the
+board, so that a client knows how far behind the read may trail the writes."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from services.api.reads import views
 from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db import EventRecord
+from shared.keys import DERIVED_FIELD
 from shared.periods import Period
 
 log = structlog.get_logger(__name__)
@@ -26,8 +29,15 @@ FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20
 
 
+AS_OF = (
+    "When the aggregator last applied a batch of the board's events to this view (RFC 3339); "
+    "events accepted since may not show yet. null: it has applied none."
+)
+
+
 class FeedOut(BaseModel):
     events: list[EventRecord] = Field(description="Newest first")
+    as_of: str | None = Field(description=AS_OF)
 
 
 class StatsOut(BaseModel):
@@ -35,7 +45,8 @@ class StatsOut(BaseModel):
     period: Period
     period_id: str
     players: int = Field(description="Distinct users who scored (HyperLogLog, within about 1%)")
-    events: int = Field(description="Accepted events, exact")
+    events: int = Field(description="Accepted events, exact, as of as_of")
+    as_of: str | None = Field(description=AS_OF)
 
 
 @router.get(
@@ -64,21 +75,25 @@ async def feed(
         limit = min(FEED_LIMIT_DEFAULT, length)
     elif limit > length:
         raise Invalid(f"limit must be at most the feed length, {length}.", loc=("query", "limit"))
-    raw: list[Any] = await state.redis.lrange(state.keys.feed(board.board_id), 0, limit - 1)
+    bid = board.board_id
+    async with state.redis.pipeline(transaction=False) as pipe:
+        pipe.lrange(state.keys.feed(bid), 0, limit - 1)
+        pipe.hget(state.keys.as_of(bid), DERIVED_FIELD)
+        raw, as_of = await pipe.execute()
     events = []
     for item in raw:
         try:
             events.append(_feed_event(orjson.loads(item)))
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("unreadable feed entry", board_id=board.board_id)
-    return {"events": events}
+    return {"events": events, "as_of": as_of}
 
 
 def _feed_event(entry: dict[str, Any]) -> dict[str, Any]:
-    """A feed entry (the write's outbox record) shaped as the events read shows an event
-    (``EventRecord``). The record has ``subscore`` and ``metadata`` only where the event had
-    them, so that records of boards without them stay as they were; the answer always has both,
-    null when absent, as the events read does."""
+    """A feed entry (the event's record as the write was given it) shaped as the events read
+    shows an event (``EventRecord``). The record has ``subscore`` and ``metadata`` only where
+    the event had them, so that records of boards without them stay as they were; the answer
+    always has both, null when absent, as the events read does."""
     return {
         "event_id": entry["event_id"],
         "user_id": entry["user_id"],
@@ -112,11 +127,13 @@ async def stats(
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.pfcount(keys.players(bid, period, window.period_id))
         pipe.get(keys.event_count(bid, period, window.period_id))
-        players, events = await pipe.execute()
+        pipe.hget(keys.as_of(bid), DERIVED_FIELD)
+        players, events, as_of = await pipe.execute()
     return {
         "board_id": bid,
         "period": period,
         "period_id": window.period_id,
         "players": int(players),
         "events": int(events or 0),
+        "as_of": as_of,
     }

@@ -155,15 +155,17 @@ async def _refuse_reranking(state: ApiState, previous: Board, board: Board) -> N
 async def has_scores(state: ApiState, board: Board) -> bool:
     """Whether any score of ``board`` is kept, in the cache or in the history database.
 
-    The cache half asks whether a regions set exists for any period the board still keeps (one
-    ``EXISTS`` over at most a few hundred keys of one hash tag, where a ``SCAN`` would walk the
-    whole keyspace): it covers the events the history database has not stored yet. The database
-    half covers everything older, and a cache that was emptied.
+    The cache half asks whether the write noted a newest event of the board, or a regions set
+    exists for any period the board still keeps (one ``EXISTS`` over at most a few hundred keys
+    of one hash tag, where a ``SCAN`` would walk the whole keyspace): it covers the events the
+    history database has not stored yet (the newest event those the aggregator has not derived
+    into the regions sets yet). The database half covers everything older, and a cache that was
+    emptied.
     """
     keys, bid = state.keys, board.board_id
     # The newest period an accepted event may fall in: occurred_at may lie a little ahead.
     latest = datetime.now(UTC) + timedelta(seconds=state.settings.future_tolerance_seconds)
-    names: list[str] = []
+    names: list[str] = [keys.newest_event(bid)]
     for period in board.periods:
         window = window_at(period, latest, board.timezone)
         # One more than retention: the period just begun may not be the current one yet.

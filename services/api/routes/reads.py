@@ -37,6 +37,7 @@ from services.api.state import (
 from shared.boards import Board
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import rfc3339
+from shared.keys import DERIVED_FIELD
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["reads"])
@@ -114,6 +115,11 @@ class RanksOut(BaseModel):
     user_id: str
     rank_style: RankStyle
     periods: dict[Period, PeriodRanks]
+    as_of: str | None = Field(
+        description="When the aggregator last applied a batch of the board's events (RFC 3339; "
+        "null: none yet). The user's regions and team are learnt from it: a region or team of "
+        "an event accepted since may not show yet"
+    )
 
 
 class EventsOut(BaseModel):
@@ -158,17 +164,23 @@ async def leaderboard(request: Request) -> Response:
     """A page of a board, best first.
 
     The global scope is the aggregator's merge of the regions, and a friends scope (the player
-    and its friends) is ranked on it: ``as_of`` says when it was merged. For a region and the
-    teams scope, written as each score is, it is the time of the read. Team entries carry
-    ``team_id`` and no ``display_name``."""
+    and its friends) is ranked on it: ``as_of`` says when it was merged. The teams scope is the
+    aggregator's too, summed from the event stream: ``as_of`` says when it last applied a batch
+    of the board. For a region, written as each score is, it is the time of the read. Team
+    entries carry ``team_id`` and no ``display_name``."""
     state, board, reader, q = await _read_of(request, PageQuery)
     view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
     merged = view.key == state.keys.global_view(board.board_id, q.period, view.period_id)
-    as_of_field = f"{q.period}:{view.period_id}" if merged else ""
+    if merged:
+        as_of_field = f"{q.period}:{view.period_id}"
+    elif view.key == state.keys.teams_view(board.board_id, q.period, view.period_id):
+        as_of_field = DERIVED_FIELD
+    else:
+        as_of_field = ""
     body = await pages.page(
         state.redis, state.keys, view, q.limit, q.cursor, q.rank_style, as_of_field
     )
-    as_of = body["as_of"] if merged else rfc3339(datetime.now(UTC))
+    as_of = body["as_of"] if as_of_field else rfc3339(datetime.now(UTC))
     return json_answer(
         {
             "board_id": board.board_id,

@@ -1,0 +1,132 @@
+"""The views derived from accepted events, kept by the aggregator rather than the atomic write
+(docs/architecture.md, "The aggregator"): the team boards (incr boards), the feed, each period's
+players, event count and regions, and each user's regions and latest team.
+
+One ``ladder_derive_v1`` call per board and batch (shared/lua/derive.lua), the events in the
+order the stream delivered them (the order the write accepted them: the outbox's), applies each
+event whose record still has its derive-pending bit and clears the bit in the same atomic step,
+so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
+field ``derived``: the reads of these views say how far behind they may trail with it.
+
+A team sum the write used to refuse (a 422 ``range``: beyond ±(2**53 - 1)) the aggregator cannot
+refuse, the event being accepted already: the event is left out of that team's sum, which stays
+at its last exact total, and the aggregator logs it and counts it
+(``ladder_aggregator_team_sums_left_out_total``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import UTC, datetime
+
+import structlog
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from shared.boards import Board, BoardCatalog
+from shared.events import ScoreAccepted, rfc3339
+from shared.functions import DERIVE_FUNCTION
+from shared.keys import Keys
+from shared.periods import Period, window_of
+from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
+from shared.submit import expiry_of, feed_entry
+
+log = structlog.get_logger(__name__)
+
+DERIVED = Counter("ladder_aggregator_derived_events_total", "Events applied to derived views")
+LEFT_OUT = Counter(
+    "ladder_aggregator_team_sums_left_out_total",
+    "Events left out of a team sum that would leave the exact scores (one a period)",
+)
+EXPIRY_MEMO = 1024
+# Events a derive call takes at most: a consumer's batch may hold tens of thousands of one
+# board's events (500 messages of up to LADDER_RELAY_BATCH), and a call runs atomically, holding
+# Redis meanwhile, and passes each key's values to one command (Lua's unpack() takes a few
+# thousand). A longer batch goes in several calls, in order, in one pipeline.
+CHUNK = 1000
+
+
+class Derive:
+    """The consumer's part: apply a batch's events to the derived views, once each."""
+
+    def __init__(
+        self, redis: Redis, keys: Keys, catalog: BoardCatalog | None, feed_length: int
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._catalog = catalog
+        self._feed_length = feed_length
+        self._expiries: dict[tuple[str, int | None, Period, str], int] = {}
+
+    def _expiry(self, board: Board, period: Period, period_id: str) -> int:
+        retention = board.retention.of(period)
+        memo = (board.timezone, retention, period, period_id)
+        if (known := self._expiries.get(memo)) is not None:
+            return known
+        if len(self._expiries) >= EXPIRY_MEMO:
+            self._expiries.clear()
+        window = window_of(period, period_id, board.timezone)
+        found = self._expiries[memo] = expiry_of(window, board.timezone, retention)
+        return found
+
+    def call(
+        self, board: Board, events: list[ScoreAccepted], as_of: str
+    ) -> tuple[list[str], list[str | int]]:
+        """``ladder_derive_v1``'s keys and arguments for ``events`` of ``board``, in the order
+        they were accepted."""
+        keys, bid = self._keys, board.board_id
+        sums_teams = board.operator == "incr"
+        call_keys: list[str] = [keys.feed(bid), keys.user_team(bid), keys.as_of(bid)]
+        args: list[str | int] = [self._feed_length, as_of]
+        args += ["1" if sums_teams else "0", "1" if board.descending else "0", MAX_SCORE]
+        for event in events:
+            periods = [(p, r.period_id) for p, r in event.periods.items() if p in board.periods]
+            call_keys += [
+                keys.idempotency(bid, event.event_id),
+                keys.user_regions(bid, event.user_id),
+            ]
+            # The tie key the write gave the event (shared/submit.py): its team reached its sum
+            # then.
+            sub = sub_part(event.subscore, board.subscore_order)
+            args += [len(periods), feed_entry(event), event.user_id, event.region]
+            args += [event.team_id or "", event.value, tie_key(reached_ms(event.occurred_at), sub)]
+            for period, period_id in periods:
+                call_keys += [
+                    keys.regions(bid, period, period_id),
+                    keys.players(bid, period, period_id),
+                    keys.event_count(bid, period, period_id),
+                ]
+                if sums_teams and event.team_id:
+                    team = keys.teams_view(bid, period, period_id)
+                    call_keys += [team, keys.distinct(team), keys.ties(team)]
+                args.append(self._expiry(board, period, period_id))
+        return call_keys, args
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        by_board: dict[str, list[ScoreAccepted]] = defaultdict(list)
+        for event in events:
+            by_board[event.board_id].append(event)
+        as_of = rfc3339(datetime.now(UTC))
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for board_id, board_events in by_board.items():
+            board = await self._catalog.get(board_id) if self._catalog is not None else None
+            if board is None:
+                continue  # a board deleted since: nothing of it is read any more
+            for start in range(0, len(board_events), CHUNK):
+                calls.append(self.call(board, board_events[start : start + CHUNK], as_of))
+        if not calls:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for call_keys, args in calls:
+                pipe.fcall(DERIVE_FUNCTION, len(call_keys), *call_keys, *args)
+            replies: list[list[int]] = await pipe.execute()
+        DERIVED.inc(sum(applied for applied, _ in replies))
+        left_out = sum(refused for _, refused in replies)
+        if left_out:
+            LEFT_OUT.inc(left_out)
+            log.warning(
+                "events left out of team sums beyond the exact scores; the teams keep their "
+                "last exact totals",
+                left_out=left_out,
+                boards=sorted(by_board),
+            )

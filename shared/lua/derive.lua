@@ -1,0 +1,157 @@
+--[[
+The views derived from accepted events (docs/architecture.md, "The aggregator"): the feed, the
+user's regions and latest team, and per period the team boards (incr boards: each team's sum
+of its members' values), the regions that have scores, the players (HyperLogLog) and the count
+of accepted events. The aggregator applies them from the event
+stream, one call per board and batch; the rebuild's replay (rebuild.lua) applies them to every
+event it replays, through the same derive_events(), so that a rebuilt board equals the live
+one.
+
+Once per event: the write leaves the event's record with its derive-pending bit set
+(write.lua, live.lua's PENDING_BIT); an event is applied only while its bit is set, and the bit
+is cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
+without the bit (written by the write of the layout before, which applied these views itself;
+or expired, the event older than the idempotency TTL) derives nothing. The sets, the
+HyperLogLog and the team hash are idempotent by nature; the counter, the team sums and the feed
+are not, and the bit guards them.
+]]
+
+-- Whether an event's record (its key) still waits for its derived views.
+local function pending(record)
+  local marks = marks_of(record)
+  return marks ~= nil and is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0
+end
+
+local function clear_pending(record) redis.call('SETBIT', record, PENDING_BIT, 0) end
+
+-- Each period's team sums of a batch, one entry per (team board, team): the entry before
+-- the batch, the running signed score, and the tie key of the last event that changed it.
+-- Events apply in turn, as the write applied them: an incr event adds its value to its team in
+-- every period, reached at the event's tie key (a value of 0 changes only a team not on the
+-- board yet). An event that would take the team beyond the exact scores (±max) is left out of
+-- that team's sum, which stays at its last exact total; it is counted in `refused`.
+local function sum_teams(b, sums, p, ev)
+  local id = p.teams.view .. '\0' .. ev.team
+  local sum = sums[id]
+  if sum == nil then
+    local old = entry_in(p.teams, ev.team)
+    sum = {p = p, team = ev.team, old = old, signed = old and old.signed or 0}
+    sums[id] = sum
+    sums[#sums + 1] = sum
+  end
+  local score = sum.signed * b.sign + ev.value
+  if score > b.max or score < -b.max then
+    b.refused = b.refused + 1
+    return
+  end
+  if (sum.old == nil and not sum.changed) or ev.value ~= 0 then
+    sum.signed, sum.tie, sum.changed = score * b.sign, ev.tie, true
+  end
+end
+
+local function put_teams(sums)
+  for _, sum in ipairs(sums) do
+    if sum.changed then
+      local v = sum.p.teams
+      put_entry(v, sum.team, sum.old, sum.signed, sum.tie, '')
+      -- A team new to the view may be its first: then the view's keys were just made.
+      expire_made(sum.old == nil and redis.call('ZCARD', v.view) == 1,
+                  {v.view, v.distinct, v.ties}, sum.p.expire)
+    end
+  end
+end
+
+-- A batch of events' derived views, each event applied in turn as if alone, but with one
+-- command per key (and team): k: {feed, user_team, user_regions = {key...}, periods =
+-- {{regions, players, events, expire, teams (view_of(), or nil)}...}}, one user_regions and
+-- periods entry per event, the periods' keys the same for every event of one period; evs:
+-- {entry (the feed's JSON), user, region, team ('': none), value, tie}..., in the order they
+-- were accepted; b: {sign (1 descending, -1 ascending), max, refused}.
+local function derive_events(k, evs, feed_length, b)
+  if #evs == 0 then return end
+  local entries, teams, regions_of, periods, sums = {}, {}, {}, {}, {}
+  for i, ev in ipairs(evs) do
+    entries[i] = ev.entry
+    if ev.team ~= '' then teams[#teams + 1] = ev.user; teams[#teams + 1] = ev.team end
+    local key = k.user_regions[i]
+    regions_of[key] = regions_of[key] or {}
+    regions_of[key][#regions_of[key] + 1] = ev.region
+    for _, p in ipairs(k.periods[i]) do
+      local seen = periods[p.events]
+      if seen == nil then
+        seen = {p = p, users = {}, regions = {}}
+        periods[p.events] = seen
+        periods[#periods + 1] = seen
+      end
+      seen.users[#seen.users + 1] = ev.user
+      seen.regions[#seen.regions + 1] = ev.region
+      if p.teams and ev.team ~= '' then sum_teams(b, sums, p, ev) end
+    end
+  end
+  put_teams(sums)
+  -- LPUSH pushes its values in turn: the last accepted ends up first.
+  if redis.call('LPUSH', k.feed, unpack(entries)) > feed_length then
+    redis.call('LTRIM', k.feed, 0, feed_length - 1)
+  end
+  if #teams > 0 then redis.call('HSET', k.user_team, unpack(teams)) end
+  for key, regions in pairs(regions_of) do redis.call('SADD', key, unpack(regions)) end
+  for _, seen in ipairs(periods) do
+    local p = seen.p
+    expire_made(redis.call('SADD', p.regions, unpack(seen.regions)) > 0, {p.regions}, p.expire)
+    -- Every event of the period adds to both, so the period's first events make them.
+    local made = redis.call('INCRBY', p.events, #seen.users) == #seen.users
+    redis.call('PFADD', p.players, unpack(seen.users))
+    expire_made(made, {p.players, p.events}, p.expire)
+  end
+end
+
+--[[
+derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
+the stream keeps), so that the feed is newest first and each team reached its sum when the
+write would have; at most a thousand (CHUNK in services/aggregator/derive.py), each key's
+values going to one command.
+KEYS: feed, user team, the board's as_of hash; then two per event: its record, the user's
+      regions; then per period of the event: regions set, players, event count, and on an incr
+      board for an event with a team, the team board, its distinct set, its tie keys.
+ARGV: feed length, as_of (RFC 3339), '1' if the board sums teams (incr), '1' descending / '0'
+      ascending, the largest score held exactly; then per event: its period count, its feed
+      entry (JSON), user, region, team ('' none), value, tie key, then per period its
+      expire-at (0: never).
+Sets the as_of hash's 'derived' field to as_of. Returns {events applied now, team sums left
+out (beyond the exact scores)}.
+]]
+local function derive(keys, args)
+  local ki, ai = 4, 6
+  local sums_teams = args[3] == '1'
+  local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
+  local k, evs = {feed = keys[1], user_team = keys[2], user_regions = {}, periods = {}}, {}
+  while ai <= #args do
+    local count, record = tonumber(args[ai]), keys[ki]
+    local ev = {entry = args[ai + 1], user = args[ai + 2], region = args[ai + 3],
+                team = args[ai + 4], value = tonumber(args[ai + 5]), tie = args[ai + 6]}
+    local with_teams = sums_teams and ev.team ~= ''
+    local user_regions, periods = keys[ki + 1], {}
+    ki, ai = ki + 2, ai + 7
+    for i = 1, count do
+      periods[i] = {regions = keys[ki], players = keys[ki + 1], events = keys[ki + 2],
+                    expire = tonumber(args[ai])}
+      ki, ai = ki + 3, ai + 1
+      if with_teams then
+        periods[i].teams = view_of(keys[ki], keys[ki + 1], keys[ki + 2])
+        ki = ki + 3
+      end
+    end
+    -- Only events still pending, each once: a redelivered event, or one twice in the batch,
+    -- finds its bit cleared.
+    if pending(record) then
+      clear_pending(record)
+      evs[#evs + 1] = ev
+      k.user_regions[#evs], k.periods[#evs] = user_regions, periods
+    end
+  end
+  derive_events(k, evs, tonumber(args[1]), b)
+  redis.call('HSET', keys[3], 'derived', args[2])
+  return {#evs, b.refused}
+end
+
+redis.register_function(FUNCTIONS.derive, derive)

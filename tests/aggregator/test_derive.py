@@ -1,0 +1,205 @@
+"""The views derived from accepted events, off the write path (services/aggregator/derive.py,
+shared/lua/derive.lua): the write leaves them alone; the aggregator's derive step applies each
+event once, however often its batch is delivered, and in any order of batches ends with the same
+counts and sets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+from redis.asyncio import Redis
+
+from bench.phases.commands import SHAPES, commands_per_write, private_redis
+from services.aggregator import derive as derive_module
+from services.aggregator.derive import Derive
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
+from shared.boards import Board, BoardCatalog
+from shared.events import ScoreAccepted
+from shared.functions import DERIVE_FUNCTION
+from shared.keys import Keys
+from shared.ranking import MAX_SCORE, reached_ms, tie_key
+from shared.settings import LadderSettings
+from tests.helpers import derive, read_view
+
+BOARD = Board(board_id="dv", periods=("daily", "alltime"))
+FEED = 10
+
+
+async def accept(
+    redis: Redis, keys: Keys, settings: LadderSettings, count: int, board: Board = BOARD
+) -> list[ScoreAccepted]:
+    """``count`` scores accepted as the API accepts them (users u0..u4, regions eu and na, team
+    red on every other one); the events as the aggregator receives them, in acceptance order."""
+    now = datetime.now(UTC) - timedelta(seconds=5)
+    for i in range(count):
+        score = ScoreIn(
+            user_id=f"u{i % 5}",
+            region=("eu", "na")[i % 2],
+            value=i + 1,
+            team_id="red" if i % 2 else None,
+            occurred_at=now + timedelta(milliseconds=i),
+        )
+        await submit(redis, keys, settings, board, score, f"d-{i}")
+    entries: list[Any] = await redis.xrange(keys.outbox(board.board_id))
+    return [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+
+
+async def derived(
+    redis: Redis, keys: Keys, events: list[ScoreAccepted], board: Board = BOARD
+) -> dict[str, Any]:
+    """Every derived view of the board, in a comparable form (the feed as its event ids)."""
+    bid, day = board.board_id, events[0].periods["daily"].period_id
+    users = sorted({e.user_id for e in events})
+    state: dict[str, Any] = {
+        "feed": [orjson_id(entry) for entry in await redis.lrange(keys.feed(bid), 0, -1)],
+        "teams": await read_view(redis, keys.teams_view(bid, "alltime", "all"), True),
+        "user_team": await redis.hgetall(keys.user_team(bid)),
+        "user_regions": {u: await redis.smembers(keys.user_regions(bid, u)) for u in users},
+    }
+    for period, period_id in (("daily", day), ("alltime", "all")):
+        state[period] = (
+            await redis.get(keys.event_count(bid, period, period_id)),
+            await redis.pfcount(keys.players(bid, period, period_id)),
+            await redis.smembers(keys.regions(bid, period, period_id)),
+        )
+    return state
+
+
+def orjson_id(entry: str) -> str:
+    """A feed entry's event id."""
+    return str(orjson.loads(entry)["event_id"])
+
+
+async def test_the_write_leaves_the_derived_views_to_the_aggregator(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    events = await accept(redis, keys, settings, 4)
+    bid = BOARD.board_id
+    before = await derived(redis, keys, events)
+    assert before["feed"] == [] and before["user_team"] == {} and before["teams"] == []
+    assert before["alltime"] == (None, 0, set())
+    assert await redis.hget(keys.as_of(bid), "derived") is None
+    # The write notes the newest event for the rebuild, and each record waits for its derive.
+    assert await redis.get(keys.newest_event(bid)) == "d-3"
+    assert [(await redis.get(keys.idempotency(bid, e.event_id)))[0] for e in events] == ["D"] * 4
+
+    assert await derive(redis, keys, BOARD, events, FEED) == 4
+    after = await derived(redis, keys, events)
+    assert after["feed"] == ["d-3", "d-2", "d-1", "d-0"]
+    assert after["user_team"] == {"u1": "red", "u3": "red"}
+    assert after["teams"] == [("red", 2 + 4)]
+    assert after["user_regions"] == {"u0": {"eu"}, "u1": {"na"}, "u2": {"eu"}, "u3": {"na"}}
+    assert after["alltime"] == ("4", 4, {"eu", "na"})
+    assert after["daily"] == after["alltime"]
+    assert await redis.hget(keys.as_of(bid), "derived") is not None
+    assert [(await redis.get(keys.idempotency(bid, e.event_id)))[0] for e in events] == ["@"] * 4
+
+
+async def test_a_redelivered_batch_derives_nothing_twice(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    events = await accept(redis, keys, settings, 6)
+    assert await derive(redis, keys, BOARD, events[:4], FEED) == 4
+    once = await derived(redis, keys, events)
+    # The same batch again, and a batch overlapping it: only the new events count.
+    assert await derive(redis, keys, BOARD, events[:4], FEED) == 0
+    assert await derived(redis, keys, events) == once
+    assert await derive(redis, keys, BOARD, events[2:], FEED) == 2
+    assert await derive(redis, keys, BOARD, events, FEED) == 0
+    state = await derived(redis, keys, events)
+    assert state["alltime"] == ("6", 5, {"eu", "na"})
+    assert state["teams"] == [("red", 2 + 4 + 6)]
+    assert state["feed"] == [f"d-{i}" for i in range(5, -1, -1)]
+
+
+async def test_batches_applied_in_any_order_give_the_same_counts_and_sets(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Counts, players, regions and users' regions do not depend on the order of batches (only
+    the feed does, which lists events in the order they are applied: the stream's)."""
+    other = BOARD.model_copy(update={"board_id": "dv-other"})
+    events = await accept(redis, keys, settings, 8)
+    assert await derive(redis, keys, BOARD, events[4:], FEED) == 4
+    assert await derive(redis, keys, BOARD, events[:4], FEED) == 4
+    reversed_order = await derived(redis, keys, events)
+    events = await accept(redis, keys, settings, 8, other)
+    assert await derive(redis, keys, other, events, FEED) == 8
+    in_order = await derived(redis, keys, events, other)
+    assert reversed_order.pop("feed") == [f"d-{i}" for i in (3, 2, 1, 0, 7, 6, 5, 4)]
+    assert in_order.pop("feed") == [f"d-{i}" for i in range(7, -1, -1)]
+    # The latest team of each user is the one of its latest event in both (each user has one).
+    assert reversed_order == in_order
+
+
+async def test_an_event_the_write_before_derived_is_not_derived_again(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A record without the derive-pending bit (the write of the layout before applied the
+    derived views itself), or with no record at all (expired), derives nothing."""
+    events = await accept(redis, keys, settings, 2)
+    bid = BOARD.board_id
+    record = keys.idempotency(bid, events[0].event_id)
+    await redis.setrange(record, 0, "@")  # as the write of the layout before left it
+    await redis.delete(keys.idempotency(bid, events[1].event_id))
+    assert await derive(redis, keys, BOARD, events, FEED) == 0
+    assert (await derived(redis, keys, events))["alltime"] == (None, 0, set())
+
+
+async def test_a_team_sum_beyond_the_exact_scores_leaves_the_event_out(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The write no longer refuses an event whose team sum would leave ±(2**53 - 1): the event is
+    accepted (its user's entry is exact), and the derive step leaves it out of the team's sum,
+    which stays at its last exact total and goes on from there."""
+    board = Board(board_id="wide", periods=("alltime",), min_value=-MAX_SCORE, max_value=MAX_SCORE)
+    now = datetime.now(UTC) - timedelta(seconds=5)
+    for i, (user, value) in enumerate([("a", MAX_SCORE), ("b", MAX_SCORE), ("c", -5)]):
+        score = ScoreIn(
+            user_id=user,
+            region="eu",
+            value=value,
+            team_id="big",
+            occurred_at=now + timedelta(milliseconds=i),
+        )
+        await submit(redis, keys, settings, board, score, f"w-{i}")
+    entries: list[Any] = await redis.xrange(keys.outbox("wide"))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    assert len(events) == 3
+    call_keys, args = Derive(redis, keys, None, FEED).call(board, events, "t")
+    assert await redis.fcall(DERIVE_FUNCTION, len(call_keys), *call_keys, *args) == [3, 1]
+    teams = keys.teams_view("wide", "alltime", "all")
+    assert await read_view(redis, teams, True) == [("big", MAX_SCORE - 5)]
+    # Reached when c's event changed it, the last that did.
+    tie = tie_key(reached_ms(events[2].occurred_at), "")
+    assert await redis.zrange(teams, 0, -1) == [tie + "big"]
+    assert await redis.get(keys.event_count("wide", "alltime", "all")) == "3"
+
+
+async def test_the_write_runs_fewer_redis_commands() -> None:
+    """Counted as bench/phases/commands.py counts them, on a redis-server of its own: the write
+    on an incr board with teams and four periods ran 89.8 commands with the derived views and
+    team boards in it (a count, the same on every run); without them it runs 39 fewer."""
+    board, extra = SHAPES["incr, 4 periods, with teams (like main)"]
+    async with private_redis() as redis:
+        assert await commands_per_write(redis, board, extra) <= 51.0
+
+
+async def test_a_batch_longer_than_a_call_goes_in_calls_in_order(
+    settings: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler splits a board's batch into calls of ``CHUNK`` events, in order: the feed
+    still lists the newest accepted first, and each event counts once."""
+    monkeypatch.setattr(derive_module, "CHUNK", 3)
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(BOARD)
+    events = await accept(redis, keys, settings, 8)
+    handler = derive_module.Derive(redis, keys, catalog, FEED)
+    await handler(events)
+    await handler(events)
+    state = await derived(redis, keys, events)
+    assert state["feed"] == [f"d-{i}" for i in range(7, -1, -1)]
+    assert state["alltime"] == ("8", 5, {"eu", "na"})
