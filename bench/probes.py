@@ -19,6 +19,7 @@ import orjson
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import make_url
 
@@ -72,10 +73,14 @@ class Ladder:
         response.raise_for_status()
 
     async def accepted(self, board_id: str) -> int:
-        """Events the API accepted on a board: its all-time event counter, written by the
-        same atomic step as each accepted score."""
-        stored = await self.redis.get(self.keys.event_count(board_id, "alltime", "all"))
-        return int(stored or 0)
+        """Events the API accepted on a board: the entries ever added to its outbox stream
+        (``XINFO STREAM``'s ``entries-added``), which the same atomic step as each accepted score
+        appends to. The board's event counter would trail: the aggregator keeps it."""
+        try:
+            info = await self.redis.xinfo_stream(self.keys.outbox(board_id))
+        except ResponseError:  # no outbox yet: nothing accepted
+            return 0
+        return int(info["entries-added"])
 
     async def settled(self, board_id: str) -> int:
         """:meth:`accepted` once it stops moving: requests still in flight when wrk stopped
