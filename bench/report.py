@@ -68,34 +68,37 @@ The rows "CPU an event, by process" above are this run's evidence: every process
 events. Two cores give at most 2,000,000 µs a second, so an event that costs the pipeline
 C µs in all cannot go through faster than 2,000,000 / C a second, whoever spends it.
 
-- **Batch ingest is bound by Redis**, one core: the write function is most of its share.
-  The rows "Redis commands per steady-state write" count what one write runs (the rate
-  limits' 6 not included), against the 4 of the baseline's FCALL; its cost in Redis grows with
-  the count of commands (each `redis.call` from Lua costs about as much again as the command
-  itself). Of a write on a board like `main` (four periods, teams), the team boards take about
-  a quarter, the distinct-score sets of dense ranks another, the period counters and the feed a
-  sixth. What would move it: those derived views kept by the aggregator, in batches, rather
-  than by the write; boards with fewer periods; past one Redis, boards spread over cluster
-  shards (their keys share one hash tag per board already).
+- **Batch ingest is bound by Redis**, one core, and now also by the aggregator. The write
+  keeps only the boards, ranks, brackets, names, the idempotency record and the outbox entry;
+  the team boards, feed, counters, HyperLogLogs and regions went to the aggregator's derive
+  step, about 3 commands an event in batches (the rows "Redis commands per ..."). The write
+  itself still runs about 50 commands on a board like `main`, and its time in Redis is mostly
+  not those commands: measured with `INFO commandstats` under batch load with the aggregator
+  stopped, a write's `FCALL` took about 260 µs of which its inner commands were about 85 µs;
+  the rest is the call and the Lua around the commands (unpacking about 80 arguments, tables,
+  number formatting, the JSON of the answer). What would move it: less Lua a write (fewer
+  arguments, no JSON built in Lua), several events a call for the batch endpoint, boards with
+  fewer periods; past one Redis, boards spread over cluster shards (their keys share one hash
+  tag per board already).
 - **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
-  several times the bare endpoint's (2 cores / U). A py-spy profile of a worker under this load
-  (docs/architecture.md): over a third of its main thread in uvicorn, Starlette and FastAPI
-  (routing, middleware, sending the response), a quarter in the write's Redis call (packing its
-  80 arguments with hiredis, the round trip, the answer), a tenth building the write's keys and
-  arguments, the rest the handler, the metrics and the relay. What would move it: fewer, larger
-  requests (the batch endpoint), or more cores.
+  several times the bare endpoint's (2 cores / U). Group commit shares the Redis round trip
+  among concurrent POSTs, and the route is called without FastAPI's request handler. A py-spy
+  profile of a worker under this load (docs/architecture.md): about a quarter in Starlette's
+  and FastAPI's middleware and routing, a tenth in uvicorn sending the response, a tenth
+  building the write's keys and arguments, a tenth the pipelined write through redis-py. What
+  would move it: fewer, larger requests (the batch endpoint), or more cores.
 - **Latency at half saturation.** The machine is still saturated by the rest of the pipeline
   (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
   scheduling delay on two shared cores, far above p50. The bare endpoint under the same rate
   (U's POST rows) is the floor; the ratios to it are Ladder's own cost, which shrinks with the
   API's per-request CPU above.
-- **Reads on the million-member board.** The Redis side is O(log n) (`ZREVRANK`, `ZREVRANGE`)
-  and a standing read is one Redis Function call. The bare endpoint answering a constant at the
-  same rate (U's GET rows) sets the floor: its own p99 has been above 2 ms in every run on this
-  machine (3.7 to 13 ms), scheduling on two shared cores. The reads' ratios to it are Ladder's
-  own cost: about 1,200 µs of API CPU a read, over a third of it FastAPI solving the route's
-  nine parameters and dependencies. What would move it: the read routes taking their query as
-  the score POST takes its body, validated in one step.
+- **Reads on the million-member board.** Each read validates its query in one step and
+  answers with one Redis Function call (O(log n): `ZREVRANK`, `ZREVRANGE`); the friends scope
+  takes two (the friend set is a key of the user). The p50s are 2 to 4 U; the p99s swing from
+  run to run with whatever else the two shared cores run at that moment (the bare endpoint's
+  own p99 has ranged from 0.4 to 1.8 ms on this machine). What would move them: less API CPU a
+  read (about 1,000 µs of Python against the bare endpoint's 330, measured in-process by
+  `python -m bench.read_cpu`), or a read path without FastAPI.
 - **The push** (met) waits for the relay, the broker's quorum-queue commit, the notifier's
   batch and Redis Pub/Sub; consumers hand a batch over once deliveries pause 3 ms.
 """
