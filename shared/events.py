@@ -51,6 +51,11 @@ class PeriodResult(BaseModel):
     improved: bool
     # bracket T (as a string, JSON keys are) -> the user this write pushed out of the top T
     pushed_out: dict[str, str] = Field(default_factory=dict)
+    # Where the write changed an entry the user had (improved): the score it held before, and
+    # on boards with a subscore its subscore. Absent otherwise (a first entry, or unchanged).
+    # The aggregator keeps a regional view's distinct-score set by the pair before and after.
+    previous_score: int | None = Field(default=None, ge=-MAX_SCORE, le=MAX_SCORE)
+    previous_subscore: int | None = Field(default=None, ge=-MAX_SCORE, le=MAX_SCORE)
 
 
 class ScoreAccepted(BaseModel):

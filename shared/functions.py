@@ -19,7 +19,11 @@ takes as its first two keys, the record and the old seen key. v6 of the write, r
 rebuild finish, v2 of rebuild begin: the derived views (team boards, feed, players, event
 counts, regions, the user's regions and team) leave the write for the aggregator's derive
 step; the write notes the board's newest event in a key of its own and sets the record's
-derive-pending bit, and the finish clears the journaled events' bits.)
+derive-pending bit, and the finish clears the journaled events' bits. v7 of the write, replay
+and rebuild finish, v2 of derive: the regional boards' distinct-score sets leave the write too,
+kept by the derive step where dense reads asked for them, from the pairs each changed period's
+outbox result names (``previous_score``, ``previous_subscore``; the write takes the board's
+subscore order as its 18th argument); the derive step takes the regional boards first.)
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v6"
+SUBMIT_FUNCTION = "ladder_submit_v7"
 """One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v6"
+WRITE_FUNCTION = "ladder_write_v7"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -43,16 +47,18 @@ each user's regions only, and take their dirty marks out of the merging set. (v2
 set being built and the board's dense marker come in as keys, the marker's member as an
 argument; the global view keeps a distinct-score set only where it is read densely.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v1"
-"""A step of building a global view's distinct-score set from the view, for dense reads."""
+"""A step of building a global or regional view's distinct-score set from the view, for dense
+reads."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 """Move the hot view's windows forward, taking out what they leave behind."""
 CONTRIBUTE_FUNCTION = "ladder_contribute_v2"
 """Count one event toward its member's team contribution (the MVP view), once."""
-DERIVE_FUNCTION = "ladder_derive_v1"
+DERIVE_FUNCTION = "ladder_derive_v2"
 """Apply a batch of a board's events to the views derived from them (team boards, feed,
-players, event counts, regions, users' regions and teams), once per event."""
+players, event counts, regions, users' regions and teams), once per event; and sync the pairs
+the events changed into the regional boards' distinct-score sets, where they have one."""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v1"
@@ -65,14 +71,14 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v6"
+REPLAY_FUNCTION = "ladder_replay_v7"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
 entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v2"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v6"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v7"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""

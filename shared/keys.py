@@ -32,17 +32,22 @@ key                                                type        holds
                                                                whose record is of that layout
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
                                                                (the aggregator's, derive.lua)
-``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct score once (dense
-                                                               ranks); member = signed score,
-                                                               removed when the view's ZCOUNT
-                                                               of it reaches 0
+``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct (score, subscore)
+                                                               pair once (dense ranks), removed
+                                                               when no entry holds it; a team
+                                                               view's always (derive.lua), a
+                                                               global or regional view's only
+                                                               once read densely: the merge's,
+                                                               or the derive step's (regional)
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct:building``
                                                    zset        a distinct-score set being built
-                                                               (the aggregator's dense build),
+                                                               (the aggregator's dense build, of
+                                                               a global or regional view),
                                                                renamed to ``:distinct`` when done
 ``{P:B}:dense``                                    set         scope kinds read densely
-                                                               ("global"): their views keep a
-                                                               distinct-score set (set by reads)
+                                                               ("global", "region"): their views
+                                                               keep a distinct-score set once
+                                                               built (set by reads)
 ``{P:B}:dense:build``                              set         "<period>|<period_id>|<scope>"
                                                                views whose distinct-score set a
                                                                dense read waits for
@@ -75,7 +80,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v6`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v7`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -181,8 +186,8 @@ class Keys:
 
     def dense(self, board_id: str) -> str:
         """``{P:B}:dense`` (set): the scope kinds of the board read with ``rank_style=dense``
-        ("global"); a view of such a scope keeps a distinct-score set. Generic over scopes: only
-        the global one is kept on demand today."""
+        ("global", "region"); a view of such a scope keeps a distinct-score set once built (a
+        team view keeps one always)."""
         return f"{self.tag(board_id)}:dense"
 
     def dense_build(self, board_id: str) -> str:

@@ -203,6 +203,9 @@ def submit_call(
         tie_key(reached_ms(event.occurred_at), sub_part(event.subscore, board.subscore_order)),
         MAX_SCORE,
         event.metadata or "",
+        # How the write turns a previous entry's subscore part back into its subscore (the
+        # outbox entry's ``previous_subscore``).
+        board.subscore_order or "",
         *period_args,
     ]
     return call_keys, args
@@ -223,7 +226,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v6`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v7`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -235,7 +238,7 @@ def finish_keys(
     others: Sequence[str],
     records: Sequence[str],
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v6``: flag, journal, the replay's scratch keys, the
+    """The keys of ``ladder_rebuild_finish_v7``: flag, journal, the replay's scratch keys, the
     records of the journal's events, then each live key the rebuild replaces with its staging
     copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]

@@ -1,8 +1,11 @@
 """The views derived from accepted events, kept by the aggregator rather than the atomic write
 (docs/architecture.md, "The aggregator"): the team boards (incr boards), the feed, each period's
-players, event count and regions, and each user's regions and latest team.
+players, event count and regions, and each user's regions and latest team; and the regional
+boards' distinct-score sets where dense reads asked for them (docs/architecture.md, "Dense ranks
+on demand"): each pair an event's entry took or left is synced to whether the view still holds
+it, which is right in any order and on any redelivery.
 
-One ``ladder_derive_v1`` call per board and batch (shared/lua/derive.lua), the events in the
+One ``ladder_derive_v2`` call per board and batch (shared/lua/derive.lua), the events in the
 order the stream delivered them (the order the write accepted them: the outbox's), applies each
 event whose record still has its derive-pending bit and clears the bit in the same atomic step,
 so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
@@ -28,7 +31,7 @@ from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period, window_of
-from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
+from shared.ranking import MAX_SCORE, reached_ms, signed, sub_part, tie_key
 from shared.submit import expiry_of, feed_entry
 
 log = structlog.get_logger(__name__)
@@ -72,13 +75,20 @@ class Derive:
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str
     ) -> tuple[list[str], list[str | int]]:
-        """``ladder_derive_v1``'s keys and arguments for ``events`` of ``board``, in the order
+        """``ladder_derive_v2``'s keys and arguments for ``events`` of ``board``, in the order
         they were accepted."""
         keys, bid = self._keys, board.board_id
         sums_teams = board.operator == "incr"
         call_keys: list[str] = [keys.feed(bid), keys.user_team(bid), keys.as_of(bid)]
         args: list[str | int] = [self._feed_length, as_of]
         args += ["1" if sums_teams else "0", "1" if board.descending else "0", MAX_SCORE]
+        views = self._changed_pairs(board, events)
+        args.append(len(views))
+        for view, pairs in views.items():
+            call_keys += [view, keys.distinct(view), keys.distinct_building(view)]
+            args.append(len(pairs))
+            for score, sub in pairs:
+                args += [score, sub]
         for event in events:
             periods = [(p, r.period_id) for p, r in event.periods.items() if p in board.periods]
             call_keys += [
@@ -101,6 +111,27 @@ class Derive:
                     call_keys += [team, keys.distinct(team), keys.ties(team)]
                 args.append(self._expiry(board, period, period_id))
         return call_keys, args
+
+    def _changed_pairs(
+        self, board: Board, events: list[ScoreAccepted]
+    ) -> dict[str, dict[tuple[int, str], None]]:
+        """Per regional board the events changed, the (signed score, subscore part) pairs its
+        entries took and left (the outbox entry's ``previous_score`` and
+        ``previous_subscore``), each once, in order."""
+        bid, order, desc = board.board_id, board.subscore_order, board.descending
+        views: dict[str, dict[tuple[int, str], None]] = {}
+        for event in events:
+            sub = sub_part(event.subscore, order)
+            for period, result in event.periods.items():
+                if not result.improved or period not in board.periods:
+                    continue
+                view = self._keys.region_view(bid, period, result.period_id, event.region)
+                pairs = views.setdefault(view, {})
+                pairs[(signed(result.score, desc), sub)] = None
+                if result.previous_score is not None:
+                    before = sub_part(result.previous_subscore, order)
+                    pairs[(signed(result.previous_score, desc), before)] = None
+        return views
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         by_board: dict[str, list[ScoreAccepted]] = defaultdict(list)

@@ -69,8 +69,10 @@ CHUNK = 250
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
 TOP = 10
-# The scope of the global view, as the dense marker names it (shared/keys.py ``dense``).
+# The scope of the global view, as the dense marker names it (shared/keys.py ``dense``), and
+# the start of a regional view's scope in the build set ("region:<region>").
 GLOBAL = "global"
+REGION = "region:"
 # Members a step of a dense build takes (ladder_dense_build_v1): about a millisecond of Redis.
 BUILD_STEP = 2000
 # A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
@@ -197,20 +199,26 @@ class Merger:
         return len(views)
 
     async def build_dense(self, board: Board, budget: float | None = None) -> int:
-        """Build the distinct-score sets that dense reads of ``board``'s global views asked for
-        (``{P:B}:dense:build``), a step a call, one call at a time, for at most ``budget``
-        seconds (``None``: until done); returns how many views were finished. What the budget
-        leaves goes on from its cursor at the next pass (from the top after a restart, which
-        only adds pairs again: the merge keeps the set being built up to date meanwhile)."""
+        """Build the distinct-score sets that dense reads of ``board``'s global and regional
+        views asked for (``{P:B}:dense:build``), a step a call, one call at a time, for at most
+        ``budget`` seconds (``None``: until done); returns how many views were finished. What
+        the budget leaves goes on from its cursor at the next pass (from the top after a
+        restart, which only adds pairs again: the merge, for a global view, and the derive
+        step, for a regional one, keep the set being built up to date meanwhile)."""
         keys, bid = self._keys, board.board_id
         wanted = [str(item) for item in await self._redis.smembers(keys.dense_build(bid))]
         deadline = None if budget is None else time.monotonic() + budget
         done = 0
         for item in sorted(wanted):
             period, period_id, scope = item.split("|", 2)
-            if scope != GLOBAL or period not in board.periods:
-                continue  # the regional and team sets are kept by their own writer
-            view = keys.global_view(bid, period, period_id)
+            if period not in board.periods:
+                continue
+            if scope == GLOBAL:
+                view = keys.global_view(bid, period, period_id)
+            elif scope.startswith(REGION):
+                view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
+            else:
+                continue  # a team board keeps its set always (the derive step's put_entry)
             window = window_of(period, period_id, board.timezone)
             expiry = expire_at(window, board.timezone, board.retention.of(period)) or 0
             build_keys = [view, keys.distinct(view), keys.distinct_building(view)]

@@ -9,6 +9,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from services.rebuild.flag import BoardFlag
+from services.rebuild.keyspace import region_sets, region_views
 from services.rebuild.staging import Staged, journaled_ids
 from shared.functions import REBUILD_FINISH_FUNCTION
 from shared.keys import Keys, dirty_member
@@ -28,10 +29,13 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v6``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v7``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
     delete the ``live`` keys the rebuild did not make again), clear the journaled events'
-    derive-pending bits (staging holds their derived views), drop flag and journal.
+    derive-pending bits (staging holds their derived views), drop flag and journal. The
+    regional views' distinct-score sets, and the sets being built, are among the live keys
+    with no staging copy: the step deletes them (the rebuilder asks the aggregator to build
+    again those the board had).
 
     Every key it touches is given, with its staging name: those ``staged`` from MySQL, those of
     the journal's events (``journal``) and ``live``. An event journaled after the journal was
@@ -44,7 +48,11 @@ async def finish(
     replayed) and how many keys the rebuild made or replaced."""
     for _ in range(FINISH_TRIES):
         counters = sorted(staged.counters | journal.counters)
-        others = sorted((staged.others | journal.others | live) - set(counters))
+        named = staged.others | journal.others | live
+        # Every regional view's distinct-score set and the one being built go (the replay
+        # makes none): one the aggregator made meanwhile would not follow the staged view.
+        named |= region_sets(region_views(keys, flag.board_id, named))
+        others = sorted(named - set(counters))
         records = sorted(journal.records)
         call_keys = finish_keys(keys, flag.board_id, counters, others, records)
         status, detail = await redis.fcall(

@@ -16,9 +16,12 @@ from shared.keys import Keys
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
 # global views and marks, snapshot marks, badges, the live views, rate buckets. (`:counts` are
 # the per-score counts that an earlier layout kept beside each view: a rebuild drops them.) A
-# view's `:ties`, its hash of tie keys, is made and replaced with it.
+# view's `:ties`, its hash of tie keys, is made and replaced with it. A regional view's
+# distinct-score set, and the one being built, are dropped: the replay makes none (the
+# aggregator keeps them, on demand), and the views that had one are built again
+# (:func:`dense_builds`).
 _REBUILT = re.compile(
-    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:ties|:counts)?"
+    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:distinct:building|:ties|:counts)?"
     r"|(regions|players|events):[a-z]+:[^:]+"
     r"|user:.+:regions|names|feed|user-team"
 )
@@ -77,6 +80,27 @@ def region_views(keys: Keys, board_id: str, names: Iterable[str]) -> set[str]:
     """The regional views among the board's keys ``names``."""
     tag = keys.tag(board_id)
     return {k for k in names if _REGION_VIEW.fullmatch(k[len(tag) + 1 :])}
+
+
+def region_sets(views: Iterable[str]) -> set[str]:
+    """The distinct-score sets, and the sets being built, of regional views: a rebuild drops
+    them (the replay makes none)."""
+    return {k for v in views for k in (Keys.distinct(v), Keys.distinct_building(v))}
+
+
+def dense_builds(keys: Keys, board_id: str, live: Iterable[str]) -> set[str]:
+    """The build-set members ("<period>|<period_id>|region:<region>") of the regional views
+    among the board's keys ``live`` that had a distinct-score set, or one being built."""
+    tag = keys.tag(board_id)
+    wanted: set[str] = set()
+    for key in live:
+        for end in (":distinct", ":distinct:building"):
+            view = key[: -len(end)]
+            if key.endswith(end) and _REGION_VIEW.fullmatch(view[len(tag) + 1 :]):
+                # lb:<period>:<period_id>:region:<region>
+                _, period, period_id, _, region = view[len(tag) + 1 :].split(":", 4)
+                wanted.add(f"{period}|{period_id}|region:{region}")
+    return wanted
 
 
 def glob_escape(text: str) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.rebuild.event_log import held, page
 from services.rebuild.finish import finish, mark_dirty
 from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
-from services.rebuild.keyspace import Existing, existing, region_views
+from services.rebuild.keyspace import Existing, dense_builds, existing, region_views
 from services.rebuild.staging import Staged, journaled_ids, replay
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
@@ -128,6 +128,7 @@ class Rebuilder:
                 done.dirty = await mark_dirty(
                     self._redis, self._keys, bid, views | found.global_views
                 )
+                await self._build_again(bid, found.live)
                 done.seconds = time.monotonic() - started
                 log.info("board rebuilt", **done.__dict__)
                 return done
@@ -135,6 +136,17 @@ class Rebuilder:
             log.warning("board rebuild starts again", board_id=bid, reason=outcome)
             await asyncio.sleep(min(2.0 * attempt, 10.0))
         raise RebuildFailed(f"board {bid!r} not rebuilt after {ATTEMPTS} attempts")
+
+    async def _build_again(self, board_id: str, live: set[str]) -> None:
+        """The regional views that had a distinct-score set (or one being built) before the
+        rebuild, which the finish dropped, asked of the aggregator's dense build again, if the
+        board is still read densely in a region (its marker names the scope): the aggregator
+        builds each from the rebuilt view, as after a dense read. (A board of the layout
+        before, whose write kept a set beside every regional view, is not marked so.)"""
+        keys = self._keys
+        wanted = dense_builds(keys, board_id, live)
+        if wanted and await self._redis.sismember(keys.dense(board_id), "region"):
+            await self._redis.sadd(keys.dense_build(board_id), *sorted(wanted))
 
     async def _wait_stored(self, board_id: str, event_ids: list[str]) -> None:
         """Until MySQL holds every one of ``event_ids`` of the board."""

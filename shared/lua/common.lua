@@ -92,7 +92,8 @@ end
 -- signed score, so that equal scores order by subscore part (for dense ranks).
 local function distinct_member(signed, sub) return sub .. fmt(signed) end
 
--- A view's keys: the sorted set, its distinct-score set, its hash of records.
+-- A view's keys: the sorted set, its distinct-score set (nil where the caller keeps none: a
+-- regional view's is the aggregator's derive step's, derive.lua), its hash of records.
 local function view_of(view, distinct, ties)
   return {view = view, distinct = distinct, ties = ties}
 end
@@ -110,11 +111,11 @@ local function entry_in(v, id)
 end
 
 -- Put an id's entry in a view at new_signed, reached at tie (a tie key), with metadata meta, in
--- place of old (its entry_in(), nil: none), keeping the view's hash of records and
--- distinct-score set right: the new pair is added (a no-op if someone holds it already), the
--- old one removed once nobody holds it. Added before the old one goes, so the distinct set is
--- never emptied (and so deleted by Redis) while the view has members: the three keys are made
--- together, by a view's first member.
+-- place of old (its entry_in(), nil: none), keeping the view's hash of records and, where v has
+-- one, its distinct-score set right: the new pair is added (a no-op if someone holds it
+-- already), the old one removed once nobody holds it. Added before the old one goes, so the
+-- distinct set is never emptied (and so deleted by Redis) while the view has members: the
+-- three keys are made together, by a view's first member.
 local function put_entry(v, id, old, new_signed, tie, meta)
   local member = tie .. id
   if old == nil or old.member ~= member or old.signed ~= new_signed then
@@ -123,7 +124,9 @@ local function put_entry(v, id, old, new_signed, tie, meta)
   end
   redis.call('HSET', v.ties, id, record_of(tie, new_signed, meta))
   local sub = sub_of(tie)
-  if old ~= nil and old.signed == new_signed and old.sub == sub then return end
+  if v.distinct == nil or (old ~= nil and old.signed == new_signed and old.sub == sub) then
+    return
+  end
   redis.call('ZADD', v.distinct, fmt(new_signed), distinct_member(new_signed, sub))
   if old ~= nil and not held(v.view, old.signed, old.sub) then
     redis.call('ZREM', v.distinct, distinct_member(old.signed, old.sub))
@@ -135,7 +138,7 @@ end
 local function remove_entry(v, id, old)
   redis.call('ZREM', v.view, old.member)
   redis.call('HDEL', v.ties, id)
-  if not held(v.view, old.signed, old.sub) then
+  if v.distinct ~= nil and not held(v.view, old.signed, old.sub) then
     redis.call('ZREM', v.distinct, distinct_member(old.signed, old.sub))
   end
 end

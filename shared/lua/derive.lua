@@ -2,7 +2,8 @@
 The views derived from accepted events (docs/architecture.md, "The aggregator"): the feed, the
 user's regions and latest team, and per period the team boards (incr boards: each team's sum
 of its members' values), the regions that have scores, the players (HyperLogLog) and the count
-of accepted events. The aggregator applies them from the event
+of accepted events; and the distinct-score sets of the regional boards that dense reads asked
+for (sync_pairs() below). The aggregator applies them from the event
 stream, one call per board and batch; the rebuild's replay (rebuild.lua) applies them to every
 event it replays, through the same derive_events(), so that a rebuilt board equals the live
 one.
@@ -106,22 +107,63 @@ local function derive_events(k, evs, feed_length, b)
 end
 
 --[[
+A regional board's distinct-score set, where it has one (dense reads asked for it, and the
+aggregator built it: merge.lua's dense_build), or the set being built: each pair given, the
+pair (signed score, subscore part) an entry of a batch's event took and the one it held before
+(the outbox entry's previous_score and previous_subscore), is made a member exactly when an
+entry of the view holds it now. The answer depends only on the view as it is, not on the events
+or their order: a batch redelivered, or batches derived in another order, or an event derived
+after a later write changed the pair again, leave the set as exact as the view (every change
+of a pair is an event, whose sync comes after it). Adds before removals, so that the set is not
+emptied (and so deleted) while the view has members. A view with neither set costs two EXISTS.
+The pairs are args[from], args[from + 1], ...: count of them.
+]]
+local function sync_pairs(view, distinct, building, args, from, count)
+  local set = distinct
+  if redis.call('EXISTS', distinct) == 0 then
+    if redis.call('EXISTS', building) == 0 then return end
+    set = building
+  end
+  local added, gone = {}, {}
+  for i = from, from + 2 * count - 1, 2 do
+    local signed, sub = tonumber(args[i]), args[i + 1]
+    if held(view, signed, sub) then
+      added[#added + 1] = fmt(signed)
+      added[#added + 1] = distinct_member(signed, sub)
+    else
+      gone[#gone + 1] = distinct_member(signed, sub)
+    end
+  end
+  if #added > 0 then redis.call('ZADD', set, unpack(added)) end
+  if #gone > 0 then redis.call('ZREM', set, unpack(gone)) end
+end
+
+--[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
 the stream keeps), so that the feed is newest first and each team reached its sum when the
 write would have; at most a thousand (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
-KEYS: feed, user team, the board's as_of hash; then two per event: its record, the user's
-      regions; then per period of the event: regions set, players, event count, and on an incr
-      board for an event with a team, the team board, its distinct set, its tie keys.
+KEYS: feed, user team, the board's as_of hash; then three per regional board whose entries the
+      batch changed: the board, its distinct set, the set being built; then two per event: its
+      record, the user's regions; then per period of the event: regions set, players, event
+      count, and on an incr board for an event with a team, the team board, its distinct set,
+      its tie keys.
 ARGV: feed length, as_of (RFC 3339), '1' if the board sums teams (incr), '1' descending / '0'
-      ascending, the largest score held exactly; then per event: its period count, its feed
-      entry (JSON), user, region, team ('' none), value, tie key, then per period its
-      expire-at (0: never).
+      ascending, the largest score held exactly, how many regional boards; then per regional
+      board: how many pairs, then each pair's signed score and subscore part (sync_pairs());
+      then per event: its period count, its feed entry (JSON), user, region, team ('' none),
+      value, tie key, then per period its expire-at (0: never).
 Sets the as_of hash's 'derived' field to as_of. Returns {events applied now, team sums left
-out (beyond the exact scores)}.
+out (beyond the exact scores)}. The pairs are synced whether or not their events are still
+pending: a sync is idempotent.
 ]]
 local function derive(keys, args)
-  local ki, ai = 4, 6
+  local ki, ai = 4, 7
+  for _ = 1, tonumber(args[6]) do
+    local n = tonumber(args[ai])
+    sync_pairs(keys[ki], keys[ki + 1], keys[ki + 2], args, ai + 1, n)
+    ki, ai = ki + 3, ai + 1 + 2 * n
+  end
   local sums_teams = args[3] == '1'
   local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
   local k, evs = {feed = keys[1], user_team = keys[2], user_regions = {}, periods = {}}, {}

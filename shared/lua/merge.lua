@@ -318,11 +318,13 @@ end
 redis.register_function(FUNCTIONS.merge, merge)
 
 --[[
-A global view's distinct-score set built from the view, a bounded step a call, while the merge
-keeps it up to date (kept_distinct(): the set being built follows every change the merge makes
-from the first step on, so each step only adds the pairs that entries hold now; a pair whose
-last holder leaves is taken out by the merge). When the walk passes the last pair, the set is
-renamed to the view's distinct set, which reads then use.
+A view's distinct-score set built from the view, a bounded step a call, while the view's writer
+keeps it up to date: the merge for a global view (kept_distinct(): the set being built follows
+every change the merge makes from the first step on), the aggregator's derive step for a
+regional one (derive.lua's sync_pairs(), by each event's pairs after its write). So each step
+only adds the pairs that entries hold now; a pair whose last holder leaves is taken out by
+that writer. When the walk passes the last pair, the set is renamed to the view's distinct set,
+which reads then use.
 
 KEYS: the view, its distinct set, the set being built, the board's build set (shared/keys.py).
 ARGV: expire-at (0: never), the view's member of the build set, the cursor (the last pair
@@ -338,7 +340,12 @@ local function dense_build(keys, args)
     return {}
   end
   local signed, sub = nil, nil
-  if args[3] ~= '' then signed, sub = tonumber(args[3]), args[4] end
+  -- A cursor goes on only with the set it was building: every step before the last leaves one.
+  -- A set that went meanwhile (a rebuild put a new view in place and dropped it) starts again
+  -- from the top.
+  if args[3] ~= '' and redis.call('EXISTS', building) == 1 then
+    signed, sub = tonumber(args[3]), args[4]
+  end
   local added, finished = {}, false
   local first = redis.call('ZREVRANGE', view, 0, 0)[1]
   if first == nil then

@@ -27,7 +27,18 @@ end
 -- the pair (shared/ranking.py), which an entry of the view holds.
 local function above_sub(view, distinct, style, signed, sub)
   if style == 'dense' then
-    return redis.call('ZREVRANK', distinct, distinct_member(signed, sub)) or 0
+    local pair = distinct_member(signed, sub)
+    local rank = redis.call('ZREVRANK', distinct, pair)
+    if rank then return rank end
+    -- A pair not in the set yet: a regional set trails the writes by the aggregator's derive
+    -- step (derive.lua). The pairs above it: those of better scores, and those of its score
+    -- with a greater subscore part (greater members, as the set orders equal scores).
+    local k = fmt(signed)
+    local above = redis.call('ZCOUNT', distinct, '(' .. k, '+inf')
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', distinct, k, k)) do
+      if bytes_less(pair, m) then above = above + 1 end
+    end
+    return above
   end
   return (above_pair(view, signed, sub))
 end

@@ -4,16 +4,17 @@ The atomic write of one accepted score (docs/api.md section 4; docs/architecture
 One call keeps what the answer and the guarantees need, nothing more: check the idempotency
 record and the outbox bound; compute the new score of every period's regional board (refusing
 the whole call if any leaves the range of exact scores); write them with their
-hashes of records (tie key, score, metadata) and distinct-score sets (for dense ranks;
-shared/ranking.py has the layout); read rank and previous rank; name whoever this write pushed
-out of each notify bracket; record the answer under the event id, its "derive pending" mark set;
-note the event as the board's newest; append it to the outbox; journal the call while the board
-is being rebuilt. Every key shares one hash tag.
+hashes of records (tie key, score, metadata; shared/ranking.py has the layout); read rank and
+previous rank; name whoever this write pushed out of each notify bracket; record the answer
+under the event id, its "derive pending" mark set; note the event as the board's newest; append
+it to the outbox, each changed period with the pair (score, subscore) its entry held before;
+journal the call while the board is being rebuilt. Every key shares one hash tag.
 
 What is derived from the event (the team boards, the feed, the period's players, events and
-regions, the user's regions and team) is the aggregator's: derive.lua applies it from the event stream, once per
-event. The call still names those keys, so that a journaled call is replayed whole (the write,
-then the derive step: rebuild.lua) onto staging.
+regions, the user's regions and team, and the regional boards' distinct-score sets where dense
+reads asked for them) is the aggregator's: derive.lua applies it from the event stream. The call
+still names those keys, so that a journaled call is replayed whole (the write, then the derive
+step: rebuild.lua) onto staging, and the rebuild replaces each of them.
 
 KEYS: idem, outbox, rebuild flag, rebuild journal, newest event (the write's own keys: a replay
       gets scratch keys for them), names, feed, user regions, user team; then nine per period:
@@ -23,12 +24,13 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
       13 feed length, 14 team_id ('' for none), 15 the event's tie key (its subscore part, then
-      its time), 16 the largest score held exactly, 17 the metadata as JSON ('' for none), then
-      three per period: name, id, expire-at (0: never).
+      its time), 16 the largest score held exactly, 17 the metadata as JSON ('' for none),
+      18 the board's subscore order ('desc', 'asc', '' for none), then three per period: name,
+      id, expire-at (0: never).
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 9, 9, 17, 3
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 9, 9, 18, 3
 
 -- The event's record under its id (docs/architecture.md, "Idempotency"): a marks byte (the
 -- consumers' seen bits, live.lua), the body hash, then the first answer, compactly: per period
@@ -97,16 +99,17 @@ local function event_of(args)
   local e = {op = args[2], value = tonumber(args[3]), user = args[4], region = args[5],
              display = args[6], team = args[14], desc = desc, sign = desc and 1 or -1,
              tie = args[15], sub = sub_of(args[15]), max = tonumber(args[16]),
-             meta = args[17], brackets = {}}
+             meta = args[17], sub_order = args[18], brackets = {}}
   for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = tonumber(t) end
   return e
 end
 
--- The i-th period's arguments and keys.
+-- The i-th period's arguments and keys. The regional board's distinct-score set (k + 2) is not
+-- the write's: the derive step keeps it, where dense reads asked for it.
 local function period_of(keys, args, i)
   local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
   return {name = args[a + 1], id = args[a + 2], expire = tonumber(args[a + 3]),
-          board = view_of(keys[k + 1], keys[k + 2], keys[k + 3]), regions = keys[k + 4],
+          board = view_of(keys[k + 1], nil, keys[k + 3]), regions = keys[k + 4],
           teams = view_of(keys[k + 5], keys[k + 6], keys[k + 7]), players = keys[k + 8],
           events = keys[k + 9]}
 end
@@ -161,12 +164,32 @@ local function pushed_out(e, board, rank, prev)
   return pushed
 end
 
--- put_entry() into one of the period's views (its board or team board), reached now.
+-- put_entry() into the period's board, reached now.
 local function put_in_period(e, p, v, id, score, old, meta)
   put_entry(v, id, old, score * e.sign, e.tie, meta)
   -- An id new to the view may be its first: then the view's keys were just made.
-  expire_made(old == nil and redis.call('ZCARD', v.view) == 1, {v.view, v.distinct, v.ties},
-              p.expire)
+  expire_made(old == nil and redis.call('ZCARD', v.view) == 1, {v.view, v.ties}, p.expire)
+end
+
+-- The subscore a subscore part (shared/ranking.py sub_part: 's', then 14 hex digits of the
+-- subscore shifted into 0 ... 2**54 - 2, inverted on 'asc') was made from, exactly: the part's
+-- value may pass 2**53, so it is taken in two halves of 28 bits, and each step's result is an
+-- integer a double holds exactly.
+local function subscore_of(part, order)
+  local hi = tonumber(string.sub(part, 2, 8), 16) * 268435456
+  local lo = tonumber(string.sub(part, 9, 15), 16) + 1
+  if order == 'asc' then return (9007199254740992 - hi) - lo end
+  return (hi - 9007199254740992) + lo
+end
+
+-- What a period's outbox result says of the entry before a write that changed it: its score
+-- and subscore (the derive step keeps the distinct-score set by both pairs, derive.lua).
+local function previous_of(e, p, result)
+  if not (p.changed and p.old) then return end
+  result.previous_score = exact(p.old.signed * e.sign)
+  if p.old.sub ~= '' then
+    result.previous_subscore = exact(subscore_of(p.old.sub, e.sub_order))
+  end
 end
 
 -- Second pass, for one period: write, and read what the write did.
@@ -186,8 +209,11 @@ local function write_period(e, p)
   end
   local previous = cjson.null
   if prev then previous = prev + 1 end
-  return {period_id = p.id, score = exact(p.score), rank = rank, previous_rank = previous,
-          improved = p.changed, pushed_out = pushed_out(e, p.board.view, rank, prev)}
+  local result = {period_id = p.id, score = exact(p.score), rank = rank,
+                  previous_rank = previous, improved = p.changed,
+                  pushed_out = pushed_out(e, p.board.view, rank, prev)}
+  previous_of(e, p, result)
+  return result
 end
 
 -- The event id that the event's JSON (shared/submit.py) starts with; ids hold no '"'.

@@ -15,10 +15,12 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.aggregator.merge import Merger
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from services.history.handlers import HistoryHandler
 from services.rebuild import rebuilder as rebuild_module
+from services.rebuild.keyspace import existing
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import save_board
@@ -317,3 +319,72 @@ async def test_without_the_aggregator_catching_up_the_rebuild_gives_up_and_chang
     await Rebuilder(db, redis, keys, settings, wait_seconds=1).board(board)
     assert await projection(redis, settings) == derived
     assert await redis.get(keys.event_count("main", "alltime", "all")) == "2"
+
+
+async def test_regional_distinct_sets_are_dropped_and_built_again_from_the_rebuilt_views(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """A board read densely in two regions: eu's set built, na's half built. The rebuild makes
+    no regional distinct set (its replay keeps none) and drops both, so that right after it no
+    regional view has one, live or rebuilt; it asks the aggregator to build both again, which
+    makes them from the rebuilt views: the keys are then those before, byte for byte. A board
+    never read densely in a region gets no set, and no build."""
+    board = BOARDS[1]  # best, ascending
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+    for body in random_scores(board, 60, seed=4):
+        await write(redis, keys, settings, board, **body)
+    await relay(redis, keys, db, board)
+    bid = board.board_id
+    eu_view = keys.region_view(bid, "alltime", "all", "eu")
+    na_view = keys.region_view(bid, "alltime", "all", "na")
+    await redis.sadd(keys.dense(bid), "region")
+    await redis.sadd(keys.dense_build(bid), "alltime|all|region:eu")
+    merger = Merger(redis, keys)
+    await merger.build_dense(board)
+    await redis.sadd(keys.dense_build(bid), "alltime|all|region:na")
+    merger.build_step = 1
+    await merger.build_dense(board, 0)
+    assert await redis.exists(Keys.distinct(eu_view), Keys.distinct_building(na_view)) == 2
+    before = await projection(redis, settings)
+
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(board)
+    sets = [k async for k in redis.scan_iter(match=keys.tag(bid) + ":*region:*:distinct*")]
+    assert sets == []
+    assert await redis.smembers(keys.dense_build(bid)) == {
+        "alltime|all|region:eu",
+        "alltime|all|region:na",
+    }
+    # Built again by the aggregator that was building na: its cursor's set went, so it starts
+    # from the top.
+    await merger.build_dense(board)
+    after = await projection(redis, settings)
+    assert not await redis.exists(Keys.distinct_building(na_view), keys.dense_build(bid))
+    na_pairs = sorted({int(s) for _, s in await redis.zrange(na_view, 0, -1, withscores=True)})
+    assert await redis.zrange(Keys.distinct(na_view), 0, -1) == [str(s) for s in na_pairs]
+    after.pop(Keys.distinct(na_view))
+    before.pop(Keys.distinct_building(na_view))
+    before.pop(keys.dense_build(bid))
+    assert after == before
+
+    # A set begun after the rebuild looked at the board's keys goes too: it would not follow
+    # the view put in its place.
+    found = (await existing(redis, keys, [bid], keys.tag(bid) + ":"))[bid]
+    await redis.sadd(keys.dense_build(bid), "alltime|all|region:as")
+    merger = Merger(redis, keys)
+    merger.build_step = 1
+    await merger.build_dense(board, 0)
+    as_view = keys.region_view(bid, "alltime", "all", "as")
+    assert await redis.exists(Keys.distinct_building(as_view))
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(board, found)
+    assert not await redis.exists(Keys.distinct_building(as_view), Keys.distinct(as_view))
+
+    # A board not read densely in a region: nothing to build again.
+    other = BOARDS[2]
+    await save_board(db, other)
+    await BoardCatalog(redis, keys).put(other)
+    for body in random_scores(other, 20, seed=5):
+        await write(redis, keys, settings, other, **body)
+    await relay(redis, keys, db, other)
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(other)
+    assert not await redis.exists(keys.dense_build(other.board_id))

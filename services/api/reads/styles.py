@@ -15,12 +15,12 @@ count finds the pair's place among the entries of its score by a binary search o
 The counts are made in Redis, in the same call as the read they serve (``style_count`` of
 shared/lua/read.lua, in ``ladder_page_v2`` and ``ladder_place_v2``); this module walks from them.
 
-A global view keeps its distinct-score set only once the board is read densely (docs/
-architecture.md, "Dense ranks on demand"). Until the aggregator has built it, the function
-counts a dense rank by walking the view's distinct pairs from the top, at most 1,000 of them,
-and says so (``[count]``; ``[]`` past that bound, answered 503 with ``Retry-After``); the read
-then marks the board and the view for the aggregator (:func:`want_dense`), one ``SADD`` each,
-only while the set is missing.
+A global or regional view keeps its distinct-score set only once the board is read densely
+in its scope (docs/architecture.md, "Dense ranks on demand"); a team view keeps one always.
+Until the aggregator has built it, the function counts a dense rank by walking the view's
+distinct pairs from the top, at most 1,000 of them, and says so (``[count]``; ``[]`` past that
+bound, answered 503 with ``Retry-After``); the read then marks the board and the view for the
+aggregator (:func:`want_dense`), one ``SADD`` each, only while the set is missing.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ async def want_dense(redis: Redis, keys: Keys, board_id: str, views: Sequence[An
     """Mark the board read densely in these views' scopes, and each view for the aggregator's
     build of its distinct-score set (``views``: :class:`~services.api.reads.views.View` or
     anything with ``scope``, ``period`` and ``period_id``). The scope kind ("global",
-    "region", "teams") is what the marker holds: the aggregator keeps only the global one on
-    demand today."""
+    "region") is what the marker holds; the build set names the view's scope whole
+    ("region:eu")."""
     async with redis.pipeline(transaction=False) as pipe:
         for view in views:
             pipe.sadd(keys.dense(board_id), view.scope.split(":", 1)[0])

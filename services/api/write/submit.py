@@ -121,6 +121,11 @@ def response_from_record(
     }
 
 
+# What a period's outbox result carries for the consumers only, not in the answer (which a
+# duplicate, answered from the record, repeats without them).
+_ENTRY_ONLY = frozenset({"pushed_out", "previous_score", "previous_subscore"})
+
+
 def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     accepted = orjson.loads(entry)
     return {
@@ -130,7 +135,7 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
         "user_id": accepted["user_id"],
         "region": accepted["region"],
         "periods": {
-            name: {k: v for k, v in accepted["periods"][name].items() if k != "pushed_out"}
+            name: {k: v for k, v in accepted["periods"][name].items() if k not in _ENTRY_ONLY}
             for name in PERIODS
             if name in accepted["periods"]
         },
