@@ -19,7 +19,7 @@ import orjson
 from shared.boards import Board
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
-from shared.periods import Period, PeriodWindow, expire_at, window_at
+from shared.periods import Period, PeriodWindow, expire_at, window_at, window_of
 from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
 # The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): nine
@@ -67,6 +67,13 @@ def current_window(period: Period, moment: datetime, timezone: str) -> PeriodWin
 def expiry_of(window: PeriodWindow, timezone: str, retention: int | None) -> int:
     """When a period's keys expire (0: never); the same for every write of the period."""
     return expire_at(window, timezone, retention) or 0
+
+
+@functools.lru_cache(maxsize=1024)
+def period_expiry(timezone: str, retention: int | None, period: Period, period_id: str) -> int:
+    """:func:`expiry_of` the period named by its id: the aggregator's steps ask it of every
+    event's periods, and a handful of periods are live at a time."""
+    return expiry_of(window_of(period, period_id, timezone), timezone, retention)
 
 
 # A write's keys but its idempotency record and user's regions are the same for every write of

@@ -30,9 +30,9 @@ from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
-from shared.periods import Period, window_of
+from shared.periods import Period
 from shared.ranking import MAX_SCORE, reached_ms, signed, sub_part, tie_key
-from shared.submit import expiry_of, feed_entry
+from shared.submit import feed_entry, period_expiry
 
 log = structlog.get_logger(__name__)
 
@@ -41,7 +41,6 @@ LEFT_OUT = Counter(
     "ladder_aggregator_team_sums_left_out_total",
     "Events left out of a team sum that would leave the exact scores (one a period)",
 )
-EXPIRY_MEMO = 1024
 # Events a derive call takes at most: a consumer's batch may hold tens of thousands of one
 # board's events (500 messages of up to LADDER_RELAY_BATCH), and a call runs atomically, holding
 # Redis meanwhile, and passes each key's values to one command (Lua's unpack() takes a few
@@ -59,18 +58,10 @@ class Derive:
         self._keys = keys
         self._catalog = catalog
         self._feed_length = feed_length
-        self._expiries: dict[tuple[str, int | None, Period, str], int] = {}
 
-    def _expiry(self, board: Board, period: Period, period_id: str) -> int:
-        retention = board.retention.of(period)
-        memo = (board.timezone, retention, period, period_id)
-        if (known := self._expiries.get(memo)) is not None:
-            return known
-        if len(self._expiries) >= EXPIRY_MEMO:
-            self._expiries.clear()
-        window = window_of(period, period_id, board.timezone)
-        found = self._expiries[memo] = expiry_of(window, board.timezone, retention)
-        return found
+    @staticmethod
+    def _expiry(board: Board, period: Period, period_id: str) -> int:
+        return period_expiry(board.timezone, board.retention.of(period), period, period_id)
 
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str

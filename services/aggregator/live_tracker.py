@@ -36,7 +36,8 @@ from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUN
 from shared.keys import Keys, seen_keys
 from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live_maths import on_time as is_on_time
-from shared.periods import Period, expire_at, window_at, window_of
+from shared.periods import Period, expire_at, window_at
+from shared.submit import period_expiry
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
 RECORDED = Counter(
@@ -49,7 +50,6 @@ SEEN_TTL_SECONDS = 86_400
 HOT_TTL_MS = 2 * HOT_SPAN_MS
 HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
 FULL_PASS_SECONDS = 30.0
-EXPIRY_MEMO = 1024
 CALL_MEMO = 4096
 
 
@@ -64,24 +64,15 @@ class RecordLive:
         self._redis = redis
         self._keys = keys
         self._catalog = catalog
-        # A period's expiry takes a walk over its retention; every event of it shares the answer.
-        self._expiries: dict[tuple[str, int | None, Period, str], int] = {}
         # A contribution's keys and expiries depend on its board, team and period ids only.
         self._calls: dict[
             tuple[str, str, tuple[tuple[Period, str], ...]],
             tuple[Board, tuple[str, ...], tuple[int, ...], frozenset[str]],
         ] = {}
 
-    def _expiry(self, board: Board, period: Period, period_id: str) -> int:
-        retention = board.retention.of(period)
-        memo = (board.timezone, retention, period, period_id)
-        if (known := self._expiries.get(memo)) is not None:
-            return known
-        if len(self._expiries) >= EXPIRY_MEMO:
-            self._expiries.clear()
-        window = window_of(period, period_id, board.timezone)
-        found = self._expiries[memo] = expire_at(window, board.timezone, retention) or 0
-        return found
+    @staticmethod
+    def _expiry(board: Board, period: Period, period_id: str) -> int:
+        return period_expiry(board.timezone, board.retention.of(period), period, period_id)
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
