@@ -96,6 +96,31 @@ def _event(board: Board, extra: dict[str, Any], i: int, at: datetime) -> SubmitE
     )
 
 
+async def _write(redis: Redis, keys: Keys, board: Board, event: SubmitEvent) -> None:
+    """One write of ``event`` through the submit function, as the API makes it."""
+    call_keys, args = submit_call(
+        keys,
+        board,
+        event,
+        body_hash="h",
+        idempotency_ttl=60,
+        outbox_max=1_000_000,
+        feed_length=100,
+    )
+    await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+
+
+async def _counted_calls(redis: Redis) -> int:
+    """The commands Redis ran since its last ``CONFIG RESETSTAT``, less the ones that are not
+    the work measured (``_SKIPPED``)."""
+    stats: dict[str, Any] = await redis.info("commandstats")
+    return sum(
+        int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_").split("|")[0] not in _SKIPPED
+    )
+
+
 async def commands_per_write(redis: Redis, board: Board, extra: dict[str, Any]) -> float:
     """The Redis commands one steady-state write runs on ``board``: every user already has an
     entry in every period; the calls of the first pass over the users are not counted."""
@@ -104,22 +129,8 @@ async def commands_per_write(redis: Redis, board: Board, extra: dict[str, Any]) 
     for i in range(USERS + WRITES):
         if i == USERS:
             await redis.config_resetstat()
-        call_keys, args = submit_call(
-            keys,
-            board,
-            _event(board, extra, i, at + timedelta(microseconds=i)),
-            body_hash="h",
-            idempotency_ttl=60,
-            outbox_max=1_000_000,
-            feed_length=100,
-        )
-        await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
-    stats: dict[str, Any] = await redis.info("commandstats")
-    calls = sum(
-        int(value["calls"])
-        for name, value in stats.items()
-        if name.removeprefix("cmdstat_").split("|")[0] not in _SKIPPED
-    )
+        await _write(redis, keys, board, _event(board, extra, i, at + timedelta(microseconds=i)))
+    calls = await _counted_calls(redis)
     await redis.flushall()
     return calls / WRITES
 
@@ -130,16 +141,7 @@ async def commands_per_derived_event(redis: Redis, board: Board, extra: dict[str
     keys = Keys("cmd")
     at = datetime.now(UTC) - timedelta(seconds=1)
     for i in range(WRITES):
-        call_keys, args = submit_call(
-            keys,
-            board,
-            _event(board, extra, i, at + timedelta(microseconds=i)),
-            body_hash="h",
-            idempotency_ttl=60,
-            outbox_max=1_000_000,
-            feed_length=100,
-        )
-        await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+        await _write(redis, keys, board, _event(board, extra, i, at + timedelta(microseconds=i)))
     entries: Any = await redis.xrange(keys.outbox(board.board_id))
     events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
     derive = Derive(redis, keys, None, 100)
@@ -147,12 +149,7 @@ async def commands_per_derived_event(redis: Redis, board: Board, extra: dict[str
     for start in range(0, len(events), DERIVE_BATCH):
         derive_keys, derive_args = derive.call(board, events[start : start + DERIVE_BATCH], "t")
         await redis.fcall(DERIVE_FUNCTION, len(derive_keys), *derive_keys, *derive_args)
-    stats: dict[str, Any] = await redis.info("commandstats")
-    calls = sum(
-        int(value["calls"])
-        for name, value in stats.items()
-        if name.removeprefix("cmdstat_").split("|")[0] not in _SKIPPED
-    )
+    calls = await _counted_calls(redis)
     await redis.flushall()
     return calls / len(events)
 
