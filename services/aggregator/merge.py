@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -84,6 +85,24 @@ def _ends(template: str) -> tuple[str, str]:
     """The two ends of a key or mark built around ``_SLOT``."""
     prefix, suffix = template.split(_SLOT)
     return prefix, suffix
+
+
+def _user_of(mark: str) -> str:
+    return mark.split("|", 3)[3]
+
+
+def _chunks(marks: list[str]) -> Iterator[list[str]]:
+    """``marks`` (of one period) in calls of about ``CHUNK`` marks, a user's marks in several
+    regions kept in one call: the call reads each of its users' regions once, so a user split
+    over two calls would be combined, written and counted twice."""
+    ordered = sorted(marks, key=_user_of)
+    start = 0
+    while start < len(ordered):
+        end = min(start + CHUNK, len(ordered))
+        while end < len(ordered) and _user_of(ordered[end]) == _user_of(ordered[end - 1]):
+            end += 1
+        yield ordered[start:end]
+        start = end
 
 
 @dataclass(slots=True)
@@ -296,8 +315,8 @@ class Merger:
     ) -> int:
         """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call, one
         call at a time; notes in ``touched`` the users whose global entry changed and the regions
-        the marks name; returns how many users were merged (a user whose marks two calls share
-        counts in each)."""
+        the marks name; returns how many users were merged (a user whose marks two rounds of the
+        scan share counts in each)."""
         keys, bid = self._keys, board.board_id
         window = window_of(period, period_id, board.timezone)
         expiry = expire_at(window, board.timezone, board.retention.of(period))
@@ -317,13 +336,9 @@ class Merger:
             GLOBAL,
         ]
         merged = 0
-        for start in range(0, len(marks), CHUNK):
+        for chunk in _chunks(marks):
             reply: Any = await self._redis.fcall(
-                MERGE_FUNCTION,
-                len(view_keys),
-                *view_keys,
-                *head,
-                *marks[start : start + CHUNK],
+                MERGE_FUNCTION, len(view_keys), *view_keys, *head, *chunk
             )
             moved, refused, regions, users = reply
             touched.changed.update(moved)

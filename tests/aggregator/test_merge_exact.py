@@ -90,3 +90,20 @@ async def test_a_global_sum_past_the_range_leaves_the_view(
     tie = (await redis.zrange(view, 0, 0))[0][:12]
     assert await redis.hgetall(Keys.ties(view)) == {"e": record(tie, -MAX_SCORE)}
     assert await redis.zrange(Keys.distinct(view), 0, -1) == [str(-MAX_SCORE)]
+
+
+async def test_a_user_in_two_regions_is_merged_once_however_the_marks_fall(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """More marks than one merge call takes, each user marked in two regions: each user is
+    combined in one call, so the merge counts each once and sums both regions."""
+    board = Board(board_id="split", periods=("alltime",))
+    game = Game(redis, settings, board)
+    users = [f"u{i:03d}" for i in range(300)]
+    for i, user in enumerate(users):
+        await game.post(user, "eu", 1, i)
+        await game.post(user, "na", 2, i)
+    merged = await Merger(redis, game.keys).merge_board(board)
+    assert merged == len(users)
+    view = game.keys.global_view(board.board_id, "alltime", "all")
+    assert sorted(await read_view(redis, view, board.descending)) == [(u, 3) for u in users]
