@@ -71,7 +71,12 @@ class Hub:
 
     async def subscribe(self, channel: str, subscriber: Subscriber, wait: float = 5.0) -> None:
         """Add ``subscriber`` to ``channel``; returns once Redis delivers that channel here."""
-        self._wanted.setdefault(channel, set()).add(subscriber)
+        subscribers = self._wanted.get(channel)
+        if subscribers is None:
+            # Wanted again: a reconcile may be taking it out of Redis right now.
+            subscribers = self._wanted[channel] = set()
+            self._mark(channel)
+        subscribers.add(subscriber)
         self._channels_of.setdefault(subscriber, set()).add(channel)
         if channel in self._active:
             return
@@ -197,8 +202,10 @@ class Hub:
             await pubsub.subscribe(*new)  # type: ignore[attr-defined]
             self._active.update(new)
         if gone:
-            await pubsub.unsubscribe(*gone)  # type: ignore[attr-defined]
+            # Inactive from now: a subscribe while the unsubscribe is under way waits for the
+            # next turn, which subscribes the channel again.
             self._active.difference_update(gone)
+            await pubsub.unsubscribe(*gone)  # type: ignore[attr-defined]
         for channel in dirty:
             if channel in self._pending and (
                 channel in self._active or channel not in self._wanted
