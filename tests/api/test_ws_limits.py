@@ -266,3 +266,33 @@ async def test_one_subscribe_and_unsubscribe_touch_only_their_channel(
 
 async def _received(listener: Listener, text: str) -> bool:
     return text in listener.received
+
+
+async def test_a_channel_left_and_wanted_again_at_once_keeps_its_pushes(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """Sockets leave a channel and others take it up again at varying moments of the hub's
+    turns (before, during and after the reconcile that would unsubscribe it): the channel ends
+    up subscribed and pushed to."""
+    name = f"ladder-hub-{settings.key_prefix}"
+    channel = f"{settings.key_prefix}:hub:churn"
+    hub = Hub(REDIS_URL, name)
+    runner = asyncio.create_task(hub.run())
+    try:
+        await eventually(lambda: _connected(hub), within=10)
+        current = Listener()
+        await hub.subscribe(channel, current)
+        for turn in range(200):
+            hub.forget(current)
+            # Let the hub's loop run a little, a different amount each time.
+            for _ in range(turn % 7):
+                await asyncio.sleep(0.001 * (turn % 3))
+            current = Listener()
+            await hub.subscribe(channel, current)
+        await redis.publish(channel, "still here")
+        await eventually(lambda: _received(current, "still here"), within=5)
+        [held] = await hub_connections(redis, name)
+        assert held["sub"] == "1"
+    finally:
+        hub.stop()
+        await asyncio.wait_for(runner, 10)
