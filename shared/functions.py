@@ -90,10 +90,12 @@ PLACE_FUNCTION = "ladder_place_v2"
 """``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
 the standing and ranks reads take one round trip in every style (read-only). (v2: a dense
 count on a view without its distinct-score set comes as {count}, walked, or {} if too long.)"""
-PAGE_FUNCTION = "ladder_page_v2"
+PAGE_FUNCTION = "ladder_page_v3"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
 style count and the global view's as_of, in one round trip (read-only). (v2: as the place
-read's v2, its dense count.)"""
+read's v2, its dense count. v3: a cursor whose member moved or left is placed by a binary search
+among its score's entries instead of a walk from the score's first, so that every cursor costs
+O(log² n + page) at most.)"""
 FRIENDS_FUNCTION = "ladder_friends_v1"
 """A friends scope's group: the records in the global view and names of ids the caller read from
 the owner's friend set, and the view's as_of, in one call of the board's keys (read-only)."""

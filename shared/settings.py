@@ -95,6 +95,13 @@ class LadderSettings(BaseSettings):
 
     ws_send_queue: int = Field(default=256, ge=1)
     ws_message_rate: float = Field(default=10.0, gt=0, description="client messages a second")
+    # Open WebSockets an API process holds at most: from one client address, and in all. Past
+    # either, a handshake is refused with 429 (services/api/push/admission.py).
+    ws_max_per_ip: int = Field(default=200, ge=1, description="sockets per client address")
+    ws_max: int = Field(default=20_000, ge=1, description="sockets per API process")
+    # The peers whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips): a proxy
+    # in front of the API. '*' trusts every peer; empty trusts none.
+    forwarded_allow_ips: CsvList = Field(default_factory=lambda: ["127.0.0.1", "::1"])
     allowed_origins: CsvList = Field(default_factory=list)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
 
@@ -106,9 +113,11 @@ class LadderSettings(BaseSettings):
                 "server_keys",
                 "admin_keys",
                 "allowed_origins",
+                "forwarded_allow_ips",
                 "LADDER_SERVER_KEYS",
                 "LADDER_ADMIN_KEYS",
                 "LADDER_ALLOWED_ORIGINS",
+                "LADDER_FORWARDED_ALLOW_IPS",
             ):
                 if name in data:
                     data[name] = _split_csv(data[name])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -16,9 +16,11 @@ from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
+from starlette.types import ASGIApp
 
 from services.aggregator.derive import Derive
 from services.api.app import create_app
+from services.api.serving.uvicorn_server import Server, build_server
 from shared.boards import Board
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION
@@ -127,14 +129,38 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serve(settings: LadderSettings) -> AsyncIterator[str]:
-    """The API on a real uvicorn server on a free port; its WebSocket URL."""
+async def serve(
+    settings: LadderSettings, wrap: Callable[[ASGIApp], ASGIApp] = lambda app: app
+) -> AsyncIterator[str]:
+    """The API (wrapped in ``wrap``, an ASGI middleware) on a real uvicorn server on a free
+    port; its WebSocket URL."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None, lifespan="on"
+        wrap(create_app(settings)),
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        lifespan="on",
+        forwarded_allow_ips=list(settings.forwarded_allow_ips),
     )
     async with running(_Server(config)):
         yield f"ws://127.0.0.1:{port}/v1/ws"
+
+
+class _InProcess(Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def production_server(settings: LadderSettings) -> AsyncIterator[tuple[Server, str]]:
+    """The API's own server (``services.api.serving.uvicorn_server``) in this process, and its
+    WebSocket URL."""
+    port = free_port()
+    api = build_server(settings.model_copy(update={"api_port": port}), _InProcess)
+    async with running(api):
+        yield api, f"ws://127.0.0.1:{port}/v1/ws"
 
 
 async def derive(

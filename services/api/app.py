@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from services.api import errors
 from services.api.bodies import BodyLimit, JsonBodies
+from services.api.push.admission import SocketSlots
 from services.api.push.hub import Hub
 from services.api.push.ws import router as ws_router
 from services.api.relay.outbox import Relay
@@ -100,7 +101,10 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                     redis, window=settings.write_group_ms / 1000, most=settings.write_group_max
                 ) as writes,
             ):
-                state = ApiState(settings, keys, redis, catalog, engine, relay, hub, writes)
+                sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip)
+                state = ApiState(
+                    settings, keys, redis, catalog, engine, relay, hub, writes, sockets
+                )
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
                 # services.api.serving sets it before any connection is closed; under another

@@ -13,11 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.auth import Principal, authenticate, bearer
 from services.api.errors import NotFound, Unauthorized
+from services.api.push.lookups import BoardLookups
 from shared.boards import BOARD_ID_PATTERN, Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import LadderSettings
 
 if TYPE_CHECKING:
+    from services.api.push.admission import SocketSlots
     from services.api.push.hub import Hub
     from services.api.relay.outbox import Relay
     from services.api.write.group import GroupCommit
@@ -33,7 +35,9 @@ class ApiState:
     relay: Relay
     hub: Hub
     writes: GroupCommit
+    sockets: SocketSlots
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
+    board_lookups: BoardLookups = field(default_factory=BoardLookups)
 
 
 # The dependencies are coroutines: FastAPI runs a plain function in a worker thread, and a

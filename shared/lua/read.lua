@@ -81,32 +81,36 @@ local function style_count(view, distinct, style, signed, sub)
   return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')
 end
 
--- Up to count rows (member, score, ...) that come after (signed, member) in rank order, and the
--- 0-based position of the first of them: after the member's position while it still holds that
--- score, else those below the score and, at the score, below the member (it moved or left).
-local function after_cursor(view, signed, member, count)
+-- The 0-based position of the first entry that comes after (signed, member) in rank order:
+-- after the member's position while it still holds that score (one ZREVRANK), else after the
+-- entries of better scores and, at the score, those whose member is not below the cursor's (it
+-- moved or left, or the cursor was made up). Members of one score descend with their position,
+-- so the latter is a binary search over that score's positions: O(log n) a step, O(log² n) in
+-- all, however many entries tie and wherever the cursor points among them. No offset walk.
+local function position_after(view, signed, member)
   local position = redis.call('ZREVRANK', view, member)
   if position and tonumber(redis.call('ZSCORE', view, member)) == signed then
-    return redis.call('ZREVRANGE', view, position + 1, position + count, 'WITHSCORES'),
-           position + 1
+    return position + 1
   end
-  local out, offset = {}, 0
-  while #out < 2 * count do
-    -- How many tied entries one fetch skips at most before fetching again: 32.
-    local want = count - #out / 2 + 32
-    local rows = redis.call('ZREVRANGEBYSCORE', view, fmt(signed), '-inf', 'WITHSCORES',
-                            'LIMIT', offset, want)
-    for i = 1, #rows, 2 do
-      if tonumber(rows[i + 1]) ~= signed or bytes_less(rows[i], member) then
-        out[#out + 1], out[#out + 2] = rows[i], rows[i + 1]
-      end
+  local k = fmt(signed)
+  local lo = redis.call('ZCOUNT', view, '(' .. k, '+inf')
+  local hi = lo + redis.call('ZCOUNT', view, k, k)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if bytes_less(redis.call('ZREVRANGE', view, mid, mid)[1], member) then
+      hi = mid
+    else
+      lo = mid + 1
     end
-    if #rows < 2 * want then break end
-    offset = offset + #rows / 2
   end
-  while #out > 2 * count do table.remove(out) end
-  if #out == 0 then return out, 0 end
-  return out, redis.call('ZREVRANK', view, out[1])
+  return lo
+end
+
+-- Up to count rows (member, score, ...) that come after (signed, member) in rank order, and the
+-- 0-based position of the first of them: a range by position from position_after().
+local function after_cursor(view, signed, member, count)
+  local first = position_after(view, signed, member)
+  return redis.call('ZREVRANGE', view, first, first + count - 1, 'WITHSCORES'), first
 end
 
 -- The display names and records of rows' ids. A member is a tie key, then the id: 12 characters

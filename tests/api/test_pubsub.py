@@ -9,7 +9,7 @@ import json
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -20,13 +20,10 @@ from websockets.exceptions import ConnectionClosed
 
 from services.api.push import hub
 from services.api.serving import uvicorn_server as server
-from services.api.serving.uvicorn_server import Server, build_server
 from shared.keys import Keys
-from shared.ops import running
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually, serve
-from tests.stack import free_port
+from tests.helpers import eventually, production_server, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -160,22 +157,6 @@ async def test_a_silent_pubsub_connection_is_noticed_and_resyncs(
         f"\nfrozen hub connection: resync after {resynced_at - frozen_at:.3f} s, "
         f"the next push {(arrived_at - resynced_at) * 1000:.1f} ms after the resync"
     )
-
-
-class _InProcess(Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@contextlib.asynccontextmanager
-async def production_server(settings: LadderSettings) -> AsyncIterator[tuple[Server, str]]:
-    """The API's own server (``services.api.serving.uvicorn_server``) in this process, and its
-    WebSocket URL."""
-    port = free_port()
-    api = build_server(settings.model_copy(update={"api_port": port}), _InProcess)
-    async with running(api):
-        yield api, f"ws://127.0.0.1:{port}/v1/ws"
 
 
 async def connect_unread(url: str) -> websockets.ClientConnection:

@@ -13,11 +13,15 @@ from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
 from services.api.push.ws import MAX_SUBSCRIPTIONS
+from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
+from tests.api.test_pubsub import hub_connections
 from tests.helpers import player_token, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
+
+TOPIC = "leaderboard:main:global:weekly"
 
 
 async def close_code(url: str, **kwargs: Any) -> tuple[int | None, str]:
@@ -161,3 +165,44 @@ async def test_a_flooding_client_is_closed(
                     await ws.recv()
         assert ws.close_code == 1008
         assert "too many" in (ws.close_reason or "")
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "leaderboard:no-such-board:global:weekly",
+        "leaderboard:no-such-board:region:eu:daily",
+        "leaderboard:no-such-board:hot:10",
+        "leaderboard:no-such-board:mvps:weekly",
+    ],
+)
+async def test_a_topic_of_a_board_that_does_not_exist_answers_an_error(
+    quiet: LadderSettings, redis: Redis, broker: Topology, topic: str
+) -> None:
+    name = f"ladder-hub-{quiet.key_prefix}"
+    async with serve(quiet) as url, websockets.connect(url) as ws:
+        refused = await ask(ws, {"op": "subscribe", "topic": topic})
+        assert refused["type"] == "error" and refused["topic"] == topic
+        assert "no board" in refused["detail"]
+        # No channel was made for it, and the socket lives on: a real board's topic is fine.
+        assert await hub_connections(redis, name) == []
+        assert (await ask(ws, {"op": "subscribe", "topic": TOPIC}))["type"] == "ok"
+        [hub] = await hub_connections(redis, name)
+        assert hub["sub"] == "1"
+
+
+async def test_a_binary_frame_answers_an_error_and_the_socket_lives_on(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    channel = Keys(quiet.key_prefix).board_channel("main", "global", "weekly")
+    async with serve(quiet) as url, websockets.connect(url) as ws:
+        assert (await ask(ws, {"op": "subscribe", "topic": TOPIC}))["type"] == "ok"
+        await ws.send(b'{"op": "ping"}')
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "error" and "binary" in answer["detail"]
+        await ws.send(json.dumps({"op": "ping"}))
+        assert json.loads(await ws.recv()) == {"type": "pong"}
+        # Still subscribed, still pushed to.
+        await redis.publish(channel, json.dumps({"type": "leaderboard", "n": 1}))
+        async with asyncio.timeout(5):
+            assert json.loads(await ws.recv()) == {"type": "leaderboard", "n": 1}

@@ -1,7 +1,11 @@
 """Redis Pub/Sub to this process's WebSocket clients.
 
 One Pub/Sub connection per API process, subscribed to exactly the channels its clients want
-(reference-counted), so that N API replicas each receive only what their own sockets need. A
+(reference-counted), so that N API replicas each receive only what their own sockets need. The
+bookkeeping is kept from both sides (each channel's subscribers, each subscriber's channels), and
+a turn of the connection's loop reconciles only the channels that changed since the last, so
+that a subscribe, an unsubscribe or a socket's goodbye costs the same with ten sockets or twenty
+thousand, and a mass disconnect is linear in the sockets that go. A
 message is handed to every subscriber's bounded send queue without waiting; the subscriber
 decides what to do when its queue is full. If the Pub/Sub connection drops, the hub reconnects,
 subscribes again, and only then tells every client to resync, since pushes may have been missed
@@ -53,8 +57,13 @@ class Hub:
         """``name`` is the connection's name in Redis (``CLIENT LIST``)."""
         self._redis_url = redis_url
         self._name = name
+        # Both sides of who listens to what, so that a subscribe, an unsubscribe and a socket's
+        # goodbye each cost O(1) per channel it names, whatever the hub holds.
         self._wanted: dict[str, set[Subscriber]] = {}
+        self._channels_of: dict[Subscriber, set[str]] = {}
         self._active: set[str] = set()
+        # Channels whose wanted-ness changed since the last reconcile: all a turn looks at.
+        self._dirty: set[str] = set()
         self._pending: dict[str, list[asyncio.Future[None]]] = {}
         self._changed = asyncio.Event()
         self._stopping = False
@@ -62,26 +71,52 @@ class Hub:
 
     async def subscribe(self, channel: str, subscriber: Subscriber, wait: float = 5.0) -> None:
         """Add ``subscriber`` to ``channel``; returns once Redis delivers that channel here."""
-        self._wanted.setdefault(channel, set()).add(subscriber)
+        subscribers = self._wanted.get(channel)
+        if subscribers is None:
+            # Wanted again: a reconcile may be taking it out of Redis right now.
+            subscribers = self._wanted[channel] = set()
+            self._mark(channel)
+        subscribers.add(subscriber)
+        self._channels_of.setdefault(subscriber, set()).add(channel)
         if channel in self._active:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(channel, []).append(waiter)
-        self._changed.set()
+        self._mark(channel)
         await asyncio.wait_for(waiter, wait)
 
     def unsubscribe(self, channel: str, subscriber: Subscriber) -> None:
+        channels = self._channels_of.get(subscriber)
+        if channels is not None:
+            channels.discard(channel)
+            if not channels:
+                del self._channels_of[subscriber]
         subscribers = self._wanted.get(channel)
         if subscribers is None:
             return
         subscribers.discard(subscriber)
         if not subscribers:
             del self._wanted[channel]
-            self._changed.set()
+            self._mark(channel)
 
     def forget(self, subscriber: Subscriber) -> None:
-        for channel in [c for c, subs in self._wanted.items() if subscriber in subs]:
+        """Take ``subscriber`` off every channel it listens to (a socket that went)."""
+        for channel in list(self._channels_of.get(subscriber, ())):
             self.unsubscribe(channel, subscriber)
+
+    @property
+    def subscribers(self) -> int:
+        """How many subscribers listen to at least one channel."""
+        return len(self._channels_of)
+
+    @property
+    def channels(self) -> int:
+        """How many channels at least one subscriber wants."""
+        return len(self._wanted)
+
+    def _mark(self, channel: str) -> None:
+        self._dirty.add(channel)
+        self._changed.set()
 
     def stop(self) -> None:
         self._stopping = True
@@ -97,7 +132,11 @@ class Hub:
                 log.warning("pub/sub connection lost; reconnecting", error=repr(exc))
             first = False
             self.connected = False
+            # A new connection listens to nothing yet: every wanted channel is subscribed
+            # again, and every waiter answered, by the next connection's first turn.
             self._active.clear()
+            self._dirty.update(self._wanted)
+            self._dirty.update(self._pending)
             if not self._stopping:
                 await asyncio.sleep(0.5)
 
@@ -152,17 +191,25 @@ class Hub:
                 await client.aclose()
 
     async def _reconcile(self, pubsub: object) -> None:
-        wanted = set(self._wanted)
-        new = wanted - self._active
-        gone = self._active - wanted
+        """Bring Redis's subscriptions in line with what is wanted, for the channels marked
+        since the last turn only."""
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, set()
+        new = [c for c in dirty if c in self._wanted and c not in self._active]
+        gone = [c for c in dirty if c not in self._wanted and c in self._active]
         if new:
             await pubsub.subscribe(*new)  # type: ignore[attr-defined]
-            self._active |= new
+            self._active.update(new)
         if gone:
+            # Inactive from now: a subscribe while the unsubscribe is under way waits for the
+            # next turn, which subscribes the channel again.
+            self._active.difference_update(gone)
             await pubsub.unsubscribe(*gone)  # type: ignore[attr-defined]
-            self._active -= gone
-        for channel in list(self._pending):
-            if channel in self._active or channel not in wanted:
+        for channel in dirty:
+            if channel in self._pending and (
+                channel in self._active or channel not in self._wanted
+            ):
                 for waiter in self._pending.pop(channel):
                     if not waiter.done():
                         waiter.set_result(None)
@@ -174,6 +221,5 @@ class Hub:
             PUSHED.inc()
 
     def _broadcast(self, text: str) -> None:
-        everyone = {s for subs in self._wanted.values() for s in subs}
-        for subscriber in everyone:
+        for subscriber in list(self._channels_of):
             subscriber.deliver(text)

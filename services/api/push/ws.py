@@ -10,6 +10,13 @@ Before the server closes a socket, its receiver and sender are stopped: a sender
 for a peer that stopped reading to make room, and nothing may follow the close frame. The close
 itself is given ``CLOSE_WAIT`` seconds; the server's own WebSocket protocol
 (``serving/uvicorn_server.py``) sends it at once and drops a peer that does not answer it.
+
+A process admits a bounded number of sockets (``push/admission.py``): past a cap the handshake
+is answered 429 where the server can send an HTTP answer to it (the ASGI
+``websocket.http.response`` extension, which uvicorn's websockets protocols offer), else
+accepted only to be closed with 1013. A topic names a board that exists, and a binary frame is
+answered ``error``: each socket's channels are channels of real boards, and a client's mistake
+never ends its socket.
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import orjson
 import structlog
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from prometheus_client import Counter, Gauge
+from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
-from services.api.errors import Unauthorized
+from services.api.errors import Unauthorized, problem_response
+from services.api.push.admission import TooManySockets
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
@@ -87,15 +96,13 @@ class Client:
     def send(self, message: dict[str, object]) -> None:
         self.deliver(orjson.dumps(message).decode())
 
-    def channel_of(self, topic: str) -> str:
+    async def channel_of(self, topic: str) -> str:
         keys = self.state.keys
         if m := _LEADERBOARD_TOPIC.match(topic):
-            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
-                raise TopicError("leaderboard topics need a credential here")
+            await self._check_board(m["board"])
             return keys.board_channel(m["board"], m["scope"], m["period"])
         if m := _LIVE_TOPIC.match(topic):
-            if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
-                raise TopicError("leaderboard topics need a credential here")
+            await self._check_board(m["board"])
             if m["window"] is not None:
                 return keys.board_channel(m["board"], "hot", m["window"])
             return keys.board_channel(m["board"], "mvps", m["period"])
@@ -107,6 +114,12 @@ class Client:
             "unknown topic; use leaderboard:{board}:{scope}:{period}, leaderboard:{board}:hot:"
             "{10|60}, leaderboard:{board}:mvps:{period} or user:{id}"
         )
+
+    async def _check_board(self, board_id: str) -> None:
+        if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
+            raise TopicError("leaderboard topics need a credential here")
+        if await self.state.board_lookups.get(self.state.catalog, board_id) is None:
+            raise TopicError(f"there is no board {board_id!r}")
 
     def view_key_of(self, topic: str) -> str | None:
         """The key holding a live view's current state, sent to a new subscriber."""
@@ -121,7 +134,7 @@ class Client:
             return
         if len(self.topics) >= MAX_SUBSCRIPTIONS:
             raise TopicError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
-        channel = self.channel_of(topic)
+        channel = await self.channel_of(topic)
         self.topics[topic] = channel
         await self.state.hub.subscribe(channel, self)
         if (key := self.view_key_of(topic)) is not None:
@@ -156,7 +169,7 @@ class Client:
                 raise TopicError("op must be subscribe, unsubscribe (with a topic) or ping")
         except TopicError as exc:
             self.send({"type": "error", "op": kind, "topic": topic, "detail": str(exc)})
-        except TimeoutError:
+        except (TimeoutError, RedisError):
             self.send({"type": "error", "op": kind, "topic": topic, "detail": "try again"})
 
     async def receive_loop(self) -> None:
@@ -164,10 +177,16 @@ class Client:
         settings = self.state.settings
         bucket = TokenBucket(settings.ws_message_rate, 2 * settings.ws_message_rate)
         while True:
-            raw = await self.websocket.receive_text()
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
             if not bucket.take():
                 self.flooding = True
                 return
+            raw = message.get("text")
+            if raw is None:
+                self.send({"type": "error", "detail": "frames must be text (JSON), not binary"})
+                continue
             if len(raw) > MAX_FRAME:
                 self.send({"type": "error", "detail": f"frames are limited to {MAX_FRAME} bytes"})
                 continue
@@ -216,6 +235,15 @@ def credential_of(websocket: WebSocket) -> str | None:
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
     state: ApiState = websocket.state.ladder
+    address = websocket.client.host if websocket.client is not None else ""
+    try:
+        with state.sockets.held(address):
+            await _serve(websocket, state)
+    except TooManySockets as exc:
+        await _turn_away(websocket, exc)
+
+
+async def _serve(websocket: WebSocket, state: ApiState) -> None:
     # Both checks come before any subscription or other state is made; the socket is
     # accepted only so that the client can read the close code and its reason.
     refusal: str | None = None
@@ -257,6 +285,17 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
         await _cancel(tasks)
         state.hub.forget(client)
         CONNECTIONS.dec()
+
+
+async def _turn_away(websocket: WebSocket, exc: TooManySockets) -> None:
+    """Refuse a handshake past a cap: 429 with its problem+json, or where the server cannot
+    answer a handshake over HTTP, accept it only to close it with 1013 (try again later)."""
+    with contextlib.suppress(Exception):
+        if "websocket.http.response" in websocket.scope.get("extensions", {}):
+            await websocket.send_denial_response(problem_response(exc))
+        else:
+            await websocket.accept()
+            await _close(websocket, CLOSE_TRY_AGAIN, exc.detail[:120])
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:

@@ -1,7 +1,9 @@
 """Cursors of paged reads: the last entry handed out (its sorted-set member and score), opaque
-to the client. What comes after one is read by ``ladder_page_v2`` (shared/lua/read.lua): the
+to the client. What comes after one is read by ``ladder_page_v3`` (shared/lua/read.lua): the
 entries after the member's position while it still holds the cursor's score, else those below
-the score and, at the score, below the member."""
+the score and, at the score, below the member, found by a binary search among that score's
+entries. A cursor therefore costs O(log n + page) in Redis wherever it points, O(log² n + page)
+when its member moved or left or was made up; never a walk over the entries before it."""
 
 from __future__ import annotations
 

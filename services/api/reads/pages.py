@@ -59,7 +59,7 @@ async def page(
     """A page of a view: ``{"total", "entries", "next_cursor"}``, and ``"as_of"``: the field
     ``as_of_field`` of the board's as_of hash (``None`` where it is not set or not asked for).
 
-    One round trip: ``ladder_page_v2`` (the rows after the cursor, the view's size, the first
+    One round trip: ``ladder_page_v3`` (the rows after the cursor, the view's size, the first
     row's position, names, records and style count, and the as_of); a friends scope takes two,
     the friend set then ``ladder_friends_v1`` (the group's records and names, and the as_of)."""
     if view.kind == "friends":

@@ -129,6 +129,10 @@ def build_server(settings: LadderSettings, server_class: type[Server] = Server) 
         http="httptools",
         ws=WebSocketProtocol,
         ws_max_size=64 * 1024,
+        # The client address (WebSocket caps per address) is the TCP peer's, or, where the peer
+        # is a listed proxy, what its X-Forwarded-For names (docs/security.md).
+        proxy_headers=True,
+        forwarded_allow_ips=list(settings.forwarded_allow_ips),
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_seconds)),
