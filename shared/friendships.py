@@ -26,8 +26,21 @@ import hashlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, Table, and_, delete, func, literal, or_, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    and_,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -170,52 +183,55 @@ async def ask(engine: AsyncEngine, user_id: str, friend_id: str) -> Outcome:
     Raises :class:`FriendsFull` if a friendship made now, or ever, could not fit ``user_id``'s
     list (or ``friend_id``'s, when accepting), and :class:`RequestsFull` if ``user_id`` has too
     many requests pending; either way nothing changes."""
-    r = friend_requests.c
     async with _locked(engine, user_id, friend_id) as conn:
-        if await _are_friends(conn, user_id, friend_id):
+        pair = (await conn.execute(_pair_state(user_id, friend_id))).one()
+        if pair.friends:
             return Outcome.FRIENDS
-        asked = select(literal(1)).where(r.user_id == friend_id, r.friend_id == user_id)
-        if await conn.scalar(asked) is not None:
+        if pair.asked:
             await _make_friends(conn, user_id, friend_id)
             return Outcome.FRIENDS
-        if (await _friend_counts(conn, user_id))[user_id] >= MAX_FRIENDS:
+        if pair.my_friends >= MAX_FRIENDS:
             raise FriendsFull(user_id)
-        mine = select(literal(1)).where(r.user_id == user_id, r.friend_id == friend_id)
-        if await conn.scalar(mine) is not None:
+        if pair.mine:
             return Outcome.PENDING
-        outgoing = select(func.count()).where(r.user_id == user_id)
-        if (await conn.scalar(outgoing) or 0) >= MAX_OUTGOING:
+        if pair.my_requests >= MAX_OUTGOING:
             raise RequestsFull(user_id)
         now = to_db_time(datetime.now(UTC))
         await conn.execute(
             insert(friend_requests).values(user_id=user_id, friend_id=friend_id, created_at=now)
         )
-        await _drop_oldest_incoming(conn, friend_id)
+        if pair.their_incoming >= MAX_INCOMING:
+            # The oldest go, one index range: the list stays at the cap however many ask.
+            await conn.execute(
+                DROP_OLDEST, {"user_id": friend_id, "n": pair.their_incoming + 1 - MAX_INCOMING}
+            )
     return Outcome.PENDING
 
 
-async def _drop_oldest_incoming(conn: AsyncConnection, user_id: str) -> None:
-    """Keep the newest ``MAX_INCOMING`` requests pending to ``user_id`` (one index range)."""
-    r = friend_requests.c
-    cut = (
-        await conn.execute(
-            select(r.created_at, r.user_id)
-            .where(r.friend_id == user_id)
-            .order_by(r.created_at.desc(), r.user_id.desc())
-            .offset(MAX_INCOMING)
-            .limit(1)
-        )
-    ).first()
-    if cut is None:
-        return
-    await conn.execute(
-        delete(friend_requests).where(
-            r.friend_id == user_id,
-            or_(
-                r.created_at < cut.created_at,
-                and_(r.created_at == cut.created_at, r.user_id <= cut.user_id),
-            ),
-        )
+# MySQL's own DELETE ... ORDER BY ... LIMIT, which SQLAlchemy's delete() does not spell.
+DROP_OLDEST = text(
+    "DELETE FROM friend_requests WHERE friend_id = :user_id ORDER BY created_at, user_id LIMIT :n"
+)
+
+
+def _pair_state(user_id: str, friend_id: str) -> Select[Any]:
+    """What an ask decides on, in one round trip: whether the two are friends, whether either
+    has asked the other, ``user_id``'s friends and requests, and the requests to ``friend_id``."""
+    t, r = friendships.c, friend_requests.c
+
+    def has(table: Table, *where: ColumnElement[bool]) -> Any:
+        return exists().where(*where).select_from(table)
+
+    def count(*where: ColumnElement[bool]) -> Any:
+        return select(func.count()).where(*where).scalar_subquery()
+
+    return select(
+        has(friendships, t.user_id == user_id, t.friend_id == friend_id).label("friends"),
+        has(friend_requests, r.user_id == friend_id, r.friend_id == user_id).label("asked"),
+        has(friend_requests, r.user_id == user_id, r.friend_id == friend_id).label("mine"),
+        count(t.user_id == user_id).label("my_friends"),
+        count(r.user_id == user_id).label("my_requests"),
+        count(r.friend_id == friend_id).label("their_incoming"),
     )
 
 
