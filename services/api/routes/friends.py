@@ -33,8 +33,9 @@ FULL = (
     f"A user has {friendships.MAX_FRIENDS} friends (either side), or the player has"
     f" {friendships.MAX_OUTGOING} requests pending"
 )
-PENDING: dict[int | str, dict[str, Any]] = {
-    202: {"description": "A player's request, pending until the other side asks too (no body)"}
+OUTCOMES: dict[int | str, dict[str, Any]] = {
+    202: {"description": "A player's request, pending until the other side asks too (no body)"},
+    204: {"description": "The two are friends of each other (now, or already)"},
 }
 
 
@@ -63,7 +64,7 @@ def _answered() -> Iterator[None]:
     status_code=204,
     response_class=Response,
     responses={
-        **PENDING,
+        **OUTCOMES,
         **problems(401, 403, 404, 409, 422, 503, said={404: NO_ROUTE, 409: FULL}),
     },
 )
