@@ -213,3 +213,23 @@ async def test_accepting_into_a_full_list_is_409_and_keeps_the_request(
     assert_problem(full_asker, 409)
     assert listed == {"u-1": ["u-2"], "u-3": []}
     assert pending == {"incoming": ["u-3"], "outgoing": []}
+
+
+async def test_the_requests_list_is_no_friend_id(quiet: LadderSettings, redis: Redis) -> None:
+    """``.../friends/requests`` names the list, read only: a PUT or DELETE there is a 405
+    naming GET alone (as is any method the path does not have), and changes nothing."""
+    async with api_client(quiet) as client:
+        before = await snapshot(redis, quiet.key_prefix)
+        refused = [
+            await client.request(method, path("u-1", "requests"), headers=headers)
+            for method in ("PUT", "DELETE", "OPTIONS")
+            for headers in (SERVER, player("u-1"))
+        ]
+        after = await snapshot(redis, quiet.key_prefix)
+
+    for response in refused:
+        assert_problem(response, 405)
+        assert response.headers["allow"] == "GET"
+    assert after == before
+    assert await pending_rows(quiet) == 0
+    assert await stored(quiet, "u-1") == []

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api.errors import Conflict, Invalid, Unavailable, problems
 from services.api.state import Caller, State
@@ -29,6 +30,8 @@ router = APIRouter(prefix="/v1/users", tags=["friends"])
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 # Any user may have friends; only a path that is no route (an id with a slash) answers 404.
 NO_ROUTE = "No such route: a path segment that is not an id"
+# The path of the requests list: never a friend_id (405 there, Allow: GET).
+REQUESTS = "requests"
 FULL = (
     f"A user has {friendships.MAX_FRIENDS} friends (either side), or the player has"
     f" {friendships.MAX_OUTGOING} requests pending"
@@ -46,6 +49,13 @@ class FriendsOut(BaseModel):
 class RequestsOut(BaseModel):
     incoming: list[str]
     outgoing: list[str]
+
+
+def _not_the_requests_list(friend_id: str) -> None:
+    """``.../friends/requests`` is the requests list, which is only read: a ``PUT`` or
+    ``DELETE`` there is a 405, as for any method a path does not have."""
+    if friend_id == REQUESTS:
+        raise StarletteHTTPException(405, headers={"Allow": "GET"})
 
 
 @contextlib.contextmanager
@@ -74,6 +84,7 @@ async def befriend(
     """A server key: make the two friends of each other at once (204, also if they already
     are). A player token: ask ``friend_id`` (202, also if asked before), or, if ``friend_id``
     has asked ``user_id`` already, make the friendship (204)."""
+    _not_the_requests_list(friend_id)
     caller.require_user(user_id)
     if friend_id == user_id:
         raise Invalid("A user cannot be its own friend.", loc=("path", "friend_id"))
@@ -105,6 +116,7 @@ async def unfriend(
 ) -> None:
     """End the friendship both ways, and drop any request pending between the two, either way
     (withdraw one's own, decline the other's): 204, also if there was nothing."""
+    _not_the_requests_list(friend_id)
     caller.require_user(user_id)
     with _answered():
         await friendships.unfriend(state.engine, user_id, friend_id)
@@ -115,7 +127,7 @@ async def unfriend(
 
 
 @router.get(
-    "/{user_id}/friends/requests",
+    f"/{{user_id}}/friends/{REQUESTS}",
     response_model=RequestsOut,
     responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
 )
