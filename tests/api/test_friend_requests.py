@@ -9,7 +9,7 @@ import asyncio
 import httpx
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from shared import friendships
 from shared.db import friend_requests, open_engine
@@ -233,3 +233,28 @@ async def test_the_requests_list_is_no_friend_id(quiet: LadderSettings, redis: R
     assert after == before
     assert await pending_rows(quiet) == 0
     assert await stored(quiet, "u-1") == []
+
+
+async def test_a_change_kept_waiting_for_a_users_lock_is_503_and_changes_nothing(
+    quiet: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(friendships, "LOCK_WAIT_SECONDS", 0.2)
+    async with open_engine(quiet.mysql_url) as engine, engine.connect() as holder:
+        name = friendships._lock_name(engine, "u-2")
+        assert await holder.scalar(text("SELECT GET_LOCK(:n, 1)"), {"n": name}) == 1
+        async with api_client(quiet) as client:
+            waited = [
+                await client.put(path("u-1", "u-2"), headers=player("u-1")),
+                await client.put(path("u-1", "u-2"), headers=SERVER),
+                await client.delete(path("u-1", "u-2"), headers=SERVER),
+            ]
+            # Other users' changes do not wait.
+            other = await ask(client, "u-1", "u-3")
+        await holder.scalar(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
+
+    for response in waited:
+        assert_problem(response, 503)
+        assert response.headers["retry-after"] == "2"
+    assert other == 202
+    assert await stored(quiet, "u-1") == []
+    assert await pending_rows(quiet) == 1
