@@ -1,8 +1,9 @@
 """The history database: its tables, the engine factory and the event reads.
 
 Tables: ``score_events`` (the event log), ``boards`` (board definitions), ``friendships`` (one
-row per direction of a mutual friendship) and ``snapshots`` (top-N views over time). Reads and
-writes of the last three are in :mod:`shared.db_boards`.
+row per direction of a mutual friendship), ``friend_requests`` (requests pending an answer) and
+``snapshots`` (top-N views over time). Reads and writes of boards and snapshots are in
+:mod:`shared.db_boards`, of friendships and requests in :mod:`shared.friendships`.
 
 MySQL (or MariaDB) is Ladder's source of truth. Times are stored as naive UTC ``DATETIME(6)``
 (a ``TIMESTAMP`` would follow the session time zone and end in 2038) and come back out as aware
@@ -107,6 +108,17 @@ friendships = _table(
     Column("user_id", _ident(64), primary_key=True),
     Column("friend_id", _ident(64), primary_key=True),
     Column("created_at", DATETIME(fsp=6), nullable=False),
+)
+
+# A player's friend request that the other side has not answered: ``user_id`` asked
+# ``friend_id``. A user's own requests are one primary-key range; the requests pending to a user,
+# oldest first (the order in which they are dropped past the cap), one range of the index.
+friend_requests = _table(
+    "friend_requests",
+    Column("user_id", _ident(64), primary_key=True),
+    Column("friend_id", _ident(64), primary_key=True),
+    Column("created_at", DATETIME(fsp=6), nullable=False),
+    Index(None, "friend_id", "created_at"),
 )
 
 snapshots = _table(

@@ -1,7 +1,7 @@
-"""Board definitions, friendships and snapshots in the history database.
+"""Board definitions and snapshots in the history database (friendships: shared.friendships).
 
-MySQL is the source of truth of all three; Redis holds a projection of the first two (the hash
-``Keys.boards`` and the sets ``Keys.friends``) that the API restores at start-up. Every write
+MySQL is the source of truth of both; Redis holds a projection of the first (the hash
+``Keys.boards``) that the API restores at start-up. Every write
 here lands in MySQL before its caller touches Redis, so Redis is never ahead of MySQL.
 
 Board definition writes are rare and go through :func:`definitions_lock`, a MySQL named lock per
@@ -17,17 +17,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import and_, literal, or_, select, text
+from sqlalchemy import literal, select, text
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from typing_extensions import TypedDict
 
 from shared.boards import Board
-from shared.db import boards, friendships, from_db_time, score_events, snapshots, to_db_time
+from shared.db import boards, from_db_time, score_events, snapshots, to_db_time
 from shared.events import rfc3339
 
 LOCK_TIMEOUT_SECONDS = 10
-FRIENDSHIP_PAGE = 5000
 # Snapshot rows a statement, and their entries' bytes: one INSERT stays well under MariaDB's
 # default 16 MiB max_allowed_packet. A row without metadata is at most ~110 KiB (1000 entries),
 # so fifty fit; with metadata (up to 1 KiB an entry, twice that escaped) a row may near 3 MiB,
@@ -150,71 +149,6 @@ async def has_events(db: Db, board_id: str) -> bool:
     query = select(literal(1)).where(score_events.c.board_id == board_id).limit(1)
     async with _unit(db) as conn:
         return await conn.scalar(query) is not None
-
-
-# -- friendships -------------------------------------------------------------------------------
-
-
-async def put_friendship(engine: AsyncEngine, user_id: str, friend_id: str) -> None:
-    """Make ``user_id`` and ``friend_id`` friends of each other; already friends is fine."""
-    now = to_db_time(datetime.now(UTC))
-    statement = insert(friendships).values(
-        [
-            {"user_id": user_id, "friend_id": friend_id, "created_at": now},
-            {"user_id": friend_id, "friend_id": user_id, "created_at": now},
-        ]
-    )
-    # A repeat keeps the first created_at and changes nothing.
-    statement = statement.on_duplicate_key_update(created_at=friendships.c.created_at)
-    async with engine.begin() as conn:
-        await conn.execute(statement)
-
-
-async def delete_friendship(engine: AsyncEngine, user_id: str, friend_id: str) -> None:
-    """End the friendship both ways; not friends is fine."""
-    t = friendships.c
-    async with engine.begin() as conn:
-        await conn.execute(
-            friendships.delete().where(
-                or_(
-                    and_(t.user_id == user_id, t.friend_id == friend_id),
-                    and_(t.user_id == friend_id, t.friend_id == user_id),
-                )
-            )
-        )
-
-
-async def load_friends(engine: AsyncEngine, user_id: str) -> list[str]:
-    """The user's friends, sorted."""
-    t = friendships.c
-    async with engine.connect() as conn:
-        rows = await conn.scalars(
-            select(t.friend_id).where(t.user_id == user_id).order_by(t.friend_id)
-        )
-        return list(rows)
-
-
-async def all_friendships(
-    engine: AsyncEngine, page: int = FRIENDSHIP_PAGE
-) -> AsyncIterator[list[tuple[str, str]]]:
-    """Every stored ``(user_id, friend_id)`` row (both directions), in pages of the primary key:
-    memory stays bounded by ``page`` however many friendships there are."""
-    t = friendships.c
-    after: tuple[str, str] | None = None
-    while True:
-        query = select(t.user_id, t.friend_id).order_by(t.user_id, t.friend_id).limit(page)
-        if after is not None:
-            # Spelled out: MariaDB does not turn a row comparison into a range scan.
-            query = query.where(
-                or_(t.user_id > after[0], and_(t.user_id == after[0], t.friend_id > after[1]))
-            )
-        async with engine.connect() as conn:
-            rows = [(row.user_id, row.friend_id) for row in await conn.execute(query)]
-        if rows:
-            yield rows
-        if len(rows) < page:
-            return
-        after = rows[-1]
 
 
 # -- snapshots ---------------------------------------------------------------------------------

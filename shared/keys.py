@@ -251,6 +251,15 @@ class Keys:
         """One set per user; a friends read takes it and then batches one board read."""
         return f"{self.prefix}:friends:{user_id}"
 
+    def friends_match(self) -> str:
+        """A ``SCAN`` pattern of every friend set (the prefix's own pattern has no glob
+        characters: LADDER_KEY_PREFIX is lowercase letters, digits, ``_`` and ``-``)."""
+        return f"{self.prefix}:friends:*"
+
+    def friends_owner(self, key: str) -> str:
+        """The user id of a friend set's key."""
+        return key.removeprefix(f"{self.prefix}:friends:")
+
     def snapshot_dirty(self, board_id: str, *, taking: bool = False) -> str:
         """``{P:B}:snapdirty`` (set): "<period>|<period_id>|<scope>" views changed since the last
         snapshot, marked by history; ``taking=True``: ``{P:B}:snapdirty:taking``, the set a

@@ -104,6 +104,9 @@ class LadderSettings(BaseSettings):
     forwarded_allow_ips: CsvList = Field(default_factory=lambda: ["127.0.0.1", "::1"])
     allowed_origins: CsvList = Field(default_factory=list)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    # How often each API process makes the Redis friend sets what MySQL holds (0: at start-up
+    # only); a pass reads every friendship once.
+    friends_reconcile_seconds: float = Field(default=300.0, ge=0, description="seconds")
 
     @model_validator(mode="before")
     @classmethod

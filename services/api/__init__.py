@@ -10,5 +10,6 @@
 - ``reads/`` the read model: which view a read names, pages and cursors, rank styles, a user's
   standing and its ranks everywhere.
 - ``relay/`` the outbox relay to the broker; ``push/`` the Pub/Sub hub and the WebSocket.
-- ``restorer.py`` the start-up restore of what Redis lost (definitions, friendships).
+- ``restorer.py`` the start-up restore of what Redis lost (definitions, friendships), then the
+  friend sets' periodic reconcile with MySQL.
 """

@@ -85,8 +85,9 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
         ):
             catalog = BoardCatalog(redis, keys)
             # Definitions and friendships back from MySQL, their source of truth, into a Redis
-            # that may have lost them; retried in the background if MySQL is away now.
-            restorer = Restorer(engine, redis, keys, catalog)
+            # that may have lost them (or, friendships, hold some MySQL no longer has); retried
+            # in the background if MySQL is away now, then the friend sets reconciled there.
+            restorer = Restorer(engine, redis, keys, catalog, settings.friends_reconcile_seconds)
             await restorer.attempt()
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)

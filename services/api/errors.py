@@ -224,14 +224,17 @@ def _path_regex(template: str) -> re.Pattern[str]:
 def _allowed_methods(request: Request, named: str) -> str:
     """The ``Allow`` of a 405: every method the document gives the path. Starlette names only
     those of the first route it tried, and FastAPI makes a route per operation, so that a
-    ``GET`` and a ``PUT`` of one path are two routes. ``named`` stands for a path the document
-    does not hold."""
+    ``GET`` and a ``PUT`` of one path are two routes. Where templates overlap, the one with the
+    fewest parameters names the path (``.../friends/requests`` is the requests list, not a
+    friend called "requests"). ``named`` stands for a path the document does not hold."""
     paths: dict[str, dict[str, Any]] = request.app.openapi()["paths"]
+    matching = [t for t in paths if _path_regex(t).match(request.scope["path"])]
+    fewest = min((t.count("{") for t in matching), default=0)
     methods = {
         method.upper()
-        for template, operations in paths.items()
-        if _path_regex(template).match(request.scope["path"])
-        for method in operations
+        for template in matching
+        if template.count("{") == fewest
+        for method in paths[template]
         if method in _METHODS
     }
     return ", ".join(sorted(methods)) if methods else named

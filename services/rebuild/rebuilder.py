@@ -21,7 +21,7 @@ from services.rebuild.keyspace import Existing, dense_builds, existing, region_v
 from services.rebuild.staging import Staged, journaled_ids, replay
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
-from shared.restore import restore_definitions, restore_friendships
+from shared.restore import reconcile_friendships, restore_definitions
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
@@ -82,8 +82,14 @@ class Rebuilder:
     async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
         """Definitions and friendships, then every board (or only those named)."""
         boards = await restore_definitions(self._engine, BoardCatalog(self._redis, self._keys))
-        friendships = await restore_friendships(self._engine, self._redis, self._keys)
-        log.info("definitions and friendships restored", boards=len(boards), rows=friendships)
+        friends = await reconcile_friendships(self._engine, self._redis, self._keys)
+        log.info(
+            "definitions and friendships restored",
+            boards=len(boards),
+            friend_sets=friends.users,
+            added=friends.added,
+            removed=friends.removed,
+        )
         wanted = set(only)
         unknown = wanted - {b.board_id for b in boards}
         if unknown:

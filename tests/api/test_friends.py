@@ -1,5 +1,6 @@
 """Friends (docs/api.md section 6): mutual and idempotent, kept in MySQL, projected into Redis sets
-that the API restores at start-up."""
+that the API restores at start-up. Players' requests: tests/api/test_friend_requests.py; Redis
+converging to MySQL: tests/api/test_friends_reconcile.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from services.api.routes import friends as friends_routes
+from shared import friendships
 from shared.db import open_engine
-from shared.db_boards import all_friendships, load_friends
+from shared.friendships import friends_by_user, load_friends
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import assert_problem
@@ -91,7 +92,8 @@ async def test_unfriending_ends_it_both_ways(
 
 async def test_a_player_manages_only_its_own_friends(quiet: LadderSettings, redis: Redis) -> None:
     async with api_client(quiet) as client:
-        await befriend(client, "u-1", "u-2", headers=player("u-1"))
+        asked = await client.put(path("u-1", "u-2"), headers=player("u-1"))
+        await befriend(client, "u-2", "u-1", headers=player("u-2"))
         own = await client.get(path("u-1"), headers=player("u-1"))
         removed = await client.delete(path("u-1", "u-2"), headers=player("u-1"))
         await befriend(client, "u-2", "u-3")
@@ -101,16 +103,19 @@ async def test_a_player_manages_only_its_own_friends(quiet: LadderSettings, redi
                 await client.put(path("u-2", "u-1"), headers=player("u-1")),
                 await client.delete(path("u-2", "u-3"), headers=player("u-1")),
                 await client.get(path("u-2"), headers=player("u-1")),
+                await client.get(path("u-2", "requests"), headers=player("u-1")),
             ],
             401: [
                 await client.put(path("u-2", "u-1")),
                 await client.delete(path("u-2", "u-3")),
                 await client.get(path("u-2")),
+                await client.get(path("u-2", "requests")),
                 await client.get(path("u-2"), headers={"Authorization": "Bearer wrong"}),
             ],
         }
         after = await snapshot(redis, quiet.key_prefix)
 
+    assert asked.status_code == 202
     assert own.json() == {"friends": ["u-2"]}
     assert removed.status_code == 204
     for status, responses in refused.items():
@@ -141,7 +146,7 @@ async def test_a_bad_friendship_is_422_and_stores_nothing(
 async def test_a_full_friends_list_refuses_another(
     quiet: LadderSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(friends_routes, "MAX_FRIENDS", 2)
+    monkeypatch.setattr(friendships, "MAX_FRIENDS", 2)
     async with api_client(quiet) as client:
         await befriend(client, "u-1", "u-2", "u-3")
         full = await client.put(path("u-1", "u-4"), headers=SERVER)
@@ -170,14 +175,17 @@ async def test_friendships_survive_a_restart_that_empties_redis(
     assert listed == {"u-1": ["u-2", "u-3"], "u-2": ["u-1"], "u-3": ["u-1"]}
 
 
-async def test_every_friendship_is_read_in_pages(quiet: LadderSettings) -> None:
+async def test_every_friendship_is_read_in_pages_of_whole_users(quiet: LadderSettings) -> None:
+    """A user whose friends go on past a page is read whole (alone if it fills the page), so
+    that the reconcile never compares a set with half of what MySQL holds."""
     async with api_client(quiet) as client:
-        for friend in ("u-2", "u-3", "u-4"):
-            await befriend(client, "u-1", friend)
+        await befriend(client, "u-1", "u-2", "u-3", "u-4")
     async with open_engine(quiet.mysql_url) as engine:
-        pages = [page async for page in all_friendships(engine, page=2)]
+        pages = [page async for page in friends_by_user(engine, page=2)]
 
-    assert [len(page) for page in pages] == [2, 2, 2]
-    assert [row for page in pages for row in page] == sorted(
-        [("u-1", f) for f in ("u-2", "u-3", "u-4")] + [(f, "u-1") for f in ("u-2", "u-3", "u-4")]
-    )
+    assert pages == [
+        {"u-1": {"u-2", "u-3", "u-4"}},
+        {"u-2": {"u-1"}},
+        {"u-3": {"u-1"}},
+        {"u-4": {"u-1"}},
+    ]

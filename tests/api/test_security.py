@@ -49,6 +49,8 @@ def score(user: str = "u-1") -> dict[str, Any]:
 OPEN_READ = {"none": 200, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}
 OWN = {"none": 401, "bad": 401, "self": 200, "other": 403, "server": 200, "admin": 200}
 OWN_204 = {k: (204 if v == 200 else v) for k, v in OWN.items()}
+# A player's own PUT only asks (202); a key befriends at once (204).
+ASKS = {**OWN_204, "self": 202}
 SERVERS = {"none": 401, "bad": 401, "self": 403, "other": 403, "server": 200, "admin": 200}
 ADMINS = {"none": 401, "bad": 401, "self": 403, "other": 403, "server": 403, "admin": 201}
 MATRIX: list[tuple[str, str, str, Any, dict[str, int]]] = [
@@ -69,8 +71,9 @@ MATRIX: list[tuple[str, str, str, Any, dict[str, int]]] = [
     ("badges", "GET", "/v1/boards/main/users/u-1/badges", None, OPEN_READ),
     ("feed", "GET", "/v1/boards/main/feed", None, OPEN_READ),
     ("stats", "GET", "/v1/boards/main/stats", None, OPEN_READ),
-    ("befriend", "PUT", "/v1/users/u-1/friends/u-3", None, OWN_204),
+    ("befriend", "PUT", "/v1/users/u-1/friends/u-3", None, ASKS),
     ("friends", "GET", "/v1/users/u-1/friends", None, OWN),
+    ("friend requests", "GET", "/v1/users/u-1/friends/requests", None, OWN),
     ("unfriend", "DELETE", "/v1/users/u-1/friends/u-3", None, OWN_204),
 ]
 PRIVATE_READS = {"none": 401, "bad": 401, "self": 200, "other": 200, "server": 200, "admin": 200}

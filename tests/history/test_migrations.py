@@ -123,3 +123,39 @@ async def test_0003_downgrades_to_0002_keeping_the_events(db: AsyncEngine) -> No
     # And up again, as `make migrate` would.
     await migrate(url)
     await check_schema(db)
+
+
+def _tables(connection: Connection) -> list[str]:
+    return sorted(inspect(connection).get_table_names())
+
+
+async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
+    db: AsyncEngine,
+) -> None:
+    """0005 (friend_requests) one step down and up again: pending requests go with their table,
+    friendships stay, and the table comes back empty and as shared/db.py defines it."""
+    url = db.url.render_as_string(hide_password=False)
+    async with db.begin() as conn:
+        await conn.execute(
+            text("INSERT INTO friendships VALUES ('u-1', 'u-2', NOW(6)), ('u-2', 'u-1', NOW(6))")
+        )
+        await conn.execute(text("INSERT INTO friend_requests VALUES ('u-3', 'u-1', NOW(6))"))
+
+    await alembic_to(url, "downgrade", "-1")
+
+    async with db.connect() as conn:
+        tables = await conn.run_sync(_tables)
+        kept = (await conn.execute(text("SELECT COUNT(*) FROM friendships"))).scalar()
+        revision = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+    assert "friend_requests" not in tables and "friendships" in tables
+    assert kept == 2
+    assert revision != "0005"
+
+    await migrate(url)
+
+    await check_schema(db)
+    async with db.connect() as conn:
+        assert await conn.run_sync(_differences) == []
+        pending = (await conn.execute(text("SELECT COUNT(*) FROM friend_requests"))).scalar()
+        kept = (await conn.execute(text("SELECT COUNT(*) FROM friendships"))).scalar()
+    assert (pending, kept) == (0, 2)

@@ -1,20 +1,28 @@
-"""Friends (docs/api.md section 6): mutual, idempotent friendships.
+"""Friends (docs/api.md section 6): mutual, idempotent friendships, and players' requests.
 
-A server or admin key acts for any user; a player token only for its own ``user_id``. A
-friendship is written to MySQL, the source of truth (a row each way), then to the two Redis sets
-``Keys.friends`` that the friends scope reads; the API restores those sets from MySQL at start-up.
+A server or admin key makes a friendship at once (the game server knows); a player token's
+``PUT`` is a request, which becomes a friendship when the other side asks too, so that no one can
+put itself on another's list alone. Either acts only for its own ``user_id``, a key for any.
+
+MySQL is the source of truth (:mod:`shared.friendships`); a friendship is written there first,
+then to the two Redis sets ``Keys.friends`` that the friends list and the friends scope read.
+Should the second write fail or race, the API's reconcile (start-up, then every
+``LADDER_FRIENDS_RECONCILE_SECONDS``) makes the sets what MySQL holds. Requests live in MySQL only.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.api.errors import Conflict, Invalid, problems
+from services.api.errors import Conflict, Invalid, Unavailable, problems
 from services.api.state import Caller, State
-from shared.db_boards import delete_friendship, put_friendship
+from shared import friendships
 from shared.events import USER_ID_PATTERN
 
 router = APIRouter(prefix="/v1/users", tags=["friends"])
@@ -22,44 +30,79 @@ router = APIRouter(prefix="/v1/users", tags=["friends"])
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 # Any user may have friends; only a path that is no route (an id with a slash) answers 404.
 NO_ROUTE = "No such route: a path segment that is not an id"
-# Bounds a friends list, and so the friends scope's read, which fetches every friend's score.
-MAX_FRIENDS = 1000
+# The path of the requests list: never a friend_id (405 there, Allow: GET).
+REQUESTS = "requests"
+FULL = (
+    f"A user has {friendships.MAX_FRIENDS} friends (either side), or the player has"
+    f" {friendships.MAX_OUTGOING} requests pending"
+)
+OUTCOMES: dict[int | str, dict[str, Any]] = {
+    202: {"description": "A player's request, pending until the other side asks too (no body)"},
+    204: {"description": "The two are friends of each other (now, or already)"},
+}
 
 
 class FriendsOut(BaseModel):
     friends: list[str]
 
 
+class RequestsOut(BaseModel):
+    incoming: list[str]
+    outgoing: list[str]
+
+
+def _not_the_requests_list(friend_id: str) -> None:
+    """``.../friends/requests`` is the requests list, which is only read: a ``PUT`` or
+    ``DELETE`` there is a 405, as for any method a path does not have."""
+    if friend_id == REQUESTS:
+        raise StarletteHTTPException(405, headers={"Allow": "GET"})
+
+
+@contextlib.contextmanager
+def _answered() -> Iterator[None]:
+    """A change's refusals as problems: a full list is 409, a lock not had in time 503."""
+    try:
+        yield
+    except (friendships.FriendsFull, friendships.RequestsFull) as exc:
+        raise Conflict(str(exc)) from exc
+    except friendships.LockTimeout as exc:
+        raise Unavailable("These users' friends are being changed; retry shortly.", 2) from exc
+
+
 @router.put(
     "/{user_id}/friends/{friend_id}",
     status_code=204,
     response_class=Response,
-    responses=problems(
-        401, 403, 404, 409, 422, 503, said={404: NO_ROUTE, 409: f"A user has {MAX_FRIENDS} friends"}
-    ),
+    responses={
+        **OUTCOMES,
+        **problems(401, 403, 404, 409, 422, 503, said={404: NO_ROUTE, 409: FULL}),
+    },
 )
 async def befriend(
     user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
-) -> None:
-    """Make the two users friends of each other (204, also if they already are)."""
+) -> Response:
+    """A server key: make the two friends of each other at once (204, also if they already
+    are). A player token: ask ``friend_id`` (202, also if asked before), or, if ``friend_id``
+    has asked ``user_id`` already, make the friendship (204)."""
+    _not_the_requests_list(friend_id)
     caller.require_user(user_id)
     if friend_id == user_id:
         raise Invalid("A user cannot be its own friend.", loc=("path", "friend_id"))
+    with _answered():
+        if caller.is_server:
+            await friendships.befriend(state.engine, user_id, friend_id)
+            outcome = friendships.Outcome.FRIENDS
+        else:
+            outcome = await friendships.ask(state.engine, user_id, friend_id)
+    if outcome is friendships.Outcome.PENDING:
+        return Response(status_code=202)
+    # After MySQL has it. Two keys of two users, so two single-key commands: no hash tag joins them.
     keys = state.keys
-    async with state.redis.pipeline(transaction=False) as pipe:
-        pipe.scard(keys.friends(user_id))
-        pipe.sismember(keys.friends(user_id), friend_id)
-        pipe.scard(keys.friends(friend_id))
-        mine, already, theirs = await pipe.execute()
-    if not already and max(mine, theirs) >= MAX_FRIENDS:
-        full = user_id if mine >= MAX_FRIENDS else friend_id
-        raise Conflict(f"User {full!r} already has {MAX_FRIENDS} friends, the most there may be.")
-    await put_friendship(state.engine, user_id, friend_id)
-    # Two keys of two users, so two single-key commands: no hash tag joins them.
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.sadd(keys.friends(user_id), friend_id)
         pipe.sadd(keys.friends(friend_id), user_id)
         await pipe.execute()
+    return Response(status_code=204)
 
 
 @router.delete(
@@ -71,13 +114,29 @@ async def befriend(
 async def unfriend(
     user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
 ) -> None:
-    """End the friendship both ways (204, also if there was none)."""
+    """End the friendship both ways, and drop any request pending between the two, either way
+    (withdraw one's own, decline the other's): 204, also if there was nothing."""
+    _not_the_requests_list(friend_id)
     caller.require_user(user_id)
-    await delete_friendship(state.engine, user_id, friend_id)
+    with _answered():
+        await friendships.unfriend(state.engine, user_id, friend_id)
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.srem(state.keys.friends(user_id), friend_id)
         pipe.srem(state.keys.friends(friend_id), user_id)
         await pipe.execute()
+
+
+@router.get(
+    f"/{{user_id}}/friends/{REQUESTS}",
+    response_model=RequestsOut,
+    responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
+)
+async def requests(user_id: UserIdPath, state: State, caller: Caller) -> dict[str, Any]:
+    """The friend requests pending to the user (``incoming``) and its own (``outgoing``), each
+    sorted: read from MySQL."""
+    caller.require_user(user_id)
+    incoming, outgoing = await friendships.load_requests(state.engine, user_id)
+    return {"incoming": incoming, "outgoing": outgoing}
 
 
 @router.get(
