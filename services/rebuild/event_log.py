@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import or_, select, tuple_
+from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from shared.db import score_events
@@ -53,15 +53,19 @@ async def held(conn: AsyncConnection, board_id: str, refs: Iterable[str]) -> set
         chunk = [parse_event_ref(ref) for ref in wanted[start : start + ID_CHUNK]]
         pairs = [(user, event) for event, user in chunk if user is not None]
         bare = [event for event, user in chunk if user is None]
-        matches = []
+        # Apart: (user_id, event_id) IN (...) is a range of the unique key's, which an OR with
+        # a bare id's condition would turn into a scan of the board's entries in it.
         if pairs:
-            matches.append(tuple_(t.user_id, t.event_id).in_(pairs))
+            rows = await conn.execute(
+                select(t.event_id, t.user_id).where(
+                    t.board_id == board_id, tuple_(t.user_id, t.event_id).in_(pairs)
+                )
+            )
+            found.update(event_ref(row.event_id, row.user_id) for row in rows)
         if bare:
-            matches.append(t.event_id.in_(bare))
-        rows = await conn.execute(
-            select(t.event_id, t.user_id).where(t.board_id == board_id, or_(*matches))
-        )
-        for row in rows:
-            found.add(event_ref(row.event_id, row.user_id))
-            found.add(row.event_id)
-    return found & set(wanted)
+            # At most one, once, after the upgrade: a scan of the board's index is fine.
+            rows = await conn.execute(
+                select(t.event_id).where(t.board_id == board_id, t.event_id.in_(bare))
+            )
+            found.update(row.event_id for row in rows)
+    return found
