@@ -6,9 +6,10 @@ record and the outbox bound; compute the new score of every period's regional bo
 the whole call if any leaves the range of exact scores); write them with their
 hashes of records (tie key, score, metadata; shared/ranking.py has the layout); read rank and
 previous rank; name whoever this write pushed out of each notify bracket; record the answer
-under the event's board, user and id, its "derive pending" mark set; note the event as the board's newest; append
-it to the outbox, each changed period with the pair (score, subscore) its entry held before;
-journal the call while the board is being rebuilt. Every key shares one hash tag.
+under the event's board, user and id, its "derive pending" mark set; note the event as the
+board's newest; append it to the outbox, each changed period with the pair (score, subscore)
+its entry held before; journal the call while the board is being rebuilt. Every key shares one
+hash tag.
 
 What is derived from the event (the team boards, the feed, the period's players, events and
 regions, the user's regions and team, and the regional boards' distinct-score sets where dense
@@ -241,9 +242,9 @@ local function event_ref(json, user) return event_id_of(json) .. ':' .. user end
 
 -- What the write leaves beside the boards: the display name (reads show it beside each entry;
 -- one HSET, and the rebuild restores it as it restores the boards), the answer under the event's
--- user and id, the event's identity as the board's newest (the rebuild waits for it: rebuild.lua) and the
--- outbox entry (returned); and, while a rebuild of the board runs (rebuild.lua), the call itself
--- in the journal.
+-- user and id, the event's identity as the board's newest (the rebuild waits for it:
+-- rebuild.lua) and the outbox entry (returned); and, while a rebuild of the board runs
+-- (rebuild.lua), the call itself in the journal.
 local function record(keys, args, e, periods)
   if e.display ~= '' then redis.call('HSET', keys[7], e.user, e.display) end
   local entry = args[7] .. ',"periods":' .. exact_json(periods) .. '}'
