@@ -86,7 +86,9 @@ score_events = _table(
     # MariaDB's JSON, for the reason given at ``boards``; at most 1 KiB by the API's check.
     Column("metadata", Text, nullable=True),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
-    UniqueConstraint("board_id", "event_id"),
+    # An event id belongs to its board and user (docs/api.md section 4): another user's event of
+    # the same id is another event. (Migration 0004; before it, (board_id, event_id).)
+    UniqueConstraint("board_id", "user_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
     Index(None, "board_id", "user_id", "accepted_at", "id"),
 )
@@ -282,12 +284,17 @@ async def user_events(
     return events, next_cursor
 
 
-async def count_events(engine: AsyncEngine, board_id: str, event_id: str | None = None) -> int:
-    """How many events a board holds (or holds under one ``event_id``: 0 or 1)."""
+async def count_events(
+    engine: AsyncEngine, board_id: str, event_id: str | None = None, user_id: str | None = None
+) -> int:
+    """How many events a board holds (or holds under one ``event_id``: one a user, so 0 or 1
+    with a ``user_id``)."""
     query = (
         select(func.count()).select_from(score_events).where(score_events.c.board_id == board_id)
     )
     if event_id is not None:
         query = query.where(score_events.c.event_id == event_id)
+    if user_id is not None:
+        query = query.where(score_events.c.user_id == user_id)
     async with engine.connect() as conn:
         return int((await conn.execute(query)).scalar_one())

@@ -23,7 +23,11 @@ derive-pending bit, and the finish clears the journaled events' bits. v7 of the 
 and rebuild finish, v2 of derive: the regional boards' distinct-score sets leave the write too,
 kept by the derive step where dense reads asked for them, from the pairs each changed period's
 outbox result names (``previous_score``, ``previous_subscore``; the write takes the board's
-subscore order as its 18th argument); the derive step takes the regional boards first.)
+subscore order as its 18th argument); the derive step takes the regional boards first. v8 of
+the write, replay and rebuild finish, v3 of rebuild begin, derive and contribute, v2 of seen and
+mark_seen: an event id belongs to its board and user, so the event's record is named by both;
+each takes the record of the layout before (the id alone) beside it, honoured until it expires;
+the newest event key and the rebuild name events as ``<event_id>:<user_id>``.)
 """
 
 from __future__ import annotations
@@ -33,9 +37,9 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v7"
+SUBMIT_FUNCTION = "ladder_submit_v8"
 """One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v7"
+WRITE_FUNCTION = "ladder_write_v8"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
@@ -53,17 +57,17 @@ HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
 """Move the hot view's windows forward, taking out what they leave behind."""
-CONTRIBUTE_FUNCTION = "ladder_contribute_v2"
+CONTRIBUTE_FUNCTION = "ladder_contribute_v3"
 """Count one event toward its member's team contribution (the MVP view), once."""
-DERIVE_FUNCTION = "ladder_derive_v2"
+DERIVE_FUNCTION = "ladder_derive_v3"
 """Apply a batch of a board's events to the views derived from them (team boards, feed,
 players, event counts, regions, users' regions and teams), once per event; and sync the pairs
 the events changed into the regional boards' distinct-score sets, where they have one."""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
-SEEN_FUNCTION = "ladder_seen_v1"
+SEEN_FUNCTION = "ladder_seen_v2"
 """Whether a consumer marked each of some events handled (read-only)."""
-MARK_SEEN_FUNCTION = "ladder_mark_seen_v1"
+MARK_SEEN_FUNCTION = "ladder_mark_seen_v2"
 """Mark events handled by a consumer, in each event's record."""
 
 # -- the notifier ------------------------------------------------------------------------------
@@ -71,14 +75,14 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v7"
+REPLAY_FUNCTION = "ladder_replay_v8"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
 entry."""
-REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v2"
+REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v3"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v7"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v8"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""

@@ -13,10 +13,15 @@ key                                                type        holds
 ``{P:B}:lb:<period>:<period_id>:global``           zset        the merged global board
 ``{P:B}:regions:<period>:<period_id>``             set         regions that have scores then
 ``{P:B}:names``                                    hash        user_id -> display_name
-``{P:B}:idem:<event_id>``                          string      the event's record: the first
-                                                               answer to its event_id and its
-                                                               consumers' seen marks
-                                                               (shared/lua/write.lua, live.lua)
+``{P:B}:idem:<event_id>:<user_id>``                string      the event's record: the first
+                                                               answer to its event_id for that
+                                                               user and its consumers' seen
+                                                               marks (shared/lua/write.lua,
+                                                               live.lua); an event is its board,
+                                                               user and id (``event_ref``)
+``{P:B}:idem:<event_id>``                          string      a record of the layout before
+                                                               (ids per board), honoured until
+                                                               it expires
 ``{P:B}:outbox``                                   stream      accepted events not yet relayed
 ``{P:B}:dirty``                                    set         "<period>|<period_id>|<region>|
                                                                <user_id>" touched, to merge
@@ -25,11 +30,13 @@ key                                                type        holds
                                                                the last merge (RFC 3339);
                                                                "derived" -> time the aggregator
                                                                last derived a batch (derive.lua)
-``{P:B}:newest``                                   string      the newest accepted event's id
+``{P:B}:newest``                                   string      the newest accepted event's
+                                                               ``event_ref``
 ``{P:B}:top:<period>:<period_id>:<scope>``         string      the top 10 last pushed
 ``{P:B}:seen:<consumer>:<event_id>``               string      a consumer already handled it:
-                                                               the layout before, for events
-                                                               whose record is of that layout
+                                                               the layout before the marks
+                                                               byte, for the events whose
+                                                               per-board record is of that layout
 ``{P:B}:lb:<period>:<period_id>:teams``            zset        teams by the sum of their events
                                                                (the aggregator's, derive.lua)
 ``{P:B}:lb:<period>:<period_id>:<scope>:distinct`` zset        each distinct (score, subscore)
@@ -80,7 +87,7 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v7`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v8`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
@@ -147,7 +154,17 @@ class Keys:
         the rate-limited write checks and takes it in the same atomic call (one slot)."""
         return f"{self.tag(board_id)}:rate:{kind}:{who}"
 
-    def idempotency(self, board_id: str, event_id: str) -> str:
+    def idempotency(self, board_id: str, event_id: str, user_id: str) -> str:
+        """The event's record: an ``event_id`` belongs to its board and user (docs/api.md
+        section 4), so the record is named by both, the id first: an event id holds no ``:``
+        (shared/events.py), so the first ``:`` after it ends it whatever the user id holds."""
+        return f"{self.tag(board_id)}:idem:{event_ref(event_id, user_id)}"
+
+    def legacy_idempotency(self, board_id: str, event_id: str) -> str:
+        """The record of the layout before, when ids were unique per board: the write and the
+        consumers still honour one until it expires (``LADDER_IDEMPOTENCY_TTL_SECONDS`` after
+        the upgrade; docs/architecture.md, "Idempotency"). It cannot be taken for a record of
+        this layout: its name holds no ``:`` after the id."""
         return f"{self.tag(board_id)}:idem:{event_id}"
 
     def outbox(self, board_id: str) -> str:
@@ -224,8 +241,9 @@ class Keys:
 
     # -- the live views (docs/api.md section 8a) -----------------------------------------------
     def hot_events(self, board_id: str) -> str:
-        """A sorted set of the recent on-time events, one member per event id (so a redelivery
-        rewrites its own member), scored by ``occurred_at`` in ms and trimmed to the window."""
+        """A sorted set of the recent on-time events, one member per event (its id and user, so
+        that a redelivery rewrites its own member), scored by ``occurred_at`` in ms and trimmed
+        to the window."""
         return f"{self.tag(board_id)}:hot:events"
 
     def hot_window(self, board_id: str, window: int) -> str:
@@ -281,12 +299,13 @@ class Keys:
         return f"{tag}:rebuild{key[len(tag) :]}"
 
     def replay_scratch(self, board_id: str) -> list[str]:
-        """What a replayed write gets in place of its idempotency record, outbox, rebuild flag,
-        journal and newest event (``shared.submit.WRITE_OWN_KEYS``): staging names that nothing
-        reads, the replay deleting what it wrote to them and the flag never set, so that it
-        journals nothing."""
+        """What a replayed write gets in place of its idempotency record, the record of the
+        layout before, outbox, rebuild flag, journal and newest event
+        (``shared.submit.WRITE_OWN_KEYS``): staging names that nothing reads, the replay
+        deleting what it wrote to them and the flag never set, so that it journals nothing."""
         return [
-            self.staged(board_id, self.idempotency(board_id, "replay")),
+            self.staged(board_id, self.idempotency(board_id, "replay", "replay")),
+            self.staged(board_id, self.legacy_idempotency(board_id, "replay")),
             self.staged(board_id, self.outbox(board_id)),
             self.staged(board_id, self.rebuilding(board_id)),
             self.staged(board_id, self.rebuild_journal(board_id)),
@@ -299,10 +318,31 @@ DERIVED_FIELD = "derived"
 spells it too): when it last applied a batch of the board's events."""
 
 
-def seen_keys(keys: Keys, board_id: str, consumer: str, event_id: str) -> tuple[str, str]:
+def event_ref(event_id: str, user_id: str) -> str:
+    """An event's identity within its board, ``<event_id>:<user_id>``: unambiguous, an event id
+    holding no ``:``. The newest event key holds one, and the rebuild names events by it."""
+    return f"{event_id}:{user_id}"
+
+
+def parse_event_ref(ref: str) -> tuple[str, str | None]:
+    """(event_id, user_id) of an :func:`event_ref`; the user is None for a bare event id, which
+    the newest event key of the layout before holds."""
+    event_id, _, user_id = ref.partition(":")
+    return event_id, user_id or None
+
+
+def seen_keys(
+    keys: Keys, board_id: str, consumer: str, event_id: str, user_id: str
+) -> tuple[str, str, str]:
     """What a consumer's seen marks of an event take (shared/lua/live.lua): the event's record,
-    which holds its mark, and its seen key of the layout before."""
-    return keys.idempotency(board_id, event_id), keys.seen(board_id, consumer, event_id)
+    which holds its mark; the record of the layout before, under the id alone, which holds the
+    marks of an event accepted before ids were scoped to users; and the seen key of the layout
+    before that, for such a record without a marks byte."""
+    return (
+        keys.idempotency(board_id, event_id, user_id),
+        keys.legacy_idempotency(board_id, event_id),
+        keys.seen(board_id, consumer, event_id),
+    )
 
 
 def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:

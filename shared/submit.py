@@ -22,14 +22,15 @@ from shared.keys import Keys
 from shared.periods import Period, PeriodWindow, expire_at, window_at, window_of
 from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
-# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): nine
-# keys of the event, the first five the write's own (idempotency record, outbox, rebuild flag,
-# journal and newest event), then nine a period, the period's event counter last. The derived
+# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): ten
+# keys of the event, the first six the write's own (idempotency record, the record of the layout
+# before, outbox, rebuild flag, journal and newest event), then nine a period, the period's
+# event counter last. The derived
 # views' keys (feed, user regions and team, each period's regions, players and event count)
 # are named though the write does not touch them: a journaled call is replayed whole, the write
 # then the derive step (shared/lua/rebuild.lua).
-WRITE_OWN_KEYS = 5
-KEYS_BEFORE = 9
+WRITE_OWN_KEYS = 6
+KEYS_BEFORE = 10
 KEYS_PER_PERIOD = 9
 
 
@@ -76,7 +77,7 @@ def period_expiry(timezone: str, retention: int | None, period: Period, period_i
     return expiry_of(window_of(period, period_id, timezone), timezone, retention)
 
 
-# A write's keys but its idempotency record and user's regions are the same for every write of
+# A write's keys but its idempotency records and user's regions are the same for every write of
 # the board (and, for a period's, of the region in that period): built once, not per request.
 @functools.lru_cache(maxsize=256)
 def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str, str]:
@@ -170,7 +171,8 @@ def submit_call(
     bid = board.board_id
     outbox, rebuilding, journal, newest, names, feed, user_team = _board_keys(keys, bid)
     call_keys = [
-        keys.idempotency(bid, event.event_id),
+        keys.idempotency(bid, event.event_id, event.user_id),
+        keys.legacy_idempotency(bid, event.event_id),
         outbox,
         rebuilding,
         journal,
@@ -233,7 +235,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v7`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v8`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -245,7 +247,7 @@ def finish_keys(
     others: Sequence[str],
     records: Sequence[str],
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v7``: flag, journal, the replay's scratch keys, the
+    """The keys of ``ladder_rebuild_finish_v8``: flag, journal, the replay's scratch keys, the
     records of the journal's events, then each live key the rebuild replaces with its staging
     copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]

@@ -1,6 +1,6 @@
-"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v7`` call runs, by
+"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v8`` call runs, by
 board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
-else talks to; and what the aggregator's derive step (``ladder_derive_v2``, in batches of
+else talks to; and what the aggregator's derive step (``ladder_derive_v3``, in batches of
 ``DERIVE_BATCH``) then runs per event for the views the write leaves to it. A count, not a
 time: it does not vary with the machine or its load, so that a change of the write's layout
 shows here as the same figure on every run.

@@ -5,7 +5,7 @@ boards' distinct-score sets where dense reads asked for them (docs/architecture.
 on demand"): each pair an event's entry took or left is synced to whether the view still holds
 it, which is right in any order and on any redelivery.
 
-One ``ladder_derive_v2`` call per board and batch (shared/lua/derive.lua), the events in the
+One ``ladder_derive_v3`` call per board and batch (shared/lua/derive.lua), the events in the
 order the stream delivered them (the order the write accepted them: the outbox's), applies each
 event whose record still has its derive-pending bit and clears the bit in the same atomic step,
 so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
@@ -66,7 +66,7 @@ class Derive:
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str
     ) -> tuple[list[str], list[str | int]]:
-        """``ladder_derive_v2``'s keys and arguments for ``events`` of ``board``, in the order
+        """``ladder_derive_v3``'s keys and arguments for ``events`` of ``board``, in the order
         they were accepted."""
         keys, bid = self._keys, board.board_id
         sums_teams = board.operator == "incr"
@@ -83,7 +83,8 @@ class Derive:
         for event in events:
             periods = [(p, r.period_id) for p, r in event.periods.items() if p in board.periods]
             call_keys += [
-                keys.idempotency(bid, event.event_id),
+                keys.idempotency(bid, event.event_id, event.user_id),
+                keys.legacy_idempotency(bid, event.event_id),
                 keys.user_regions(bid, event.user_id),
             ]
             # The tie key the write gave the event (shared/submit.py): its team reached its sum

@@ -3,11 +3,11 @@
 Consumed events are recorded in Redis, idempotently and with no regard to order:
 
 - each on-time event of the last 60 s becomes one member of the board's hot set, named by its
-  event id, and is added to the per-user sum and count of each window it is inside; one
-  ``ladder_hot_add_v1`` call per board and batch does both, for each event whose member is new,
-  so a redelivery adds nothing;
+  event id and user (an event id belongs to its board and user), and is added to the per-user
+  sum and count of each window it is inside; one ``ladder_hot_add_v1`` call per board and batch
+  does both, for each event whose member is new, so a redelivery adds nothing;
 - each team event of an ``incr`` board adds its value to its member's contribution to the team
-  in every period, once per event id (``ladder_contribute_v2``: the aggregator's mark in the
+  in every period, once per event (``ladder_contribute_v3``: the aggregator's mark in the
   event's record, shared/lua/live.lua, and the increments in one atomic step).
 
 On the ticker each window's start moves up to the clock (``ladder_hot_trim_v1`` takes the
@@ -112,7 +112,7 @@ class RecordLive:
     def _contribute(
         self, pipe: Any, board: Board, event: ScoreAccepted, team: str
     ) -> frozenset[str]:
-        """Queue the event's ``ladder_contribute_v2`` call; the periods it marks dirty."""
+        """Queue the event's ``ladder_contribute_v3`` call; the periods it marks dirty."""
         bid = board.board_id
         periods = tuple((period, result.period_id) for period, result in event.periods.items())
         memo = (bid, team, periods)
@@ -123,9 +123,10 @@ class RecordLive:
                 self._calls.clear()
             known = self._calls[memo] = (board, *self._call_of(board, team, periods))
         _, view_keys, expiries, dirty = known
-        seen = seen_keys(self._keys, bid, "aggregator", event.event_id)
+        seen = seen_keys(self._keys, bid, "aggregator", event.event_id, event.user_id)
         args = (SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at))
-        pipe.fcall(CONTRIBUTE_FUNCTION, len(view_keys) + 2, *seen, *view_keys, *args, *expiries)
+        call_keys = (*seen, *view_keys)
+        pipe.fcall(CONTRIBUTE_FUNCTION, len(call_keys), *call_keys, *args, *expiries)
         return dirty
 
     def _call_of(

@@ -25,13 +25,21 @@ AWARDS = Counter("ladder_notifier_badges_awarded_total", "Badges awarded (once p
 SEEN_TTL_SECONDS = 86_400
 
 
+def _displaced(
+    event: ScoreAccepted, crossing: Crossing, period: Period
+) -> tuple[str, str, str, str, Period]:
+    """A displaced user's score read for an event: the event (its board, user and id: an id
+    belongs to its board and user), the displaced user and the period."""
+    return (event.board_id, event.user_id, event.event_id, crossing.user_id, period)
+
+
 class Notify:
     """Publishes ``rank`` messages and awards badges; skips events it has already handled
     (broker redelivery).
 
     An event is marked seen only after its messages are published: a crash in between repeats
     the rank messages on redelivery rather than losing them. The mark is the notifier's bit in
-    the event's record (``ladder_seen_v1`` reads it, ``ladder_mark_seen_v1`` sets it: one call
+    the event's record (``ladder_seen_v2`` reads it, ``ladder_mark_seen_v2`` sets it: one call
     a board each), so a handled event keeps no key of its own (shared/lua/live.lua). Badges
     never repeat: each award is one ``ladder_award_v1`` call whose ``HSETNX`` on the user's
     badges hash decides, in the same atomic step as the publish, so a badge is pushed exactly
@@ -45,9 +53,9 @@ class Notify:
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         seen = await self._seen(events)
-        fresh: dict[tuple[str, str], ScoreAccepted] = {}
+        fresh: dict[tuple[str, str, str], ScoreAccepted] = {}
         for event, was_seen in zip(events, seen, strict=True):
-            named = (event.board_id, event.event_id)
+            named = (event.board_id, event.user_id, event.event_id)
             # A message delivered twice within one batch counts once, too.
             if not was_seen and named not in fresh:
                 fresh[named] = event
@@ -84,11 +92,11 @@ class Notify:
             PUSHES.labels(rank_message["reason"]).inc()
 
     def _seen_keys(self, events: list[ScoreAccepted]) -> dict[str, list[str]]:
-        """The seen keys of ``events`` (two each: shared.keys.seen_keys), by board."""
+        """The seen keys of ``events`` (three each: shared.keys.seen_keys), by board."""
         by_board: dict[str, list[str]] = defaultdict(list)
         for event in events:
             by_board[event.board_id] += seen_keys(
-                self._keys, event.board_id, "notifier", event.event_id
+                self._keys, event.board_id, "notifier", event.event_id, event.user_id
             )
         return by_board
 
@@ -101,10 +109,13 @@ class Notify:
             replies: list[Any] = await pipe.execute()
         found: dict[tuple[str, str], bool] = {}
         for board_id, marks in zip(by_board, replies, strict=True):
-            keys = by_board[board_id][::2]
+            keys = by_board[board_id][::3]
             for key, mark in zip(keys, marks, strict=True):
                 found[(board_id, key)] = bool(mark)
-        return [found[(e.board_id, self._keys.idempotency(e.board_id, e.event_id))] for e in events]
+        return [
+            found[(e.board_id, self._keys.idempotency(e.board_id, e.event_id, e.user_id))]
+            for e in events
+        ]
 
     def _award(self, event: ScoreAccepted, badge: str) -> tuple[str, str, str, str, bytes]:
         """The arguments of one ``ladder_award_v1`` call."""
@@ -132,7 +143,7 @@ class Notify:
             for event, descending, period, crossing in found
             if crossing.user_id != event.user_id
         ]
-        scores: dict[tuple[str, str, Period], int | None] = {}
+        scores: dict[tuple[str, str, str, str, Period], int | None] = {}
         if others:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for event, _, period, crossing in others:
@@ -144,7 +155,7 @@ class Notify:
             for (event, descending, period, crossing), raw in zip(
                 others, found_entries, strict=True
             ):
-                scores[(event.event_id, crossing.user_id, period)] = (
+                scores[_displaced(event, crossing, period)] = (
                     score_of(parse_record(raw)[1], descending) if raw is not None else None
                 )
         out: list[tuple[str, dict[str, object]]] = []
@@ -153,7 +164,7 @@ class Notify:
             score = (
                 result.score
                 if crossing.user_id == event.user_id
-                else scores[(event.event_id, crossing.user_id, period)]
+                else scores[_displaced(event, crossing, period)]
             )
             out.append(
                 (

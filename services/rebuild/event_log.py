@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from shared.db import score_events
+from shared.keys import event_ref, parse_event_ref
 
 PAGE = 2000  # events a MySQL page, and replays a Redis round trip
-ID_CHUNK = 1000  # event ids an IN (...) lookup
+ID_CHUNK = 1000  # events an IN (...) lookup
 
 
 def page(board_id: str, after: int) -> Any:
@@ -41,15 +42,30 @@ def page(board_id: str, after: int) -> Any:
     )
 
 
-async def held(conn: AsyncConnection, board_id: str, event_ids: Iterable[str]) -> set[str]:
-    """Which of ``event_ids`` the event log holds for the board."""
-    wanted = sorted(event_ids)
+async def held(conn: AsyncConnection, board_id: str, refs: Iterable[str]) -> set[str]:
+    """Which of the events ``refs`` names (``shared.keys.event_ref``: ``<event_id>:<user_id>``)
+    the event log holds for the board. A bare event id (the newest event the write of the layout
+    before noted, when ids were unique per board) is held if any user's event of that id is."""
+    wanted = sorted(refs)
     found: set[str] = set()
     t = score_events.c
     for start in range(0, len(wanted), ID_CHUNK):
-        chunk = wanted[start : start + ID_CHUNK]
-        rows = await conn.execute(
-            select(t.event_id).where(t.board_id == board_id, t.event_id.in_(chunk))
-        )
-        found.update(row.event_id for row in rows)
+        chunk = [parse_event_ref(ref) for ref in wanted[start : start + ID_CHUNK]]
+        pairs = [(user, event) for event, user in chunk if user is not None]
+        bare = [event for event, user in chunk if user is None]
+        # Apart: (user_id, event_id) IN (...) is a range of the unique key's, which an OR with
+        # a bare id's condition would turn into a scan of the board's entries in it.
+        if pairs:
+            rows = await conn.execute(
+                select(t.event_id, t.user_id).where(
+                    t.board_id == board_id, tuple_(t.user_id, t.event_id).in_(pairs)
+                )
+            )
+            found.update(event_ref(row.event_id, row.user_id) for row in rows)
+        if bare:
+            # At most one, once, after the upgrade: a scan of the board's index is fine.
+            rows = await conn.execute(
+                select(t.event_id).where(t.board_id == board_id, t.event_id.in_(bare))
+            )
+            found.update(row.event_id for row in rows)
     return found

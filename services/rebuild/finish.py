@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from services.rebuild.flag import BoardFlag
 from services.rebuild.keyspace import region_sets, region_views
-from services.rebuild.staging import Staged, journaled_ids
+from services.rebuild.staging import Staged, journaled_refs
 from shared.functions import REBUILD_FINISH_FUNCTION
 from shared.keys import Keys, dirty_member
 from shared.ranking import id_of
@@ -29,7 +29,7 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v7``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v8``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
     delete the ``live`` keys the rebuild did not make again), clear the journaled events'
     derive-pending bits (staging holds their derived views), drop flag and journal. The
@@ -66,7 +66,7 @@ async def finish(
         )
         if status != "unknown":
             break
-        journaled_ids(await flag.journaled(), journal)
+        journaled_refs(await flag.journaled(), journal)
     return status, detail, len(staged.counters | staged.others | live)
 
 

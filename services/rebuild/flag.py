@@ -40,9 +40,10 @@ class BoardFlag:
         self.journal = keys.rebuild_journal(board_id)
 
     async def begin(self) -> list[str] | None:
-        """Raise the flag and start an empty journal. Returns the ids of the events in the
-        outbox and of the newest the write accepted (those MySQL must hold, and the aggregator
-        have derived, before it is read), or ``None`` if another rebuild holds the flag."""
+        """Raise the flag and start an empty journal. Returns the events in the outbox and the
+        newest the write accepted, as ``shared.keys.event_ref`` names them (those MySQL must
+        hold, and the aggregator have derived, before it is read), or ``None`` if another
+        rebuild holds the flag."""
         bid = self.board_id
         begun: list[Any] = await self._redis.fcall(
             REBUILD_BEGIN_FUNCTION,

@@ -18,9 +18,9 @@ from services.rebuild.event_log import held, page
 from services.rebuild.finish import finish, mark_dirty
 from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
 from services.rebuild.keyspace import Existing, dense_builds, existing, region_views
-from services.rebuild.staging import Staged, journaled_ids, replay
+from services.rebuild.staging import Staged, journaled_refs, replay
 from shared.boards import Board, BoardCatalog
-from shared.keys import Keys
+from shared.keys import Keys, parse_event_ref
 from shared.restore import reconcile_friendships, restore_definitions
 from shared.settings import LadderSettings
 
@@ -154,9 +154,10 @@ class Rebuilder:
         if wanted and await self._redis.sismember(keys.dense(board_id), "region"):
             await self._redis.sadd(keys.dense_build(board_id), *sorted(wanted))
 
-    async def _wait_stored(self, board_id: str, event_ids: list[str]) -> None:
-        """Until MySQL holds every one of ``event_ids`` of the board."""
-        pending = set(event_ids)
+    async def _wait_stored(self, board_id: str, refs: list[str]) -> None:
+        """Until MySQL holds every one of the board's events ``refs`` names
+        (``shared.keys.event_ref``)."""
+        pending = set(refs)
         end = time.monotonic() + self._wait_seconds
         while pending:
             async with self._engine.connect() as conn:
@@ -172,21 +173,29 @@ class Rebuilder:
             await self._flags[board_id].extend()
             await asyncio.sleep(0.25)
 
-    async def _wait_derived(self, board_id: str, event_ids: list[str]) -> None:
-        """Until the aggregator has derived every one of ``event_ids`` (their records' derive-
-        pending bits clear, or their records gone). These are the newest events applied before
+    async def _wait_derived(self, board_id: str, refs: list[str]) -> None:
+        """Until the aggregator has derived every one of the events ``refs`` names (their
+        records' derive-pending bits clear, or their records gone; an event accepted before ids
+        were scoped to users has its record under its id alone, and so is waited for there too:
+        that record is of an event older than these, derived before them, so waiting for it is
+        right whichever user's it is). These are the newest events applied before
         the flag; the aggregator derives a board's events in the order they were accepted, so
         every event before them is derived too. The finish step clears the bits of the events
         applied after the flag (the journal's): together, every event the rebuild replays is
         one the aggregator will not derive again onto what the rebuild puts in place."""
-        pending = list(event_ids)
+        pending = list(refs)
         end = time.monotonic() + self._wait_seconds
         while pending:
             async with self._redis.pipeline(transaction=False) as pipe:
-                for event_id in pending:
-                    pipe.getrange(self._keys.idempotency(board_id, event_id), 0, 0)
+                for ref in pending:
+                    for record in self._records(board_id, ref):
+                        pipe.getrange(record, 0, 0)
                 firsts: list[Any] = await pipe.execute()
-            pending = [e for e, first in zip(pending, firsts, strict=True) if _pending(first)]
+            pending = [
+                ref
+                for ref, own, legacy in zip(pending, firsts[::2], firsts[1::2], strict=True)
+                if _pending(own) or _pending(legacy)
+            ]
             if not pending:
                 return
             if time.monotonic() > end:
@@ -197,6 +206,15 @@ class Rebuilder:
                 )
             await self._flags[board_id].extend()
             await asyncio.sleep(0.25)
+
+    def _records(self, board_id: str, ref: str) -> tuple[str, str]:
+        """The event's record and the record of the layout before under its id alone; a bare
+        id (the newest event the write of the layout before noted) has only the latter."""
+        event_id, user_id = parse_event_ref(ref)
+        legacy = self._keys.legacy_idempotency(board_id, event_id)
+        if user_id is None:
+            return legacy, legacy
+        return self._keys.idempotency(board_id, event_id, user_id), legacy
 
     async def _build(
         self, board: Board, done: BoardRebuild, live: set[str]
@@ -243,7 +261,7 @@ class Rebuilder:
                 events += len(rows)
                 after = rows[-1].id
                 await flag.extend()
-            known = await held(conn, bid, journaled_ids(await flag.journaled(), journal))
+            known = await held(conn, bid, journaled_refs(await flag.journaled(), journal))
             await conn.rollback()
         return events, refused, known
 

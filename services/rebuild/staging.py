@@ -1,5 +1,5 @@
 """Stored events replayed onto a board's staging keys, through the write path's own ``submit()``
-(``ladder_replay_v7``), so that the rebuilt keys are made by the very calls that made the live
+(``ladder_replay_v8``), so that the rebuilt keys are made by the very calls that made the live
 ones."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from shared.boards import Board
 from shared.db import from_db_time
 from shared.functions import REPLAY_FUNCTION
-from shared.keys import Keys
+from shared.keys import Keys, event_ref
 from shared.settings import LadderSettings
 from shared.submit import SubmitEvent, replay_keys, replayed_keys, submit_call
 
@@ -96,12 +96,16 @@ async def replay(
     return len(refused)
 
 
-def journaled_ids(entries: Iterable[Any], journal: Staged) -> set[str]:
-    """The event ids of journal entries: each a recorded ``submit()`` call whose seventh
-    argument is the event's JSON without its closing brace. The calls' keys are added to
-    ``journal``: the finish step replays them onto staging, and must be given each key."""
+def journaled_refs(entries: Iterable[Any], journal: Staged) -> set[str]:
+    """The events of journal entries, each as ``shared.keys.event_ref`` names it: each entry a
+    recorded ``submit()`` call whose fourth argument is the user and seventh the event's JSON
+    without its closing brace. The calls' keys are added to ``journal``: the finish step
+    replays them onto staging, and must be given each key."""
     calls = [orjson.loads(entry) for entry in entries]
     for call in calls:
         journal.add(call["keys"])
         journal.records.add(call["keys"][0])
-    return {orjson.loads(call["args"][6] + "}")["event_id"] for call in calls}
+    return {
+        event_ref(orjson.loads(call["args"][6] + "}")["event_id"], call["args"][3])
+        for call in calls
+    }

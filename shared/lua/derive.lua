@@ -17,7 +17,8 @@ HyperLogLog and the team hash are idempotent by nature; the counter, the team su
 are not, and the bit guards them.
 ]]
 
--- Whether an event's record (its key) still waits for its derived views.
+-- Whether an event's record (its key: record_of_event() of live.lua) still waits for its
+-- derived views.
 local function pending(record)
   local marks = marks_of(record)
   return marks ~= nil and is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0
@@ -144,8 +145,10 @@ the stream keeps), so that the feed is newest first and each team reached its su
 write would have; at most a thousand (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
 KEYS: feed, user team, the board's as_of hash; then three per regional board whose entries the
-      batch changed: the board, its distinct set, the set being built; then two per event: its
-      record, the user's regions; then per period of the event: regions set, players, event
+      batch changed: the board, its distinct set, the set being built; then three per event:
+      its record, the record of the layout before (its board and id alone: an event accepted
+      before ids were scoped to users waits there, live.lua's record_of_event()), the user's
+      regions; then per period of the event: regions set, players, event
       count, and on an incr board for an event with a team, the team board, its distinct set,
       its tie keys.
 ARGV: feed length, as_of (RFC 3339), '1' if the board sums teams (incr), '1' descending / '0'
@@ -168,12 +171,12 @@ local function derive(keys, args)
   local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
   local k, evs = {feed = keys[1], user_team = keys[2], user_regions = {}, periods = {}}, {}
   while ai <= #args do
-    local count, record = tonumber(args[ai]), keys[ki]
+    local count, record = tonumber(args[ai]), record_of_event(keys[ki], keys[ki + 1])
     local ev = {entry = args[ai + 1], user = args[ai + 2], region = args[ai + 3],
                 team = args[ai + 4], value = tonumber(args[ai + 5]), tie = args[ai + 6]}
     local with_teams = sums_teams and ev.team ~= ''
-    local user_regions, periods = keys[ki + 1], {}
-    ki, ai = ki + 2, ai + 7
+    local user_regions, periods = keys[ki + 2], {}
+    ki, ai = ki + 3, ai + 7
     for i = 1, count do
       periods[i] = {regions = keys[ki], players = keys[ki + 1], events = keys[ki + 2],
                     expire = tonumber(args[ai])}

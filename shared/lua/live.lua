@@ -65,11 +65,13 @@ end
 --[[
 A consumer's mark that it handled an event (docs/architecture.md, "Idempotency"): its bit in the
 marks byte that starts the event's record (write.lua), so that an event's idempotency answer
-and its consumers' marks share one key. Each call gets two keys: the record, and the event's
-seen key of the layout before, which a record of that layout (no marks byte: it starts with a
-hex digit) still uses until it expires. A mark keeps the record at least `ttl` seconds more, so
-that a redelivery within that time is known, however short the idempotency records' TTL; an
-event with no record (its answer expired) gets a record of marks alone.
+and its consumers' marks share one key. Each call gets three keys an event: its record (named by
+its board, user and id); the record of the layout before, named by the board and id alone,
+which holds the marks of an event accepted before ids were scoped to users while it lasts; and
+the seen key of the layout before that, which such a record without a marks byte (it starts
+with a hex digit) still uses until it expires. A mark keeps the record at least `ttl` seconds
+more, so that a redelivery within that time is known, however short the idempotency records'
+TTL; an event with no record (its answer expired) gets a record of marks alone.
 ]]
 local SEEN_BITS = {notifier = 6, aggregator = 7}  -- SETBIT offsets in the marks byte '@' (0x40)
 -- The derive-pending bit (derive.lua): set by the write ('D', 0x44), cleared once the
@@ -87,16 +89,29 @@ local function is_marks(byte) return byte >= 64 and byte < 72 end
 
 local function mask_of(consumer) return 2 ^ (7 - SEEN_BITS[consumer]) end
 
--- Whether the consumer marked the event: record key, old seen key, consumer.
-local function was_seen(record, old, consumer)
+-- The record that holds an event's marks: its own; or, while it has none, the one of the layout
+-- before under its id alone (an event accepted before the upgrade has only that one). An event
+-- accepted since has its own record from its write on, so it takes the other only once its own
+-- expired, beyond the window in which a redelivery is known.
+local function record_of_event(record, legacy)
+  if redis.call('EXISTS', record) == 0 and redis.call('EXISTS', legacy) == 1 then return legacy end
+  return record
+end
+
+-- Whether the consumer marked the event: its record key, the record of the layout before, the
+-- old seen key, the consumer.
+local function was_seen(record, legacy, old, consumer)
+  record = record_of_event(record, legacy)
   local marks = marks_of(record)
   if marks == nil then return false end
   if not is_marks(marks) then return redis.call('EXISTS', old) == 1 end
   return bit.band(marks, mask_of(consumer)) ~= 0
 end
 
--- Mark the event handled by the consumer; returns whether it was marked already.
-local function mark_seen(record, old, consumer, ttl)
+-- Mark the event handled by the consumer (keys as was_seen's); returns whether it was marked
+-- already.
+local function mark_seen(record, legacy, old, consumer, ttl)
+  record = record_of_event(record, legacy)
   local marks, mask = marks_of(record), mask_of(consumer)
   if marks == nil then
     redis.call('SET', record, string.char(64 + mask), 'EX', ttl)
@@ -109,32 +124,37 @@ local function mark_seen(record, old, consumer, ttl)
   return false
 end
 
--- seen: KEYS two per event (record, old seen key), ARGV the consumer; 1 or 0 for each event.
+-- seen: KEYS three per event (record, record of the layout before, old seen key), ARGV the
+-- consumer; 1 or 0 for each event.
 local function seen(keys, args)
   local out = {}
-  for i = 1, #keys, 2 do out[#out + 1] = was_seen(keys[i], keys[i + 1], args[1]) and 1 or 0 end
+  for i = 1, #keys, 3 do
+    out[#out + 1] = was_seen(keys[i], keys[i + 1], keys[i + 2], args[1]) and 1 or 0
+  end
   return out
 end
 
 -- mark_seen: KEYS as seen's, ARGV the consumer and the ttl in seconds.
 local function mark(keys, args)
-  for i = 1, #keys, 2 do mark_seen(keys[i], keys[i + 1], args[1], tonumber(args[2])) end
-  return #keys / 2
+  for i = 1, #keys, 3 do
+    mark_seen(keys[i], keys[i + 1], keys[i + 2], args[1], tonumber(args[2]))
+  end
+  return #keys / 3
 end
 
 --[[
 Count one event toward its member's team contribution in every period, exactly once (the MVP
-view). KEYS: the event's record and its old seen key (as seen's), then two per period: the
+view). KEYS: the event's three seen keys (as seen's), then two per period: the
 team's member contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
 ARGV: seen ttl, value, user, team, accepted at (ms), then per period its expire-at (0: never).
 The user's team in a period is the one its latest accepted event named. Returns 1 if counted
 now, 0 if the event had been counted before.
 ]]
 local function contribute(keys, args)
-  if mark_seen(keys[1], keys[2], 'aggregator', tonumber(args[1])) then return 0 end
+  if mark_seen(keys[1], keys[2], keys[3], 'aggregator', tonumber(args[1])) then return 0 end
   local value, user, team, accepted = tonumber(args[2]), args[3], args[4], tonumber(args[5])
-  for i = 1, (#keys - 2) / 2 do
-    local members, teams, at = keys[2 * i + 1], keys[2 * i + 2], tonumber(args[5 + i])
+  for i = 1, (#keys - 3) / 2 do
+    local members, teams, at = keys[2 * i + 2], keys[2 * i + 3], tonumber(args[5 + i])
     redis.call('ZINCRBY', members, value, user)
     local latest = redis.call('HGET', teams, user)
     if not latest or tonumber(string.match(latest, '^(%d+)|')) <= accepted then

@@ -6,17 +6,23 @@ submit() journals every call it applies; rebuild_finish replays the journal's ev
 database did not hold yet onto staging and puts staging in place of the live keys, in one step.
 ]]
 
--- submit()'s first keys: where a write answers, queues, journals and notes the newest event. A
--- replay is given scratch keys in their place, and writes staging keys for the others.
-local WRITE_OWN_KEYS = 5
+-- submit()'s first keys: where a write answers (and the record of the layout before it reads),
+-- queues, journals and notes the newest event. A replay is given scratch keys in their place,
+-- and writes staging keys for the others.
+local WRITE_OWN_KEYS = 6
+
+-- The identity (shared/keys.py event_ref) of the event of a journaled submit() call: its JSON's
+-- event id and its user.
+local function call_ref(call) return event_ref(call.args[7], call.args[4]) end
 
 --[[
 KEYS: flag, journal, outbox, newest event. ARGV: ttl in ms (a safety net: a rebuild that dies
 leaves nothing behind for long), the rebuild's token. Raises the flag, holding the token, and
 starts an empty journal; or returns {'busy'} if another rebuild of the board holds the flag.
-Returns {'ok', event ids...}: those of every outbox entry and of the newest event the write
-accepted, the events applied before the flag that the history database may not hold yet, or
-the aggregator not have derived yet, which the rebuild waits for.
+Returns {'ok', event refs...}: '<event_id>:<user_id>' (shared/keys.py event_ref) of every
+outbox entry and of the newest event the write accepted (a bare event id, if the write of the
+layout before noted it), the events applied before the flag that the history database may not
+hold yet, or the aggregator not have derived yet, which the rebuild waits for.
 ]]
 local function rebuild_begin(keys, args)
   local ttl = tonumber(args[1])
@@ -26,7 +32,8 @@ local function rebuild_begin(keys, args)
   redis.call('PEXPIRE', keys[2], ttl)
   local ids = {'ok'}
   for _, entry in ipairs(redis.call('XRANGE', keys[3], '-', '+')) do
-    ids[#ids + 1] = cjson.decode(entry[2][2]).event_id
+    local event = cjson.decode(entry[2][2])
+    ids[#ids + 1] = event.event_id .. ':' .. event.user_id
   end
   local newest = redis.call('GET', keys[4])
   if newest then ids[#ids + 1] = newest end
@@ -59,7 +66,7 @@ local function derived_of(keys, args)
                   expire = tonumber(args[ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD + 3])}
     if teams then periods[i].teams = view_of(keys[base + 5], keys[base + 6], keys[base + 7]) end
   end
-  local k = {feed = keys[7], user_regions = {keys[8]}, user_team = keys[9], periods = {periods}}
+  local k = {feed = keys[8], user_regions = {keys[9]}, user_team = keys[10], periods = {periods}}
   local ev = {entry = args[7] .. '}', user = args[4], region = args[5], team = args[14],
               value = tonumber(args[3]), tie = args[15]}
   return k, ev, {sign = args[12] == '1' and 1 or -1, max = tonumber(args[16]), refused = 0}
@@ -68,8 +75,9 @@ end
 --[[
 Apply one event as submit() then the aggregator's derive step do, to the keys given (staging
 ones), leaving no idempotency answer, newest event or outbox entry behind: KEYS and ARGV are
-submit()'s, with its first five keys scratch keys (the flag one never set, so nothing is
-journaled). Returns submit()'s status.
+submit()'s, with its first six keys scratch keys (the flag one never set, so nothing is
+journaled; the record of the layout before never written, so nothing answers from it).
+Returns submit()'s status.
 ]]
 local function replay(keys, args)
   local answer = submit(keys, args)
@@ -77,7 +85,7 @@ local function replay(keys, args)
     local k, ev, b = derived_of(keys, args)
     derive_events(k, {ev}, tonumber(args[13]), b)
   end
-  redis.call('DEL', keys[1], keys[2], keys[5])
+  redis.call('DEL', keys[1], keys[3], keys[6])
   return answer[1]
 end
 
@@ -87,7 +95,7 @@ local function journaled_calls(journal, scratch, staging, known)
   local calls = {}
   for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
     local call = cjson.decode(raw)
-    if not known[cjson.decode(call.args[7] .. '}').event_id] then
+    if not known[call_ref(call)] then
       local mapped = {unpack(scratch)}
       for i = WRITE_OWN_KEYS + 1, #call.keys do
         mapped[i] = staging[call.keys[i]]
@@ -110,11 +118,12 @@ local function records_missing(journal, given)
 end
 
 --[[
-KEYS: flag, journal, the five scratch keys a replay is given for submit()'s first five, the
+KEYS: flag, journal, the six scratch keys a replay is given for submit()'s first six, the
 records of the journal's events, then pairs of a live key the rebuild replaces and its staging
 key, the event counters' pairs first.
-ARGV: how many pairs are event counters', the token, how many records, then the ids of the
-journal's events that the database already held when the board was read from it.
+ARGV: how many pairs are event counters', the token, how many records, then the refs
+('<event_id>:<user_id>') of the journal's events that the database already held when the
+board was read from it.
 Returns {'expired', ''} if the token's flag lapsed, and {'unknown', key}, writing nothing, if a
 journaled event to replay names a live key not among the pairs (journaled after the caller read
 the journal: it reads it again and calls again). Replays the journal's other events onto

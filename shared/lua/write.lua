@@ -6,9 +6,10 @@ record and the outbox bound; compute the new score of every period's regional bo
 the whole call if any leaves the range of exact scores); write them with their
 hashes of records (tie key, score, metadata; shared/ranking.py has the layout); read rank and
 previous rank; name whoever this write pushed out of each notify bracket; record the answer
-under the event id, its "derive pending" mark set; note the event as the board's newest; append
-it to the outbox, each changed period with the pair (score, subscore) its entry held before;
-journal the call while the board is being rebuilt. Every key shares one hash tag.
+under the event's board, user and id, its "derive pending" mark set; note the event as the
+board's newest; append it to the outbox, each changed period with the pair (score, subscore)
+its entry held before; journal the call while the board is being rebuilt. Every key shares one
+hash tag.
 
 What is derived from the event (the team boards, the feed, the period's players, events and
 regions, the user's regions and team, and the regional boards' distinct-score sets where dense
@@ -16,8 +17,10 @@ reads asked for them) is the aggregator's: derive.lua applies it from the event 
 still names those keys, so that a journaled call is replayed whole (the write, then the derive
 step: rebuild.lua) onto staging, and the rebuild replaces each of them.
 
-KEYS: idem, outbox, rebuild flag, rebuild journal, newest event (the write's own keys: a replay
-      gets scratch keys for them), names, feed, user regions, user team; then nine per period:
+KEYS: the event's record (its board, user and id), the record of the layout before (its board
+      and id alone), outbox, rebuild flag, rebuild journal, newest event (the write's own keys:
+      a replay gets scratch keys for them), names, feed, user regions, user team; then nine per
+      period:
       regional board, its distinct set, its tie keys, regions set, team board, its distinct set,
       its tie keys, players (HyperLogLog), event count. shared/submit.py builds them.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
@@ -30,14 +33,15 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
 ]]
 
-local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 9, 9, 18, 3
+local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 10, 9, 18, 3
 
--- The event's record under its id (docs/architecture.md, "Idempotency"): a marks byte (the
--- consumers' seen bits, live.lua), the body hash, then the first answer, compactly: per period
--- its code (the name's initial, upper case if improved) and period id, then score, rank and
--- previous rank ('' for none) in base 36, ' ' between fields and ';' between periods. A record
--- of the layout before (the hash in 32 hex digits, '\n', the outbox entry) answers until it
--- expires; one of marks alone (a consumer saw the event after its answer expired) holds none.
+-- The event's record under its user and id (docs/architecture.md, "Idempotency"): a marks
+-- byte (the consumers' seen bits, live.lua), the body hash, then the first answer, compactly:
+-- per period its code (the name's initial, upper case if improved) and period id, then score,
+-- rank and previous rank ('' for none) in base 36, ' ' between fields and ';' between periods.
+-- Records under the id alone (ids per board, before the upgrade) answer until they expire: of
+-- this layout, or of the first one (the hash in 32 hex digits, '\n', the outbox entry). One of
+-- marks alone (a consumer saw the event after its answer expired) holds no answer.
 -- A write's record starts with its derive-pending bit set (live.lua, MARKS_PENDING): the
 -- aggregator's derive step clears it when it applies the event.
 local MARKS_NEW = 'D'
@@ -67,18 +71,31 @@ local function compact_answer(periods)
   return table.concat(parts, ';')
 end
 
--- The answer already stored under the event id, or the outbox bound; nil: the write goes on.
+-- The answer a record (its value; false: none) holds: (body hash, answer), or nil for none (no
+-- record, or one of marks alone).
+local function answer_in(stored)
+  if not stored or #stored <= 1 then return nil end
+  if string.byte(stored, 33) == 10 then  -- the layout before: its hash starts with ours
+    return string.sub(stored, 1, 16), string.sub(stored, 34)
+  end
+  return string.sub(stored, 2, 17), string.sub(stored, 18)
+end
+
+-- The answer already stored for the event, or the outbox bound; nil: the write goes on.
+-- An event id belongs to its board and user: the event's record is named by both (keys[1]).
+-- A record of the layout before (keys[2]: ids per board, written before the upgrade) names no
+-- user, so while one lasts it answers as it did: the same body (whose hash covers the user) a
+-- duplicate, any other 409; a retry of an event accepted before the upgrade never counts twice.
 local function refusal(keys, args)
-  local stored = redis.call('GET', keys[1])
-  if stored and #stored > 1 then
-    local hash, answer = string.sub(stored, 2, 17), string.sub(stored, 18)
-    if string.byte(stored, 33) == 10 then  -- the layout before: its hash starts with ours
-      hash, answer = string.sub(stored, 1, 16), string.sub(stored, 34)
-    end
+  -- Both in one command: the write's cost in commands stays as it was.
+  local stored = redis.call('MGET', keys[1], keys[2])
+  local hash, answer = answer_in(stored[1])
+  if hash == nil then hash, answer = answer_in(stored[2]) end
+  if hash ~= nil then
     if hash == args[1] then return {'duplicate', answer} end
     return {'conflict', ''}
   end
-  if redis.call('XLEN', keys[2]) >= tonumber(args[10]) then
+  if redis.call('XLEN', keys[3]) >= tonumber(args[10]) then
     return {'outbox_full', ''}
   end
   return nil
@@ -219,20 +236,24 @@ end
 -- The event id that the event's JSON (shared/submit.py) starts with; ids hold no '"'.
 local function event_id_of(json) return string.match(json, '^{"event_id":"([^"]*)"') end
 
+-- The event's identity within its board (shared/keys.py event_ref): '<event_id>:<user_id>', an
+-- event id holding no ':'.
+local function event_ref(json, user) return event_id_of(json) .. ':' .. user end
+
 -- What the write leaves beside the boards: the display name (reads show it beside each entry;
--- one HSET, and the rebuild restores it as it restores the boards), the answer under the event
--- id, the event's id as the board's newest (the rebuild waits for it: rebuild.lua) and the
--- outbox entry (returned); and, while a rebuild of the board runs (rebuild.lua), the call itself
--- in the journal.
+-- one HSET, and the rebuild restores it as it restores the boards), the answer under the event's
+-- user and id, the event's identity as the board's newest (the rebuild waits for it:
+-- rebuild.lua) and the outbox entry (returned); and, while a rebuild of the board runs
+-- (rebuild.lua), the call itself in the journal.
 local function record(keys, args, e, periods)
-  if e.display ~= '' then redis.call('HSET', keys[6], e.user, e.display) end
+  if e.display ~= '' then redis.call('HSET', keys[7], e.user, e.display) end
   local entry = args[7] .. ',"periods":' .. exact_json(periods) .. '}'
   redis.call('SET', keys[1], MARKS_NEW .. args[1] .. compact_answer(periods), 'EX',
              tonumber(args[9]))
-  redis.call('SET', keys[5], event_id_of(args[7]))
-  redis.call('XADD', keys[2], '*', 'e', entry)
-  if redis.call('EXISTS', keys[3]) == 1 then
-    redis.call('RPUSH', keys[4], cjson.encode({keys = keys, args = args}))
+  redis.call('SET', keys[6], event_ref(args[7], e.user))
+  redis.call('XADD', keys[3], '*', 'e', entry)
+  if redis.call('EXISTS', keys[4]) == 1 then
+    redis.call('RPUSH', keys[5], cjson.encode({keys = keys, args = args}))
   end
   return entry
 end

@@ -69,6 +69,11 @@ async def derived(
     return state
 
 
+def record(keys: Keys, event: ScoreAccepted) -> str:
+    """The event's record: named by its board, user and id."""
+    return keys.idempotency(event.board_id, event.event_id, event.user_id)
+
+
 def orjson_id(entry: str) -> str:
     """A feed entry's event id."""
     return str(orjson.loads(entry)["event_id"])
@@ -84,8 +89,8 @@ async def test_the_write_leaves_the_derived_views_to_the_aggregator(
     assert before["alltime"] == (None, 0, set())
     assert await redis.hget(keys.as_of(bid), "derived") is None
     # The write notes the newest event for the rebuild, and each record waits for its derive.
-    assert await redis.get(keys.newest_event(bid)) == "d-3"
-    assert [(await redis.get(keys.idempotency(bid, e.event_id)))[0] for e in events] == ["D"] * 4
+    assert await redis.get(keys.newest_event(bid)) == "d-3:u3"
+    assert [(await redis.get(record(keys, e)))[0] for e in events] == ["D"] * 4
 
     assert await derive(redis, keys, BOARD, events, FEED) == 4
     after = await derived(redis, keys, events)
@@ -96,7 +101,7 @@ async def test_the_write_leaves_the_derived_views_to_the_aggregator(
     assert after["alltime"] == ("4", 4, {"eu", "na"})
     assert after["daily"] == after["alltime"]
     assert await redis.hget(keys.as_of(bid), "derived") is not None
-    assert [(await redis.get(keys.idempotency(bid, e.event_id)))[0] for e in events] == ["@"] * 4
+    assert [(await redis.get(record(keys, e)))[0] for e in events] == ["@"] * 4
 
 
 async def test_a_redelivered_batch_derives_nothing_twice(
@@ -141,10 +146,8 @@ async def test_an_event_the_write_before_derived_is_not_derived_again(
     """A record without the derive-pending bit (the write of the layout before applied the
     derived views itself), or with no record at all (expired), derives nothing."""
     events = await accept(redis, keys, settings, 2)
-    bid = BOARD.board_id
-    record = keys.idempotency(bid, events[0].event_id)
-    await redis.setrange(record, 0, "@")  # as the write of the layout before left it
-    await redis.delete(keys.idempotency(bid, events[1].event_id))
+    await redis.setrange(record(keys, events[0]), 0, "@")  # as the write before v6 left it
+    await redis.delete(record(keys, events[1]))
     assert await derive(redis, keys, BOARD, events, FEED) == 0
     assert (await derived(redis, keys, events))["alltime"] == (None, 0, set())
 

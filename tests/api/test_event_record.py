@@ -1,6 +1,7 @@
-"""The event's record under its id (docs/architecture.md, "Idempotency"): the first answer kept
-compactly, the consumers' seen marks in it, records of the layout before still answered, and
-what an accepted event keeps in Redis for a day."""
+"""The event's record under its board, user and id (docs/architecture.md, "Idempotency"): the
+first answer kept compactly, the consumers' seen marks in it, records of the layouts before
+(under the id alone) still answered and marked, and what an accepted event keeps in Redis for a
+day."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ async def test_a_duplicate_answers_the_first_answer_exactly(
         ("u-2", 999_999),
         ("u-1", 5),
     ]
-    record = await redis.get(keys.idempotency("main", "r-1"))
+    record = await redis.get(keys.idempotency("main", "r-1", "u-1"))
     # The marks byte with the derive-pending bit alone: the aggregator has not derived it yet.
     assert record is not None and record.startswith("D") and len(record) < 110
 
@@ -144,15 +145,19 @@ def legacy_record(body: dict[str, Any], event_id: str) -> str:
     return digest[:32] + "\n" + orjson.dumps(entry).decode()
 
 
-async def test_a_record_of_the_layout_before_still_answers(
+async def test_a_record_of_the_first_layout_still_answers(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     body = score(event_id="old-1", value=25, team_id="red")
     stored = legacy_record(body, "old-1")
-    await redis.set(keys.idempotency("main", "old-1"), stored, ex=3600)
+    # Under the id alone, as every record before ids were scoped to users.
+    await redis.set(keys.legacy_idempotency("main", "old-1"), stored, ex=3600)
     async with api_client(quiet) as client:
         again = await post(client, body)
         other = await client.post(SCORES, json=body | {"value": 26}, headers=SERVER)
+        # It names no user: while it lasts, another user's event of its id is refused as before
+        # the upgrade, rather than risk counting its own event twice.
+        another = await client.post(SCORES, json=body | {"user_id": "u-2"}, headers=SERVER)
         board = await get_ok(client, LEADERBOARD, scope="region:eu")
     assert again == {
         "event_id": "old-1",
@@ -177,14 +182,44 @@ async def test_a_record_of_the_layout_before_still_answers(
             },
         },
     }
-    assert other.status_code == 409
+    assert other.status_code == 409 and another.status_code == 409
     assert board["entries"] == []
-    # Its consumers mark it with seen keys of that layout, leaving the record as it was.
+    # Its consumers mark it with seen keys of that layout, leaving the record as it was, and
+    # make no record under the user's id.
     event = ScoreAccepted.model_validate_json(stored.partition("\n")[2])
     await consume(redis, keys, [event])
-    assert await redis.get(keys.idempotency("main", "old-1")) == stored
+    assert await redis.get(keys.legacy_idempotency("main", "old-1")) == stored
     assert await redis.exists(keys.seen("main", "notifier", "old-1"))
     assert await redis.exists(keys.seen("main", "aggregator", "old-1"))
+    assert not await redis.exists(keys.idempotency("main", "old-1", "u-1"))
+
+
+async def test_an_event_accepted_before_ids_were_per_user_counts_once(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """An event the write of the layout before accepted (its record under the id alone, derive
+    pending), still in flight at the upgrade: a retry is its duplicate, another body 409; its
+    consumers find and mark that record, and the aggregator derives it exactly once."""
+    async with api_client(quiet) as client:
+        first = await post(client, score(event_id="up-1", value=30, team_id="red"))
+        [event] = await outbox(redis, keys)
+        # Moved to where the write of the layout before kept it, as the upgrade finds it.
+        await redis.rename(
+            keys.idempotency("main", "up-1", "u-1"), keys.legacy_idempotency("main", "up-1")
+        )
+        again = await post(client, score(event_id="up-1", value=30, team_id="red"))
+        other = await client.post(SCORES, json=score(event_id="up-1", value=31), headers=SERVER)
+        await consume(redis, keys, [event])
+        await consume(redis, keys, [event, event])
+        feed = await get_ok(client, "/v1/boards/main/feed")
+    assert again == first | {"duplicate": True}
+    assert other.status_code == 409
+    legacy = await redis.get(keys.legacy_idempotency("main", "up-1"))
+    # Both consumers' bits set and the derive-pending bit cleared, in the old record.
+    assert legacy is not None and legacy[0] == "C"
+    assert not await redis.exists(keys.idempotency("main", "up-1", "u-1"))
+    assert [e["event_id"] for e in feed["events"]] == ["up-1"]
+    assert await redis.zscore(keys.team_members("main", "alltime", "all", "red"), "u-1") == 30
 
 
 async def test_consumers_mark_the_record_once_and_keep_it_a_day(
@@ -194,7 +229,7 @@ async def test_consumers_mark_the_record_once_and_keep_it_a_day(
     async with api_client(settings) as client:
         await post(client, score(event_id="m-1", value=40, team_id="red"))
         events = await outbox(redis, keys)
-        record = keys.idempotency("main", "m-1")
+        record = keys.idempotency("main", "m-1", "u-1")
         before = await redis.get(record)
         assert 0 < await redis.ttl(record) <= 60
         await consume(redis, keys, events)
@@ -230,7 +265,7 @@ async def test_an_event_without_a_record_gets_one_of_marks_alone(
     )
     await consume(redis, keys, [event])
     await consume(redis, keys, [event])
-    record = keys.idempotency("main", "gone-1")
+    record = keys.idempotency("main", "gone-1", "u-1")
     assert await redis.get(record) == "C"
     assert SEEN_TTL_SECONDS - 60 < await redis.ttl(record) <= SEEN_TTL_SECONDS
     # Marks alone are no answer: a write of that id is a first acceptance (its answer had

@@ -259,7 +259,7 @@ async def test_drain_sends_what_waits_and_a_cancelled_write_writes_nothing(
     assert all(future.done() for future in [first, *waiting])
     sent_ones = zip(calls[:3], [first, *waiting[:2]], strict=True)
     assert [(await outcome(c, f))["user_id"] for c, f in sent_ones] == ["u-0", "u-1", "u-2"]
-    assert await redis.exists(writer.keys.idempotency("main", "e-3")) == 0
+    assert await redis.exists(writer.keys.idempotency("main", "e-3", "u-3")) == 0
     # After the drain each write goes alone, at once.
     late = await writer.call("e-late", user_id="u-late")
     assert (await outcome(late, writes.write(writer.command(late))))["user_id"] == "u-late"

@@ -1,6 +1,8 @@
 """What every fault test checks once the fault is over: the counts.
 
-- Every event the API accepted (2xx) is in the MySQL event log exactly once, and nothing else is.
+- Every event the API accepted (2xx) is in the MySQL event log exactly once, and nothing else is:
+  an event is its board, user and id (``shared.keys.event_ref``), the load sharing each id
+  between two users' events.
 - Every regional board of ``main`` (``incr``), all-time, equals the sum of its history: each
   user's score in each region is ``SUM(value)`` of its events there in MySQL, and no board holds
   a user that MySQL does not.
@@ -28,7 +30,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 
 from shared.db import open_engine
-from shared.keys import Keys
+from shared.keys import Keys, event_ref
 from shared.ranking import id_of, score_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -64,7 +66,7 @@ async def wait_for(
 @dataclass
 class Stored:
     rows: int
-    ids: Counter[str]
+    ids: Counter[str]  # by event_ref: "<event_id>:<user_id>"
     sums: dict[tuple[str, str], int]  # (user, region) -> SUM(value)
 
 
@@ -78,7 +80,7 @@ async def stored_events(mysql_url: str) -> Stored:
     sums: dict[tuple[str, str], int] = defaultdict(int)
     for _, user, region, value in rows:
         sums[(user, region)] += int(value)
-    return Stored(rows=len(rows), ids=Counter(r[0] for r in rows), sums=dict(sums))
+    return Stored(rows=len(rows), ids=Counter(event_ref(r[0], r[1]) for r in rows), sums=dict(sums))
 
 
 async def history_complete(settings: LadderSettings, load: Load, within: float) -> Stored:

@@ -1,9 +1,15 @@
 """Real load for the fault tests: an asyncio httpx client posting distinct score events.
 
-Every event has an ``event_id`` of its own and a fixed body (``occurred_at`` included), so that
-a request whose answer was lost (a timeout, a reset connection) can be sent again as is: the
-API answers the first result with ``"duplicate": true`` if it had accepted it, or accepts it
-now. Every event thus ends with a definite answer, and the set of accepted event ids is exact.
+Every event has a fixed body (``occurred_at`` included), so that a request whose answer was lost
+(a timeout, a reset connection) can be sent again as is: the API answers the first result with
+``"duplicate": true`` if it had accepted it, or accepts it now. Every event thus ends with a
+definite answer, and the set of accepted events is exact.
+
+An event id belongs to its board and user, and the load uses that: each worker sends for users
+of its own, and two workers send the same event ids, each for its own users. So every id serves
+two users' events (which must both count, once each), and no two requests of one user share an
+id unless one is the other's retry. Events are named by ``shared.keys.event_ref``
+(``<event_id>:<user_id>``) in ``accepted`` and in the checks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from shared.keys import event_ref
 from tests.helpers import SERVER
 
 REGIONS = ("eu", "na", "as")
@@ -32,6 +39,7 @@ class Load:
     board: str = "main"
     seed: int = 0
     sent: int = 0
+    # Each accepted event's body, by its event_ref.
     accepted: dict[str, dict[str, Any]] = field(default_factory=dict)
     duplicates_answered: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
@@ -44,12 +52,14 @@ class Load:
     _client: httpx.AsyncClient | None = None
 
     def event(self, worker: int, n: int, rng: random.Random) -> dict[str, Any]:
-        user = rng.randrange(self.users)
+        # The worker's own users (user % concurrency == worker); the event id of workers 2k and
+        # 2k + 1 alike.
+        user = worker + self.concurrency * rng.randrange(max(1, self.users // self.concurrency))
         # Mostly a home region; one in five events elsewhere, so a user's global score is a
         # sum of several regions.
         region = REGIONS[user % 3] if rng.random() < 0.8 else rng.choice(REGIONS)
         return {
-            "event_id": f"{self.tag}-{worker}-{n}",
+            "event_id": f"{self.tag}-{worker // 2}-{n}",
             "user_id": f"{self.tag}-u{user}",
             "region": region,
             "value": rng.randint(1, 100),
@@ -86,7 +96,7 @@ class Load:
             self.statuses[status] += 1
             self.answers.append((time.monotonic(), status))
             if 200 <= status < 300:
-                self.accepted[body["event_id"]] = body
+                self.accepted[event_ref(body["event_id"], body["user_id"])] = body
 
     async def __aenter__(self) -> Load:
         self._client = httpx.AsyncClient(

@@ -22,7 +22,7 @@ from sqlalchemy import text
 
 from shared.db import open_engine
 from shared.events import ScoreAccepted
-from shared.keys import OUTBOX_GROUP, Keys
+from shared.keys import OUTBOX_GROUP, Keys, event_ref
 from shared.redis import open_redis
 from shared.topology import CONSUMERS as CONSUMER_NAMES
 from shared.topology import Topology
@@ -126,7 +126,7 @@ async def test_poison_messages_are_dead_lettered_and_the_stream_flows(
         assert sorted(bodies) == sorted(poison), f"{name} dead-lettered {bodies}"
     assert poisoned == dict.fromkeys(CONSUMERS, len(poison))
     # The unknown-schema event was not stored (history_complete allows no event not accepted).
-    assert "poison-schema-2" not in stored.ids
+    assert event_ref("poison-schema-2", "poison-user") not in stored.ids
 
 
 def _drain_into(

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 
 from shared.db import open_engine
-from shared.keys import Keys
+from shared.keys import Keys, event_ref
 from shared.ranking import id_of, score_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -244,9 +244,10 @@ async def test_flushall_then_rebuild_restores_every_view(
 async def _all_stored(mysql_url: str, load: Load) -> bool:
     async with open_engine(mysql_url) as engine, engine.connect() as conn:
         rows = await conn.execute(
-            text("SELECT event_id FROM score_events WHERE board_id = :b"), {"b": load.board}
+            text("SELECT event_id, user_id FROM score_events WHERE board_id = :b"),
+            {"b": load.board},
         )
-        ids = [r[0] for r in rows]
+        ids = [event_ref(r[0], r[1]) for r in rows]
     assert len(ids) == len(set(ids)), "an event stored twice"
     return set(ids) == set(load.accepted)
 

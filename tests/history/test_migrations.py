@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -17,7 +18,7 @@ from sqlalchemy.pool import NullPool
 
 from services.history.handlers import HistoryHandler
 from services.history.migrate import alembic_config, check_schema, migrate
-from shared.db import metadata, open_engine, user_events
+from shared.db import count_events, metadata, open_engine, user_events
 from shared.settings import LadderSettings
 from tests.helpers import T0, accepted_event, server_statement
 from tests.history.test_history import scratch_database
@@ -159,3 +160,53 @@ async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
         pending = (await conn.execute(text("SELECT COUNT(*) FROM friend_requests"))).scalar()
         kept = (await conn.execute(text("SELECT COUNT(*) FROM friendships"))).scalar()
     assert (pending, kept) == (0, 2)
+
+
+def _unique_keys(connection: Connection) -> list[list[str]]:
+    return [c["column_names"] for c in inspect(connection).get_unique_constraints("score_events")]
+
+
+async def test_0004_makes_an_event_id_per_user_in_place_and_back_while_ids_are_not_shared(
+    settings: LadderSettings,
+) -> None:
+    """0003 to 0004 keeps every event and makes an event id unique per board and user: another
+    user's event of a stored id is stored, a redelivery of either is not. The way back refuses,
+    changing nothing, while two users' events of a board share an id (the old key would refuse
+    them); once they do not, it restores the old key."""
+    async with scratch_database(settings, "ids") as url:
+        base, _, name = url.rpartition("/")
+        await server_statement(base, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        await alembic_to(url, "upgrade", "0003")
+        async with open_engine(url, changed_rows=True) as engine:
+            await HistoryHandler(engine)([accepted_event("e-1"), accepted_event("e-2")])
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_unique_keys) == [["board_id", "event_id"]]
+
+            await migrate(url)
+
+            await check_schema(engine)
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_differences) == []
+                assert await conn.run_sync(_unique_keys) == [["board_id", "user_id", "event_id"]]
+            later = T0 + timedelta(minutes=1)
+            shared = accepted_event("e-1", user_id="u-2", value=9, accepted_at=later)
+            await HistoryHandler(engine)([shared, accepted_event("e-1"), shared])
+            assert await count_events(engine, "main") == 3
+            assert await count_events(engine, "main", "e-1", "u-2") == 1
+            events, _ = await user_events(engine, "main", "u-2", 10, None)
+            assert [(e["event_id"], e["value"]) for e in events] == [("e-1", 9)]
+
+            with pytest.raises(RuntimeError, match=r"share an event id .*main/e-1 \(2 users\)"):
+                await alembic_to(url, "downgrade", "0003")
+            await check_schema(engine)
+            assert await count_events(engine, "main") == 3
+
+            async with engine.begin() as conn:
+                await conn.execute(text("DELETE FROM score_events WHERE user_id = 'u-2'"))
+            await alembic_to(url, "downgrade", "0003")
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_unique_keys) == [["board_id", "event_id"]]
+                assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
+            # And up again, as `make migrate` would.
+            await migrate(url)
+            await check_schema(engine)

@@ -205,7 +205,7 @@ async def test_a_notifier_that_died_after_awarding_does_not_award_again(
     async with listening(redis, keys.user_channel("u-1")) as channel:
         await notify([event])
         # As if it died before marking the event seen: the redelivery looks fresh.
-        record = keys.idempotency("quest", event.event_id)
+        record = keys.idempotency("quest", event.event_id, event.user_id)
         assert await redis.getbit(record, NOTIFIER_BIT) == 1
         await redis.setbit(record, NOTIFIER_BIT, 0)
         await notify([event])
@@ -312,7 +312,7 @@ async def test_a_badge_reaches_the_player_once_through_the_stack(
         # The same message again, as the broker may deliver it...
         await republish(exchange, message)
         # ...and again as if the notifier had died after the award, before marking it seen.
-        record = keys.idempotency("quest", event_id)
+        record = keys.idempotency("quest", event_id, user)
         await eventually(lambda: redis.getbit(record, NOTIFIER_BIT))
         await redis.setbit(record, NOTIFIER_BIT, 0)
         await republish(exchange, message)

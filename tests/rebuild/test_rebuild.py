@@ -233,7 +233,7 @@ async def test_writes_during_a_rebuild_count_once(
 
     async def replay_then_write(self: Rebuilder, *args: Any) -> int:
         refused = await original_replay(self, *args)
-        if not await redis.exists(keys.idempotency("main", "late")):
+        if not await redis.exists(keys.idempotency("main", "late", "u2")):
             await write(redis, keys, settings, board, **eu("late", "u2", 1000, base, team_id="red"))
             late.extend(await outbox_events(redis, keys, board))
             # Stored, but not derived yet: the aggregator is behind.

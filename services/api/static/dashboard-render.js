@@ -135,7 +135,8 @@ const renderers = {
   },
   feed(view) {
     const rows = view.events.map((e) => ({
-      key: e.event_id,
+      // An event is its user and id (an id belongs to its board and user).
+      key: `${e.event_id}:${e.user_id}`,
       robot: isRobot(e.user_id),
       cells: [
         [new Date(e.occurred_at).toLocaleTimeString(), "muted"],

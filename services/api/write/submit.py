@@ -1,8 +1,8 @@
 """The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v5``: the rate limits of docs/api.md section 9a checked and
+A client's write runs as ``ladder_write_v8``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
-pipeline) and a refused one writes nothing. ``ladder_submit_v5`` is the write alone.
+pipeline) and a refused one writes nothing. ``ladder_submit_v8`` is the write alone.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from shared.submit import SubmitEvent, submit_call
 
 
 def body_hash(score: ScoreIn) -> str:
-    """What makes two submissions of one ``event_id`` "the same body"."""
+    """What makes two submissions of one ``event_id`` "the same body". It covers the
+    ``user_id``: a record of the layout before, named by the id alone, tells a retry of its
+    event (the same hash) from another user's event of that id only by it."""
     canonical = score.model_dump(mode="json", exclude={"event_id"})
     # Left out where not given, so that a body hashes as it did before they existed.
     for optional in ("subscore", "metadata"):
@@ -144,7 +146,7 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One prepared ``ladder_submit_v5`` call, or the answer already known without one."""
+    """One prepared ``ladder_submit_v8`` call, or the answer already known without one."""
 
     event_id: str
     user_id: str
@@ -184,9 +186,14 @@ async def prepare(
     try:
         check_time(occurred_at, now, settings)
     except Invalid:
-        # A retry of an event accepted earlier is still a duplicate, however late it comes.
-        stored: Any = await redis.get(keys.idempotency(board.board_id, event_id))
-        first = _first_answer(stored)
+        # A retry of an event accepted earlier is still a duplicate, however late it comes:
+        # its record, or the record of the layout before under its id alone (write.lua's
+        # refusal() reads them in that order).
+        bid = board.board_id
+        stored: list[Any] = await redis.mget(
+            keys.idempotency(bid, event_id, score.user_id), keys.legacy_idempotency(bid, event_id)
+        )
+        first = _first_answer(stored[0]) or _first_answer(stored[1])
         if first is None:
             raise
         first_hash, answer_kept = first
