@@ -196,9 +196,14 @@ async def test_0004_makes_an_event_id_per_user_in_place_and_back_while_ids_are_n
             events, _ = await user_events(engine, "main", "u-2", 10, None)
             assert [(e["event_id"], e["value"]) for e in events] == [("e-1", 9)]
 
+            # The steps after 0004 go back first; 0004's own step then refuses.
+            await alembic_to(url, "downgrade", "0004")
             with pytest.raises(RuntimeError, match=r"share an event id .*main/e-1 \(2 users\)"):
                 await alembic_to(url, "downgrade", "0003")
-            await check_schema(engine)
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_unique_keys) == [["board_id", "user_id", "event_id"]]
+                revision = await conn.execute(text("SELECT version_num FROM alembic_version"))
+                assert revision.scalar() == "0004"
             assert await count_events(engine, "main") == 3
 
             async with engine.begin() as conn:
