@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,21 +157,13 @@ class Rebuilder:
     async def _wait_stored(self, board_id: str, refs: list[str]) -> None:
         """Until MySQL holds every one of the board's events ``refs`` names
         (``shared.keys.event_ref``)."""
-        pending = set(refs)
-        end = time.monotonic() + self._wait_seconds
-        while pending:
+
+        async def unstored(pending: list[str]) -> list[str]:
             async with self._engine.connect() as conn:
-                pending -= await held(conn, board_id, pending)
-            if not pending:
-                return
-            if time.monotonic() > end:
-                raise RebuildFailed(
-                    f"board {board_id!r}: {len(pending)} events applied in Redis are not in the "
-                    f"history database after {self._wait_seconds:g} s (is history consuming?), "
-                    f"e.g. {sorted(pending)[:3]}"
-                )
-            await self._flags[board_id].extend()
-            await asyncio.sleep(0.25)
+                stored = await held(conn, board_id, set(pending))
+            return [ref for ref in pending if ref not in stored]
+
+        await self._wait(board_id, refs, unstored, "not in the history database", "history")
 
     async def _wait_derived(self, board_id: str, refs: list[str]) -> None:
         """Until the aggregator has derived every one of the events ``refs`` names (their
@@ -183,26 +175,43 @@ class Rebuilder:
         every event before them is derived too. The finish step clears the bits of the events
         applied after the flag (the journal's): together, every event the rebuild replays is
         one the aggregator will not derive again onto what the rebuild puts in place."""
-        pending = list(refs)
-        end = time.monotonic() + self._wait_seconds
-        while pending:
+
+        async def underived(pending: list[str]) -> list[str]:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for ref in pending:
                     for record in self._records(board_id, ref):
                         pipe.getrange(record, 0, 0)
                 firsts: list[Any] = await pipe.execute()
-            pending = [
+            return [
                 ref
                 for ref, own, legacy in zip(pending, firsts[::2], firsts[1::2], strict=True)
                 if _pending(own) or _pending(legacy)
             ]
+
+        await self._wait(board_id, refs, underived, "not derived", "the aggregator")
+
+    async def _wait(
+        self,
+        board_id: str,
+        refs: list[str],
+        left: Callable[[list[str]], Awaitable[list[str]]],
+        state: str,
+        consumer: str,
+    ) -> None:
+        """Poll ``left`` (which of the events it is given are still waited for) until it names
+        none, keeping the board's flag; ``RebuildFailed`` after the wait's limit, saying which
+        events are still ``state`` and which ``consumer`` to look at."""
+        pending = list(refs)
+        end = time.monotonic() + self._wait_seconds
+        while pending:
+            pending = await left(pending)
             if not pending:
                 return
             if time.monotonic() > end:
                 raise RebuildFailed(
-                    f"board {board_id!r}: {len(pending)} events applied in Redis are not derived "
-                    f"by the aggregator after {self._wait_seconds:g} s (is the aggregator "
-                    f"consuming?), e.g. {sorted(pending)[:3]}"
+                    f"board {board_id!r}: {len(pending)} events applied in Redis are {state} "
+                    f"after {self._wait_seconds:g} s (is {consumer} consuming?), "
+                    f"e.g. {sorted(pending)[:3]}"
                 )
             await self._flags[board_id].extend()
             await asyncio.sleep(0.25)
