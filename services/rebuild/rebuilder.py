@@ -201,7 +201,7 @@ class Rebuilder:
         """Poll ``left`` (which of the events it is given are still waited for) until it names
         none, keeping the board's flag; ``RebuildFailed`` after the wait's limit, saying which
         events are still ``state`` and which ``consumer`` to look at."""
-        pending = list(refs)
+        pending = list(dict.fromkeys(refs))  # once each, in order
         end = time.monotonic() + self._wait_seconds
         while pending:
             pending = await left(pending)
