@@ -82,6 +82,7 @@ RACES = Board(
     order="asc",
     periods=("daily", "alltime"),
     player_writes=True,
+    regions=("eu", "na"),
     badges={"podium": 10},
 )
 BOARDS = (MAIN_BOARD, RACES)
