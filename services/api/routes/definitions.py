@@ -130,7 +130,7 @@ async def put_board(
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
-    scores answers 409."""
+    scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422)."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")
