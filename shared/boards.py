@@ -9,10 +9,10 @@ start-up restores the hash from MySQL, so definitions outlive a Redis that keeps
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cachetools import TTLCache
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from redis.asyncio import Redis
 
@@ -22,7 +22,12 @@ from shared.ranking import MAX_SCORE, SubscoreOrder
 
 BOARD_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 BoardId = Annotated[str, Field(pattern=BOARD_ID_PATTERN)]
+# The pattern of shared.events.Region (which imports this module), the same as a board id's.
+DeclaredRegion = Annotated[str, Field(pattern=BOARD_ID_PATTERN)]
 MAIN_BOARD_ID = "main"
+MAX_REGIONS = 64
+"""The most regions a board may declare: what a read or merge walking a user's regions costs at
+most on a board that declares them (docs/security.md, "Invented regions and teams")."""
 
 
 class Retention(BaseModel):
@@ -51,6 +56,12 @@ class BoardSpec(BaseModel):
     retention: Retention = Retention()
     notify_top: tuple[Annotated[int, Field(ge=1, le=1000)], ...] = (1, 10, 100)
     player_writes: bool = False
+    regions: tuple[DeclaredRegion, ...] | None = Field(
+        default=None,
+        max_length=MAX_REGIONS,
+        description="The board's regions: an event naming another is refused (422). null: any "
+        "region a server key names; a board with player_writes must declare them",
+    )
     badges: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")], int] = Field(
         default_factory=dict
     )
@@ -70,6 +81,17 @@ class BoardSpec(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError("notify_top must not repeat")
         return tuple(sorted(value))
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("regions must name at least one region, or be null")
+        if len(set(value)) != len(value):
+            raise ValueError("regions must not repeat")
+        return value
 
     @field_validator("timezone")
     @classmethod
@@ -93,6 +115,17 @@ class BoardSpec(BaseModel):
     def descending(self) -> bool:
         return self.order == "desc"
 
+    @property
+    def takes_player_writes(self) -> bool:
+        """Whether player tokens may write: ``player_writes`` on a board that declares its
+        regions. A definition stored before regions could be declared keeps ``player_writes``
+        but refuses players until an admin declares its regions (docs/api.md section 3)."""
+        return self.player_writes and self.regions is not None
+
+    def names_region(self, region: str) -> bool:
+        """Whether an event may name ``region`` on this board."""
+        return self.regions is None or region in self.regions
+
 
 class Board(BoardSpec):
     """A stored definition: a spec with its id."""
@@ -103,14 +136,35 @@ class Board(BoardSpec):
 MAIN_BOARD = Board(board_id=MAIN_BOARD_ID)
 
 
-class BoardCatalog:
-    """Reads board definitions from Redis, caching each for a few seconds."""
+BOARD_CACHE_SIZE = 10_000
+"""The most board ids a :class:`BoardCatalog` remembers, found or missing."""
 
-    def __init__(self, redis: Redis, keys: Keys, ttl: float = 5.0) -> None:
+
+class BoardCatalog:
+    """Reads board definitions from Redis, caching each for a few seconds.
+
+    The cache is bounded in time and size, for ids found and ids missing alike: it is read
+    before a request's credential is known, so a flood of made-up board ids must not grow it
+    (least recently used ids leave first; a missing id costs one ``HGET`` more once it has
+    left).
+    """
+
+    def __init__(
+        self, redis: Redis, keys: Keys, ttl: float = 5.0, maxsize: int = BOARD_CACHE_SIZE
+    ) -> None:
         self._redis = redis
         self._keys = keys
-        self._ttl = ttl
-        self._cache: dict[str, tuple[float, Board | None]] = {}
+        self._cache: TTLCache[str, Board | None] = TTLCache(maxsize=maxsize, ttl=ttl)
+
+    @property
+    def cached(self) -> int:
+        """How many board ids the cache holds now (found or missing)."""
+        self._cache.expire()
+        return len(self._cache)
+
+    @property
+    def maxsize(self) -> int:
+        return int(self._cache.maxsize)
 
     async def ensure_defaults(self) -> None:
         """Create board ``main`` if no definition of it is stored yet."""
@@ -140,13 +194,14 @@ class BoardCatalog:
 
     async def get(self, board_id: str, *, fresh: bool = False) -> Board | None:
         """The definition of ``board_id``, from the local cache unless ``fresh``."""
-        now = time.monotonic()
-        hit = self._cache.get(board_id)
-        if hit is not None and hit[0] > now and not fresh:
-            return hit[1]
+        if not fresh:
+            try:
+                return self._cache[board_id]
+            except KeyError:
+                pass
         raw = await self._redis.hget(self._keys.boards, board_id)
         board = Board.model_validate_json(raw) if raw is not None else None
-        self._cache[board_id] = (now + self._ttl, board)
+        self._cache[board_id] = board
         return board
 
     async def all(self) -> list[Board]:

@@ -18,8 +18,9 @@ MVPs
     (the ``teams`` scope). A user who changes team therefore ranks with its new team from its
     next event on, counting only what it scored for the new team; what it scored for the old
     team stays in that team's total. Only teams with a positive total and members with a
-    positive contribution take part. Ties: the larger share, then the larger ``user_score``,
-    then the smaller user id.
+    positive contribution take part, and of the teams only the :data:`MVP_TEAMS` with the
+    largest totals, which bounds the read's cost however many teams there are. Ties: the
+    larger share, then the larger ``user_score``, then the smaller user id.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ HOT_LATENESS = timedelta(seconds=5)
 # Members read per team and round when looking for a team's leading current members.
 _MEMBER_PAGE = 2 * TOP
 _CHUNK = 500
+MVP_TEAMS = 500
+"""The teams that take part in an MVP read: those of the MVP_TEAMS largest positive totals of the
+period (docs/security.md, "Invented regions and teams")."""
 
 
 def on_time(event: ScoreAccepted) -> bool:
@@ -79,8 +83,14 @@ async def mvp_entries(
     """The MVP top 10 of one period of an ``incr`` board, from the teams board (totals) and the
     aggregator's member contributions."""
     bid = board.board_id
-    rows: list[Any] = await redis.zrange(
-        keys.teams_view(bid, period, period_id), 0, -1, withscores=True
+    teams_key = keys.teams_view(bid, period, period_id)
+    # The MVP_TEAMS teams of the largest positive totals, not every team: the read's cost is
+    # bounded whatever number of teams the board has (a stored score is the total, negated on
+    # ascending boards).
+    rows: list[Any] = await (
+        redis.zrevrangebyscore(teams_key, "+inf", "(0", start=0, num=MVP_TEAMS, withscores=True)
+        if board.descending
+        else redis.zrangebyscore(teams_key, "-inf", "(0", start=0, num=MVP_TEAMS, withscores=True)
     )
     totals = {id_of(m): score_of(c, board.descending) for m, c in rows}
     teams = sorted(team for team, total in totals.items() if total > 0)

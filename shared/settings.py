@@ -20,6 +20,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEV_SERVER_KEY = "dev-server-key"
 DEV_ADMIN_KEY = "dev-admin-key"
 DEV_JWT_SECRET = "dev-jwt-secret"
+MIN_SECRET_BYTES = 32
+"""The shortest server key, admin key or JWT secret prod accepts: 32 bytes, as many as a key of
+32 random bytes has entropy at best (make one with ``openssl rand -hex 32``)."""
 
 
 class SettingsError(ValueError):
@@ -143,8 +146,21 @@ class LadderSettings(BaseSettings):
             problems.append("LADDER_ADMIN_KEYS holds a development key")
         if self.jwt_secret == DEV_JWT_SECRET:
             problems.append("LADDER_JWT_SECRET is the development secret")
-        elif self.jwt_secret and len(self.jwt_secret.encode()) < 32:
-            problems.append("LADDER_JWT_SECRET is shorter than 32 bytes")
+        elif self.jwt_secret and len(self.jwt_secret.encode()) < MIN_SECRET_BYTES:
+            problems.append(f"LADDER_JWT_SECRET is shorter than {MIN_SECRET_BYTES} bytes")
+        for name, keys in (
+            ("LADDER_SERVER_KEYS", self.server_keys),
+            ("LADDER_ADMIN_KEYS", self.admin_keys),
+        ):
+            # Which key is short is said by its position, never by the key itself.
+            short = [
+                str(i + 1) for i, key in enumerate(keys) if len(key.encode()) < MIN_SECRET_BYTES
+            ]
+            if short:
+                problems.append(
+                    f"{name}: key {', '.join(short)} of {len(keys)} is shorter than "
+                    f"{MIN_SECRET_BYTES} bytes"
+                )
         if problems:
             raise SettingsError("LADDER_ENV=prod refuses to start: " + "; ".join(problems))
         return self

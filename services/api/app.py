@@ -12,6 +12,7 @@ import structlog
 from fastapi import FastAPI
 
 from services.api import errors
+from services.api.auth import CredentialFirst
 from services.api.bodies import BodyLimit, JsonBodies
 from services.api.push.admission import SocketSlots
 from services.api.push.hub import Hub
@@ -132,6 +133,8 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # Outermost: an anonymous request that needs a credential is refused before anything else.
+    app.add_middleware(CredentialFirst, public_reads=settings.public_reads)
     app.include_router(scores.router)
     app.include_router(reads.router)
     app.include_router(activity.router)

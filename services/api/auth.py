@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import jwt
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.errors import Forbidden, Unauthorized
+from services.api.errors import Forbidden, Unauthorized, problem_response
 from shared.events import USER_ID_PATTERN
 from shared.settings import LadderSettings
 
@@ -95,3 +96,39 @@ def bearer(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not value.strip():
         raise Unauthorized("Use 'Authorization: Bearer <credential>'.")
     return value.strip()
+
+
+# What a client may do without a credential: read, and only while reads are public.
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class CredentialFirst:
+    """Turns away an anonymous request to the API (``/v1/``) that needs a credential, before
+    routing, before its body is read or validated and before its board is looked up: every
+    write, and every read while ``LADDER_PUBLIC_READS=false``. It answers 401 whatever the rest
+    of the request holds, so that who may not call learns nothing of which boards exist or of
+    what a valid body is, and costs nothing to parse (docs/security.md, "Authenticate first").
+
+    Only the presence of a credential is checked here; the routes check its worth (401 for a
+    bad one) before they look at anything else of the request. The WebSocket is left to its
+    own handshake.
+    """
+
+    def __init__(self, app: ASGIApp, public_reads: bool) -> None:
+        self.app = app
+        self.public_reads = public_reads
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/v1/")
+            and (scope["method"] not in _READ_METHODS or not self.public_reads)
+            and not any(name == b"authorization" for name, _ in scope["headers"])
+        ):
+            refusal = Unauthorized(
+                "A credential is required: Authorization: Bearer <server key | admin key | "
+                "player token>."
+            )
+            await problem_response(refusal)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -109,11 +109,30 @@ BoardIdPath = Annotated[
 ]
 
 
-async def get_board(board_id: BoardIdPath, state: State) -> Board:
+async def get_board(board_id: str, state: ApiState) -> Board:
+    """The definition of ``board_id``, or 404. Look it up only once the caller is known to be
+    allowed to learn whether the board exists (:data:`BoardDep`)."""
     board = await state.catalog.get(board_id)
     if board is None:
         raise NotFound(f"There is no board {board_id!r}.")
     return board
 
 
-BoardDep = Annotated[Board, Depends(get_board)]
+async def get_server(caller: Caller) -> Principal:
+    caller.require_server()
+    return caller
+
+
+Server = Annotated[Principal, Depends(get_server)]
+"""A server or admin key (401, 403 otherwise): declared before a route's board, the refusal
+comes before the board's 404 and the body's 422."""
+
+
+async def board_of_path(board_id: BoardIdPath, state: State, _: Caller) -> Board:
+    # The credential (a sub-dependency, so solved first) is checked before the board is looked
+    # up: a bad one answers 401 whether or not the board exists. An anonymous caller, while
+    # reads are not public, was turned away before the app (services.api.auth.CredentialFirst).
+    return await get_board(board_id, state)
+
+
+BoardDep = Annotated[Board, Depends(board_of_path)]

@@ -33,6 +33,7 @@ MAIN = {
     "retention": {"daily": 35, "weekly": 12, "monthly": 12},
     "notify_top": [1, 10, 100],
     "player_writes": False,
+    "regions": None,
     "badges": {},
 }
 PERIOD_ID_FORMATS = {

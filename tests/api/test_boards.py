@@ -45,6 +45,7 @@ LAPS = {
     "retention": {"daily": 7, "weekly": 4, "monthly": 3},
     "notify_top": [1, 3],
     "player_writes": True,
+    "regions": ["eu", "na"],
     "badges": {"sub-60": 60},
 }
 

@@ -87,7 +87,7 @@ def oversize() -> bytes:
 
 
 async def open_board(_: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:
-    await add_board(redis, keys, Board(board_id="open", player_writes=True))
+    await add_board(redis, keys, Board(board_id="open", player_writes=True, regions=("eu",)))
 
 
 async def alltime_board(_: httpx.AsyncClient, redis: Redis, keys: Keys) -> None:

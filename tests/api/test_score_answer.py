@@ -165,7 +165,7 @@ async def test_an_admin_key_may_submit_for_any_user(quiet: LadderSettings) -> No
 async def test_a_player_submits_its_own_score_on_a_board_with_player_writes(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    await add_board(redis, keys, Board(board_id="open", player_writes=True))
+    await add_board(redis, keys, Board(board_id="open", player_writes=True, regions=("eu",)))
     async with api_client(quiet) as client:
         answer = await post(client, score(user_id="u-7", value=3), player("u-7"), board="open")
 
@@ -189,15 +189,15 @@ async def test_a_json_body_labelled_text_plain_is_read(quiet: LadderSettings) ->
     assert response.status_code == 200, response.text
 
 
-async def test_a_single_post_checks_its_path_first_as_fastapi_did(
+async def test_a_single_post_checks_its_credential_then_its_path(
     quiet: LadderSettings,
 ) -> None:
-    """The single POST reads its path itself (no FastAPI parameter): a malformed board id is
-    one 422 naming the path alone, before the credential and the body are looked at; a
-    well-formed board that does not exist is a 404 before them."""
+    """The single POST reads its path itself (no FastAPI parameter): after the credential, a
+    malformed board id is one 422 naming the path alone, before the body is looked at; a
+    well-formed board that does not exist is a 404 before it."""
     async with api_client(quiet) as client:
-        malformed = await client.post("/v1/boards/Not_A_Board/scores", content=b"{")
-        missing = await client.post("/v1/boards/nowhere/scores", content=b"{")
+        malformed = await client.post("/v1/boards/Not_A_Board/scores", content=b"{", headers=SERVER)
+        missing = await client.post("/v1/boards/nowhere/scores", content=b"{", headers=SERVER)
         accepted = await client.post("/v1/boards/main/scores", json=score(), headers=SERVER)
 
     body = assert_problem(malformed, 422)

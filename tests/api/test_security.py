@@ -82,7 +82,9 @@ PRIVATE_READS = {"none": 401, "bad": 401, "self": 200, "other": 200, "server": 2
 async def seeded(client: httpx.AsyncClient, redis: Redis, settings: LadderSettings) -> None:
     """Board ``open`` takes player writes; u-1 has a score on main, derived (its regions) as
     the aggregator would (the broker is unreachable: the event waits in the outbox)."""
-    response = await client.put("/v1/boards/open", json={"player_writes": True}, headers=ADMIN)
+    response = await client.put(
+        "/v1/boards/open", json={"player_writes": True, "regions": ["eu"]}, headers=ADMIN
+    )
     assert response.status_code == 201, response.text
     response = await client.post("/v1/boards/main/scores", json=score(), headers=SERVER)
     assert response.status_code == 200, response.text

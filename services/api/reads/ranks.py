@@ -1,10 +1,11 @@
 """A player's profile screen in one read: its score and rank in every period and every scope it
 belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/ranks``).
 
-Round trips: one learns the user's regions, team and friends; one reads every score, rank and
-size at once (``ladder_place_v2`` with no neighbours for each view, which also counts what ranks
-strictly better for the competition and dense styles, and an ``HMGET`` of the whole friend
-group's records per period).
+Round trips: one learns the user's regions (on a board that declares its regions, those of them
+it scored in; on another, at most ``MAX_REGIONS`` of them), team and friends; one reads every
+score, rank and size at once (``ladder_place_v2`` with no neighbours for each view, which also
+counts what ranks strictly better for the competition and dense styles, and an ``HMGET`` of the
+whole friend group's records per period).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from redis.asyncio import Redis
 from services.api.errors import NotFound
 from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
 from services.api.reads.styles import RankStyle, counted, walk_ranks, walked, want_dense
-from shared.boards import Board
+from shared.boards import MAX_REGIONS, Board
 from shared.functions import PLACE_FUNCTION
 from shared.keys import DERIVED_FIELD, Keys
 from shared.periods import Period, PeriodWindow
@@ -96,14 +97,24 @@ async def _memberships(
     aggregator, which keeps the regions and team, last applied a batch of the board (its as_of);
     404 if it has no region, having never scored on the board (or not yet derived)."""
     bid = board.board_id
+    declared = list(board.regions) if board.regions is not None else None
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.smembers(keys.user_regions(bid, user_id))
+        # Bounded whatever the user's regions set holds (docs/security.md, "Invented regions and
+        # teams"): the declared regions it holds, or at most MAX_REGIONS of its members.
+        if declared is not None:
+            pipe.smismember(keys.user_regions(bid, user_id), declared)
+        else:
+            pipe.srandmember(keys.user_regions(bid, user_id), MAX_REGIONS)
         pipe.hget(keys.user_team(bid), user_id)
         pipe.hget(keys.as_of(bid), DERIVED_FIELD)
         if with_friends:
             pipe.smembers(keys.friends(user_id))
         learned = await pipe.execute()
-    regions: list[str] = sorted(learned[0])
+    regions: list[str] = (
+        sorted(learned[0])
+        if declared is None
+        else sorted(r for r, held in zip(declared, learned[0], strict=True) if held)
+    )
     if not regions:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
     team: str | None = learned[1] if board.operator == "incr" else None

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
@@ -58,6 +58,10 @@ def _document_board_in(schema: dict[str, Any]) -> None:
     del fields["board_id"]
     fields["periods"] |= {"minItems": 1, "uniqueItems": True}
     fields["notify_top"]["uniqueItems"] = True
+    # regions: null, or at least one region, none twice.
+    for option in fields["regions"]["anyOf"]:
+        if option.get("type") == "array":
+            option |= {"minItems": 1, "uniqueItems": True}
     # pydantic states the names' pattern but lets any other name through with any value.
     fields["badges"]["additionalProperties"] = False
 
@@ -73,6 +77,17 @@ class BoardIn(BoardSpec):
     model_config = ConfigDict(json_schema_extra=_document_board_in)
 
     board_id: BoardId | None = None
+
+    @model_validator(mode="after")
+    def _players_need_regions(self) -> BoardIn:
+        # Here, not in BoardSpec: a definition stored before regions existed must stay readable
+        # (it refuses players until its regions are declared: Board.takes_player_writes).
+        if self.player_writes and self.regions is None:
+            raise ValueError(
+                "a board with player_writes must declare its regions: a player token could "
+                "otherwise name any region it likes"
+            )
+        return self
 
 
 @router.get("", response_model=BoardsOut, responses=problems(401, 503), openapi_extra=PUBLIC_READ)
@@ -115,7 +130,7 @@ async def put_board(
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
-    scores answers 409."""
+    scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422)."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")

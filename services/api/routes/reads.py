@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from services.api.answers import json_answer
@@ -136,16 +136,15 @@ _READ_SECURITY = [{BEARER.scheme_name: []}, *PUBLIC_READ["security"]]
 async def _read_of(
     request: Request, model: type[Q], *path: str
 ) -> tuple[ApiState, Board, Principal, Q]:
-    """The state, board, reader and query of a read, checked in the order FastAPI's dependencies
-    checked them: the board (404), the credential (401), then every path and query error in one
-    422."""
+    """The state, board, reader and query of a read, checked in the order of the other routes:
+    the credential (401), the board (404), then every path and query error in one 422."""
     state: ApiState = request.state.ladder
+    caller = authenticate(bearer(request.headers.get("authorization")), state.settings)
+    reader = await get_reader(caller, state)
     errors = path_errors(request, "board_id")
     board = None
     if not errors:
         board = await get_board(request.path_params["board_id"], state)
-    caller = authenticate(bearer(request.headers.get("authorization")), state.settings)
-    reader = await get_reader(caller, state)
     query = query_of(model, request, errors + path_errors(request, *path))
     assert board is not None  # a bad board id is among the errors query_of raised
     return state, board, reader, query
@@ -259,23 +258,35 @@ async def user_ranks(
     return {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
 
 
+async def get_user_caller(request: Request, caller: Caller) -> Principal:
+    # The path's user as it is: a malformed id is no player's own (403), and the 422 for it
+    # comes after the credential's refusal.
+    caller.require_user(request.path_params["user_id"])
+    return caller
+
+
+UserCaller = Annotated[Principal, Depends(get_user_caller)]
+"""A server key or the path user's own token: declared first, its 401 and 403 come before the
+board's 404."""
+
+
 @router.get(
     "/{board_id}/users/{user_id}/events",
     response_model=EventsOut,
     responses=problems(401, 403, 404, 422, 503),
 )
 async def events(
+    _: UserCaller,
     board: BoardDep,
     user_id: UserIdPath,
     state: State,
-    caller: Caller,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> dict[str, Any]:
     """The user's accepted events, newest first, from the history database.
 
-    A server key reads anyone's; a player token its own."""
-    caller.require_user(user_id)
+    A server key reads anyone's; a player token its own (401 and 403 come before the board's
+    404)."""
     try:
         rows, next_cursor = await user_events(state.engine, board.board_id, user_id, limit, cursor)
     except BadCursor as exc:

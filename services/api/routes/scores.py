@@ -19,7 +19,7 @@ from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
 from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
 from services.api.routes.params import parameters_of, path_errors
-from services.api.state import BEARER, ApiState, BoardDep, Caller, State, get_board
+from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
 from services.api.write.submit import (
@@ -115,27 +115,36 @@ class DirectRoute(APIRoute):
 async def post_score(request: Request) -> Response:
     """Submit one score; answers with the user's regional score and rank in every period.
 
-    A server key may submit for any user; a player token only for itself, and only on a board
-    with ``player_writes``. Repeating an accepted ``event_id`` with the same body answers the
-    first result with ``duplicate: true``.
+    A server key may submit for any user; a player token only for itself, without a
+    ``team_id``, and only on a board with ``player_writes`` (which declares its regions). An
+    event naming a region the board does not declare answers 422. Repeating an accepted
+    ``event_id`` with the same body answers the first result with ``duplicate: true``.
     """
     state: ApiState = request.state.ladder
+    # The credential first (401), before the path, the board and the body are looked at: who
+    # may not write learns nothing of boards or of what a valid body is.
+    credential = bearer(request.headers.get("authorization"))
+    caller = authenticate(credential, state.settings)
+    if caller.kind == "anonymous":
+        raise Unauthorized("Submitting scores needs a server key or a player token.")
     # The path's board id checked here, as FastAPI would have before the handler: a parameter of
     # the route made FastAPI solve it through its dependency machinery on every request.
     errors = path_errors(request, "board_id")
     if errors:
         raise RequestValidationError(errors)
     board = await get_board(request.path_params["board_id"], state)
-    credential = bearer(request.headers.get("authorization"))
-    caller = authenticate(credential, state.settings)
+    if not caller.is_server and not board.takes_player_writes:
+        raise Forbidden(
+            "Players may not submit scores to this board."
+            if not board.player_writes
+            else "Players may submit scores to this board once it declares its regions."
+        )
     score, idempotency_key = await _score_of(request)
-    if caller.kind == "anonymous":
-        raise Unauthorized("Submitting scores needs a server key or a player token.")
     if not caller.is_server:
-        if not board.player_writes:
-            raise Forbidden("Players may not submit scores to this board.")
         if caller.user_id != score.user_id:
             raise Forbidden("A player token may submit only its own scores.")
+        if score.team_id is not None:
+            raise Forbidden("A player token may not name a team: teams come from game servers.")
     event_id = resolve_event_id(score, idempotency_key)
     quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential or "")
     with WRITE_SECONDS.time():
@@ -203,17 +212,16 @@ def _validation_problem(exc: ValidationError) -> dict[str, Any]:
 
 @router.post("/scores/batch", response_model=BatchOut, responses=REFUSALS)
 async def post_batch(
-    batch: BatchIn, request: Request, board: BoardDep, caller: Caller, state: State
+    caller: Server, board: BoardDep, batch: BatchIn, request: Request, state: State
 ) -> Response:
     """Submit up to 1000 scores (server key): every valid one in a single Redis round trip.
 
     ``results`` holds one entry per event, in order: the single-event answer, or
     ``{"event_id", "error": {problem}}`` for an event refused on its own (validation, value
     bounds, lateness, a reused ``event_id`` with another body, its user or the credential over
-    the rate limit). A batch of which the credential's limit let no event through answers 429
-    as a whole.
+    the rate limit, a region the board does not declare). A batch of which the credential's
+    limit let no event through answers 429 as a whole.
     """
-    caller.require_server()
     results: list[dict[str, Any] | None] = [None] * len(batch.events)
     scores: dict[int, ScoreIn] = {}
     for i, raw in enumerate(batch.events):

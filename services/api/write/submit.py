@@ -63,8 +63,14 @@ def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -
 
 
 def check_value(score: ScoreIn, board: Board) -> None:
-    """The value within the board's bounds; a subscore where, and only where, the board ranks
-    by one."""
+    """The region among the board's declared ones; the value within the board's bounds; a
+    subscore where, and only where, the board ranks by one."""
+    if not board.names_region(score.region):
+        raise Invalid(
+            f"Board {board.board_id!r} has no region {score.region!r}; its regions are "
+            f"{', '.join(board.regions or ())}.",
+            loc=("body", "region"),
+        )
     if not board.min_value <= score.value <= board.max_value:
         raise Invalid(
             f"value must be within [{board.min_value}, {board.max_value}] on this board.",
