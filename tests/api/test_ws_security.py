@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
 from services.api.push.ws import MAX_SUBSCRIPTIONS
+from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
@@ -206,3 +207,26 @@ async def test_a_binary_frame_answers_an_error_and_the_socket_lives_on(
         await redis.publish(channel, json.dumps({"type": "leaderboard", "n": 1}))
         async with asyncio.timeout(5):
             assert json.loads(await ws.recv()) == {"type": "leaderboard", "n": 1}
+
+
+async def test_a_topic_of_an_undeclared_region_or_a_period_not_kept_answers_an_error(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    """A real board's topics are bounded too: a region it does not declare, a period it does
+    not keep, answer ``error`` and make no channel."""
+    board = Board(board_id="declared", periods=("daily",), regions=("eu",))
+    await BoardCatalog(redis, Keys(quiet.key_prefix)).put(board)
+    name = f"ladder-hub-{quiet.key_prefix}"
+    async with serve(quiet) as url, websockets.connect(url) as ws:
+        for topic, said in [
+            ("leaderboard:declared:region:na:daily", "declares no region 'na'"),
+            ("leaderboard:declared:global:weekly", "keeps no weekly period"),
+            ("leaderboard:declared:region:eu:alltime", "keeps no alltime period"),
+        ]:
+            refused = await ask(ws, {"op": "subscribe", "topic": topic})
+            assert refused["type"] == "error" and said in refused["detail"], refused
+        assert await hub_connections(redis, name) == []
+        for topic in ["leaderboard:declared:region:eu:daily", "leaderboard:declared:global:daily"]:
+            assert (await ask(ws, {"op": "subscribe", "topic": topic}))["type"] == "ok"
+        [hub] = await hub_connections(redis, name)
+        assert hub["sub"] == "2"

@@ -38,7 +38,7 @@ from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
 from services.api.errors import Unauthorized, problem_response
 from services.api.push.admission import TooManySockets
 from services.api.state import ApiState
-from shared.boards import BOARD_ID_PATTERN
+from shared.boards import BOARD_ID_PATTERN, Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
 from shared.live_maths import HOT_WINDOWS
 from shared.periods import PERIODS
@@ -99,7 +99,12 @@ class Client:
     async def channel_of(self, topic: str) -> str:
         keys = self.state.keys
         if m := _LEADERBOARD_TOPIC.match(topic):
-            await self._check_board(m["board"])
+            board = await self._check_board(m["board"])
+            if m["period"] not in board.periods:
+                raise TopicError(f"board {board.board_id!r} keeps no {m['period']} period")
+            region = m["scope"].removeprefix("region:")
+            if region != m["scope"] and board.regions is not None and region not in board.regions:
+                raise TopicError(f"board {board.board_id!r} declares no region {region!r}")
             return keys.board_channel(m["board"], m["scope"], m["period"])
         if m := _LIVE_TOPIC.match(topic):
             await self._check_board(m["board"])
@@ -115,11 +120,13 @@ class Client:
             "{10|60}, leaderboard:{board}:mvps:{period} or user:{id}"
         )
 
-    async def _check_board(self, board_id: str) -> None:
+    async def _check_board(self, board_id: str) -> Board:
         if self.principal.kind == "anonymous" and not self.state.settings.public_reads:
             raise TopicError("leaderboard topics need a credential here")
-        if await self.state.board_lookups.get(self.state.catalog, board_id) is None:
+        board = await self.state.board_lookups.get(self.state.catalog, board_id)
+        if board is None:
             raise TopicError(f"there is no board {board_id!r}")
+        return board
 
     def view_key_of(self, topic: str) -> str | None:
         """The key holding a live view's current state, sent to a new subscriber."""
