@@ -31,6 +31,8 @@ declare -A PROGRAM=([redis]=redis-server [rabbitmq]=rabbitmq-server [mariadb]=ma
 declare -A WAIT=([redis]=20 [rabbitmq]=60 [mariadb]=60)
 
 REDIS_LOG=/var/log/redis/ci.log
+# Where the Redis that `ensure` starts keeps its append-only file, across `make down` and `up`.
+REDIS_DIR="$RUN_DIR/redis"
 MARIADB_LOG=/var/log/mysql/ci.log
 
 APT_UPDATED=0
@@ -145,15 +147,36 @@ install() {
 
 # --- starting: loopback only, no systemd ---
 
+# The settings of the Redis that `ensure` starts, in REDIS_ARGS (without --daemonize): loopback,
+# no RDB snapshots, and the append-only file on, written at once and fsynced every second. The
+# outbox holds accepted events that only Redis has until the relay publishes them, so this
+# Redis must keep them across a restart: a crash of the process loses nothing, one of the
+# machine the last second at most (docs/reliability.md, "Redis durability").
+redis_args() { # [port] [dir] [logfile]
+    REDIS_ARGS=(--bind 127.0.0.1 -::1 --port "${1:-${PORT[redis]}}"
+        --save "" --appendonly yes --appendfsync everysec
+        --dir "${2:-$REDIS_DIR}" --logfile "${3:-$REDIS_LOG}")
+}
+
 start_redis() {
-    as_root mkdir -p /var/lib/redis "$(dirname "$REDIS_LOG")"
-    log "starting redis-server on $HOST:${PORT[redis]} (log: $REDIS_LOG)"
-    # The Ladder cache is rebuilt from MySQL (make rebuild), so this one keeps nothing on disk.
-    leaving_daemon as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 \
-        --port "${PORT[redis]}" --save "" --appendonly no --dir /var/lib/redis \
-        --logfile "$REDIS_LOG"
+    as_root mkdir -p "$REDIS_DIR" "$(dirname "$REDIS_LOG")"
+    log "starting redis-server on $HOST:${PORT[redis]} (AOF in $REDIS_DIR; log: $REDIS_LOG)"
+    redis_args
+    leaving_daemon as_root redis-server --daemonize yes "${REDIS_ARGS[@]}"
     wait_until "${WAIT[redis]}" redis_answers ||
         die "redis-server does not answer after ${WAIT[redis]} s; see $REDIS_LOG"
+}
+
+# A Redis that was running already is left as it is; say so if it keeps no append-only file.
+check_redis_persistence() {
+    command -v redis-cli >/dev/null 2>&1 || return 0
+    local reply
+    reply=$(timeout 3 redis-cli -h "$HOST" -p "${PORT[redis]}" config get appendonly 2>/dev/null |
+        tail -n 1) || return 0
+    if [[ $reply == no ]]; then
+        log "warning: the Redis on $HOST:${PORT[redis]} runs without an append-only file:" \
+            "a restart of it loses the accepted events not yet relayed (docs/reliability.md)"
+    fi
 }
 
 rabbitmqctl_answers() { as_root rabbitmqctl status >/dev/null 2>&1; }
@@ -289,6 +312,9 @@ ensure() {
     for name in "${SERVERS[@]}"; do
         if answers "$name"; then
             log "$name answers on $HOST:${PORT[$name]}"
+            if [[ $name == redis ]] && ! started_by_us redis; then
+                check_redis_persistence
+            fi
             continue
         fi
         if port_open "${PORT[$name]}"; then
