@@ -31,8 +31,7 @@ declare -A PROGRAM=([redis]=redis-server [rabbitmq]=rabbitmq-server [mariadb]=ma
 declare -A WAIT=([redis]=20 [rabbitmq]=60 [mariadb]=60)
 
 REDIS_LOG=/var/log/redis/ci.log
-# Where the Redis that `ensure` starts keeps its append-only file, across `make down` and `up`.
-REDIS_DIR="$RUN_DIR/redis"
+REDIS_DIR="$RUN_DIR/redis" # its append-only file, across `make down` and `make up`
 MARIADB_LOG=/var/log/mysql/ci.log
 
 APT_UPDATED=0
@@ -147,15 +146,12 @@ install() {
 
 # --- starting: loopback only, no systemd ---
 
-# The settings of the Redis that `ensure` starts, in REDIS_ARGS (without --daemonize): loopback,
-# no RDB snapshots, and the append-only file on, written at once and fsynced every second. The
-# outbox holds accepted events that only Redis has until the relay publishes them, so this
-# Redis must keep them across a restart: a crash of the process loses nothing, one of the
-# machine the last second at most (docs/reliability.md, "Redis durability").
-redis_args() { # [port] [dir] [logfile]
-    REDIS_ARGS=(--bind 127.0.0.1 -::1 --port "${1:-${PORT[redis]}}"
-        --save "" --appendonly yes --appendfsync everysec
-        --dir "${2:-$REDIS_DIR}" --logfile "${3:-$REDIS_LOG}")
+# The Redis that `ensure` starts (REDIS_ARGS, without --daemonize) keeps an append-only file,
+# fsynced every second: the outbox holds accepted events that only Redis has until they are
+# relayed (docs/reliability.md, "Redis durability").
+redis_args() {
+    REDIS_ARGS=(--bind 127.0.0.1 -::1 --port "${PORT[redis]}" --save "" --appendonly yes
+        --appendfsync everysec --dir "$REDIS_DIR" --logfile "$REDIS_LOG")
 }
 
 start_redis() {
@@ -169,14 +165,10 @@ start_redis() {
 
 # A Redis that was running already is left as it is; say so if it keeps no append-only file.
 check_redis_persistence() {
-    command -v redis-cli >/dev/null 2>&1 || return 0
-    local reply
-    reply=$(timeout 3 redis-cli -h "$HOST" -p "${PORT[redis]}" config get appendonly 2>/dev/null |
-        tail -n 1) || return 0
-    if [[ $reply == no ]]; then
-        log "warning: the Redis on $HOST:${PORT[redis]} runs without an append-only file:" \
-            "a restart of it loses the accepted events not yet relayed (docs/reliability.md)"
-    fi
+    [[ $(timeout 3 redis-cli -h "$HOST" -p "${PORT[redis]}" config get appendonly 2>/dev/null |
+        tail -n 1) == no ]] || return 0
+    log "warning: the Redis on $HOST:${PORT[redis]} runs without an append-only file:" \
+        "a restart of it loses the accepted events not yet relayed (docs/reliability.md)"
 }
 
 rabbitmqctl_answers() { as_root rabbitmqctl status >/dev/null 2>&1; }
@@ -312,9 +304,7 @@ ensure() {
     for name in "${SERVERS[@]}"; do
         if answers "$name"; then
             log "$name answers on $HOST:${PORT[$name]}"
-            if [[ $name == redis ]] && ! started_by_us redis; then
-                check_redis_persistence
-            fi
+            [[ $name != redis ]] || started_by_us redis || check_redis_persistence
             continue
         fi
         if port_open "${PORT[$name]}"; then
