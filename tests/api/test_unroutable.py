@@ -73,7 +73,7 @@ async def test_unbound_queues_lose_nothing(
     async with api_client(settings) as client:
 
         async def relay_connected() -> bool:
-            return (await readiness(client))["dependencies"]["broker"] == "up"
+            return bool((await readiness(client))["dependencies"]["broker"] == "up")
 
         # The relay declares the topology as it connects: unbind after that.
         await eventually(relay_connected)
