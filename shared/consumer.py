@@ -7,7 +7,7 @@ no message came for ``IDLE_GAP_SECONDS``, so that a lone message is not held bac
 ``flush_ms``: it is on the way of every push), calls the handler once, and only when it returns
 acks the whole batch with one ``multiple`` ack.
 
-What fails, and what the runner does (docs/reliability.md, "Dead-lettering"):
+What fails, and what the runner does (docs/reliability.md, "A handler failure"):
 
 - A message that is not a valid :class:`ScoreMessage` (bad JSON, unknown schema version) is
   poison: rejected without requeue, so the queue dead-letters it at once.
@@ -274,7 +274,7 @@ class ConsumerRunner:
                 "event refused by the handler",
                 board_id=event.board_id,
                 event_id=event.event_id,
-                error=repr(err),
+                exc_info=err,
             )
         EVENTS_REFUSED.labels(self.name).inc(len(refusals))
         return not refusals
