@@ -274,7 +274,7 @@ class ConsumerRunner:
                 "event refused by the handler",
                 board_id=event.board_id,
                 event_id=event.event_id,
-                exc_info=err,
+                error=repr(err),
             )
         EVENTS_REFUSED.labels(self.name).inc(len(refusals))
         return not refusals
