@@ -31,6 +31,7 @@ declare -A PROGRAM=([redis]=redis-server [rabbitmq]=rabbitmq-server [mariadb]=ma
 declare -A WAIT=([redis]=20 [rabbitmq]=60 [mariadb]=60)
 
 REDIS_LOG=/var/log/redis/ci.log
+REDIS_DIR="$RUN_DIR/redis" # its append-only file, across `make down` and `make up`
 MARIADB_LOG=/var/log/mysql/ci.log
 
 APT_UPDATED=0
@@ -145,15 +146,29 @@ install() {
 
 # --- starting: loopback only, no systemd ---
 
+# The Redis that `ensure` starts (REDIS_ARGS, without --daemonize) keeps an append-only file,
+# fsynced every second: the outbox holds accepted events that only Redis has until they are
+# relayed (docs/reliability.md, "Redis durability").
+redis_args() {
+    REDIS_ARGS=(--bind 127.0.0.1 -::1 --port "${PORT[redis]}" --save "" --appendonly yes
+        --appendfsync everysec --dir "$REDIS_DIR" --logfile "$REDIS_LOG")
+}
+
 start_redis() {
-    as_root mkdir -p /var/lib/redis "$(dirname "$REDIS_LOG")"
-    log "starting redis-server on $HOST:${PORT[redis]} (log: $REDIS_LOG)"
-    # The Ladder cache is rebuilt from MySQL (make rebuild), so this one keeps nothing on disk.
-    leaving_daemon as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 \
-        --port "${PORT[redis]}" --save "" --appendonly no --dir /var/lib/redis \
-        --logfile "$REDIS_LOG"
+    as_root mkdir -p "$REDIS_DIR" "$(dirname "$REDIS_LOG")"
+    log "starting redis-server on $HOST:${PORT[redis]} (AOF in $REDIS_DIR; log: $REDIS_LOG)"
+    redis_args
+    leaving_daemon as_root redis-server --daemonize yes "${REDIS_ARGS[@]}"
     wait_until "${WAIT[redis]}" redis_answers ||
         die "redis-server does not answer after ${WAIT[redis]} s; see $REDIS_LOG"
+}
+
+# A Redis that was running already is left as it is; say so if it keeps no append-only file.
+check_redis_persistence() {
+    [[ $(timeout 3 redis-cli -h "$HOST" -p "${PORT[redis]}" config get appendonly 2>/dev/null |
+        tail -n 1) == no ]] || return 0
+    log "warning: the Redis on $HOST:${PORT[redis]} runs without an append-only file:" \
+        "a restart of it loses the accepted events not yet relayed (docs/reliability.md)"
 }
 
 rabbitmqctl_answers() { as_root rabbitmqctl status >/dev/null 2>&1; }
@@ -289,6 +304,7 @@ ensure() {
     for name in "${SERVERS[@]}"; do
         if answers "$name"; then
             log "$name answers on $HOST:${PORT[$name]}"
+            [[ $name != redis ]] || started_by_us redis || check_redis_persistence
             continue
         fi
         if port_open "${PORT[$name]}"; then

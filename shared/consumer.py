@@ -5,11 +5,22 @@ object. The runner collects deliveries into a batch (up to ``batch_size`` messag
 carrying one event or several, or whatever arrived within ``flush_ms`` of the first, or until
 no message came for ``IDLE_GAP_SECONDS``, so that a lone message is not held back the whole
 ``flush_ms``: it is on the way of every push), calls the handler once, and only when it returns
-acks the whole batch with one ``multiple`` ack. A message that is not a valid
-:class:`ScoreMessage` (bad JSON, unknown schema version) is poison: rejected without requeue, so
-the queue dead-letters it, and the stream keeps flowing. A handler that raises is retried with
-backoff, holding the batch unacked, so an outage pauses the consumer instead of burning
-delivery counts.
+acks the whole batch with one ``multiple`` ack.
+
+What fails, and what the runner does (docs/reliability.md, "A handler failure"):
+
+- A message that is not a valid :class:`ScoreMessage` (bad JSON, unknown schema version) is
+  poison: rejected without requeue, so the queue dead-letters it at once.
+- A handler that fails because something it needs is away (:func:`shared.failures.is_transient`:
+  MySQL or Redis down, a timeout) holds the batch unacked and retries it with backoff for as
+  long as the outage lasts. Nothing is given back to the queue, so nothing counts toward the
+  delivery limit and nothing is dead-lettered.
+- A handler that refuses the batch (any other error: MySQL refusing a value, say) has the
+  batch split: each message handled alone, and each event of a refused message alone, so that
+  every event that can be handled is. Each message still holding a refused event is given back
+  (``nack`` with requeue), which the quorum queue counts: delivered ``LADDER_DELIVERY_LIMIT`` + 1
+  times in all (21), it is dead-lettered to ``<queue>.dead``, whole. The other messages are
+  acked and the stream flows on.
 
 Decoding is one pass of pydantic-core over the body (``model_validate_json``): about 150 events
 a message, a few objects each, which is why the runner tunes the process's garbage collector
@@ -31,6 +42,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from shared.events import ScoreAccepted, ScoreMessage
+from shared.failures import is_transient
 from shared.topology import Consumer, Topology
 
 log = structlog.get_logger(__name__)
@@ -41,6 +53,11 @@ MESSAGES = Counter("ladder_consumer_messages_total", "Messages taken", ["consume
 EVENTS = Counter("ladder_consumer_events_total", "Events handed to the handler", ["consumer"])
 BATCH_SECONDS = Histogram("ladder_consumer_batch_seconds", "Handler time a batch", ["consumer"])
 RETRIES = Counter("ladder_consumer_handler_failures_total", "Handler failures", ["consumer"])
+EVENTS_REFUSED = Counter(
+    "ladder_consumer_events_refused_total",
+    "Events the handler refused (not an outage): their messages go back toward the delivery limit",
+    ["consumer"],
+)
 CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"])
 
 # A batch is handed over once the stream pauses this long. Under load deliveries follow each
@@ -178,11 +195,10 @@ class ConsumerRunner:
             await self._process(batch)
 
     async def _process(self, batch: list[AbstractIncomingMessage]) -> None:
-        events: list[ScoreAccepted] = []
-        good: list[AbstractIncomingMessage] = []
+        decoded: list[tuple[AbstractIncomingMessage, list[ScoreAccepted]]] = []
         for message in batch:
             try:
-                decoded = ScoreMessage.model_validate_json(message.body)
+                decoded.append((message, ScoreMessage.model_validate_json(message.body).events))
             except ValidationError as exc:
                 log.warning(
                     "poison message dead-lettered",
@@ -191,28 +207,92 @@ class ConsumerRunner:
                 )
                 MESSAGES.labels(self.name, "poison").inc()
                 await message.reject(requeue=False)
-                continue
-            events.extend(decoded.events)
-            good.append(message)
-        if not good:
+        if not decoded:
             return
-        backoff = 0.2
-        while True:
-            try:
-                with BATCH_SECONDS.labels(self.name).time():
-                    await self.handler(events)
-                break
-            except Exception:
-                RETRIES.labels(self.name).inc()
-                log.exception("handler failed; batch held and retried", events=len(events))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        kept = decoded
+        error = await self._handle([event for _, events in decoded for event in events])
+        if error is not None:
+            # Something in the batch is refused: find what, handling one message at a time
+            # (and one event at a time within a refused one), so that every event that can be
+            # handled is, and only the messages holding a refused event go back to the queue.
+            log.warning("batch refused; handling its messages one by one", error=repr(error))
+            kept = []
+            for message, events in decoded:
+                if await self._split(events):
+                    kept.append((message, events))
+                else:
+                    await self._refuse(message)
+        if not kept:
+            return
         try:
-            await good[-1].ack(multiple=True)
+            # Refused messages are settled already: a multiple ack covers only the others.
+            await kept[-1][0].ack(multiple=True)
         except Exception as exc:
             # The channel went away with the batch: the broker delivers it again, and every
             # handler is idempotent on event_id.
             log.warning("ack lost with the channel; the batch will be redelivered", error=repr(exc))
             return
-        MESSAGES.labels(self.name, "ok").inc(len(good))
-        EVENTS.labels(self.name).inc(len(events))
+        MESSAGES.labels(self.name, "ok").inc(len(kept))
+        EVENTS.labels(self.name).inc(sum(len(events) for _, events in kept))
+
+    async def _handle(self, events: list[ScoreAccepted]) -> BaseException | None:
+        """Hand ``events`` to the handler until it succeeds (``None``) or refuses them (the
+        error). A transient failure (:func:`shared.failures.is_transient`: MySQL or Redis
+        away) holds them and retries with backoff, for as long as it lasts: the messages stay
+        unacked, so nothing counts toward their delivery limit."""
+        backoff = 0.2
+        while True:
+            try:
+                with BATCH_SECONDS.labels(self.name).time():
+                    await self.handler(events)
+                return None
+            except Exception as exc:
+                RETRIES.labels(self.name).inc()
+                if not is_transient(exc):
+                    return exc
+                log.warning(
+                    "handler failed (transient); batch held and retried",
+                    events=len(events),
+                    error=repr(exc),
+                    in_seconds=backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _split(self, events: list[ScoreAccepted]) -> bool:
+        """Whether every event of one message could be handled: the message together first,
+        then (refused) each event alone, so that its good events are handled all the same."""
+        error = await self._handle(events)
+        if error is None:
+            return True
+        if len(events) > 1:
+            refusals = [(e, err) for e in events if (err := await self._handle([e])) is not None]
+        else:
+            refusals = [(events[0], error)]
+        for event, err in refusals:
+            log.error(
+                "event refused by the handler",
+                board_id=event.board_id,
+                event_id=event.event_id,
+                error=repr(err),
+            )
+        EVENTS_REFUSED.labels(self.name).inc(len(refusals))
+        return not refusals
+
+    async def _refuse(self, message: AbstractIncomingMessage) -> None:
+        """Give a message with a refused event back to its queue, which counts the delivery:
+        past ``LADDER_DELIVERY_LIMIT`` redeliveries the queue dead-letters it to ``.dead``."""
+        headers = message.headers or {}
+        count = headers.get("x-delivery-count")
+        delivery = (count if isinstance(count, int) else 0) + 1
+        last = delivery > self.topology.delivery_limit
+        log.warning(
+            "message refused; dead-lettered" if last else "message refused; requeued",
+            message_id=message.message_id,
+            delivery=delivery,
+            deliveries_before_dead_letter=self.topology.delivery_limit + 1,
+        )
+        MESSAGES.labels(self.name, "dead-lettered" if last else "refused").inc()
+        with contextlib.suppress(Exception):
+            # A lost channel returns it all the same (and the broker counts that too).
+            await message.nack(requeue=True)

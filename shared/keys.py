@@ -93,6 +93,9 @@ key                                                type        holds
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
                                                                board, so that the write takes
                                                                it in the board's hash slot
+``P:relay:unroutable``                             hash        board_id -> why the broker
+                                                               returns its outbox's messages
+                                                               unroutable (JSON), while it does
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 =================================================  ==========  ===============================
@@ -122,6 +125,11 @@ class Keys:
     @property
     def boards(self) -> str:
         return f"{self.prefix}:boards"
+
+    @property
+    def relay_unroutable(self) -> str:
+        """Why relays keep each board's outbox (services/api/relay/outbox.py), for /readyz."""
+        return f"{self.prefix}:relay:unroutable"
 
     def user_channel(self, user_id: str) -> str:
         return f"{self.prefix}:push:user:{user_id}"

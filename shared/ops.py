@@ -36,9 +36,17 @@ async def run_checks(checks: Mapping[str, Check], wait: float = 1.0) -> dict[str
     return dict(zip(names, states, strict=True))
 
 
-def readiness_response(states: dict[str, str], required: set[str]) -> JSONResponse:
+def readiness_response(
+    states: dict[str, str], required: set[str], reasons: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The ``/readyz`` answer: 503 while a ``required`` dependency is down; ``reasons`` says
+    why a dependency is down, where that is known."""
     ready = all(states[name] == "up" for name in required)
-    body = {"status": "ready" if ready else "not ready", "dependencies": states}
+    body = {
+        "status": "ready" if ready else "not ready",
+        "dependencies": states,
+        "reasons": dict(reasons or {}),
+    }
     headers = {} if ready else {"Retry-After": "1"}
     return JSONResponse(body, status_code=200 if ready else 503, headers=headers)
 

@@ -146,7 +146,8 @@ class MarkChangedViews:
 
 def in_order(*handlers: Handler) -> Handler:
     """One handler that runs ``handlers`` one after the other on each batch; a failure stops
-    the rest, and the runner retries the whole batch (every handler here is idempotent)."""
+    the rest, and the runner hands the same events over again, the whole batch after an outage
+    or fewer of them after a refusal (every handler here is idempotent)."""
 
     async def handle(events: list[ScoreAccepted]) -> None:
         for handler in handlers:

@@ -11,6 +11,11 @@ quorum queues, sees a few hundred events in each. A read that could not be confi
 pending for this consumer and is published again; entries left pending by a crashed process are
 claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
 ``event_id``, so a batch published twice has one effect.
+
+Every message is published ``mandatory``: a message that no queue is bound to receive comes back
+(``Basic.Return``) ahead of its confirm, and a confirm alone does not remove it. Its entries stay
+pending in the outbox and are published again, with backoff, until a queue takes them; meanwhile
+``ladder_relay_unroutable`` counts them and ``P:relay:unroutable`` says why, for ``/readyz``.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import aio_pika
+import orjson
 import structlog
 from aio_pika.abc import AbstractExchange, AbstractRobustConnection
+from aio_pika.exceptions import PublishError
 from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -40,11 +49,55 @@ RELAYED = Counter("ladder_relay_events_total", "Events confirmed by the broker")
 MESSAGES = Counter("ladder_relay_messages_total", "Messages confirmed by the broker")
 FAILURES = Counter("ladder_relay_failures_total", "Batches the broker did not confirm")
 BACKLOG = Gauge("ladder_relay_backlog", "Entries in the outbox at the last look", ["board_id"])
+UNROUTABLE = Gauge(
+    "ladder_relay_unroutable",
+    "Entries the outbox keeps because the broker returns its messages unroutable (0: routed)",
+    ["board_id"],
+    multiprocess_mode="livemax",
+)
+RETURNED = Counter(
+    "ladder_relay_returned_total", "Messages the broker returned unroutable (no queue bound)"
+)
 
 _BOARDS_REFRESH_SECONDS = 2.0
 _CLAIM_EVERY_SECONDS = 5.0
 # Messages awaiting their confirms at once, a read.
 IN_FLIGHT = 8
+# Seconds between two publishes of entries the broker returned: from the first to the last.
+_UNROUTABLE_BACKOFF = (0.5, 5.0)
+# A board's record in P:relay:unroutable older than this is no longer reported: the relay that
+# wrote it renews it on every retry, at most _UNROUTABLE_BACKOFF[1] apart.
+UNROUTABLE_FRESH_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Unroutable:
+    """Why a board's outbox is kept: what the broker answered, and how much it holds back."""
+
+    reason: str
+    held: int
+    at: float  # time.time() of the last return
+
+    def describe(self, board_id: str) -> str:
+        return (
+            f"board {board_id}: {self.held} events kept in the outbox, the broker returns "
+            f"their messages ({self.reason})"
+        )
+
+
+async def unroutable_boards(
+    redis: Redis, keys: Keys, now: float | None = None
+) -> dict[str, Unroutable]:
+    """The boards whose outbox some relay keeps because the broker returns its messages (a
+    record renewed within ``UNROUTABLE_FRESH_SECONDS``), whichever API process relays them."""
+    now = time.time() if now is None else now
+    found: dict[str, Unroutable] = {}
+    raw = await redis.hgetall(keys.relay_unroutable)
+    for board_id, value in raw.items():
+        record = Unroutable(**orjson.loads(value))
+        if now - record.at <= UNROUTABLE_FRESH_SECONDS:
+            found[str(board_id)] = record
+    return found
 
 
 class Relay:
@@ -65,6 +118,10 @@ class Relay:
         # Streams known to hold no entry pending for this consumer (read, not yet confirmed).
         self._settled: set[str] = set()
         self._written: set[str] = set()
+        # Boards whose messages came back unroutable: when to publish them again, and the wait
+        # after that.
+        self._retry_at: dict[str, float] = {}
+        self._backoff: dict[str, float] = {}
 
     @property
     def ready(self) -> bool:
@@ -108,7 +165,8 @@ class Relay:
         self._connection = await aio_pika.connect_robust(
             self._settings.amqp_url, reconnect_interval=1.0
         )
-        channel = await self._connection.channel(publisher_confirms=True)
+        # A returned message fails its publish (PublishError) instead of passing as confirmed.
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._settled.clear()
         await self._topology.declare(channel)
         self._exchange = await self._topology.declare_exchange(channel)
@@ -159,6 +217,9 @@ class Relay:
         self._groups.add(stream)
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
+        retry_at = self._retry_at.get(board_id)
+        if retry_at is not None and asyncio.get_running_loop().time() < retry_at:
+            return 0
         stream = self._keys.outbox(board_id)
         await self._ensure_group(stream)
         if claim:
@@ -192,7 +253,8 @@ class Relay:
             entries = [(eid, fields) for eid, fields in read if fields]
             if entries:
                 self._settled.discard(stream)
-                await self._publish(board_id, stream, entries)
+                if not await self._publish(board_id, stream, entries):
+                    return 0  # kept pending: read again once its backoff has passed
                 if start == ">":
                     # Nothing was pending before this read, and this read is confirmed now.
                     self._settled.add(stream)
@@ -200,37 +262,90 @@ class Relay:
             if start == "0":
                 self._settled.add(stream)
         BACKLOG.labels(board_id).set(0)
+        UNROUTABLE.labels(board_id).set(0)
         return 0
 
     async def _publish(
         self, board_id: str, stream: str, entries: list[tuple[str, dict[str, str]]]
-    ) -> None:
+    ) -> bool:
+        """Publish ``entries`` and remove those the broker confirmed and routed; whether all
+        were. Returned ones stay pending for this consumer, to be published again."""
         exchange = self._exchange
         if exchange is None:
             raise aio_pika.exceptions.AMQPConnectionError("no channel")
-        ids = [eid for eid, _ in entries]
         size = self._settings.relay_batch
         batches = [entries[i : i + size] for i in range(0, len(entries), size)]
         try:
             # Every message of the read in flight at once; each publish returns on its confirm.
             async with asyncio.TaskGroup() as group:
-                for batch in batches:
-                    message = aio_pika.Message(
-                        message_body([fields["e"] for _, fields in batch]),
-                        content_type="application/json",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        message_id=f"{board_id}:{batch[0][0]}:{batch[-1][0]}",
-                        type="score.accepted",
-                    )
-                    group.create_task(exchange.publish(message, routing_key="", timeout=10))
+                tasks = [
+                    group.create_task(self._publish_batch(exchange, board_id, batch))
+                    for batch in batches
+                ]
         except BaseExceptionGroup as group_error:
             FAILURES.inc()
             raise group_error.exceptions[0] from group_error
+        returns = [task.result() for task in tasks]
+        outcomes = list(zip(batches, returns, strict=True))
+        routed = [eid for batch, r in outcomes if r is None for eid, _ in batch]
+        returned = [(batch, r) for batch, r in outcomes if r is not None]
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xack(stream, OUTBOX_GROUP, *ids)
-            pipe.xdel(stream, *ids)
+            if routed:
+                pipe.xack(stream, OUTBOX_GROUP, *routed)
+                pipe.xdel(stream, *routed)
+            if not returned:
+                pipe.hdel(self._keys.relay_unroutable, board_id)
             pipe.xlen(stream)
-            _, _, backlog = await pipe.execute()
+            *_, backlog = await pipe.execute()
         BACKLOG.labels(board_id).set(backlog)
-        RELAYED.inc(len(ids))
-        MESSAGES.inc(len(batches))
+        UNROUTABLE.labels(board_id).set(backlog if returned else 0)
+        RELAYED.inc(len(routed))
+        MESSAGES.inc(len(batches) - len(returned))
+        if not returned:
+            self._retry_at.pop(board_id, None)
+            self._backoff.pop(board_id, None)
+            return True
+        RETURNED.inc(len(returned))
+        # Everything in the outbox waits behind these: the relay reads further only once they
+        # are routed. Renewed on every return, so that /readyz sees it whichever process asks.
+        record = Unroutable(_reason(returned[0][1], exchange.name), backlog, time.time())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self._keys.relay_unroutable, board_id, orjson.dumps(asdict(record)))
+            pipe.expire(self._keys.relay_unroutable, int(UNROUTABLE_FRESH_SECONDS) * 2)
+            await pipe.execute()
+        wait = self._backoff.get(board_id, _UNROUTABLE_BACKOFF[0])
+        self._backoff[board_id] = min(wait * 2, _UNROUTABLE_BACKOFF[1])
+        self._retry_at[board_id] = asyncio.get_running_loop().time() + wait
+        log.warning(
+            "broker returned messages unroutable; the outbox keeps their events",
+            board_id=board_id,
+            returned=sum(len(batch) for batch, _ in returned),
+            kept=backlog,
+            reason=_reason(returned[0][1], exchange.name),
+            retry_in_seconds=wait,
+        )
+        return False
+
+    async def _publish_batch(
+        self, exchange: AbstractExchange, board_id: str, batch: list[tuple[str, dict[str, str]]]
+    ) -> PublishError | None:
+        """One message of ``batch``, confirmed: ``None``, or the return if no queue took it."""
+        message = aio_pika.Message(
+            message_body([fields["e"] for _, fields in batch]),
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=f"{board_id}:{batch[0][0]}:{batch[-1][0]}",
+            type="score.accepted",
+        )
+        try:
+            await exchange.publish(message, routing_key="", mandatory=True, timeout=10)
+        except PublishError as returned:
+            return returned
+        return None
+
+
+def _reason(returned: PublishError, exchange: str) -> str:
+    frame = returned.message.delivery if returned.message is not None else None
+    code = getattr(frame, "reply_code", "?")
+    text = getattr(frame, "reply_text", "unroutable")
+    return f"{code} {text}: no queue is bound to exchange {exchange}"

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from services.api import errors
+from services.api.relay.outbox import unroutable_boards
 from services.api.state import State
 from shared.ops import metrics_response, readiness_response, run_checks
 
@@ -24,7 +25,12 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: Literal["ready", "not ready"]
     dependencies: dict[str, Literal["up", "down"]] = Field(
-        description="redis, broker, mysql and pubsub, each up or down"
+        description="redis, broker, mysql, pubsub and routing, each up or down"
+    )
+    reasons: dict[str, str] = Field(
+        description="why a dependency is down, where that is known: routing is down while the "
+        "broker returns the relay's messages unroutable, and says which boards' events the "
+        "outbox keeps"
     )
 
 
@@ -46,8 +52,9 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(state: State) -> JSONResponse:
-    """Each dependency and its state; 503 only while Redis is down. With the broker down
-    the API keeps accepting scores into the outbox."""
+    """Each dependency and its state; 503 only while Redis is down. With the broker down, or
+    returning the relay's messages unroutable (routing down), the API keeps accepting scores
+    into the outbox."""
 
     async def redis_up() -> bool:
         return bool(await state.redis.ping())
@@ -63,8 +70,23 @@ async def readyz(state: State) -> JSONResponse:
     async def pubsub_up() -> bool:
         return state.hub.connected
 
-    checks = {"redis": redis_up, "broker": broker_up, "mysql": mysql_up, "pubsub": pubsub_up}
-    return readiness_response(await run_checks(checks), required={"redis"})
+    reasons: dict[str, str] = {}
+
+    async def routing_up() -> bool:
+        # Every API process's relay writes what the broker returns where any of them reads it.
+        kept = await unroutable_boards(state.redis, state.keys)
+        if kept:
+            reasons["routing"] = "; ".join(r.describe(b) for b, r in sorted(kept.items()))
+        return not kept
+
+    checks = {
+        "redis": redis_up,
+        "broker": broker_up,
+        "mysql": mysql_up,
+        "pubsub": pubsub_up,
+        "routing": routing_up,
+    }
+    return readiness_response(await run_checks(checks), required={"redis"}, reasons=reasons)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -1,0 +1,86 @@
+"""Why a handler failed: the outage of something it needs (transient), or the events themselves.
+
+The consumer runner (:mod:`shared.consumer`) asks :func:`is_transient` about every exception a
+handler raises. A transient failure is about the system: a connection refused or lost, a
+timeout, a server loading, read-only, out of memory, a lock wait or deadlock, a schema or
+privilege that is not there (yet). Retrying the same events later will work once it is fixed,
+so the runner holds the batch and retries it, and nothing counts toward dead-lettering. Any
+other failure is about the events: MySQL refusing a value (a constraint, a value out of range),
+a Redis script refusing its arguments, the handler's own code raising on them. Those events
+will fail however often they are retried, so the runner finds which ones and lets the queue
+dead-letter them.
+
+When in doubt about a database error, it is transient: a refused event costs one message held
+until someone looks, while an outage taken for refusals would dead-letter everything in flight.
+"""
+
+from __future__ import annotations
+
+from redis import exceptions as redis_errors
+from sqlalchemy import exc as sa
+
+# MySQL and MariaDB error numbers that say the row itself is refused, beyond the driver's
+# IntegrityError and DataError classes: asyncmy raises them as OperationalError.
+REFUSED_ROW_CODES = frozenset(
+    {
+        1292,  # ER_TRUNCATED_WRONG_VALUE: a value that is not a valid date, number...
+        1690,  # ER_DATA_OUT_OF_RANGE: arithmetic out of a column type's range
+        3819,  # ER_CHECK_CONSTRAINT_VIOLATED (MySQL 8)
+        4025,  # ER_CONSTRAINT_FAILED: a CHECK constraint (MariaDB)
+    }
+)
+
+_REDIS_TRANSIENT = (
+    redis_errors.ConnectionError,  # refused, reset, auth, LOADING (BusyLoadingError)
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,  # a replica promoted under us
+    redis_errors.TryAgainError,
+    redis_errors.ClusterDownError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.NoPermissionError,
+    redis_errors.NoScriptError,
+)
+# Error replies about the server's state rather than the command's arguments.
+_REDIS_TRANSIENT_REPLIES = (
+    "busy",  # a script or function runs too long
+    "loading",
+    "masterdown",
+    "noreplicas",
+    "function not found",  # the library is gone with the data (a Redis restarted empty)
+)
+
+
+def _mysql_code(error: sa.DBAPIError) -> int | None:
+    args = getattr(error.orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _one_is_transient(error: BaseException) -> bool:
+    if isinstance(error, sa.DBAPIError):
+        if error.connection_invalidated or isinstance(error, sa.InterfaceError):
+            return True
+        if isinstance(error, (sa.IntegrityError, sa.DataError)):
+            return False
+        return _mysql_code(error) not in REFUSED_ROW_CODES
+    if isinstance(error, (sa.DisconnectionError, sa.TimeoutError)):
+        return True
+    if isinstance(error, (OSError, TimeoutError, *_REDIS_TRANSIENT)):
+        return True
+    if isinstance(error, redis_errors.ResponseError):
+        return str(error).lower().startswith(_REDIS_TRANSIENT_REPLIES)
+    return False
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it, or one of a group's) is an outage rather than a
+    refusal of the events; see the module's docstring."""
+    if isinstance(error, BaseExceptionGroup):
+        return any(is_transient(inner) for inner in error.exceptions)
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if _one_is_transient(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False

@@ -1,0 +1,82 @@
+"""A server outage for one test, without touching the server: a TCP relay in front of it that the
+test cuts (every connection dropped, new ones refused: what clients see of a server that went
+down) and restores, on the same port. The shared Redis, MariaDB and RabbitMQ keep running for
+everyone else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from tests.stack import free_port
+
+
+class Outage:
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.port = free_port()
+        self._server: asyncio.Server | None = None
+        self._links: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def restore(self) -> None:
+        """Listen (again): connections reach the server."""
+        self._server = await asyncio.start_server(
+            self._link, "127.0.0.1", self.port, reuse_address=True
+        )
+
+    async def cut(self) -> None:
+        """Refuse new connections and drop every open one."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        for link in list(self._links):
+            link.cancel()
+        await asyncio.gather(*self._links, return_exceptions=True)
+
+    async def _link(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
+        self._writers.add(client_out)
+        try:
+            server_in, server_out = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_out.transport.abort()
+            self._writers.discard(client_out)
+            return
+        self._writers.add(server_out)
+        pumps = [
+            asyncio.create_task(self._pump(client_in, server_out)),
+            asyncio.create_task(self._pump(server_in, client_out)),
+        ]
+        self._links.update(pumps)
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+                self._links.discard(pump)
+            for writer in (client_out, server_out):
+                writer.transport.abort()
+                self._writers.discard(writer)
+
+    @staticmethod
+    async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while chunk := await source.read(65536):
+                sink.write(chunk)
+                await sink.drain()
+
+
+@contextlib.asynccontextmanager
+async def relayed(host: str, port: int) -> AsyncIterator[Outage]:
+    """An :class:`Outage` in front of ``host:port``, up for the block, gone afterwards."""
+    outage = Outage(host, port)
+    await outage.restore()
+    try:
+        yield outage
+    finally:
+        await outage.cut()

@@ -1,0 +1,82 @@
+"""Outage or refusal (shared/failures.py), judged on errors the real servers raise."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from shared.failures import is_transient
+from shared.settings import LadderSettings
+from tests.stack import free_port
+
+
+async def mysql_error(url: str, *statements: str) -> DBAPIError:
+    engine = create_async_engine(url)
+    try:
+        with pytest.raises(DBAPIError) as caught:
+            async with engine.begin() as conn:
+                for statement in statements:
+                    await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+    return caught.value
+
+
+async def test_mysql_refusing_a_row_is_not_transient(
+    settings: LadderSettings, mysql_database: str
+) -> None:
+    table = "CREATE TEMPORARY TABLE t (v INT NOT NULL, CONSTRAINT c CHECK (v <> 666))"
+    check = await mysql_error(settings.mysql_url, table, "INSERT INTO t VALUES (666)")
+    null = await mysql_error(settings.mysql_url, table, "INSERT INTO t VALUES (NULL)")
+    out_of_range = await mysql_error(
+        settings.mysql_url,
+        "SET SESSION sql_mode = 'STRICT_ALL_TABLES'",
+        table,
+        "INSERT INTO t VALUES (99999999999)",
+    )
+
+    assert [is_transient(e) for e in (check, null, out_of_range)] == [False, False, False]
+
+
+async def test_mysql_away_or_missing_its_table_is_transient(
+    settings: LadderSettings, mysql_database: str
+) -> None:
+    closed_port = make_url(settings.mysql_url).set(port=free_port()).render_as_string(False)
+    refused = await mysql_error(closed_port, "SELECT 1")
+    no_table = await mysql_error(settings.mysql_url, "INSERT INTO no_such_table VALUES (1)")
+
+    assert is_transient(refused)
+    assert is_transient(no_table)
+
+
+async def test_redis_away_or_without_its_functions_is_transient(redis: Redis) -> None:
+    away = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(RedisError) as refused:
+        await away.get("x")
+    await away.aclose()
+    with pytest.raises(RedisError) as no_function:
+        await redis.fcall("ladder_no_such_function_v1", 0)
+    await redis.set("lt-failures-string", "x", ex=5)
+    with pytest.raises(RedisError) as wrong_type:
+        await redis.zadd("lt-failures-string", {"a": 1})
+
+    assert is_transient(refused.value)
+    assert is_transient(no_function.value)
+    assert not is_transient(wrong_type.value)
+
+
+def test_a_handlers_own_error_is_not_transient_unless_an_outage_caused_it() -> None:
+    assert not is_transient(ValueError("bad event"))
+    try:
+        try:
+            raise ConnectionResetError("peer")
+        except ConnectionResetError as cause:
+            raise RuntimeError("while storing") from cause
+    except RuntimeError as wrapped:
+        assert is_transient(wrapped)
+    assert is_transient(ExceptionGroup("both", [ValueError("x"), TimeoutError()]))
