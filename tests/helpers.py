@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -292,3 +293,22 @@ async def global_entry(redis: Redis, keys: Keys, user: str) -> tuple[str, float]
     tie = None if raw is None else parse_record(raw)[0]
     stored = None if tie is None else await redis.zscore(view, tie + user)
     return None if tie is None or stored is None else (tie, stored)
+
+
+def dockerfile_instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """``dockerfile``'s (INSTRUCTION, arguments) pairs, continuation lines joined, comments
+    dropped."""
+    instructions: list[tuple[str, str]] = []
+    pending = ""
+    for line in dockerfile.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        pending += stripped
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        keyword, _, arguments = pending.partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        pending = ""
+    return instructions

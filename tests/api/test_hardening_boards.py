@@ -38,6 +38,7 @@ from tests.helpers import (
     UNREACHABLE_BROKER,
     api_client,
     derive_outbox,
+    dockerfile_instructions,
     player,
     snapshot,
 )
@@ -359,18 +360,8 @@ def image_environment() -> dict[str, str]:
     """The variables the image's ENV instructions set (deploy/Dockerfile), as a container
     started from it without ``-e`` sees them."""
     env: dict[str, str] = {}
-    pending = ""
-    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        pending += stripped
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
-            continue
-        keyword, _, arguments = pending.partition(" ")
-        pending = ""
-        if keyword.upper() == "ENV":
+    for keyword, arguments in dockerfile_instructions(DOCKERFILE):
+        if keyword == "ENV":
             for assignment in shlex.split(arguments):
                 name, _, value = assignment.partition("=")
                 env[name] = value

@@ -30,6 +30,7 @@ import yaml
 
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
+from tests.helpers import dockerfile_instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -771,27 +772,9 @@ def test_the_entrypoint_refuses_a_missing_password(
 # --- the image -----------------------------------------------------------------------------
 
 
-def _dockerfile_instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    instructions: list[tuple[str, str]] = []
-    pending = ""
-    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        pending += stripped
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
-            continue
-        keyword, _, arguments = pending.partition(" ")
-        instructions.append((keyword.upper(), arguments.strip()))
-        pending = ""
-    return instructions
-
-
 def test_dockerfile_runs_as_a_non_root_user() -> None:
     assert DOCKERFILE.is_file()
-    instructions = _dockerfile_instructions()
+    instructions = dockerfile_instructions(DOCKERFILE)
     assert instructions[0] == ("FROM", "python:3.11-slim")
     users = [arguments for keyword, arguments in instructions if keyword == "USER"]
     assert users, "the Dockerfile sets no USER"
@@ -803,7 +786,7 @@ def test_dockerfile_runs_as_a_non_root_user() -> None:
 
 
 def test_dockerfile_installs_the_project_and_defaults_to_a_service() -> None:
-    instructions = _dockerfile_instructions()
+    instructions = dockerfile_instructions(DOCKERFILE)
     copied = " ".join(arguments for keyword, arguments in instructions if keyword == "COPY")
     for needed in ("pyproject.toml", "shared", "services"):
         assert needed in copied, f"the image does not copy {needed}"
