@@ -324,3 +324,31 @@ async def test_a_hidden_user_whose_only_view_it_was_comes_back(
         assert (await client.delete(HIDDEN.format("u-z"), headers=ADMIN)).status_code == 204
         assert await ids_of(client, "region:sa") == [("u-z", 1)]
         assert await redis.ttl(daily) > 0
+
+
+async def test_a_hidden_users_write_is_answered_as_if_shown_and_pushes_nobody_out(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """Its answer holds the rank it would have had, and its previous rank; its outbox entry
+    names nobody pushed out of a bracket (no ``overtaken`` push), though it passed the top."""
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        for user, region, team, value in SCORES:
+            await post_score(client, user, region, team, value)
+        await aggregator.run()
+        assert (await client.put(HIDDEN.format("u-d"), headers=ADMIN)).status_code == 204
+        answer = await post_score(client, "u-d", "eu", "blue", 1000)
+        alltime = answer["periods"]["alltime"]
+        assert (alltime["score"], alltime["rank"], alltime["previous_rank"]) == (1020, 1, 3)
+        entries: list[Any] = await redis.xrevrange(keys.outbox("main"), count=1)
+        entry = orjson.loads(entries[0][1]["e"])
+        assert entry["user_id"] == "u-d"
+        assert all(p["pushed_out"] == {} for p in entry["periods"].values())
+        # A shown user's write that passes the top names whom it pushed out: the hidden
+        # user's 1020 is not above it.
+        await post_score(client, "u-b", "eu", "red", 1000)
+        entries = await redis.xrevrange(keys.outbox("main"), count=1)
+        entry = orjson.loads(entries[0][1]["e"])
+        assert entry["periods"]["alltime"]["pushed_out"] == {"1": "u-a"}
+        await aggregator.run()
+        assert await ids_of(client, "region:eu") == [("u-b", 1), ("u-a", 2)]
