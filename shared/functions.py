@@ -50,7 +50,8 @@ MERGE_FUNCTION = "ladder_merge_v3"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
 each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
 set being built and the board's dense marker come in as keys, the marker's member as an
-argument; the global view keeps a distinct-score set only where it is read densely.)"""
+argument; the global view keeps a distinct-score set only where it is read densely. v3: the
+board's hidden users as a seventh key: their records are kept without their members.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v1"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads."""
@@ -94,7 +95,8 @@ STANDING_FUNCTION = "ladder_standing_v3"
 PLACE_FUNCTION = "ladder_place_v3"
 """``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
 the standing and ranks reads take one round trip in every style (read-only). (v2: a dense
-count on a view without its distinct-score set comes as {count}, walked, or {} if too long.)"""
+count on a view without its distinct-score set comes as {count}, walked, or {} if too long.
+v3: a fourth argument, 'self' for the user's own read, places a hidden user where it would be.)"""
 PAGE_FUNCTION = "ladder_page_v3"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
 style count and the global view's as_of, in one round trip (read-only). (v2: as the place
