@@ -123,6 +123,15 @@ friend_requests = _table(
     Index(None, "friend_id", "created_at"),
 )
 
+# Users hidden on a board (a shadow ban, docs/api.md section 8b): the truth that the Redis set
+# ``Keys.hidden`` is filled from again by the rebuild. A board's hidden users are one range.
+hidden_users = _table(
+    "hidden_users",
+    Column("board_id", _ident(32), primary_key=True),
+    Column("user_id", _ident(64), primary_key=True),
+    Column("hidden_at", DATETIME(fsp=6), nullable=False),
+)
+
 snapshots = _table(
     "snapshots",
     Column("id", BigInteger, primary_key=True, autoincrement=True),

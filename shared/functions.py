@@ -37,19 +37,21 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v8"
-"""One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox."""
-WRITE_FUNCTION = "ladder_write_v8"
+SUBMIT_FUNCTION = "ladder_submit_v9"
+"""One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. (v9: a
+last key, the board's hidden users, whose entries stay records alone, out of every view.)"""
+WRITE_FUNCTION = "ladder_write_v9"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
-MERGE_FUNCTION = "ladder_merge_v2"
+MERGE_FUNCTION = "ladder_merge_v3"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
 each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
 set being built and the board's dense marker come in as keys, the marker's member as an
-argument; the global view keeps a distinct-score set only where it is read densely.)"""
+argument; the global view keeps a distinct-score set only where it is read densely. v3: the
+board's hidden users as a seventh key: their records are kept without their members.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v1"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads."""
@@ -75,14 +77,14 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v8"
+REPLAY_FUNCTION = "ladder_replay_v9"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
 entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v3"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v8"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v9"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""
@@ -90,10 +92,11 @@ REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 # -- reads (docs/api.md section 5) -------------------------------------------------------------
 STANDING_FUNCTION = "ladder_standing_v3"
 """A user's place in a view and the entries around it (read-only)."""
-PLACE_FUNCTION = "ladder_place_v2"
+PLACE_FUNCTION = "ladder_place_v3"
 """``STANDING_FUNCTION`` with the counts of the read's rank style (competition, dense), so that
 the standing and ranks reads take one round trip in every style (read-only). (v2: a dense
-count on a view without its distinct-score set comes as {count}, walked, or {} if too long.)"""
+count on a view without its distinct-score set comes as {count}, walked, or {} if too long.
+v3: a fourth argument, 'self' for the user's own read, places a hidden user where it would be.)"""
 PAGE_FUNCTION = "ladder_page_v3"
 """A page of a view: rows, size, first position (cursors), names, records, the first row's
 style count and the global view's as_of, in one round trip (read-only). (v2: as the place
@@ -103,6 +106,11 @@ O(log² n + page) at most.)"""
 FRIENDS_FUNCTION = "ladder_friends_v1"
 """A friends scope's group: the records in the global view and names of ids the caller read from
 the owner's friend set, and the view's as_of, in one call of the board's keys (read-only)."""
+
+# -- moderation (docs/api.md section 8b) ------------------------------------------------------
+HIDE_FUNCTION = "ladder_hide_v1"
+"""Take a hidden user's members out of some views (their records stay), or put them back from
+their records, with the views' distinct-score sets."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -126,6 +134,7 @@ REGISTERED: dict[str, str] = {
     "placed": PLACE_FUNCTION,
     "page": PAGE_FUNCTION,
     "friends": FRIENDS_FUNCTION,
+    "hide": HIDE_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

@@ -87,12 +87,18 @@ key                                                type        holds
                                                                contributions changed
 ``{P:B}:rebuilding``                                string      set while ``make rebuild`` rebuilds
                                                                the board (expires: a safety net)
-``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v8`` applied
+``{P:B}:rebuild:journal``                          list        what ``ladder_submit_v9`` applied
                                                                meanwhile (``{keys, args}`` JSON)
 ``{P:B}:rebuild:<key>``                            any         the staging copy of ``{P:B}:<key>``
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
                                                                board, so that the write takes
                                                                it in the board's hash slot
+``{P:B}:hidden``                                   set         users hidden on the board (a
+                                                               shadow ban; MySQL's
+                                                               hidden_users is the truth): their
+                                                               records stay in each view's hash,
+                                                               their members are in no view
+                                                               (shared/lua/hide.lua)
 ``P:relay:unroutable``                             hash        board_id -> why the broker
                                                                returns its outbox's messages
                                                                unroutable (JSON), while it does
@@ -319,6 +325,12 @@ class Keys:
             self.staged(board_id, self.rebuild_journal(board_id)),
             self.staged(board_id, self.newest_event(board_id)),
         ]
+
+    # -- moderation (services/api/routes/moderation.py, shared/hidden.py) -------------------
+    def hidden(self, board_id: str) -> str:
+        """``{P:B}:hidden`` (set): the board's hidden users, whose members the write, the merge
+        and the hide step keep out of every view while their records stay."""
+        return f"{self.tag(board_id)}:hidden"
 
 
 DERIVED_FIELD = "derived"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -60,8 +60,11 @@ def hot_member(event: ScoreAccepted) -> str:
     return f"{event.event_id}|{event.user_id}|{event.value}"
 
 
-def hot_entries(window: dict[str, str]) -> list[dict[str, Any]]:
-    """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts)."""
+def hot_entries(
+    window: dict[str, str], hidden: frozenset[str] | set[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts), users
+    hidden on the board (``hidden``) left out."""
     # (-average, -count, user, average): best first; users are distinct, so the average
     # itself is never compared.
     ranked: list[tuple[float, int, str, float]] = []
@@ -69,6 +72,8 @@ def hot_entries(window: dict[str, str]) -> list[dict[str, Any]]:
     for field, raw in window.items():
         if field[:2] == "c:" and (count := int(raw)) > 0:
             user = field[2:]
+            if user in hidden:
+                continue
             average = int(get("s:" + user, 0)) / count
             ranked.append((-average, -count, user, average))
     return [
@@ -81,8 +86,10 @@ async def mvp_entries(
     redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
 ) -> list[dict[str, Any]]:
     """The MVP top 10 of one period of an ``incr`` board, from the teams board (totals) and the
-    aggregator's member contributions."""
+    aggregator's member contributions. A user hidden on the board is not listed; its
+    contribution stays in its team's total (docs/api.md section 8b)."""
     bid = board.board_id
+    hidden = cast(set[str], await redis.smembers(keys.hidden(bid)))
     teams_key = keys.teams_view(bid, period, period_id)
     # The MVP_TEAMS teams of the largest positive totals, not every team: the read's cost is
     # bounded whatever number of teams the board has (a stored score is the total, negated on
@@ -128,7 +135,7 @@ async def mvp_entries(
                 kept = [
                     (user, team, int(score))
                     for user, score in page
-                    if score > 0 and current.get(user) == team
+                    if score > 0 and current.get(user) == team and user not in hidden
                 ]
                 candidates += kept
                 kept_of[team] += len(kept)

@@ -25,7 +25,8 @@ from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 # The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): ten
 # keys of the event, the first six the write's own (idempotency record, the record of the layout
 # before, outbox, rebuild flag, journal and newest event), then nine a period, the period's
-# event counter last. The derived
+# event counter last, then the board's hidden users (a replay reads its staging copy, which
+# the rebuild fills from MySQL). The derived
 # views' keys (feed, user regions and team, each period's regions, players and event count)
 # are named though the write does not touch them: a journaled call is replayed whole, the write
 # then the derive step (shared/lua/rebuild.lua).
@@ -217,6 +218,8 @@ def submit_call(
         board.subscore_order or "",
         *period_args,
     ]
+    # Last, the board's hidden users: a hidden user's entries stay records alone (write.lua).
+    call_keys.append(keys.hidden(bid))
     return call_keys, args
 
 
@@ -235,7 +238,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v8`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v9`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -247,7 +250,7 @@ def finish_keys(
     others: Sequence[str],
     records: Sequence[str],
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v8``: flag, journal, the replay's scratch keys, the
+    """The keys of ``ladder_rebuild_finish_v9``: flag, journal, the replay's scratch keys, the
     records of the journal's events, then each live key the rebuild replaces with its staging
     copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]

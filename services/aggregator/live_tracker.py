@@ -183,7 +183,9 @@ class LiveViews:
             for window_key in windows:
                 pipe.hkeys(window_key)
                 pipe.hvals(window_key)
+            pipe.smembers(keys.hidden(bid))
             replies: list[Any] = await pipe.execute()
+        hidden: set[str] = replies.pop()
         pushed = 0
         for window, names, values in zip(HOT_WINDOWS, replies[1::2], replies[2::2], strict=True):
             fields: dict[str, str] = dict(zip(names, values, strict=True))
@@ -194,7 +196,7 @@ class LiveViews:
                 "scope": "hot",
                 "window": window,
                 "as_of": rfc3339(now),
-                "entries": hot_entries(fields),
+                "entries": hot_entries(fields, hidden),
             }
             channel = self._keys.board_channel(board.board_id, "hot", str(window))
             key = self._keys.hot_view(board.board_id, window)

@@ -3,7 +3,7 @@
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v2``, shared/lua/merge.lua) that reads each one's current record in
+function (``ladder_merge_v3``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its regions set and its marks: the cost follows the users and their
 regions, not the board's count of regions), writes the user's global entry and takes its marks
 out of the merging set in the same step. :func:`combine` is the reference of that entry:
@@ -326,6 +326,7 @@ class Merger:
             keys.dirty_merging(bid),
             keys.distinct_building(global_key),
             keys.dense(bid),
+            keys.hidden(bid),
         ]
         head = [
             expiry or 0,

@@ -25,6 +25,7 @@ from services.api.routes import (
     dashboard,
     definitions,
     friends,
+    moderation,
     ops,
     reads,
     scores,
@@ -141,6 +142,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(badges.router)
     app.include_router(definitions.router)
     app.include_router(friends.router)
+    app.include_router(moderation.router)
     app.include_router(snapshots.router)
     app.include_router(live_views.router)
     app.include_router(ws_router)

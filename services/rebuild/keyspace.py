@@ -14,7 +14,8 @@ from shared.keys import Keys
 
 # The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
-# global views and marks, snapshot marks, badges, the live views, rate buckets. (`:counts` are
+# global views and marks, snapshot marks, badges, the live views, rate buckets. (The hidden
+# users' set is made again from MySQL's hidden_users.) (`:counts` are
 # the per-score counts that an earlier layout kept beside each view: a rebuild drops them.) A
 # view's `:ties`, its hash of tie keys, is made and replaced with it. A regional view's
 # distinct-score set, and the one being built, are dropped: the replay makes none (the
@@ -23,7 +24,7 @@ from shared.keys import Keys
 _REBUILT = re.compile(
     r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:distinct:building|:ties|:counts)?"
     r"|(regions|players|events):[a-z]+:[^:]+"
-    r"|user:.+:regions|names|feed|user-team"
+    r"|user:.+:regions|names|feed|user-team|hidden"
 )
 _REGION_VIEW = re.compile(r"lb:[a-z]+:[^:]+:region:[^:]+")
 _GLOBAL_VIEW = re.compile(r"lb:[a-z]+:[^:]+:global")

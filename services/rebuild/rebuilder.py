@@ -12,13 +12,14 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.rebuild.event_log import held, page
 from services.rebuild.finish import finish, mark_dirty
 from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
 from services.rebuild.keyspace import Existing, dense_builds, existing, region_views
 from services.rebuild.staging import Staged, journaled_refs, replay
+from shared import hidden
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys, parse_event_ref
 from shared.restore import reconcile_friendships, restore_definitions
@@ -261,6 +262,7 @@ class Rebuilder:
             await conn.execution_options(isolation_level="REPEATABLE READ")
             # Every page below, and the journal lookup after them, read this one snapshot.
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            await self._stage_hidden(conn, bid, staged)
             after = 0
             while True:
                 rows = (await conn.execute(page(bid, after))).all()
@@ -273,6 +275,17 @@ class Rebuilder:
             known = await held(conn, bid, journaled_refs(await flag.journaled(), journal))
             await conn.rollback()
         return events, refused, known
+
+    async def _stage_hidden(self, conn: AsyncConnection, board_id: str, staged: Staged) -> None:
+        """The board's hidden users as MySQL holds them, onto the staging copy of its Redis set,
+        before any event is replayed: the replayed writes keep their entries out of every view
+        (shared/lua/write.lua), and the finish puts the set in place (or deletes it: nobody
+        hidden)."""
+        key = self._keys.hidden(board_id)
+        staged.others.add(key)
+        users = await hidden.stored(conn, board_id)
+        if users:
+            await self._redis.sadd(self._keys.staged(board_id, key), *users)
 
     async def _replay(self, board: Board, rows: Sequence[Any], staged: Staged) -> int:
         return await replay(self._redis, self._keys, self._settings, board, rows, staged)

@@ -33,7 +33,7 @@ board period, each of whose users is combined from its records in the regions it
 (combine() in merge.py is the reference; the tests hold this to it) and put in the global view.
 
 KEYS: global view, its distinct set, its records, the merging set, the distinct set being built,
-the board's dense marker (shared/keys.py). ARGV: expire-at (0: never), operator, the two ends of a
+the board's dense marker, the board's hidden users (shared/keys.py). ARGV: expire-at (0: never), operator, the two ends of a
 region view's records key (prefix, suffix: the key is prefix .. region .. suffix), the two ends of
 a user's regions key, the two parts of a dirty mark (prefix, separator: the mark is prefix ..
 region .. separator .. id), the marker's member for this scope ('global'), then the marks, as
@@ -248,6 +248,23 @@ local function plan_user(w, id, old_rec, rec)
   end
 end
 
+-- A hidden user's change (shared/lua/hide.lua): its record kept up to date, its member in no
+-- view (taken out if there), so that showing it again puts back the very entry the merge made.
+-- (Called only where the record changed.)
+local function plan_hidden(w, id, old_rec, rec)
+  local old = parsed(old_rec, id)
+  if old ~= nil then
+    w.removed[#w.removed + 1] = old.member
+    if w.distinct then w.left[#w.left + 1] = old end
+  end
+  if rec == nil then
+    w.dropped[#w.dropped + 1] = id
+  else
+    w.records[#w.records + 1] = id
+    w.records[#w.records + 1] = rec
+  end
+end
+
 -- A command on a key with a long flat list of arguments, in calls of at most 4,000 (Lua's
 -- unpack() stops near 8,000); 4,000 keeps pairs whole.
 local function batched(command, key, items)
@@ -297,13 +314,18 @@ local function merge(keys, args)
   local olds = redis.call('HMGET', v.ties, unpack(c.ids))
   local w = {added = {}, pairs = {}, removed = {}, records = {}, dropped = {}, left = {},
              distinct = kept_distinct(keys, args[9])}
+  local hidden = redis.call('SMISMEMBER', keys[7], unpack(c.ids))
   local changed, refused, op = {}, {}, args[2]
   for i, id in ipairs(c.ids) do
     local rec, out_of_range = new_record(op, c, i)
     if out_of_range then refused[#refused + 1] = id end
     if rec ~= olds[i] and (rec ~= nil or olds[i]) then
-      plan_user(w, id, olds[i] or nil, rec)
-      changed[#changed + 1] = id
+      if hidden[i] == 1 then
+        plan_hidden(w, id, olds[i] or nil, rec)
+      else
+        plan_user(w, id, olds[i] or nil, rec)
+        changed[#changed + 1] = id
+      end
     end
   end
   write_batch(v, w)

@@ -1,10 +1,54 @@
+-- The 0-based position of the first entry that comes after (signed, member) in rank order:
+-- after the member's position while it still holds that score (one ZREVRANK), else after the
+-- entries of better scores and, at the score, those whose member is not below the cursor's (it
+-- moved or left, or the cursor was made up). Members of one score descend with their position,
+-- so the latter is a binary search over that score's positions: O(log n) a step, O(log² n) in
+-- all, however many entries tie and wherever the cursor points among them. No offset walk.
+local function position_after(view, signed, member)
+  local position = redis.call('ZREVRANK', view, member)
+  if position and tonumber(redis.call('ZSCORE', view, member)) == signed then
+    return position + 1
+  end
+  local k = fmt(signed)
+  local lo = redis.call('ZCOUNT', view, '(' .. k, '+inf')
+  local hi = lo + redis.call('ZCOUNT', view, k, k)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if bytes_less(redis.call('ZREVRANGE', view, mid, mid)[1], member) then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  return lo
+end
+
+-- A hidden user's own read (ARGV 4 'self'; shared/lua/hide.lua): its record has no member in the
+-- view, so it is placed where it would be, among the others as they are, and shown there: the
+-- entries around it and the view's size as if it were in it.
+local function standing_hidden(keys, user, around, tie, score)
+  local member = tie .. user
+  local position = position_after(keys[1], tonumber(score), member)
+  local start = math.max(position - around, 0)
+  local rows, stop = {}, position + around - 1
+  if stop >= start then rows = redis.call('ZREVRANGE', keys[1], start, stop, 'WITHSCORES') end
+  local at = 2 * (position - start) + 1
+  table.insert(rows, at, score)
+  table.insert(rows, at, member)
+  local ids = {}
+  for i = 1, #rows, 2 do ids[#ids + 1] = string.sub(rows[i], #tie + 1) end
+  return {position, score, redis.call('ZCARD', keys[1]) + 1, rows,
+          redis.call('HMGET', keys[3], unpack(ids)), redis.call('HMGET', keys[2], unpack(ids))}
+end
+
 --[[
 A user's place in one view and the entries around it, read in one step (docs/api.md section 5,
 the standing read). KEYS: the view, its hash of records, the board's display names. ARGV: user,
-how many entries either side. Returns {} if the user has no score in the view; else {its
-0-based position, its signed score, the view's size, the entries as member, score, member,
-score..., their display names (nil where none), their records (shared/ranking.py)}. A member is
-a tie key then the id.
+how many entries either side (and, for placed() below, the rank style and 'self' for the
+user's own read). Returns {} if the user has no score in the view (or is hidden there, but to
+itself); else {its 0-based position, its signed score, the view's size, the entries as member,
+score, member, score..., their display names (nil where none), their records
+(shared/ranking.py)}. A member is a tie key then the id.
 ]]
 local function standing(keys, args)
   local user, around = args[1], tonumber(args[2])
@@ -12,7 +56,10 @@ local function standing(keys, args)
   if not rec then return {} end
   local tie, score = string.match(rec, '^([^|]*)|([^|]*)|')
   local position = redis.call('ZREVRANK', keys[1], tie .. user)
-  if not position then return {} end
+  if not position then
+    if args[4] == 'self' then return standing_hidden(keys, user, around, tie, score) end
+    return {}
+  end
   local rows = redis.call('ZREVRANGE', keys[1], math.max(position - around, 0),
                           position + around, 'WITHSCORES')
   local ids = {}
@@ -81,31 +128,6 @@ local function style_count(view, distinct, style, signed, sub)
   return redis.call('ZCOUNT', key, '(' .. fmt(signed), '+inf')
 end
 
--- The 0-based position of the first entry that comes after (signed, member) in rank order:
--- after the member's position while it still holds that score (one ZREVRANK), else after the
--- entries of better scores and, at the score, those whose member is not below the cursor's (it
--- moved or left, or the cursor was made up). Members of one score descend with their position,
--- so the latter is a binary search over that score's positions: O(log n) a step, O(log² n) in
--- all, however many entries tie and wherever the cursor points among them. No offset walk.
-local function position_after(view, signed, member)
-  local position = redis.call('ZREVRANK', view, member)
-  if position and tonumber(redis.call('ZSCORE', view, member)) == signed then
-    return position + 1
-  end
-  local k = fmt(signed)
-  local lo = redis.call('ZCOUNT', view, '(' .. k, '+inf')
-  local hi = lo + redis.call('ZCOUNT', view, k, k)
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if bytes_less(redis.call('ZREVRANGE', view, mid, mid)[1], member) then
-      hi = mid
-    else
-      lo = mid + 1
-    end
-  end
-  return lo
-end
-
 -- Up to count rows (member, score, ...) that come after (signed, member) in rank order, and the
 -- 0-based position of the first of them: a range by position from position_after().
 local function after_cursor(view, signed, member, count)
@@ -160,7 +182,8 @@ end
 --[[
 A user's place in one view with the entries around it and the counts of its style rank, read in
 one step (the standing read). KEYS: the view, its hash of records, the board's display names, its
-distinct-score set. ARGV: user, how many entries either side, rank style. Returns {} if the user
+distinct-score set. ARGV: user, how many entries either side, rank style, 'self' where the
+reader is the user (a hidden user's own read answers: standing_hidden()) or ''. Returns {} if the user
 has no score in the view; else standing()'s reply, then the style_count() of the user's entry and
 of the first entry around it.
 ]]

@@ -22,7 +22,8 @@ KEYS: the event's record (its board, user and id), the record of the layout befo
       a replay gets scratch keys for them), names, feed, user regions, user team; then nine per
       period:
       regional board, its distinct set, its tie keys, regions set, team board, its distinct set,
-      its tie keys, players (HyperLogLog), event count. shared/submit.py builds them.
+      its tie keys, players (HyperLogLog), event count. shared/submit.py builds them. Last, the
+      board's hidden users (absent from a journaled call of the version before: none hidden).
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
@@ -209,9 +210,15 @@ local function previous_of(e, p, result)
   end
 end
 
--- Second pass, for one period: write, and read what the write did.
+-- Second pass, for one period: write, and read what the write did. A hidden user's entry
+-- (shared/lua/hide.lua) is its record alone: its member is put in the view for the length of
+-- this atomic call, so that its answer holds the rank it would have, then taken out again; it
+-- pushes nobody out of a bracket (e.brackets is empty).
 local function write_period(e, p)
   local prev = false
+  if p.old and e.hidden then
+    redis.call('ZADD', p.board.view, fmt(p.old.signed), p.old.member)
+  end
   if p.old then prev = redis.call('ZREVRANK', p.board.view, p.old.member) end
   local rank
   if p.changed then
@@ -229,6 +236,11 @@ local function write_period(e, p)
   local result = {period_id = p.id, score = exact(p.score), rank = rank,
                   previous_rank = previous, improved = p.changed,
                   pushed_out = pushed_out(e, p.board.view, rank, prev)}
+  if e.hidden then
+    local now = p.old
+    if p.changed then now = entry_in(p.board, e.user) end
+    redis.call('ZREM', p.board.view, now.member)
+  end
   previous_of(e, p, result)
   return result
 end
@@ -262,6 +274,10 @@ local function submit(keys, args)
   local refused = refusal(keys, args)
   if refused then return refused end
   local e = event_of(args)
+  local hidden = keys[KEYS_BEFORE + tonumber(args[8]) * KEYS_PER_PERIOD + 1]
+  if hidden and redis.call('SISMEMBER', hidden, e.user) == 1 then
+    e.hidden, e.brackets = true, {}
+  end
   -- Every period is planned before any is written: a refusal writes nothing.
   local plan = {}
   for i = 1, tonumber(args[8]) do

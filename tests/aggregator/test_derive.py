@@ -186,10 +186,11 @@ async def test_the_write_runs_fewer_redis_commands() -> None:
     """Counted as bench/phases/commands.py counts them, on a redis-server of its own: the write
     on an incr board with teams and four periods ran 89.8 commands with the derived views and
     team boards in it (a count, the same on every run); without them 50.8, and 38.8 without
-    the regional distinct-score sets too (a ZADD, a ZCOUNT and a ZREM a period)."""
+    the regional distinct-score sets too (a ZADD, a ZCOUNT and a ZREM a period); 39.8 with the
+    check of the board's hidden users (one SISMEMBER a write, shared/lua/write.lua)."""
     board, extra = SHAPES["incr, 4 periods, with teams (like main)"]
     async with private_redis() as redis:
-        assert await commands_per_write(redis, board, extra) <= 39.0
+        assert await commands_per_write(redis, board, extra) <= 40.0
 
 
 async def test_a_batch_longer_than_a_call_goes_in_calls_in_order(

@@ -1,4 +1,4 @@
-"""The merge function (``ladder_merge_v2``, shared/lua/merge.lua) against :func:`combine`, the
+"""The merge function (``ladder_merge_v3``, shared/lua/merge.lua) against :func:`combine`, the
 reference: random boards, operators, orders, subscores, metadata, scores at the range's ends,
 regions missing from a user's set or holding no record, and a second merge over the first. The
 global distinct-score set: none on a board not read densely; exact on one read densely from the

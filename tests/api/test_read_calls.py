@@ -1,5 +1,5 @@
 """The leaderboard and standing reads in one Redis round trip each (``ladder_page_v3``,
-``ladder_place_v2``), and the cursor's other path inside the page function: the cursor's entry
+``ladder_place_v3``), and the cursor's other path inside the page function: the cursor's entry
 has moved since the page that handed it out."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def entry_of(
 def entries_of(
     view: View, rows: Sequence[Row], first_ordinal: int, style: RankStyle, replies: Iterator[Any]
 ) -> list[dict[str, Any]]:
-    """Entries of rows from the replies of ``ladder_page_v3`` or ``ladder_place_v2``: the rows'
+    """Entries of rows from the replies of ``ladder_page_v3`` or ``ladder_place_v3``: the rows'
     display names and records (not on a team view), then the first row's style count."""
     if not rows:
         return []

@@ -34,11 +34,17 @@ class FriendsRows:
 async def friends_rows(redis: Redis, keys: Keys, view: View, as_of_field: str = "") -> FriendsRows:
     """The owner and its friends that have a score in the view, best first, with their names
     and records, and the field ``as_of_field`` of the board's as_of hash: two round trips, the
-    friend set (a key of the user) and then one call of the board's keys, since no Redis call
+    friend set (a key of the user) with the board's hidden users, and then one call of the
+    board's keys, since no Redis call
     names keys of two hash tags (docs/architecture.md, invariant 6)."""
     owner, board_id = cast(str, view.owner), view.board.board_id
-    members = cast(set[str], await redis.smembers(keys.friends(owner)))
-    group = sorted(i for i in members if i != owner)
+    # Friends hidden on the board are left out (docs/api.md section 8b); the owner, who reads
+    # its own scope (or a server key for it), is kept: a hidden player still sees itself.
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.smembers(keys.friends(owner))
+        pipe.smembers(keys.hidden(board_id))
+        members, hidden = cast(list[set[str]], await pipe.execute())
+    group = sorted(i for i in members if i != owner and i not in hidden)
     del group[MAX_FRIENDS:]
     group.append(owner)
     found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]

@@ -3,7 +3,7 @@ belongs to (docs/api.md section 5, ``GET /v1/boards/{board_id}/users/{user_id}/r
 
 Round trips: one learns the user's regions (on a board that declares its regions, those of them
 it scored in; on another, at most ``MAX_REGIONS`` of them), team and friends; one reads every
-score, rank and size at once (``ladder_place_v2`` with no neighbours for each view, which also
+score, rank and size at once (``ladder_place_v3`` with no neighbours for each view, which also
 counts what ranks strictly better for the competition and dense styles, and an ``HMGET`` of the
 whole friend group's records per period).
 """
@@ -56,17 +56,22 @@ async def user_ranks(
     windows: list[PeriodWindow],
     style: RankStyle,
     with_friends: bool,
+    own: bool = False,
 ) -> dict[str, Any]:
     """``{"periods": {period: {"period_id", "scopes": {scope: {"rank", "score", "total"}}}},
     "as_of"}``
     where a scope is ``global``, ``region:<r>``, ``teams`` (with ``team_id``) or ``friends``
     (only ``with_friends``, and only if the user has friends). A scope appears only where the
-    user (or its team) has a score in that period; 404 if the user never scored on the board."""
-    regions, team, friends, as_of = await _memberships(redis, keys, board, user_id, with_friends)
+    user (or its team) has a score in that period; 404 if the user never scored on the board,
+    or is hidden on it and ``own`` (the user's own read, with its player token) is not set: a
+    hidden user's own read ranks it where it would be (docs/api.md section 8b)."""
+    regions, team, friends, as_of = await _memberships(
+        redis, keys, board, user_id, with_friends, own
+    )
     group = [*friends, user_id]
     probes = _probes(keys, board.board_id, user_id, windows, regions, team)
     found, group_scores = await _read(
-        redis, keys, board.board_id, probes, windows, friends, group, style
+        redis, keys, board.board_id, probes, windows, friends, group, style, own
     )
     ranks = [f.position if f.above is None else 1 + f.above for f in found]
 
@@ -91,7 +96,7 @@ async def user_ranks(
 
 
 async def _memberships(
-    redis: Redis, keys: Keys, board: Board, user_id: str, with_friends: bool
+    redis: Redis, keys: Keys, board: Board, user_id: str, with_friends: bool, own: bool
 ) -> tuple[list[str], str | None, list[str], str | None]:
     """The user's regions, team (incr boards) and friends (``with_friends``), and when the
     aggregator, which keeps the regions and team, last applied a batch of the board (its as_of);
@@ -107,9 +112,13 @@ async def _memberships(
             pipe.srandmember(keys.user_regions(bid, user_id), MAX_REGIONS)
         pipe.hget(keys.user_team(bid), user_id)
         pipe.hget(keys.as_of(bid), DERIVED_FIELD)
+        pipe.smembers(keys.hidden(bid))
         if with_friends:
             pipe.smembers(keys.friends(user_id))
         learned = await pipe.execute()
+    hidden: set[str] = learned[3]
+    if user_id in hidden and not own:
+        raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
     regions: list[str] = (
         sorted(learned[0])
         if declared is None
@@ -118,7 +127,7 @@ async def _memberships(
     if not regions:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
     team: str | None = learned[1] if board.operator == "incr" else None
-    friends = sorted(set(learned[3]) - {user_id})[:MAX_FRIENDS] if with_friends else []
+    friends = sorted(set(learned[4]) - {user_id} - hidden)[:MAX_FRIENDS] if with_friends else []
     return regions, team, friends, learned[2]
 
 
@@ -152,6 +161,7 @@ async def _read(
     friends: list[str],
     group: list[str],
     style: RankStyle,
+    own: bool = False,
 ) -> tuple[list[_Found], list[Any]]:
     """Every probe's score, position, size and style count, and (with friends) the whole group's
     scores in each period's global view: one round trip."""
@@ -160,7 +170,9 @@ async def _read(
             # Position, score, size and style count of the probe's entry (no neighbours): {} if
             # none.
             view_keys = (probe.key, Keys.ties(probe.key), keys.names(bid), keys.distinct(probe.key))
-            pipe.fcall_ro(PLACE_FUNCTION, 4, *view_keys, probe.member, 0, style)
+            # A user's own read places it even while hidden ('self'); a team is never hidden.
+            own_read = "self" if own and probe.scope != "teams" else ""
+            pipe.fcall_ro(PLACE_FUNCTION, 4, *view_keys, probe.member, 0, style, own_read)
         if friends:
             for w in windows:
                 queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)

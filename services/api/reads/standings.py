@@ -40,8 +40,12 @@ async def standing(
     user_id: str,
     around: int,
     style: RankStyle = "ordinal",
+    *,
+    own: bool = False,
 ) -> dict[str, Any]:
-    """A user's rank, score and neighbours in one view; 404 if it has no score there."""
+    """A user's rank, score and neighbours in one view; 404 if it has no score there, or is
+    hidden on the board and ``own`` (the read is the user's own, with its player token) is not
+    set: a hidden user's own read places it where it would be (docs/api.md section 8b)."""
     if view.kind == "teams":
         raise Invalid(
             "The standing read takes a user; a team's place is in the teams leaderboard and in "
@@ -79,6 +83,7 @@ async def standing(
         user_id,
         around,
         style,
+        "self" if own else "",
     )
     if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")

@@ -13,7 +13,7 @@ count finds the pair's place among the entries of its score by a binary search o
 (O(log² n)).
 
 The counts are made in Redis, in the same call as the read they serve (``style_count`` of
-shared/lua/read.lua, in ``ladder_page_v3`` and ``ladder_place_v2``); this module walks from them.
+shared/lua/read.lua, in ``ladder_page_v3`` and ``ladder_place_v3``); this module walks from them.
 
 A global or regional view keeps its distinct-score set only once the board is read densely
 in its scope (docs/architecture.md, "Dense ranks on demand"); a team view keeps one always.

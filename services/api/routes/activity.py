@@ -69,7 +69,8 @@ async def feed(
     ] = None,
 ) -> dict[str, Any]:
     """The newest accepted events of the board, newest first. The feed keeps the last
-    ``LADDER_FEED_LENGTH`` events and trims itself."""
+    ``LADDER_FEED_LENGTH`` events and trims itself; the events of users hidden on the board are
+    left out of the page (which may then hold fewer than ``limit``)."""
     length = state.settings.feed_length
     if limit is None:
         limit = min(FEED_LIMIT_DEFAULT, length)
@@ -79,11 +80,16 @@ async def feed(
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.lrange(state.keys.feed(bid), 0, limit - 1)
         pipe.hget(state.keys.as_of(bid), DERIVED_FIELD)
-        raw, as_of = await pipe.execute()
+        pipe.smembers(state.keys.hidden(bid))
+        raw, as_of, hidden = await pipe.execute()
     events = []
     for item in raw:
         try:
-            events.append(_feed_event(orjson.loads(item)))
+            event = _feed_event(orjson.loads(item))
+            # A hidden user's events are not shown while it is hidden (docs/api.md section 8b):
+            # the page may then hold fewer than ``limit``.
+            if event["user_id"] not in hidden:
+                events.append(event)
         except (orjson.JSONDecodeError, KeyError, TypeError):
             log.warning("unreadable feed entry", board_id=board.board_id)
     return {"events": events, "as_of": as_of}

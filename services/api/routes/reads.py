@@ -210,7 +210,15 @@ async def standing(request: Request) -> Response:
     view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
     user_id = request.path_params["user_id"]
     return json_answer(
-        await standings.standing(state.redis, state.keys, view, user_id, q.around, q.rank_style)
+        await standings.standing(
+            state.redis,
+            state.keys,
+            view,
+            user_id,
+            q.around,
+            q.rank_style,
+            own=reader.kind == "player" and reader.user_id == user_id,
+        )
     )
 
 
@@ -254,6 +262,7 @@ async def user_ranks(
         windows,
         rank_style,
         with_friends=reader.may_act_for(user_id),
+        own=reader.kind == "player" and reader.user_id == user_id,
     )
     return {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
 

@@ -1,0 +1,88 @@
+"""Moderation (docs/api.md section 8b): hide a user on a board, and show it again (a shadow ban).
+
+``PUT /v1/boards/{board_id}/users/{user_id}/hidden`` and ``DELETE`` the same, with an admin key,
+answer 204, whether or not the user has scores there, and again and again (idempotent). MySQL's
+``hidden_users`` is written first (the truth a ``make rebuild`` keeps), then the board's Redis set,
+then the user's members are moved out of (or back into) every view that exists
+(:mod:`shared.hidden`). Should the Redis steps fail, the call answers 503 and a retry completes
+them: every step is idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Response
+
+from services.api.auth import Principal
+from services.api.errors import problems
+from services.api.state import ApiState, BoardDep, Caller, State
+from shared import hidden
+from shared.events import USER_ID_PATTERN
+
+router = APIRouter(prefix="/v1/boards", tags=["moderation"])
+
+UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
+
+
+def get_admin(caller: Caller) -> Principal:
+    caller.require_admin()
+    return caller
+
+
+# Declared before the board: a caller without an admin key is refused (401, 403) before the
+# board's 404, and that before a malformed user id's 422.
+Admin = Annotated[Principal, Depends(get_admin)]
+
+OUTCOMES = problems(401, 403, 404, 422, 503)
+
+
+async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
+    await hidden.store(state.engine, board_id, user_id, hidden=hide)
+    key = state.keys.hidden(board_id)
+    async with state.redis.pipeline(transaction=False) as pipe:
+        if hide:
+            pipe.sadd(key, user_id)
+        else:
+            pipe.srem(key, user_id)
+        # A rebuild under way puts its staging copy, filled from MySQL before this, in place of
+        # the set when it finishes: the change goes there too.
+        pipe.exists(state.keys.rebuilding(board_id))
+        flagged = (await pipe.execute())[1]
+    if flagged:
+        staged = state.keys.staged(board_id, key)
+        await (state.redis.sadd(staged, user_id) if hide else state.redis.srem(staged, user_id))
+    await hidden.move(state.redis, state.keys, board_id, user_id, show=not hide)
+
+
+@router.put(
+    "/{board_id}/users/{user_id}/hidden",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: {"description": "The user is hidden on the board (now, or already)"},
+        **OUTCOMES,
+    },
+)
+async def hide_user(_: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
+    """Hide a user from every view of the board without losing its scores: its writes are still
+    accepted, its own standing read (its player token) still answers, and everyone else's ranks
+    close up."""
+    await _set(state, board.board_id, user_id, hide=True)
+    return Response(status_code=204)
+
+
+@router.delete(
+    "/{board_id}/users/{user_id}/hidden",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: {"description": "The user is shown on the board (now, or already)"},
+        **OUTCOMES,
+    },
+)
+async def show_user(_: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
+    """Show a hidden user again: every view holds it once more, the global one within a merge
+    interval."""
+    await _set(state, board.board_id, user_id, hide=False)
+    return Response(status_code=204)

@@ -1,0 +1,119 @@
+"""Hidden users (a shadow ban, docs/api.md section 8b; docs/architecture.md, "Hidden users").
+
+A hidden user's entry in every view of the board is its record alone (in the view's hash): its
+member is in no sorted set, so every rank, count and page closes up exactly. The board's set
+``{P:B}:hidden`` names them for the write and the merge, which keep the records up to date without
+putting the members back; :func:`move` takes the members out of the views that exist (or puts them
+back), then marks the user for the merge, the views for the next snapshot and their periods'
+MVP views, so that the aggregator pushes the new tops and MVPs and history snapshots the views
+as they now are.
+
+MySQL's ``hidden_users`` is the truth (the API writes it first); the rebuild fills the Redis set
+from it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.asyncio import Redis
+from sqlalchemy import delete, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.db import hidden_users as hidden_table
+from shared.db import to_db_time
+from shared.functions import HIDE_FUNCTION
+from shared.keys import Keys, dirty_member
+
+# The views a user can have an entry in, after the hash tag: a region's or the global board of a
+# period (the teams board ranks teams, whose totals keep a hidden user's contribution).
+_VIEW_TIES = re.compile(r":lb:([a-z]+):([^:]+):(region:[^:]+|global):ties$")
+# Views a call moves at most (four keys each).
+_CHUNK = 64
+
+
+async def hidden_users(redis: Redis, keys: Keys, board_id: str) -> set[str]:
+    """The board's hidden users (a small set: moderation's)."""
+    found: Any = await redis.smembers(keys.hidden(board_id))
+    return set(found)
+
+
+async def board_views(redis: Redis, keys: Keys, board_id: str) -> list[tuple[str, str, str]]:
+    """Every regional and global view of the board kept in Redis, as (period, period_id, scope),
+    found by their hashes of records (a view whose only entry is hidden has no sorted set). A
+    SCAN of the keyspace: moderation is rare, and its cost is that of the keyspace's size."""
+    tag = keys.tag(board_id)
+    found: list[tuple[str, str, str]] = []
+    async for key in redis.scan_iter(match=f"{tag}:lb:*:ties", count=1000, _type="hash"):
+        matched = _VIEW_TIES.search(key[len(tag) :])
+        if matched and key.startswith(tag + ":lb:"):
+            found.append((matched.group(1), matched.group(2), matched.group(3)))
+    return sorted(found)
+
+
+async def move(redis: Redis, keys: Keys, board_id: str, user_id: str, *, show: bool) -> int:
+    """Take ``user_id``'s members out of every view of the board (``show=False``) or put them
+    back from its records; then mark it for the aggregator's merge in every view it has a record
+    in (the merge puts the global entry right and pushes the changed tops) and the views for the
+    next snapshot. The Redis set of hidden users must already say so. Returns how many views
+    changed."""
+    views = await board_views(redis, keys, board_id)
+    changed = 0
+    for start in range(0, len(views), _CHUNK):
+        call_keys: list[str] = []
+        for period, period_id, scope in views[start : start + _CHUNK]:
+            view = keys.board_view(board_id, period, period_id, scope)
+            call_keys += [view, keys.ties(view), keys.distinct(view), keys.distinct_building(view)]
+        reply: Any = await redis.fcall(
+            HIDE_FUNCTION, len(call_keys), *call_keys, user_id, "show" if show else "hide"
+        )
+        changed += int(reply)
+    async with redis.pipeline(transaction=False) as pipe:
+        for period, period_id, scope in views:
+            pipe.hexists(keys.ties(keys.board_view(board_id, period, period_id, scope)), user_id)
+        held: list[Any] = await pipe.execute()
+    touched = [v for v, has in zip(views, held, strict=True) if has]
+    marks = [
+        dirty_member(period, period_id, scope.removeprefix("region:"), user_id)
+        for period, period_id, scope in touched
+        if scope != "global"
+    ]
+    snapshots = [f"{period}|{period_id}|{scope}" for period, period_id, scope in touched]
+    # The MVP views of those periods are computed again (the user listed, or not).
+    periods = sorted({f"{period}|{period_id}" for period, period_id, _ in touched})
+    async with redis.pipeline(transaction=False) as pipe:
+        if marks:
+            pipe.sadd(keys.dirty(board_id), *marks)
+        if snapshots:
+            pipe.sadd(keys.snapshot_dirty(board_id), *snapshots)
+        if periods:
+            pipe.sadd(keys.mvp_dirty(board_id), *periods)
+        await pipe.execute()
+    return changed
+
+
+# -- MySQL, the truth ---------------------------------------------------------------------------
+
+
+async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> None:
+    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way."""
+    t = hidden_table
+    async with engine.begin() as conn:
+        if hidden:
+            now = to_db_time(datetime.now(UTC))
+            await conn.execute(
+                insert(t)
+                .prefix_with("IGNORE")
+                .values(board_id=board_id, user_id=user_id, hidden_at=now)
+            )
+        else:
+            await conn.execute(delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id))
+
+
+async def stored(conn: AsyncConnection, board_id: str) -> list[str]:
+    """The users MySQL holds hidden on ``board_id``."""
+    t = hidden_table
+    rows = await conn.execute(select(t.c.user_id).where(t.c.board_id == board_id))
+    return sorted(row.user_id for row in rows)

@@ -1,0 +1,354 @@
+"""Hide and unhide a user on a board (docs/api.md section 8b: a shadow ban), against the real
+Redis and MySQL, the aggregator's steps (derive, merge, live views) and history's snapshotter
+run in-process as a running aggregator and history run them.
+
+A hidden user is gone from every view (region, global, friends, teams' member lists, around-me,
+the feed, hot, MVPs, snapshots taken from then on, top-10 pushes) and everyone else's ranks
+close up; its writes are accepted; its own read with its own token still answers; unhiding
+brings it all back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.aggregator.handlers import MarkDirty
+from services.aggregator.live_tracker import LiveViews, RecordLive
+from services.aggregator.merge import Merger
+from services.history.snapshotter import Snapshotter, changed_views
+from shared import hidden
+from shared.boards import MAIN_BOARD, BoardCatalog
+from shared.db import open_engine
+from shared.events import ScoreAccepted
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from tests.api.helpers import LEADERBOARD, assert_problem, get_ok, rfc
+from tests.helpers import ADMIN, SERVER, api_client, derive, player
+
+pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+
+FEED_LENGTH: int = LadderSettings.model_fields["feed_length"].default
+HIDDEN = "/v1/boards/main/users/{}/hidden"
+# (user, region, team, value): u-a leads, in eu, for team red.
+SCORES = [
+    ("u-a", "eu", "red", 50),
+    ("u-b", "eu", "red", 40),
+    ("u-c", "us", "blue", 30),
+    ("u-d", "eu", "blue", 20),
+]
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+@pytest.fixture
+async def db(quiet: LadderSettings) -> AsyncIterator[AsyncEngine]:
+    async with open_engine(quiet.mysql_url) as engine:
+        yield engine
+
+
+class Aggregator:
+    """What the running aggregator and history do, one pass at a time."""
+
+    def __init__(self, redis: Redis, keys: Keys, db: AsyncEngine) -> None:
+        self.redis, self.keys = redis, keys
+        self.record_live = RecordLive(redis, keys, BoardCatalog(redis, keys))
+        self.live = LiveViews(redis, keys)
+        self.snapshotter = Snapshotter(redis, keys, db, size=10)
+
+    async def run(self) -> None:
+        """Derive and mark every event of the outbox (each once: a redelivery derives nothing
+        twice), merge, record the live views' events and compute them, take the snapshots."""
+        entries: list[Any] = await self.redis.xrange(self.keys.outbox(MAIN_BOARD.board_id))
+        events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        await derive(self.redis, self.keys, MAIN_BOARD, events, FEED_LENGTH)
+        await MarkDirty(self.redis, self.keys)(events)
+        # History's part: each event marks the views it changed for the next snapshot.
+        marks = {m for event in events for m in changed_views(event)}
+        if marks:
+            await self.redis.sadd(self.keys.snapshot_dirty(MAIN_BOARD.board_id), *marks)
+        await Merger(self.redis, self.keys).merge_board(MAIN_BOARD)
+        await self.record_live(events)
+        await self.live.tick_board(MAIN_BOARD)
+        await self.snapshotter.take_board(MAIN_BOARD)
+
+
+async def post_score(
+    client: httpx.AsyncClient, user: str, region: str, team: str, value: int
+) -> dict[str, Any]:
+    body = {
+        "user_id": user,
+        "region": region,
+        "team_id": team,
+        "value": value,
+        "occurred_at": rfc(datetime.now(UTC)),
+    }
+    response = await client.post("/v1/boards/main/scores", json=body, headers=SERVER)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def ids_of(client: httpx.AsyncClient, scope: str, **params: Any) -> list[tuple[str, int]]:
+    """A leaderboard page as (user, rank) pairs."""
+    body = await get_ok(client, LEADERBOARD, scope=scope, period="alltime", **params)
+    return [(e["user_id"], e["rank"]) for e in body["entries"]]
+
+
+async def views(client: httpx.AsyncClient, redis: Redis, keys: Keys) -> dict[str, Any]:
+    """Every view a hidden user leaves, as the users it names (in order where ranked)."""
+    bid = MAIN_BOARD.board_id
+    around = await get_ok(client, "/v1/boards/main/users/u-b", scope="region:eu", around=2)
+    friends = await get_ok(
+        client, LEADERBOARD, scope="friends:u-b", period="alltime", headers=player("u-b")
+    )
+    teams = await get_ok(client, LEADERBOARD, scope="teams", period="alltime")
+    feed = await get_ok(client, "/v1/boards/main/feed", limit=50)
+    hot = await get_ok(client, "/v1/boards/main/hot", window=60)
+    mvps = await get_ok(client, "/v1/boards/main/mvps", period="alltime")
+    snap = await get_ok(client, "/v1/boards/main/snapshots", scope="global", period="alltime")
+    pushed = await redis.get(keys.last_top(bid, "alltime", "all", "global"))
+    pushed_eu = await redis.get(keys.last_top(bid, "alltime", "all", "region:eu"))
+    return {
+        "global": await ids_of(client, "global"),
+        "eu": await ids_of(client, "region:eu"),
+        "us": await ids_of(client, "region:us"),
+        "around": [(e["user_id"], e["rank"]) for e in around["around"]],
+        "friends": [(e["user_id"], e["rank"]) for e in friends["entries"]],
+        "teams": {e["team_id"]: e["score"] for e in teams["entries"]},
+        "feed": {e["user_id"] for e in feed["events"]},
+        "hot": {e["user_id"] for e in hot["entries"]},
+        "mvps": {e["user_id"] for e in mvps["entries"]},
+        "snapshot": [e["user_id"] for e in snap["entries"]],
+        "pushed": [e["user_id"] for e in orjson.loads(pushed)],
+        "pushed_eu": [e["user_id"] for e in orjson.loads(pushed_eu)],
+    }
+
+
+async def own_reads(client: httpx.AsyncClient, user: str) -> tuple[Any, Any]:
+    """The user's standing (region eu) and ranks, read with its own player token."""
+    standing = await get_ok(
+        client, f"/v1/boards/main/users/{user}", scope="region:eu", around=2, headers=player(user)
+    )
+    ranks = await get_ok(client, f"/v1/boards/main/users/{user}/ranks", headers=player(user))
+    return standing, ranks["periods"]["alltime"]["scopes"]
+
+
+async def test_a_hidden_user_leaves_every_view_its_own_read_answers_and_unhiding_brings_it_back(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        friends = await client.put("/v1/users/u-a/friends/u-b", headers=SERVER)
+        assert friends.status_code == 204
+        for user, region, team, value in SCORES:
+            await post_score(client, user, region, team, value)
+        await aggregator.run()
+        before = await views(client, redis, keys)
+        assert before["global"] == [("u-a", 1), ("u-b", 2), ("u-c", 3), ("u-d", 4)]
+        assert before["eu"] == [("u-a", 1), ("u-b", 2), ("u-d", 3)]
+        assert before["around"] == [("u-a", 1), ("u-b", 2), ("u-d", 3)]
+        assert before["friends"] == [("u-a", 1), ("u-b", 2)]
+        assert before["teams"] == {"red": 90, "blue": 50}
+        assert {"u-a", "u-b"} <= before["feed"] and "u-a" in before["hot"]
+        assert "u-a" in before["mvps"]
+        assert before["snapshot"][0] == "u-a" and before["pushed"][0] == "u-a"
+        assert before["pushed_eu"][0] == "u-a"
+
+        # Hidden: everyone else's ranks close up, in every view.
+        assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        while_hidden = await views(client, redis, keys)
+        assert while_hidden["global"] == [("u-b", 1), ("u-c", 2), ("u-d", 3)]
+        assert while_hidden["eu"] == [("u-b", 1), ("u-d", 2)]
+        assert while_hidden["us"] == before["us"]
+        assert while_hidden["around"] == [("u-b", 1), ("u-d", 2)]
+        assert while_hidden["friends"] == [("u-b", 1)]
+        # Its contribution stays in its team's total; it is no longer listed as an MVP.
+        assert while_hidden["teams"] == {"red": 90, "blue": 50}
+        assert "u-a" not in while_hidden["mvps"] and "u-b" in while_hidden["mvps"]
+        assert "u-a" not in while_hidden["feed"] and "u-b" in while_hidden["feed"]
+        assert "u-a" not in while_hidden["hot"] and "u-b" in while_hidden["hot"]
+        # The snapshot taken after the hide, and the tops pushed since, leave it out.
+        assert while_hidden["snapshot"] == ["u-b", "u-c", "u-d"]
+        assert while_hidden["pushed"] == ["u-b", "u-c", "u-d"]
+        assert while_hidden["pushed_eu"] == ["u-b", "u-d"]
+        # Others' reads of it: 404, as for a user with no score.
+        for headers in (SERVER, player("u-b")):
+            for path in ("/v1/boards/main/users/u-a", "/v1/boards/main/users/u-a/ranks"):
+                response = await client.get(path, params={"scope": "global"}, headers=headers)
+                assert_problem(response, 404)
+        # Its own read, with its own token, still answers: ranked as if it were shown.
+        standing, scopes = await own_reads(client, "u-a")
+        assert (standing["rank"], standing["score"]) == (1, 50)
+        assert [e["user_id"] for e in standing["around"]] == ["u-a", "u-b", "u-d"]
+        assert scopes["global"] == {"rank": 1, "score": 50, "total": 4}
+        assert scopes["region:eu"] == {"rank": 1, "score": 50, "total": 3}
+        assert scopes["teams"]["score"] == 90
+
+        # Its writes are still accepted, answered as if shown, and stay out of every view.
+        answer = await post_score(client, "u-a", "eu", "red", 100)
+        assert answer["periods"]["alltime"]["score"] == 150
+        assert answer["periods"]["alltime"]["rank"] == 1
+        await post_score(client, "u-b", "eu", "red", 5)
+        await aggregator.run()
+        still = await views(client, redis, keys)
+        assert still["global"] == [("u-b", 1), ("u-c", 2), ("u-d", 3)]
+        assert still["eu"] == [("u-b", 1), ("u-d", 2)]
+        assert still["teams"] == {"red": 195, "blue": 50}
+        assert "u-a" not in still["feed"] | still["hot"] | still["mvps"]
+        assert "u-a" not in still["pushed"] + still["snapshot"]
+        standing, scopes = await own_reads(client, "u-a")
+        assert (standing["rank"], standing["score"]) == (1, 150)
+        assert scopes["global"] == {"rank": 1, "score": 150, "total": 4}
+
+        # Shown again: every view holds it, with the score it wrote while hidden.
+        assert (await client.delete(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        after = await views(client, redis, keys)
+        assert after["global"] == [("u-a", 1), ("u-b", 2), ("u-c", 3), ("u-d", 4)]
+        assert after["eu"] == [("u-a", 1), ("u-b", 2), ("u-d", 3)]
+        assert after["around"] == [("u-a", 1), ("u-b", 2), ("u-d", 3)]
+        assert after["friends"] == [("u-a", 1), ("u-b", 2)]
+        assert {"u-a", "u-b"} <= after["feed"] and "u-a" in after["hot"]
+        assert "u-a" in after["mvps"]
+        assert after["snapshot"][0] == "u-a" and after["pushed"][0] == "u-a"
+        assert after["pushed_eu"][0] == "u-a"
+        body = await get_ok(client, "/v1/boards/main/users/u-a/ranks")
+        assert body["periods"]["alltime"]["scopes"]["global"]["score"] == 150
+
+
+async def test_ranks_close_up_in_every_rank_style_and_period(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """Competition and dense ranks, and each period's views, count the others only."""
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        for user, value in (("u-a", 50), ("u-b", 50), ("u-c", 40), ("u-d", 30)):
+            await post_score(client, user, "eu", "red", value)
+        await aggregator.run()
+        assert (await client.put(HIDDEN.format("u-b"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        for style, expected in (
+            ("ordinal", [("u-a", 1), ("u-c", 2), ("u-d", 3)]),
+            ("competition", [("u-a", 1), ("u-c", 2), ("u-d", 3)]),
+            ("dense", [("u-a", 1), ("u-c", 2), ("u-d", 3)]),
+        ):
+            for scope in ("global", "region:eu"):
+                assert await ids_of(client, scope, rank_style=style) == expected, (style, scope)
+        for period in MAIN_BOARD.periods:
+            body = await get_ok(client, LEADERBOARD, scope="global", period=period)
+            assert [e["user_id"] for e in body["entries"]] == ["u-a", "u-c", "u-d"]
+            assert body["total"] == 3
+        standing = await get_ok(
+            client, "/v1/boards/main/users/u-c", scope="global", rank_style="competition"
+        )
+        assert standing["rank"] == 2
+        assert (await client.delete(HIDDEN.format("u-b"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        assert await ids_of(client, "global", rank_style="competition") == [
+            ("u-a", 1),
+            ("u-b", 1),
+            ("u-c", 3),
+            ("u-d", 4),
+        ]
+
+
+async def test_hide_and_unhide_are_idempotent_and_kept_in_mysql(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    async with api_client(quiet) as client:
+        await post_score(client, "u-a", "eu", "red", 5)
+        for _ in range(2):
+            assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+            assert await redis.smembers(keys.hidden("main")) == {"u-a"}
+            async with db.connect() as conn:
+                assert await hidden.stored(conn, "main") == ["u-a"]
+        # A user with no score on the board can be hidden too (before its first write).
+        response = await client.put(HIDDEN.format("u-new"), headers=ADMIN)
+        assert response.status_code == 204 and response.content == b""
+        for _ in range(2):
+            assert (await client.delete(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+            assert await redis.smembers(keys.hidden("main")) == {"u-new"}
+            async with db.connect() as conn:
+                assert await hidden.stored(conn, "main") == ["u-new"]
+
+
+async def test_refusals_change_nothing(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    async with api_client(quiet) as client:
+        await post_score(client, "u-a", "eu", "red", 5)
+        for method in ("PUT", "DELETE"):
+            path = HIDDEN.format("u-a")
+            assert_problem(await client.request(method, path), 401)
+            for headers in (SERVER, player("u-a"), player("u-b")):
+                assert_problem(await client.request(method, path, headers=headers), 403)
+            assert_problem(
+                await client.request(method, "/v1/boards/nope/users/u-a/hidden", headers=ADMIN),
+                404,
+            )
+            assert_problem(await client.request(method, HIDDEN.format("-bad!"), headers=ADMIN), 422)
+            # The credential's refusal comes before the board's 404 and the id's 422.
+            assert_problem(await client.request(method, "/v1/boards/nope/users/-bad!/hidden"), 401)
+    assert await redis.exists(keys.hidden("main")) == 0
+    async with db.connect() as conn:
+        assert await hidden.stored(conn, "main") == []
+
+
+async def test_a_hidden_user_whose_only_view_it_was_comes_back(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """A view whose only entry is hidden has no sorted set; showing the user makes it again,
+    expiring with the view's records."""
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        await post_score(client, "u-z", "sa", "red", 7)
+        await aggregator.run()
+        assert (await client.put(HIDDEN.format("u-z"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        assert await ids_of(client, "region:sa") == []
+        daily = keys.region_view("main", "daily", datetime.now(UTC).date().isoformat(), "sa")
+        assert await redis.exists(daily) == 0
+        assert await redis.exists(keys.ties(daily)) == 1
+        assert (await client.delete(HIDDEN.format("u-z"), headers=ADMIN)).status_code == 204
+        assert await ids_of(client, "region:sa") == [("u-z", 1)]
+        assert await redis.ttl(daily) > 0
+
+
+async def test_a_hidden_users_write_is_answered_as_if_shown_and_pushes_nobody_out(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """Its answer holds the rank it would have had, and its previous rank; its outbox entry
+    names nobody pushed out of a bracket (no ``overtaken`` push), though it passed the top."""
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        for user, region, team, value in SCORES:
+            await post_score(client, user, region, team, value)
+        await aggregator.run()
+        assert (await client.put(HIDDEN.format("u-d"), headers=ADMIN)).status_code == 204
+        answer = await post_score(client, "u-d", "eu", "blue", 1000)
+        alltime = answer["periods"]["alltime"]
+        assert (alltime["score"], alltime["rank"], alltime["previous_rank"]) == (1020, 1, 3)
+        entries: list[Any] = await redis.xrevrange(keys.outbox("main"), count=1)
+        entry = orjson.loads(entries[0][1]["e"])
+        assert entry["user_id"] == "u-d"
+        assert all(p["pushed_out"] == {} for p in entry["periods"].values())
+        # A shown user's write that passes the top names whom it pushed out: the hidden
+        # user's 1020 is not above it.
+        await post_score(client, "u-b", "eu", "red", 1000)
+        entries = await redis.xrevrange(keys.outbox("main"), count=1)
+        entry = orjson.loads(entries[0][1]["e"])
+        assert entry["periods"]["alltime"]["pushed_out"] == {"1": "u-a"}
+        await aggregator.run()
+        assert await ids_of(client, "region:eu") == [("u-b", 1), ("u-a", 2)]

@@ -1,0 +1,71 @@
+"""``make rebuild`` keeps hidden users hidden (docs/api.md section 8b): the hidden set is made
+again from MySQL's ``hidden_users`` before the events are replayed, on the real Redis and
+MySQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.aggregator.merge import Merger
+from services.rebuild.keyspace import _REBUILT
+from services.rebuild.rebuilder import Rebuilder
+from shared import hidden
+from shared.boards import Board, BoardCatalog
+from shared.db_boards import save_board
+from shared.keys import Keys
+from shared.ranking import id_of
+from shared.settings import LadderSettings
+from tests.rebuild.test_rebuild import eu, projection, relay, write
+
+BOARD = Board(board_id="main")
+
+
+async def ranked(redis: Redis, key: str) -> list[str]:
+    return [id_of(m) for m in await redis.zrevrange(key, 0, -1)]
+
+
+async def test_a_rebuild_keeps_hidden_users_hidden_and_the_rest_as_it_was(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """u2 hidden (MySQL, then Redis, then its members moved, as the API does): a rebuild after
+    Redis lost every key the rebuild makes, makes each key again as it was, u2's records without its
+    members, and the global view that the merge makes from them leaves it out. A user shown
+    again before the rebuild (u3) is shown after it."""
+    await save_board(db, BOARD)
+    await BoardCatalog(redis, keys).put(BOARD)
+    now = datetime.now(UTC).isoformat()
+    for n, (user, value) in enumerate((("u1", 5), ("u2", 9), ("u3", 7))):
+        await write(redis, keys, settings, BOARD, **eu(f"e{n}", user, value, now))
+    for user in ("u2", "u3"):
+        await hidden.store(db, "main", user, hidden=True)
+        await redis.sadd(keys.hidden("main"), user)
+        await hidden.move(redis, keys, "main", user, show=False)
+    await hidden.store(db, "main", "u3", hidden=False)
+    await redis.srem(keys.hidden("main"), "u3")
+    await hidden.move(redis, keys, "main", "u3", show=True)
+    # A write of a hidden user keeps it out.
+    await write(redis, keys, settings, BOARD, **eu("e3", "u2", 1, now))
+    await relay(redis, keys, db, BOARD)
+    region = keys.region_view("main", "alltime", "all", "eu")
+    assert await ranked(redis, region) == ["u3", "u1"]
+    before = await projection(redis, settings)
+
+    # Redis loses every key the rebuild makes, the hidden set among them.
+    tag = keys.tag("main")
+    async for key in redis.scan_iter(match=tag + ":*"):
+        if _REBUILT.fullmatch(key[len(tag) + 1 :]):
+            await redis.delete(key)
+    assert await redis.exists(keys.hidden("main"), region) == 0
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).run()
+
+    after = await projection(redis, settings)
+    differ = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert differ == []
+    assert await redis.smembers(keys.hidden("main")) == {"u2"}
+    assert await ranked(redis, region) == ["u3", "u1"]
+    assert await redis.hexists(keys.ties(region), "u2")
+    await Merger(redis, keys).merge_board(BOARD)
+    assert await ranked(redis, keys.global_view("main", "alltime", "all")) == ["u3", "u1"]
