@@ -93,6 +93,14 @@ key                                                type        holds
 ``{P:B}:rate:<user|key>:<id>``                     hash        a rate-limit token bucket: per
                                                                board, so that the write takes
                                                                it in the board's hash slot
+``{P:B}:closed:<period>:<period_id>``              string      the period's close claim: the
+                                                               time it closed (set once)
+``{P:B}:closed:<period>``                          string      end (Unix s) of the latest closed
+                                                               period of that kind
+``{P:B}:closing:<period>:<period_id>``             string      the close marked its users for a
+                                                               last merge
+``{P:B}:periods:outbox``                           stream      ``period.closed`` messages not
+                                                               yet confirmed by the broker
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 =================================================  ==========  ===============================
@@ -311,6 +319,26 @@ class Keys:
             self.staged(board_id, self.rebuild_journal(board_id)),
             self.staged(board_id, self.newest_event(board_id)),
         ]
+
+    # -- period ends (services/aggregator/closer.py, shared/lua/periods.lua) -----------------
+    def period_closed(self, board_id: str, period: str, period_id: str) -> str:
+        """The claim of a period's close: set once (``SET NX`` in the close function), with
+        the time it closed; whoever sets it writes the ``period.closed`` message."""
+        return f"{self.tag(board_id)}:closed:{period}:{period_id}"
+
+    def period_watermark(self, board_id: str, period: str) -> str:
+        """The end (Unix seconds) of the latest closed period of that kind: a restart closes
+        the periods that ended since, and none before."""
+        return f"{self.tag(board_id)}:closed:{period}"
+
+    def period_closing(self, board_id: str, period: str, period_id: str) -> str:
+        """Set once the close of a period has marked its users for a last merge."""
+        return f"{self.tag(board_id)}:closing:{period}:{period_id}"
+
+    def periods_outbox(self, board_id: str) -> str:
+        """``period.closed`` messages not yet confirmed by the broker (read by the consumer
+        group ``relay``)."""
+        return f"{self.tag(board_id)}:periods:outbox"
 
 
 DERIVED_FIELD = "derived"
