@@ -84,7 +84,8 @@ class PeriodRelay:
         self._connection = await aio_pika.connect_robust(
             self._settings.amqp_url, reconnect_interval=1.0
         )
-        channel = await self._connection.channel(publisher_confirms=True)
+        # A message routed to no queue comes back: publish raises, and the entry waits.
+        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._exchange = await self._topology.declare_periods_exchange(channel)
 
     async def _disconnect(self) -> None:
