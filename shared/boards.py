@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from redis.asyncio import Redis
 
 from shared.keys import Keys
-from shared.periods import Period
+from shared.periods import CALENDAR_PERIODS, Period, schedule_error
 from shared.ranking import MAX_SCORE, SubscoreOrder
 
 BOARD_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -36,6 +36,7 @@ class Retention(BaseModel):
     daily: int = Field(default=35, ge=1, le=3660)
     weekly: int = Field(default=12, ge=1, le=520)
     monthly: int = Field(default=12, ge=1, le=120)
+    season: int = Field(default=12, ge=1, le=10_000)
 
     def of(self, period: Period) -> int | None:
         return None if period == "alltime" else int(getattr(self, period))
@@ -65,6 +66,32 @@ class BoardSpec(BaseModel):
     badges: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")], int] = Field(
         default_factory=dict
     )
+    schedule: str | None = Field(
+        default=None,
+        max_length=200,
+        description="A 5-field cron expression in the board's timezone: it adds the period "
+        "season, from one firing to the next (ids like 2026-12-04T18:00). null: no seasons",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _season_period(cls, data: Any) -> Any:
+        """A schedule adds ``season`` to the periods (stored and returned with them)."""
+        if isinstance(data, dict) and data.get("schedule") is not None:
+            periods = data.get("periods", CALENDAR_PERIODS)
+            if isinstance(periods, list | tuple) and "season" not in periods:
+                data = {**data, "periods": (*periods, "season")}
+        return data
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        error = schedule_error(value)
+        if error is not None:
+            raise ValueError(error)
+        return " ".join(value.split())
 
     @field_validator("periods")
     @classmethod
@@ -109,6 +136,8 @@ class BoardSpec(BaseModel):
             raise ValueError("min_value must not exceed max_value")
         if self.subscore_order is not None and self.operator == "incr":
             raise ValueError("subscore_order is for best and set boards: incr sums no subscores")
+        if "season" in self.periods and self.schedule is None:
+            raise ValueError("the period season needs a schedule")
         return self
 
     @property

@@ -76,6 +76,11 @@ MARK_SEEN_FUNCTION = "ladder_mark_seen_v2"
 AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
+# -- period ends (docs/api.md section 8b) -------------------------------------------------------
+CLOSE_PERIOD_FUNCTION = "ladder_close_period_v1"
+"""Claim a period's close, queue its ``period.closed`` message and publish its
+``period_closed`` pushes, exactly once."""
+
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v9"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
@@ -125,6 +130,7 @@ REGISTERED: dict[str, str] = {
     "seen": SEEN_FUNCTION,
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,
+    "close_period": CLOSE_PERIOD_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,
     "rebuild_extend": REBUILD_EXTEND_FUNCTION,

@@ -102,6 +102,14 @@ key                                                type        holds
 ``P:relay:unroutable``                             hash        board_id -> why the broker
                                                                returns its outbox's messages
                                                                unroutable (JSON), while it does
+``{P:B}:closed:<period>:<period_id>``              string      the period's close claim: the
+                                                               time it closed (set once)
+``{P:B}:closed:<period>``                          string      end (Unix s) of the latest closed
+                                                               period of that kind
+``{P:B}:closing:<period>:<period_id>``             string      the close marked its users for a
+                                                               last merge
+``{P:B}:periods:outbox``                           stream      ``period.closed`` messages not
+                                                               yet confirmed by the broker
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
 =================================================  ==========  ===============================
@@ -331,6 +339,26 @@ class Keys:
         """``{P:B}:hidden`` (set): the board's hidden users, whose members the write, the merge
         and the hide step keep out of every view while their records stay."""
         return f"{self.tag(board_id)}:hidden"
+
+    # -- period ends (services/aggregator/closer.py, shared/lua/periods.lua) -----------------
+    def period_closed(self, board_id: str, period: str, period_id: str) -> str:
+        """The claim of a period's close: set once (``SET NX`` in the close function), with
+        the time it closed; whoever sets it writes the ``period.closed`` message."""
+        return f"{self.tag(board_id)}:closed:{period}:{period_id}"
+
+    def period_watermark(self, board_id: str, period: str) -> str:
+        """The end (Unix seconds) of the latest closed period of that kind: a restart closes
+        the periods that ended since, and none before."""
+        return f"{self.tag(board_id)}:closed:{period}"
+
+    def period_closing(self, board_id: str, period: str, period_id: str) -> str:
+        """Set once the close of a period has marked its users for a last merge."""
+        return f"{self.tag(board_id)}:closing:{period}:{period_id}"
+
+    def periods_outbox(self, board_id: str) -> str:
+        """``period.closed`` messages not yet confirmed by the broker (read by the consumer
+        group ``relay``)."""
+        return f"{self.tag(board_id)}:periods:outbox"
 
 
 DERIVED_FIELD = "derived"

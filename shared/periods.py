@@ -3,6 +3,12 @@
 ``daily`` ids look like ``2026-11-29``, ``weekly`` like ``2026-W48`` (ISO week, Monday start),
 ``monthly`` like ``2026-11`` and ``alltime`` is always ``all``. A period starts and ends at local
 midnight in the board's timezone, so a day may last 23 or 25 hours across a DST change.
+
+``season`` exists on boards with a ``schedule`` (a 5-field cron expression, read in the board's
+timezone by croniter): a season runs from one firing of the schedule to the next, and its id is
+its start in the board's timezone, ``2026-12-04T18:00``. Every function here that may meet a
+season takes the board's ``schedule``; without one a season is no period
+(:class:`PeriodIdError`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,12 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo
 
-Period = Literal["daily", "weekly", "monthly", "alltime"]
-PERIODS: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime")
+from croniter import croniter
+
+Period = Literal["daily", "weekly", "monthly", "alltime", "season"]
+PERIODS: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime", "season")
+# The periods every board may keep; ``season`` also needs a schedule.
+CALENDAR_PERIODS: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime")
 ALLTIME_ID = "all"
 
 # The all-time period has no start of its own; reach times count from here.
@@ -25,7 +35,9 @@ _PATTERNS: dict[Period, re.Pattern[str]] = {
     "weekly": re.compile(r"^\d{4}-W\d{2}$"),
     "monthly": re.compile(r"^\d{4}-\d{2}$"),
     "alltime": re.compile(r"^all$"),
+    "season": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"),
 }
+SEASON_ID_FORMAT = "%Y-%m-%dT%H:%M"
 
 
 class PeriodIdError(ValueError):
@@ -71,10 +83,49 @@ def _format(period: Period, first: date) -> str:
     return f"{first.year:04d}-{first.month:02d}"
 
 
-def window_at(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
+def matches_id(period: Period, period_id: str) -> bool:
+    """Whether ``period_id`` has the form of a ``period`` id (not whether it names one)."""
+    return _PATTERNS[period].fullmatch(period_id) is not None
+
+
+def schedule_error(schedule: str) -> str | None:
+    """Why ``schedule`` is not a schedule a board may keep (None: it is one): five fields that
+    croniter reads, and a firing to come."""
+    if len(schedule.split()) != 5:
+        return "schedule must be a cron expression of 5 fields (minute hour day month weekday)"
+    try:
+        if not croniter.is_valid(schedule):
+            return f"schedule {schedule!r} is not a cron expression"
+        croniter(schedule, datetime.now(UTC)).get_next(datetime)
+    except Exception:  # croniter's own errors: a date that never comes (31 February), etc.
+        return f"schedule {schedule!r} never fires"
+    return None
+
+
+def _season_bounds(schedule: str, moment: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """The firings of ``schedule`` around ``moment``: the last at or before it, the next after."""
+    local = moment.astimezone(tz).replace(second=0, microsecond=0)
+    end: datetime = croniter(schedule, local).get_next(datetime)
+    start: datetime = croniter(schedule, end).get_prev(datetime)
+    return start.astimezone(UTC), end.astimezone(UTC)
+
+
+def _season(schedule: str | None) -> str:
+    if schedule is None:
+        raise PeriodIdError("season is a period of boards with a schedule only")
+    return schedule
+
+
+def window_at(
+    period: Period, moment: datetime, timezone: str, schedule: str | None = None
+) -> PeriodWindow:
     """The period of ``period`` kind that contains ``moment`` in ``timezone``."""
     if moment.tzinfo is None:
         raise ValueError("moment must carry an offset")
+    if period == "season":
+        tz = ZoneInfo(timezone)
+        start, end = _season_bounds(_season(schedule), moment, tz)
+        return PeriodWindow(period, start.astimezone(tz).strftime(SEASON_ID_FORMAT), start, end)
     if period == "alltime":
         return PeriodWindow(period, ALLTIME_ID, ALLTIME_EPOCH, None)
     tz = ZoneInfo(timezone)
@@ -85,10 +136,14 @@ def window_at(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
     )
 
 
-def window_of(period: Period, period_id: str, timezone: str) -> PeriodWindow:
+def window_of(
+    period: Period, period_id: str, timezone: str, schedule: str | None = None
+) -> PeriodWindow:
     """The period named by ``period_id``; raises :class:`PeriodIdError` if it names none."""
     if not _PATTERNS[period].fullmatch(period_id):
         raise PeriodIdError(f"{period_id!r} is not a {period} period id")
+    if period == "season":
+        return _season_of(period_id, timezone, _season(schedule))
     if period == "alltime":
         return PeriodWindow(period, ALLTIME_ID, ALLTIME_EPOCH, None)
     try:
@@ -111,15 +166,37 @@ def window_of(period: Period, period_id: str, timezone: str) -> PeriodWindow:
     return PeriodWindow(period, period_id, start, end)
 
 
-def previous_window(window: PeriodWindow, timezone: str, count: int) -> PeriodWindow:
+def _season_of(period_id: str, timezone: str, schedule: str) -> PeriodWindow:
+    """The season that starts at ``period_id`` (local time), if the schedule fires then."""
+    tz = ZoneInfo(timezone)
+    try:
+        local = datetime.strptime(period_id, SEASON_ID_FORMAT).replace(tzinfo=tz)
+        start = local.astimezone(UTC)
+        window = window_at("season", start, timezone, schedule)
+    except (ValueError, OverflowError) as exc:
+        raise PeriodIdError(f"{period_id!r} is not a season id") from exc
+    except Exception as exc:  # croniter's: no firing within its search
+        raise PeriodIdError(f"{period_id!r} is out of range") from exc
+    if window.period_id != period_id:
+        raise PeriodIdError(f"{period_id!r} is not a start of the board's schedule")
+    return window
+
+
+def previous_window(
+    window: PeriodWindow, timezone: str, count: int, schedule: str | None = None
+) -> PeriodWindow:
     """The window ``count`` periods before ``window`` (``count`` >= 0)."""
     current = window
     for _ in range(count):
-        current = window_at(current.period, current.start - timedelta(seconds=1), timezone)
+        current = window_at(
+            current.period, current.start - timedelta(seconds=1), timezone, schedule
+        )
     return current
 
 
-def expire_at(window: PeriodWindow, timezone: str, retention: int | None) -> int | None:
+def expire_at(
+    window: PeriodWindow, timezone: str, retention: int | None, schedule: str | None = None
+) -> int | None:
     """Unix time at which a period's keys expire: ``retention`` periods after it ends.
 
     ``None`` means never (all-time, or no retention set).
@@ -128,5 +205,5 @@ def expire_at(window: PeriodWindow, timezone: str, retention: int | None) -> int
         return None
     end = window.end
     for _ in range(retention):
-        end = window_at(window.period, end, timezone).end or end
+        end = window_at(window.period, end, timezone, schedule).end or end
     return int(end.timestamp())

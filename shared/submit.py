@@ -10,6 +10,7 @@ here too.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,14 @@ import orjson
 from shared.boards import Board
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
-from shared.periods import Period, PeriodWindow, expire_at, window_at, window_of
+from shared.periods import (
+    Period,
+    PeriodIdError,
+    PeriodWindow,
+    expire_at,
+    window_at,
+    window_of,
+)
 from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
 # The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): ten
@@ -54,28 +62,61 @@ class SubmitEvent:
 
 # The window of each (period, timezone) last seen: almost every write falls in the current one,
 # and working a window out (zoneinfo, calendar) is a good part of a write's CPU time otherwise.
-_windows: dict[tuple[Period, str], PeriodWindow] = {}
+_windows: dict[tuple[Period, str, str | None], PeriodWindow] = {}
+
+# How long the keys of a season of a schedule the board no longer has are kept from the moment
+# a step meets them (its end cannot be worked out any more): a day.
+FORMER_SEASON_TTL = 86_400
 
 
-def current_window(period: Period, moment: datetime, timezone: str) -> PeriodWindow:
-    """``window_at``, remembering the last window of each period and timezone."""
-    window = _windows.get((period, timezone))
+def current_window(
+    period: Period, moment: datetime, timezone: str, schedule: str | None = None
+) -> PeriodWindow:
+    """``window_at``, remembering the last window of each period, timezone and schedule."""
+    window = _windows.get((period, timezone, schedule))
     if window is None or moment < window.start or (window.end is not None and moment >= window.end):
-        window = _windows[(period, timezone)] = window_at(period, moment, timezone)
+        window = window_at(period, moment, timezone, schedule)
+        _windows[(period, timezone, schedule)] = window
     return window
 
 
 @functools.lru_cache(maxsize=1024)
-def expiry_of(window: PeriodWindow, timezone: str, retention: int | None) -> int:
+def expiry_of(
+    window: PeriodWindow, timezone: str, retention: int | None, schedule: str | None = None
+) -> int:
     """When a period's keys expire (0: never); the same for every write of the period."""
-    return expire_at(window, timezone, retention) or 0
+    return expire_at(window, timezone, retention, schedule) or 0
 
 
 @functools.lru_cache(maxsize=1024)
-def period_expiry(timezone: str, retention: int | None, period: Period, period_id: str) -> int:
+def _period_expiry(
+    timezone: str, retention: int | None, period: Period, period_id: str, schedule: str | None
+) -> int:
+    window = window_of(period, period_id, timezone, schedule)
+    return expiry_of(window, timezone, retention, schedule)
+
+
+def period_expiry(
+    timezone: str,
+    retention: int | None,
+    period: Period,
+    period_id: str,
+    schedule: str | None = None,
+) -> int:
     """:func:`expiry_of` the period named by its id: the aggregator's steps ask it of every
-    event's periods, and a handful of periods are live at a time."""
-    return expiry_of(window_of(period, period_id, timezone), timezone, retention)
+    event's periods, and a handful of periods are live at a time. A season of a schedule the
+    board no longer has (changed meanwhile) is kept ``FORMER_SEASON_TTL`` from now."""
+    try:
+        return _period_expiry(timezone, retention, period, period_id, schedule)
+    except PeriodIdError:
+        return int(time.time()) + FORMER_SEASON_TTL
+
+
+def board_period_expiry(board: Board, period: Period, period_id: str) -> int:
+    """:func:`period_expiry` of one of ``board``'s periods (0: never)."""
+    return period_expiry(
+        board.timezone, board.retention.of(period), period, period_id, board.schedule
+    )
 
 
 # A write's keys but its idempotency records and user's regions are the same for every write of
@@ -185,12 +226,12 @@ def submit_call(
     ]
     period_args: list[str | int] = []
     for period in board.periods:
-        window = current_window(period, event.occurred_at, board.timezone)
+        window = current_window(period, event.occurred_at, board.timezone, board.schedule)
         call_keys += _period_keys(keys, bid, period, window.period_id, event.region)
         period_args += [
             period,
             window.period_id,
-            expiry_of(window, board.timezone, board.retention.of(period)),
+            expiry_of(window, board.timezone, board.retention.of(period), board.schedule),
         ]
     args: list[str | int] = [
         body_hash,

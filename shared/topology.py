@@ -4,6 +4,10 @@ One durable fanout exchange, ``<prefix>.scores``, feeds a durable quorum queue p
 (``<prefix>.scores.aggregator``, ``.history``, ``.notifier``). Each queue has a delivery limit;
 a message that reaches it, or that a consumer rejects as poison, is dead-lettered at least once
 to that queue's own ``<queue>.dead``. ``<prefix>`` is ``LADDER_BROKER_PREFIX`` (``ladder``).
+
+A second durable fanout exchange, ``<prefix>.periods``, carries one ``period.closed`` message per
+closed period (docs/api.md section 8b). Ladder binds no queue to it: a game backend binds its
+own (durable) queue to receive them; until one is bound the messages wait in Ladder's outbox.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ class Topology:
     def scores_exchange(self) -> str:
         return f"{self.prefix}.scores"
 
+    @property
+    def periods_exchange(self) -> str:
+        return f"{self.prefix}.periods"
+
     def queue(self, consumer: Consumer) -> str:
         return f"{self.prefix}.scores.{consumer}"
 
@@ -49,9 +57,15 @@ class Topology:
             self.scores_exchange, aio_pika.ExchangeType.FANOUT, durable=True
         )
 
+    async def declare_periods_exchange(self, channel: AbstractChannel) -> AbstractExchange:
+        return await channel.declare_exchange(
+            self.periods_exchange, aio_pika.ExchangeType.FANOUT, durable=True
+        )
+
     async def declare(self, channel: AbstractChannel) -> dict[Consumer, AbstractQueue]:
         """Declare the exchange, every queue and its dead-letter queue; safe to repeat."""
         exchange = await self.declare_exchange(channel)
+        await self.declare_periods_exchange(channel)
         queues: dict[Consumer, AbstractQueue] = {}
         for consumer in CONSUMERS:
             await channel.declare_queue(
@@ -70,3 +84,4 @@ class Topology:
             await channel.queue_delete(self.queue(consumer))
             await channel.queue_delete(self.dead_queue(consumer))
         await channel.exchange_delete(self.scores_exchange)
+        await channel.exchange_delete(self.periods_exchange)

@@ -32,7 +32,7 @@ from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period
 from shared.ranking import MAX_SCORE, reached_ms, signed, sub_part, tie_key
-from shared.submit import feed_entry, period_expiry
+from shared.submit import board_period_expiry, feed_entry
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +61,7 @@ class Derive:
 
     @staticmethod
     def _expiry(board: Board, period: Period, period_id: str) -> int:
-        return period_expiry(board.timezone, board.retention.of(period), period, period_id)
+        return board_period_expiry(board, period, period_id)
 
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str

@@ -37,7 +37,7 @@ from shared.keys import Keys, seen_keys
 from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at
-from shared.submit import period_expiry
+from shared.submit import board_period_expiry
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
 RECORDED = Counter(
@@ -72,7 +72,7 @@ class RecordLive:
 
     @staticmethod
     def _expiry(board: Board, period: Period, period_id: str) -> int:
-        return period_expiry(board.timezone, board.retention.of(period), period, period_id)
+        return board_period_expiry(board, period, period_id)
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
@@ -218,7 +218,7 @@ class LiveViews:
             self._full_pass_at[bid] = time.monotonic()
         pushed = 0
         for period in board.periods:
-            window = window_at(period, now, board.timezone)
+            window = window_at(period, now, board.timezone, board.schedule)
             if not full and f"{period}|{window.period_id}" not in dirty:
                 continue
             message = {
@@ -230,7 +230,7 @@ class LiveViews:
                 "period_id": window.period_id,
                 "entries": await mvp_entries(self._redis, keys, board, period, window.period_id),
             }
-            expiry = expire_at(window, board.timezone, board.retention.of(period))
+            expiry = expire_at(window, board.timezone, board.retention.of(period), board.schedule)
             channel = keys.board_channel(bid, "mvps", period)
             pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
         PUSHES.labels("mvps").inc(pushed)

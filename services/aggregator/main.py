@@ -16,11 +16,14 @@ import contextlib
 
 import structlog
 
+from services.aggregator import closer as closes
+from services.aggregator.closer import Closer
 from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
+from services.aggregator.period_relay import PeriodRelay
 from shared import service
 from shared.boards import BoardCatalog
 from shared.keys import Keys
@@ -99,8 +102,25 @@ async def run(settings: LadderSettings) -> None:
         async def ticker(stop: asyncio.Event) -> None:
             await tick(merger, live, catalog, settings.merge_interval, stop, fresh)
 
+        # Period ends (docs/api.md section 8b): closed here, relayed to ladder.periods.
+        closer = Closer(
+            redis,
+            keys,
+            lateness=settings.allowed_lateness,
+            merge_interval=settings.merge_interval,
+            size=settings.snapshot_size,
+        )
+        relay = PeriodRelay(redis, keys, catalog, settings)
+
+        async def closing(stop: asyncio.Event) -> None:
+            await closes.tick(closer, catalog, stop)
+
         await service.consume(
-            runner, redis, settings, port=settings.aggregator_port, companions=(ticker,)
+            runner,
+            redis,
+            settings,
+            port=settings.aggregator_port,
+            companions=(ticker, closing, relay.run),
         )
 
 

@@ -45,7 +45,7 @@ from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
 from shared.keys import Keys, dirty_member
-from shared.periods import Period, expire_at, window_of
+from shared.periods import Period
 from shared.ranking import (
     MAX_SCORE,
     id_of,
@@ -55,6 +55,7 @@ from shared.ranking import (
     subscore_of,
     tie_key,
 )
+from shared.submit import board_period_expiry
 
 log = structlog.get_logger(__name__)
 
@@ -238,8 +239,7 @@ class Merger:
                 view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
             else:
                 continue  # a team board keeps its set always (the derive step's put_entry)
-            window = window_of(period, period_id, board.timezone)
-            expiry = expire_at(window, board.timezone, board.retention.of(period)) or 0
+            expiry = board_period_expiry(board, period, period_id)
             build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
             build_keys.append(keys.dense_build(bid))
             cursor: list[str] = self._building.get(item, ["", ""])
@@ -318,8 +318,7 @@ class Merger:
         the marks name; returns how many users were merged (a user whose marks two rounds of the
         scan share counts in each)."""
         keys, bid = self._keys, board.board_id
-        window = window_of(period, period_id, board.timezone)
-        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        expiry = board_period_expiry(board, period, period_id)
         global_key = keys.global_view(bid, period, period_id)
         view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
         view_keys += [
@@ -373,8 +372,7 @@ class Merger:
         )
         held = iter(found)
         records: list[list[Any]] = [next(held) if rows else [] for rows in replies[0::2]]
-        window = window_of(period, period_id, board.timezone)
-        expiry = expire_at(window, board.timezone, board.retention.of(period))
+        expiry = board_period_expiry(board, period, period_id) or None
         changed = 0
         async with self._redis.pipeline(transaction=False) as pipe:
             # Every changed scope's swap and push in one round trip.

@@ -30,11 +30,12 @@ MAIN = {
     "timezone": "UTC",
     "min_value": -1_000_000,
     "max_value": 1_000_000,
-    "retention": {"daily": 35, "weekly": 12, "monthly": 12},
+    "retention": {"daily": 35, "weekly": 12, "monthly": 12, "season": 12},
     "notify_top": [1, 10, 100],
     "player_writes": False,
     "regions": None,
     "badges": {},
+    "schedule": None,
 }
 PERIOD_ID_FORMATS = {
     "daily": r"^\d{4}-\d{2}-\d{2}$",

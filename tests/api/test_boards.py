@@ -42,11 +42,12 @@ LAPS = {
     "timezone": "Europe/Paris",
     "min_value": 1,
     "max_value": 600,
-    "retention": {"daily": 7, "weekly": 4, "monthly": 3},
+    "retention": {"daily": 7, "weekly": 4, "monthly": 3, "season": 12},
     "notify_top": [1, 3],
     "player_writes": True,
     "regions": ["eu", "na"],
     "badges": {"sub-60": 60},
+    "schedule": None,
 }
 
 

@@ -48,7 +48,7 @@ from shared.db import open_engine
 from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
 from shared.keys import Keys, dirty_member
-from shared.periods import PERIODS, window_at
+from shared.periods import CALENDAR_PERIODS, window_at
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import ADMIN, derive
@@ -91,7 +91,7 @@ PLAYERS = (("u-42", "eu", "red"), ("u-1", "eu", "blue"), ("u-2", "na", "red"))
 SCOPES = ("global", "region:eu", "region:na", "teams", "friends:u-42")
 # The current periods, and periods at the edges of the calendar.
 PERIOD_IDS = (
-    *(window_at(period, datetime.now(UTC), "UTC").period_id for period in PERIODS),
+    *(window_at(period, datetime.now(UTC), "UTC").period_id for period in CALENDAR_PERIODS),
     *("0001-01-01", "0001-W01", "0001-01", "9999-12-31", "9999-W52", "9999-12"),
 )
 
@@ -123,8 +123,9 @@ BEFRIEND = "PUT /v1/users/{user_id}/friends/{friend_id}"
 # Keyed by the operation ("*": any that has the parameter) and where the 422 points.
 REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
     ("*", ("query", "period_id")): (
-        "A period id names a real day, ISO week or month (2026-02-30 and 2025-W53 fit the "
-        "pattern) of the kind that `period` gives: the calendar, and a tie to another parameter"
+        "A period id names a real day, ISO week, month or firing of the board's schedule "
+        "(2026-02-30 and 2025-W53 fit the pattern) of the kind that `period` gives: the "
+        "calendar, the board's definition, and a tie to another parameter"
     ),
     ("*", ("query", "cursor")): "A cursor is opaque: only one that the server handed out is read",
     (LEADERBOARD, ("query", "scope")): (
@@ -163,9 +164,14 @@ REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
         "Unicode version and that no pattern can list"
     ),
     (PUT_BOARD, ("body", "timezone")): "A timezone is a name the server's tz database knows",
+    (PUT_BOARD, ("body", "schedule")): (
+        "A schedule is a 5-field cron expression that croniter reads and that fires: a grammar "
+        "no pattern states"
+    ),
     (PUT_BOARD, ("body",)): (
-        "min_value may not exceed max_value, subscore_order is refused on incr boards, and a "
-        "board with player_writes declares its regions: fields bounded by others"
+        "min_value may not exceed max_value, subscore_order is refused on incr boards, a "
+        "board with player_writes declares its regions, and the period season needs a "
+        "schedule: fields bounded by others"
     ),
     (BEFRIEND, ("path", "friend_id")): "A user cannot befriend itself: two path parameters differ",
 }

@@ -21,6 +21,7 @@ from shared.periods import (
     Period,
     PeriodIdError,
     PeriodWindow,
+    matches_id,
     previous_window,
     window_at,
     window_of,
@@ -32,7 +33,10 @@ ScopeKind = Literal["users", "teams", "friends"]
 SCOPE_PATTERN = (
     r"^(global|teams|region:[a-z0-9][a-z0-9_-]{0,31}|friends:[A-Za-z0-9][A-Za-z0-9_.:-]{0,63})$"
 )
-PERIOD_ID_PATTERN = r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all)$"
+# Daily, weekly, monthly, all-time and season ids.
+PERIOD_ID_PATTERN = (
+    r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all|\d{4}-\d{2}-\d{2}T\d{2}:\d{2})$"
+)
 
 _REGION = re.compile(REGION_PATTERN)
 _USER_ID = re.compile(USER_ID_PATTERN)
@@ -80,14 +84,16 @@ def resolve_window(board: Board, period: Period, period_id: str | None) -> Perio
     retention, not yet begun), 422 for an id that names no period."""
     if period not in board.periods:
         raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
-    current = window_at(period, datetime.now(UTC), board.timezone)
+    current = window_at(period, datetime.now(UTC), board.timezone, board.schedule)
     if period_id is None or period_id == current.period_id:
         return current
     try:
-        window = window_of(period, period_id, board.timezone)
+        window = window_of(period, period_id, board.timezone, board.schedule)
     except PeriodIdError as exc:
         raise Invalid(str(exc), loc=("query", "period_id")) from exc
-    oldest = previous_window(current, board.timezone, board.retention.of(period) or 0)
+    oldest = previous_window(
+        current, board.timezone, board.retention.of(period) or 0, board.schedule
+    )
     if window.start > current.start or window.start < oldest.start:
         raise NotFound(f"Period {period_id!r} is not kept (retention or not yet begun).")
     return window
@@ -97,8 +103,10 @@ def period_of_id(board: Board, period_id: str) -> Period:
     """Which kind of period an id names (the four formats differ); 404 if the board does not
     keep that kind, 422 if it names none."""
     for period in PERIODS:
+        if period == "season" and board.schedule is None and matches_id(period, period_id):
+            raise NotFound(f"Board {board.board_id!r} does not keep a season period.")
         try:
-            window_of(period, period_id, board.timezone)
+            window_of(period, period_id, board.timezone, board.schedule)
         except PeriodIdError:
             continue
         if period not in board.periods:

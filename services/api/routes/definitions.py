@@ -182,13 +182,13 @@ async def has_scores(state: ApiState, board: Board) -> bool:
     latest = datetime.now(UTC) + timedelta(seconds=state.settings.future_tolerance_seconds)
     names: list[str] = [keys.newest_event(bid)]
     for period in board.periods:
-        window = window_at(period, latest, board.timezone)
+        window = window_at(period, latest, board.timezone, board.schedule)
         # One more than retention: the period just begun may not be the current one yet.
         for _ in range((board.retention.of(period) or 0) + 2):
             names.append(keys.regions(bid, period, window.period_id))
             if window.end is None:
                 break
-            window = previous_window(window, board.timezone, 1)
+            window = previous_window(window, board.timezone, 1, board.schedule)
     if await state.redis.exists(*names):
         return True
     return await has_events(state.engine, bid)

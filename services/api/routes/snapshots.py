@@ -83,7 +83,7 @@ async def snapshot(
         raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
     if period_id is not None:
         try:
-            window_of(period, period_id, board.timezone)
+            window_of(period, period_id, board.timezone, board.schedule)
         except PeriodIdError as exc:
             raise Invalid(str(exc), loc=("query", "period_id")) from exc
     try:

@@ -1,0 +1,250 @@
+"""Period ends: one ``period.closed`` message per board, period and period id (docs/api.md 8b).
+
+Every ``CLOSE_TICK`` seconds the aggregator looks at each board's periods (daily, weekly,
+monthly, season; all-time never ends). A period is due once its end plus
+``LADDER_ALLOWED_LATENESS`` plus a grace (``LADDER_MERGE_INTERVAL`` + ``CLOSE_GRACE``) has
+passed: from then on the API refuses every event that would fall in it (older than the
+lateness), so its regional boards, which the write keeps in the same step as it answers, are
+final. Its close then goes in three steps, each taken again on the next tick if this one did not
+get there (a restart, an error, another aggregator):
+
+1. **Last merge.** Every user of each of the period's regional boards is marked dirty for the
+   merge (once: ``Keys.period_closing``), so that the global board is recomputed from the final
+   regional ones, whether or not the events' messages reached the aggregator (a broker down).
+2. **Drained.** The close waits until no mark of the period is left in the merge's dirty or
+   merging set: the global board is then exactly the merge of the final regional boards.
+3. **Claim.** The top ``LADDER_SNAPSHOT_SIZE`` of every scope (global, each region, teams on
+   ``incr`` boards) is read and handed to ``ladder_close_period_v1`` (shared/lua/periods.lua),
+   which sets the period's claim with ``SET NX``, and only if it was not set appends the
+   ``period.closed`` message to the board's period outbox and publishes ``period_closed`` on
+   the board's channels that the API forwards to WebSocket subscribers (top 10 of each scope),
+   all in one atomic step under the board's hash tag. A second aggregator, or one restarted
+   after the claim, finds the claim set and does nothing.
+
+:class:`services.aggregator.period_relay.PeriodRelay` takes the message from the outbox to the
+``ladder.periods`` exchange with publisher confirms. A period in which nobody scored closes
+without a message (its claim and watermark are still set). After a restart the periods that
+ended since the latest one closed (``Keys.period_watermark``) are closed, within their
+retention; a board closing a kind of period for the first time closes only the latest one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import structlog
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from services.history.snapshotter import team_entry, user_entry
+from shared.boards import Board, BoardCatalog
+from shared.events import rfc3339
+from shared.functions import CLOSE_PERIOD_FUNCTION
+from shared.keys import Keys, dirty_member
+from shared.periods import PeriodWindow, previous_window, window_at
+from shared.ranking import id_of
+from shared.submit import board_period_expiry
+
+log = structlog.get_logger(__name__)
+
+CLOSED = Counter("ladder_periods_closed_total", "Periods closed (claimed) by this process")
+
+CLOSE_TICK = 1.0
+CLOSE_GRACE = 1.0
+"""Seconds past end + lateness + merge interval before a close starts: a write accepted just
+before the lateness ran out has reached Redis (the write is one Redis call after the check)."""
+PUSH_TOP = 10
+MARK_CHUNK = 1000
+SCHEMA = 1
+
+
+class Closer:
+    """Closes the periods of each board (see the module docstring)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        *,
+        lateness: float,
+        merge_interval: float,
+        size: int,
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._delay = timedelta(seconds=lateness + merge_interval + CLOSE_GRACE)
+        self._size = size
+
+    async def close_board(self, board: Board, now: datetime | None = None) -> int:
+        """Take each due period of ``board`` a step further; how many this call closed."""
+        moment = now or datetime.now(UTC)
+        closed = 0
+        for period in board.periods:
+            if period == "alltime":
+                continue
+            for window in await self._due(
+                board, window_at(period, moment - self._delay, board.timezone, board.schedule)
+            ):
+                closed += await self._close(board, window, moment)
+        return closed
+
+    async def _due(self, board: Board, current: PeriodWindow) -> list[PeriodWindow]:
+        """The periods before ``current`` that ended after the watermark, oldest first; the
+        latest alone if none of this kind was closed yet."""
+        tz, schedule = board.timezone, board.schedule
+        latest = previous_window(current, tz, 1, schedule)
+        raw = await self._redis.get(self._keys.period_watermark(board.board_id, current.period))
+        if raw is None:
+            return [latest]
+        mark = float(raw)
+        due: list[PeriodWindow] = []
+        window = latest
+        for _ in range(board.retention.of(current.period) or 1):
+            if window.end is None or window.end.timestamp() <= mark:
+                break
+            due.append(window)
+            window = previous_window(window, tz, 1, schedule)
+        return due[::-1]
+
+    async def _regions(self, board: Board, window: PeriodWindow) -> list[str]:
+        found: set[str] = set(board.regions or ())
+        key = self._keys.regions(board.board_id, window.period, window.period_id)
+        found |= {str(r) for r in await self._redis.smembers(key)}
+        return sorted(found)
+
+    async def _close(self, board: Board, window: PeriodWindow, now: datetime) -> int:
+        keys, bid = self._keys, board.board_id
+        period, pid = window.period, window.period_id
+        claim = keys.period_closed(bid, period, pid)
+        if await self._redis.exists(claim):
+            return 0
+        regions = await self._regions(board, window)
+        closing = keys.period_closing(bid, period, pid)
+        expiry = board_period_expiry(board, period, pid)
+        if not await self._redis.exists(closing):
+            await self._mark_all(board, window, regions)
+            await self._redis.set(closing, "1", exat=expiry or None)
+            return 0
+        if await self._merging(bid, period, pid):
+            return 0
+        scopes = await self._tops(board, window, regions)
+        closed_at = rfc3339(now)
+        args: list[Any] = [closed_at, expiry, int(window.end.timestamp()) if window.end else 0]
+        if any(scopes.values()):
+            body = {
+                "schema": SCHEMA,
+                "type": "period.closed",
+                "board_id": bid,
+                "period": period,
+                "period_id": pid,
+                "closed_at": closed_at,
+                "scopes": scopes,
+            }
+            args.append(orjson.dumps(body).decode())
+            for scope, entries in scopes.items():
+                push = {
+                    "type": "period_closed",
+                    "board_id": bid,
+                    "scope": scope,
+                    "period": period,
+                    "period_id": pid,
+                    "closed_at": closed_at,
+                    "entries": entries[:PUSH_TOP],
+                }
+                args += [keys.board_channel(bid, scope, period), orjson.dumps(push).decode()]
+        else:
+            args.append("")  # nobody scored: claimed, no message
+        call_keys = [claim, keys.period_watermark(bid, period), keys.periods_outbox(bid)]
+        reply = await self._redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args)
+        done = int(reply)
+        if done:
+            CLOSED.inc()
+            log.info(
+                "period closed",
+                board_id=bid,
+                period=period,
+                period_id=pid,
+                scopes=len(scopes),
+                sent=bool(args[3]),
+            )
+        return done
+
+    async def _mark_all(self, board: Board, window: PeriodWindow, regions: list[str]) -> None:
+        """Mark every user of the period's regional boards dirty for the merge."""
+        keys, bid = self._keys, board.board_id
+        dirty = keys.dirty(bid)
+        for region in regions:
+            view = keys.region_view(bid, window.period, window.period_id, region)
+            marks: list[str] = []
+            async for member, _ in self._redis.zscan_iter(view, count=MARK_CHUNK):
+                marks.append(dirty_member(window.period, window.period_id, region, id_of(member)))
+                if len(marks) >= MARK_CHUNK:
+                    await self._redis.sadd(dirty, *marks)
+                    marks = []
+            if marks:
+                await self._redis.sadd(dirty, *marks)
+
+    async def _merging(self, bid: str, period: str, pid: str) -> bool:
+        """Whether a mark of the period still waits in the merge's dirty or merging set."""
+        pattern = f"{period}|{pid}|*"
+        for key in (self._keys.dirty(bid), self._keys.dirty_merging(bid)):
+            async for _ in self._redis.sscan_iter(key, match=pattern, count=1000):
+                return True
+        return False
+
+    async def _tops(
+        self, board: Board, window: PeriodWindow, regions: list[str]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The final top ``size`` of every scope, entries as a leaderboard read shows them."""
+        keys, bid = self._keys, board.board_id
+        scopes = ["global", *(f"region:{r}" for r in regions)]
+        if board.operator == "incr":
+            scopes.append("teams")
+        view_keys = [keys.board_view(bid, window.period, window.period_id, s) for s in scopes]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in view_keys:
+                pipe.zrevrange(key, 0, self._size - 1, True)
+            tops: list[list[tuple[str, float]]] = await pipe.execute()
+        users = sorted(
+            {
+                id_of(m)
+                for scope, rows in zip(scopes, tops, strict=True)
+                if scope != "teams"
+                for m, _ in rows
+            }
+        )
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(keys.names(bid), users or ["-"])
+            for scope, key, rows in zip(scopes, view_keys, tops, strict=True):
+                if scope != "teams":
+                    pipe.hmget(Keys.ties(key), [id_of(m) for m, _ in rows] or ["-"])
+            replies = iter(await pipe.execute())
+        names = dict(zip(users, next(replies), strict=False))
+        result: dict[str, list[dict[str, Any]]] = {}
+        for scope, rows in zip(scopes, tops, strict=True):
+            if scope == "teams":
+                if rows:
+                    result[scope] = [team_entry(board, i, *row) for i, row in enumerate(rows, 1)]
+                continue
+            records = next(replies)
+            result[scope] = [
+                user_entry(board, i, raw, stored, names.get(id_of(raw)), record)
+                for i, ((raw, stored), record) in enumerate(zip(rows, records, strict=False), 1)
+            ]
+        return result
+
+
+async def tick(closer: Closer, catalog: BoardCatalog, stop: asyncio.Event) -> None:
+    """Close what is due on every board every ``CLOSE_TICK`` seconds until ``stop``."""
+    while not stop.is_set():
+        try:
+            for board in await catalog.all():
+                await closer.close_board(board)
+        except Exception:
+            log.exception("period close pass failed; retrying next tick")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CLOSE_TICK)

@@ -1,0 +1,131 @@
+"""The close of a period, step by step, against real Redis and RabbitMQ (docs/api.md 8b).
+
+Events are written by the API's write function alone (no consumer runs): the close's last merge
+makes the global board from the regional ones; two closers racing close once; the relay keeps
+the message while no queue is bound to ``<prefix>.periods`` and publishes it once one is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import orjson
+from redis.asyncio import Redis
+
+from services.aggregator.closer import Closer
+from services.aggregator.merge import Merger
+from services.aggregator.period_relay import PeriodRelay
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
+from shared.boards import Board, BoardCatalog
+from shared.keys import Keys
+from shared.periods import window_at
+from shared.settings import LadderSettings
+from shared.topology import Topology
+
+BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
+
+
+async def write(redis: Redis, keys: Keys, settings: LadderSettings, at: datetime) -> None:
+    for n, (user, region, value) in enumerate(
+        [("a", "eu", 30), ("b", "eu", 10), ("c", "na", 20), ("a", "na", 5)]
+    ):
+        score = ScoreIn(user_id=user, region=region, value=value, occurred_at=at)
+        await submit(redis, keys, settings, BOARD, score, f"e-{n}")
+
+
+async def close_until_done(closers: list[Closer], merger: Merger, now: datetime) -> int:
+    """Tick the closers (and the merge between their ticks) until the season is claimed."""
+    closed = 0
+    for _ in range(10):
+        results = await asyncio.gather(*(c.close_board(BOARD, now) for c in closers))
+        closed += sum(results)
+        await merger.merge_board(BOARD)
+    return closed
+
+
+async def test_two_closers_close_a_season_once_with_the_merged_global_board(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    now = datetime.now(UTC)
+    season = window_at("season", now, "UTC", BOARD.schedule)
+    await write(redis, keys, settings.model_copy(update={"allowed_lateness": 60.0}), now)
+    # No consumer ran: the global board is empty until the close's last merge.
+    assert await redis.zcard(keys.global_view("cup", "season", season.period_id)) == 0
+    closers = [Closer(redis, keys, lateness=2, merge_interval=0.2, size=100) for _ in range(2)]
+    assert season.end is not None
+    after = season.end + timedelta(seconds=5)
+    # Not due before end + lateness + merge interval + grace.
+    assert await closers[0].close_board(BOARD, season.end + timedelta(seconds=2)) == 0
+    assert not await redis.exists(keys.period_closed("cup", "season", season.period_id))
+
+    # The season, and the latest day, week and month (nobody scored then: no message).
+    assert await close_until_done(closers, Merger(redis, keys), after) == 4
+    assert await redis.exists(keys.period_closed("cup", "season", season.period_id))
+    outbox = await redis.xrange(keys.periods_outbox("cup"))
+    assert len(outbox) == 1
+    body = orjson.loads(outbox[0][1]["m"])
+    assert (body["board_id"], body["period"], body["period_id"]) == (
+        "cup",
+        "season",
+        season.period_id,
+    )
+    ranked = {
+        scope: [(e["user_id"], e["score"]) for e in entries]
+        for scope, entries in body["scopes"].items()
+    }
+    assert ranked["global"] == [("a", 35), ("c", 20), ("b", 10)]
+    assert ranked["region:eu"] == [("a", 30), ("b", 10)]
+    assert ranked["region:na"] == [("c", 20), ("a", 5)]
+    # Again, later, by either: nothing more.
+    assert await close_until_done(closers, Merger(redis, keys), after + timedelta(seconds=30)) == 0
+    assert await redis.xlen(keys.periods_outbox("cup")) == 1
+
+
+async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_it_once(
+    settings: LadderSettings, redis: Redis, keys: Keys, broker: Topology
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(BOARD)
+    body = orjson.dumps(
+        {
+            "schema": 1,
+            "type": "period.closed",
+            "board_id": "cup",
+            "period": "daily",
+            "period_id": "2026-12-01",
+            "closed_at": "2026-12-02T00:10:03.000Z",
+            "scopes": {"global": []},
+        }
+    ).decode()
+    await redis.xadd(keys.periods_outbox("cup"), {"m": body})
+    relay = PeriodRelay(redis, keys, catalog, settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.run(stop))
+    try:
+        connection = await aio_pika.connect(settings.amqp_url)
+        async with connection:
+            channel = await connection.channel()
+            exchange = await broker.declare_periods_exchange(channel)
+            await asyncio.sleep(2)  # published mandatory to no queue: it waits
+            assert await redis.xlen(keys.periods_outbox("cup")) == 1
+            tap = await channel.declare_queue(exclusive=True)
+            await tap.bind(exchange)
+            got = None
+            for _ in range(100):
+                got = await tap.get(no_ack=True, fail=False)
+                if got is not None:
+                    break
+                await asyncio.sleep(0.1)
+            assert got is not None
+            assert got.body.decode() == body
+            assert got.message_id == "cup:daily:2026-12-01"
+            assert got.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+            await asyncio.sleep(1.5)
+            assert await tap.get(no_ack=True, fail=False) is None
+            assert await redis.xlen(keys.periods_outbox("cup")) == 0
+    finally:
+        stop.set()
+        await running

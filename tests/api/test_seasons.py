@@ -1,0 +1,77 @@
+"""Seasons through the API: a schedule in a definition, the season on writes and reads."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.periods import window_at
+from shared.settings import LadderSettings
+from tests.helpers import ADMIN, SERVER, api_client
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+async def test_a_scheduled_board_keeps_seasons_on_writes_and_reads(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        made = await client.put(
+            "/v1/boards/cup",
+            json={"schedule": "0 18 * * 5", "timezone": "Europe/Berlin"},
+            headers=ADMIN,
+        )
+        assert made.status_code == 201, made.text
+        assert made.json()["periods"] == ["daily", "weekly", "monthly", "alltime", "season"]
+        assert made.json()["retention"]["season"] == 12
+        season = window_at("season", datetime.now(UTC), "Europe/Berlin", "0 18 * * 5").period_id
+
+        body = {"event_id": "e-1", "user_id": "u-1", "region": "eu", "value": 7}
+        first = await client.post("/v1/boards/cup/scores", json=body, headers=SERVER)
+        assert first.status_code == 200, first.text
+        assert first.json()["periods"]["season"]["period_id"] == season
+        assert first.json()["periods"]["season"]["rank"] == 1
+        again = await client.post("/v1/boards/cup/scores", json=body, headers=SERVER)
+        assert again.json()["duplicate"] is True
+        assert again.json()["periods"]["season"] == first.json()["periods"]["season"]
+
+        view = "/v1/boards/cup/leaderboard"
+        for params in (
+            {"scope": "region:eu", "period": "season"},
+            {"scope": "region:eu", "period": "season", "period_id": season},
+        ):
+            page = await client.get(view, params=params)
+            assert page.status_code == 200, page.text
+            assert page.json()["period_id"] == season
+            assert [e["user_id"] for e in page.json()["entries"]] == ["u-1"]
+        # Not a Friday 18:00: no season of this board.
+        wrong = await client.get(view, params={"period": "season", "period_id": "2026-12-03T18:00"})
+        assert wrong.status_code == 422, wrong.text
+        standing = await client.get(
+            "/v1/boards/cup/users/u-1", params={"scope": "region:eu", "period": "season"}
+        )
+        assert standing.status_code == 200, standing.text
+
+
+async def test_boards_without_a_schedule_keep_no_season(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        for body in (
+            {"schedule": "* * * *"},
+            {"schedule": "0 0 31 2 *"},
+            {"schedule": 5},
+            {"periods": ["daily", "season"]},
+        ):
+            refused = await client.put("/v1/boards/cup", json=body, headers=ADMIN)
+            assert refused.status_code == 422, (body, refused.text)
+            assert refused.headers["content-type"] == "application/problem+json"
+        assert (await client.get("/v1/boards/cup")).status_code == 404
+        none = await client.get("/v1/boards/main/leaderboard", params={"period": "season"})
+        assert none.status_code == 404, none.text
+        by_id = await client.get(
+            "/v1/boards/main/snapshots",
+            params={"period": "season", "period_id": "2026-12-04T18:00"},
+        )
+        assert by_id.status_code == 404, by_id.text

@@ -1,0 +1,70 @@
+"""Seasons: the windows of a board's schedule, their ids, and what a definition accepts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from shared.boards import BoardSpec
+from shared.periods import PeriodIdError, expire_at, previous_window, window_at, window_of
+
+FRIDAYS = "0 18 * * 5"
+
+
+def test_a_season_runs_from_one_firing_to_the_next_in_the_boards_timezone() -> None:
+    # Wednesday 2 December 2026, 12:00 UTC: in Berlin (UTC+1) the season began Friday 27th 18:00.
+    moment = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    season = window_at("season", moment, "Europe/Berlin", FRIDAYS)
+    assert season.period_id == "2026-11-27T18:00"
+    assert season.start == datetime(2026, 11, 27, 17, 0, tzinfo=UTC)
+    assert season.end == datetime(2026, 12, 4, 17, 0, tzinfo=UTC)
+    assert window_of("season", "2026-11-27T18:00", "Europe/Berlin", FRIDAYS) == season
+    # A firing belongs to the season it starts.
+    assert window_at("season", season.end, "Europe/Berlin", FRIDAYS).period_id == (
+        "2026-12-04T18:00"
+    )
+    before = previous_window(season, "Europe/Berlin", 2, FRIDAYS)
+    assert before.period_id == "2026-11-13T18:00"
+    # Kept 12 seasons after it ends.
+    assert expire_at(season, "Europe/Berlin", 12, FRIDAYS) == int(
+        datetime(2027, 2, 26, 17, 0, tzinfo=UTC).timestamp()
+    )
+
+
+def test_a_minute_schedule_is_a_season_a_minute() -> None:
+    moment = datetime(2026, 12, 2, 0, 30, 59, 999_000, tzinfo=UTC)
+    season = window_at("season", moment, "UTC", "* * * * *")
+    assert (season.period_id, season.start, season.end) == (
+        "2026-12-02T00:30",
+        datetime(2026, 12, 2, 0, 30, tzinfo=UTC),
+        datetime(2026, 12, 2, 0, 31, tzinfo=UTC),
+    )
+
+
+@pytest.mark.parametrize(
+    "period_id", ["2026-12-04T18:01", "2026-12-03T18:00", "2026-13-04T18:00", "2026-12-04"]
+)
+def test_an_id_that_is_no_start_of_the_schedule_names_no_season(period_id: str) -> None:
+    with pytest.raises(PeriodIdError):
+        window_of("season", period_id, "UTC", FRIDAYS)
+
+
+def test_a_season_needs_a_schedule() -> None:
+    with pytest.raises(PeriodIdError):
+        window_of("season", "2026-12-04T18:00", "UTC", None)
+
+
+def test_a_schedule_adds_the_season_period_and_bad_ones_are_refused() -> None:
+    spec = BoardSpec(schedule=" 0  18 * * 5 ", periods=("weekly",))
+    assert spec.periods == ("weekly", "season")
+    assert spec.schedule == FRIDAYS
+    assert spec.retention.season == 12
+    assert BoardSpec().schedule is None
+    assert "season" not in BoardSpec().periods
+    for schedule in ("* * * *", "* * * * * *", "@daily", "61 * * * *", "0 0 31 2 *", "x"):
+        with pytest.raises(ValidationError):
+            BoardSpec(schedule=schedule)
+    with pytest.raises(ValidationError):
+        BoardSpec(periods=("daily", "season"))
