@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -41,6 +40,7 @@ from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
+from services.aggregator.marks import by_user
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
@@ -86,24 +86,6 @@ def _ends(template: str) -> tuple[str, str]:
     """The two ends of a key or mark built around ``_SLOT``."""
     prefix, suffix = template.split(_SLOT)
     return prefix, suffix
-
-
-def _user_of(mark: str) -> str:
-    return mark.split("|", 3)[3]
-
-
-def _chunks(marks: list[str]) -> Iterator[list[str]]:
-    """``marks`` (of one period) in calls of about ``CHUNK`` marks, a user's marks in several
-    regions kept in one call: the call reads each of its users' regions once, so a user split
-    over two calls would be combined, written and counted twice."""
-    ordered = sorted(marks, key=_user_of)
-    start = 0
-    while start < len(ordered):
-        end = min(start + CHUNK, len(ordered))
-        while end < len(ordered) and _user_of(ordered[end]) == _user_of(ordered[end - 1]):
-            end += 1
-        yield ordered[start:end]
-        start = end
 
 
 @dataclass(slots=True)
@@ -336,7 +318,7 @@ class Merger:
             GLOBAL,
         ]
         merged = 0
-        for chunk in _chunks(marks):
+        for chunk in by_user(marks, CHUNK):
             reply: Any = await self._redis.fcall(
                 MERGE_FUNCTION, len(view_keys), *view_keys, *head, *chunk
             )
