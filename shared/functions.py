@@ -104,6 +104,12 @@ FRIENDS_FUNCTION = "ladder_friends_v1"
 """A friends scope's group: the records in the global view and names of ids the caller read from
 the owner's friend set, and the view's as_of, in one call of the board's keys (read-only)."""
 
+# -- erasure (docs/api.md section 8b; services/api/eraser.py) ---------------------------------
+ERASE_USER_FUNCTION = "ladder_erase_user_v1"
+"""Erase a user from one board's keys: the views named, feed, hot view, MVPs, badges, names."""
+UNCOUNT_FUNCTION = "ladder_uncount_v1"
+"""Take erased events out of a board's event counters (never below 0)."""
+
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
     "write": WRITE_FUNCTION,
@@ -126,6 +132,8 @@ REGISTERED: dict[str, str] = {
     "placed": PLACE_FUNCTION,
     "page": PAGE_FUNCTION,
     "friends": FRIENDS_FUNCTION,
+    "erase_user": ERASE_USER_FUNCTION,
+    "uncount": UNCOUNT_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

@@ -17,7 +17,18 @@ from shared.functions import LIBRARY, REGISTERED
 
 # The library's files in load order: common.lua first (what the others use), then each concern;
 # a file may use the local functions of those before it.
-LUA_FILES = ("common", "write", "limits", "merge", "live", "derive", "badges", "rebuild", "read")
+LUA_FILES = (
+    "common",
+    "write",
+    "limits",
+    "merge",
+    "live",
+    "derive",
+    "badges",
+    "rebuild",
+    "read",
+    "erase",
+)
 _LUA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _REGISTERS = re.compile(r"redis\.register_function\W+(?:function_name = )?FUNCTIONS\.(\w+)")
 

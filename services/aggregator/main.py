@@ -23,6 +23,7 @@ from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared import service
 from shared.boards import BoardCatalog
+from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -94,7 +95,11 @@ async def run(settings: LadderSettings) -> None:
             MarkDirty(redis, keys, fresh),
             RecordLive(redis, keys, catalog),
         )
-        runner = service.consumer("aggregator", settings, handler)
+        # Erased users' and deleted boards' events in flight change no view.
+        tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+        runner = service.consumer(
+            "aggregator", settings, skipping("aggregator", tombstones, handler)
+        )
 
         async def ticker(stop: asyncio.Event) -> None:
             await tick(merger, live, catalog, settings.merge_interval, stop, fresh)

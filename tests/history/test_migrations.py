@@ -142,7 +142,7 @@ async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
         )
         await conn.execute(text("INSERT INTO friend_requests VALUES ('u-3', 'u-1', NOW(6))"))
 
-    await alembic_to(url, "downgrade", "-1")
+    await alembic_to(url, "downgrade", "0004")
 
     async with db.connect() as conn:
         tables = await conn.run_sync(_tables)
