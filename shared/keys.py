@@ -342,6 +342,20 @@ class Keys:
         :func:`record_user` tells them apart."""
         return "{" + f"{self.prefix}:*}}:idem:*:{user_id}"
 
+    def boards_match(self) -> str:
+        """A ``SCAN`` pattern of every key of every board."""
+        return "{" + f"{self.prefix}:*"
+
+    def regional_view_of(self, key: str) -> tuple[str, str] | None:
+        """(board_id, region) of a regional view's key (:meth:`region_view`), None for any other
+        key (a view's distinct set or records among them: a region holds no ``:``)."""
+        head = "{" + f"{self.prefix}:"
+        board_id, _, rest = key.removeprefix(head).partition("}:lb:")
+        if not key.startswith(head) or not rest:
+            return None
+        _, found, region = rest.rpartition(":region:")
+        return (board_id, region) if found and region and ":" not in region else None
+
     def record_user(self, key: str) -> str | None:
         """The user id an event record's key names (None for a record of the layout before,
         named by its id alone)."""

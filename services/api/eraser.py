@@ -147,11 +147,26 @@ class Eraser:
 
     async def erase_user(self, user_id: str, cutoff: datetime) -> None:
         """One pass of a user's erasure (idempotent)."""
+        records, regions = await self._scan(user_id)
         for board in await self._catalog.all():
-            await self._erase_from_board(board, user_id)
-        await self._erase_records(user_id)
+            await self._erase_from_board(board, user_id, regions.get(board.board_id, set()))
+        await self._unlink_each(records)
         await self._erase_friends(user_id)
         await self._erase_history(user_id, cutoff)
+
+    async def _scan(self, user_id: str) -> tuple[list[str], dict[str, set[str]]]:
+        """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
+        marks) naming the user, and the regions of every board's regional views, so that a
+        region the aggregator has not derived into the regions sets yet is not missed."""
+        records: list[str] = []
+        regions: dict[str, set[str]] = {}
+        async for key in self._redis.scan_iter(match=self._keys.boards_match(), count=SCAN_COUNT):
+            name = key.decode() if isinstance(key, bytes) else key
+            if self._keys.record_user(name) == user_id:
+                records.append(name)
+            elif (view := self._keys.regional_view_of(name)) is not None:
+                regions.setdefault(view[0], set()).add(view[1])
+        return records, regions
 
     def _windows(self, board: Board) -> list[tuple[str, str]]:
         """Every (period, period_id) the board may still keep, the one just begun included."""
@@ -166,7 +181,7 @@ class Eraser:
                 window = previous_window(window, board.timezone, 1)
         return found
 
-    async def _erase_from_board(self, board: Board, user_id: str) -> int:
+    async def _erase_from_board(self, board: Board, user_id: str, seen: set[str]) -> int:
         keys, bid = self._keys, board.board_id
         windows = self._windows(board)
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -176,7 +191,7 @@ class Eraser:
                 pipe.smembers(keys.regions(bid, period, period_id))
                 pipe.hget(keys.member_team(bid, period, period_id), user_id)
             found: list[Any] = await pipe.execute()
-        regions: set[str] = set(found[0]) | set(board.regions or ())
+        regions: set[str] = set(found[0]) | set(board.regions or ()) | seen
         teams: set[str] = {found[1]} if found[1] else set()
         for i in range(len(windows)):
             regions |= set(found[2 + 2 * i])
@@ -223,30 +238,13 @@ class Eraser:
             await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
         return removed
 
-    async def _erase_records(self, user_id: str) -> int:
-        """The event records (idempotency answers, seen marks) naming the user, on every board:
-        one ``SCAN`` of the keyspace. Each key alone: they may lie in other hash slots."""
-        gone = 0
-        batch: list[str] = []
-        async for key in self._redis.scan_iter(
-            match=self._keys.idempotency_match(user_id), count=SCAN_COUNT
-        ):
-            name = key.decode() if isinstance(key, bytes) else key
-            if self._keys.record_user(name) == user_id:
-                batch.append(name)
-            if len(batch) >= UNLINK_BATCH:
-                gone += await self._unlink_each(batch)
-                batch = []
-        return gone + await self._unlink_each(batch)
-
-    async def _unlink_each(self, names: list[str]) -> int:
-        if not names:
-            return 0
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.unlink(name)
-            await pipe.execute()
-        return len(names)
+    async def _unlink_each(self, names: list[str]) -> None:
+        """Each key alone: they may lie in other hash slots."""
+        for start in range(0, len(names), UNLINK_BATCH):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names[start : start + UNLINK_BATCH]:
+                    pipe.unlink(name)
+                await pipe.execute()
 
     async def _erase_friends(self, user_id: str) -> None:
         """MySQL first (the source of truth), then the friend sets both ways."""
