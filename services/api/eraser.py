@@ -58,6 +58,7 @@ from shared.periods import previous_window, window_at
 log = structlog.get_logger(__name__)
 
 POLL_SECONDS = 0.5
+RETRY_MAX_SECONDS = 30.0
 SCAN_COUNT = 1000
 UNLINK_BATCH = 500
 DELETE_CHUNK = 5000  # MySQL rows a DELETE statement
@@ -88,14 +89,19 @@ class Eraser:
         self._stop.set()
 
     async def run(self) -> None:
-        """Work pending jobs until :meth:`stop`; a failed round is logged and tried again."""
+        """Work pending jobs until :meth:`stop`; a failed round (MySQL or Redis away) is logged
+        and tried again, backing off up to ``RETRY_MAX_SECONDS`` so an outage is not a log line
+        every poll."""
+        wait = POLL_SECONDS
         while not self._stop.is_set():
             try:
                 await self.round()
-            except Exception:
-                log.exception("erasure round failed; trying again")
+                wait = POLL_SECONDS
+            except Exception as exc:
+                log.warning("erasure round failed; trying again", error=repr(exc), retry_in=wait)
+                wait = min(wait * 2, RETRY_MAX_SECONDS)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), POLL_SECONDS)
+                await asyncio.wait_for(self._stop.wait(), wait)
 
     async def round(self) -> int:
         """Work what is pending, under the lock (another process working them: nothing here).
