@@ -134,6 +134,7 @@ erasures = _table(
     Column("user_id", _ident(64), nullable=True),
     Column("cutoff", DATETIME(fsp=6), nullable=False),
     Column("done_at", DATETIME(fsp=6), nullable=True),
+    Index(None, "done_at"),
 )
 
 # A deleted board's cut-off: its events accepted at or before ``cutoff``, and its snapshots
@@ -145,6 +146,7 @@ board_deletions = _table(
     Column("cutoff", DATETIME(fsp=6), nullable=False),
     Column("purge", Boolean, nullable=False),
     Column("done_at", DATETIME(fsp=6), nullable=True),
+    Index(None, "done_at"),
 )
 
 snapshots = _table(

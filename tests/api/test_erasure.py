@@ -12,7 +12,13 @@ from sqlalchemy import select
 from services.history.handlers import HistoryHandler
 from shared.db import erasures, open_engine, user_events
 from shared.db_boards import save_snapshots, snapshot_at
-from shared.erasure import StoredTombstones, Tombstones, user_hash
+from shared.erasure import (
+    StoredTombstones,
+    Tombstones,
+    erasure_of,
+    request_erasure,
+    user_hash,
+)
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import assert_problem, post, score
@@ -171,3 +177,20 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         assert page.json()["entries"] == []
         written = await post(client, score(user_id="u-1", value=3), board=BOARD)
         assert written["periods"]["alltime"]["score"] == 3, "none of the old score"
+
+
+async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The request is durable: recorded (as the route records it) with no worker running, as
+    after a crash right after the 202, it is done by the next API process to start."""
+    secret = quiet.effective_jwt_secret
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-9", value=12))
+    async with open_engine(quiet.mysql_url) as engine:
+        await request_erasure(engine, redis, keys, "u-9", secret)
+        assert (await erasure_of(engine, "u-9", secret)) is not None
+    async with api_client(quiet) as client:
+        await eventually(lambda: done(client, "/v1/users/u-9/erasure"), within=15)
+        page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
+        assert page.json()["entries"] == []

@@ -37,6 +37,9 @@ def upgrade() -> None:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
     )
+    # The worker's poll for pending jobs (done_at NULL) is one range of this index however many
+    # tombstones are kept.
+    op.create_index("ix_erasures_done_at", "erasures", ["done_at"])
     op.create_table(
         "board_deletions",
         sa.Column("board_id", sa.String(32, collation=ID_COLLATION), nullable=False),
@@ -48,6 +51,7 @@ def upgrade() -> None:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
     )
+    op.create_index("ix_board_deletions_done_at", "board_deletions", ["done_at"])
 
 
 def downgrade() -> None:
