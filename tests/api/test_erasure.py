@@ -59,14 +59,14 @@ async def test_only_an_admin_key_erases_or_deletes_and_refusals_change_nothing(
             assert_problem(await client.request(method, path), 401)
             assert_problem(await client.request(method, path, headers=SERVER), 403)
             assert_problem(await client.request(method, path, headers=player("u-1")), 403)
-        assert_problem(await client.get("/v1/users/u-1/erasure", headers=SERVER), 403)
+        assert_problem(await client.get("/v1/erasures/u-1", headers=SERVER), 403)
         assert_problem(await client.delete("/v1/users/bad%20id", headers=ADMIN), 422)
         assert_problem(await client.delete("/v1/boards/Bad!", headers=ADMIN), 422)
         assert_problem(await client.delete("/v1/boards/nope", headers=ADMIN), 404)
         main = assert_problem(await client.delete("/v1/boards/main", headers=ADMIN), 409)
         assert "main" in main["detail"]
-        assert_problem(await client.get("/v1/users/u-1/erasure", headers=ADMIN), 404)
-        assert_problem(await client.get(f"/v1/boards/{BOARD}/deletion", headers=ADMIN), 404)
+        assert_problem(await client.get("/v1/erasures/u-1", headers=ADMIN), 404)
+        assert_problem(await client.get(f"/v1/board-deletions/{BOARD}", headers=ADMIN), 404)
         assert await snapshot(redis, quiet.key_prefix) == before
         async with open_engine(quiet.mysql_url) as engine, engine.connect() as conn:
             assert (await conn.execute(select(erasures))).all() == []
@@ -109,7 +109,7 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
         assert pending.user_hash == user_hash("u-1", secret) and pending.user_id == "u-1"
         assert await redis.hexists(keys.erased, user_hash("u-1", secret))
 
-        await eventually(lambda: done(client, "/v1/users/u-1/erasure"), within=15)
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=15)
 
         async with engine.connect() as conn:
             tomb = (await conn.execute(select(erasures))).one()
@@ -158,7 +158,7 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         await post(client, score(user_id="u-1", value=7), board=BOARD)
         answer = await client.delete(f"/v1/boards/{BOARD}", headers=ADMIN)
         assert answer.status_code == 202, answer.text
-        assert answer.headers["location"] == f"/v1/boards/{BOARD}/deletion"
+        assert answer.headers["location"] == f"/v1/board-deletions/{BOARD}"
         assert_problem(await client.get(f"/v1/boards/{BOARD}"), 404)
         assert_problem(
             await client.post(f"/v1/boards/{BOARD}/scores", json=score(), headers=SERVER), 404
@@ -168,7 +168,7 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         }
         busy = assert_problem(await client.put(f"/v1/boards/{BOARD}", json={}, headers=ADMIN), 409)
         assert "being deleted" in busy["detail"]
-        await eventually(lambda: done(client, f"/v1/boards/{BOARD}/deletion"), within=20)
+        await eventually(lambda: done(client, f"/v1/board-deletions/{BOARD}"), within=20)
         assert [k async for k in redis.scan_iter(match=keys.board_match(BOARD))] == []
 
         again = await client.put(f"/v1/boards/{BOARD}", json={"operator": "set"}, headers=ADMIN)
@@ -191,6 +191,6 @@ async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(
         await request_erasure(engine, redis, keys, "u-9", secret)
         assert (await erasure_of(engine, "u-9", secret)) is not None
     async with api_client(quiet) as client:
-        await eventually(lambda: done(client, "/v1/users/u-9/erasure"), within=15)
+        await eventually(lambda: done(client, "/v1/erasures/u-9"), within=15)
         page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
         assert page.json()["entries"] == []

@@ -54,7 +54,7 @@ async def taken(tap: Any, wanted: str) -> aio_pika.abc.AbstractIncomingMessage:
 
 
 async def erasure_done(api: httpx.AsyncClient, user: str) -> bool:
-    response = await api.get(f"/v1/users/{user}/erasure", headers=ADMIN)
+    response = await api.get(f"/v1/erasures/{user}", headers=ADMIN)
     assert response.status_code == 200, response.text
     return bool(response.json()["status"] == "done")
 
@@ -114,7 +114,7 @@ async def test_an_erased_user_is_gone_everywhere_and_stays_gone(stack: Stack, re
 
         erase = await api.delete(f"/v1/users/{victim}", headers=ADMIN)
         assert erase.status_code == 202, erase.text
-        assert erase.headers["location"] == f"/v1/users/{victim}/erasure"
+        assert erase.headers["location"] == f"/v1/erasures/{victim}"
         assert erase.json()["status"] == "pending"
         await eventually(lambda: erasure_done(api, victim), within=20)
 
@@ -188,7 +188,7 @@ async def _merged(api: httpx.AsyncClient, user: str, score: int) -> bool:
 
 
 async def deletion_done(api: httpx.AsyncClient, board: str) -> bool:
-    response = await api.get(f"/v1/boards/{board}/deletion", headers=ADMIN)
+    response = await api.get(f"/v1/board-deletions/{board}", headers=ADMIN)
     assert response.status_code == 200, response.text
     return bool(response.json()["status"] == "done")
 

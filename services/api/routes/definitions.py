@@ -145,7 +145,7 @@ async def put_board(
             if deletion is not None and deletion.done_at is None:
                 raise Conflict(
                     f"Board {board_id!r} is being deleted; its name is free once the deletion "
-                    f"is done (GET /v1/boards/{board_id}/deletion)."
+                    f"is done (GET /v1/board-deletions/{board_id})."
                 )
             previous = await load_board(conn, board_id) or await state.catalog.get(
                 board_id, fresh=True

@@ -4,7 +4,9 @@
 answers 202; ``DELETE /v1/boards/{board_id}`` records the deletion, takes the definition out of
 MySQL and Redis at once (the board answers 404 from then on, within an API process's catalog
 cache of a few seconds) and answers 202. The erasure worker (services/api/eraser.py) does the
-rest within seconds; ``GET .../erasure`` and ``GET .../deletion`` say whether it is done.
+rest within seconds; ``GET /v1/erasures/{user_id}`` and ``GET /v1/board-deletions/{board_id}``
+say whether it is done (paths of their own: nothing under a deleted board's or erased user's
+path answers as if it were still there).
 """
 
 from __future__ import annotations
@@ -67,12 +69,12 @@ async def erase_user(user_id: UserIdPath, response: Response, state: State, _: A
     erasure = await request_erasure(
         state.engine, state.redis, state.keys, user_id, state.settings.effective_jwt_secret
     )
-    response.headers["Location"] = f"/v1/users/{user_id}/erasure"
+    response.headers["Location"] = f"/v1/erasures/{user_id}"
     return ErasureOut(user_id=user_id, status="pending", cutoff=rfc3339(erasure.cutoff))
 
 
 @router.get(
-    "/v1/users/{user_id}/erasure",
+    "/v1/erasures/{user_id}",
     response_model=ErasureOut,
     responses=problems(401, 403, 404, 422, 503, said={404: "The user was never erased"}),
 )
@@ -120,14 +122,14 @@ async def delete_board(
             await state.catalog.remove(board_id)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
-    response.headers["Location"] = f"/v1/boards/{board_id}/deletion"
+    response.headers["Location"] = f"/v1/board-deletions/{board_id}"
     return DeletionOut(
         board_id=board_id, status="pending", purge=purge, cutoff=rfc3339(deletion.cutoff)
     )
 
 
 @router.get(
-    "/v1/boards/{board_id}/deletion",
+    "/v1/board-deletions/{board_id}",
     response_model=DeletionOut,
     responses=problems(401, 403, 404, 422, 503, said={404: "The board was never deleted"}),
 )
