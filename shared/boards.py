@@ -207,6 +207,12 @@ class BoardCatalog:
         await self._redis.hset(self._keys.boards, board.board_id, board.model_dump_json())
         self._cache.pop(board.board_id, None)
 
+    async def remove(self, board_id: str) -> None:
+        """Take a deleted board's definition out of Redis (after MySQL) and forget any cached
+        copy; other processes stop seeing it within ``ttl`` seconds."""
+        await self._redis.hdel(self._keys.boards, board_id)
+        self._cache.pop(board_id, None)
+
     async def restore(self, boards: list[Board]) -> None:
         """Write ``boards``, as loaded from MySQL, over whatever Redis holds for them.
 

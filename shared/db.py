@@ -24,6 +24,7 @@ import orjson
 from pydantic import Field
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Index,
     MetaData,
@@ -132,6 +133,31 @@ hidden_users = _table(
     Column("hidden_at", DATETIME(fsp=6), nullable=False),
 )
 
+# An erased user's tombstone (docs/api.md section 8b): keyed by an HMAC of the user id
+# (shared.erasure.user_hash), so that it names nobody once done. ``user_id`` is held only while
+# the erasure is pending (the worker needs it), and NULL once done. Events of the user accepted
+# at or before ``cutoff`` are the erased user's: every consumer and the rebuild skip them.
+erasures = _table(
+    "erasures",
+    Column("user_hash", _ident(64), primary_key=True),
+    Column("user_id", _ident(64), nullable=True),
+    Column("cutoff", DATETIME(fsp=6), nullable=False),
+    Column("done_at", DATETIME(fsp=6), nullable=True),
+    Index(None, "done_at"),
+)
+
+# A deleted board's cut-off: its events accepted at or before ``cutoff``, and its snapshots
+# taken by then, belong to the deleted board, not to a fresh board of the same name; with
+# ``purge`` they are deleted from this database too.
+board_deletions = _table(
+    "board_deletions",
+    Column("board_id", _ident(32), primary_key=True),
+    Column("cutoff", DATETIME(fsp=6), nullable=False),
+    Column("purge", Boolean, nullable=False),
+    Column("done_at", DATETIME(fsp=6), nullable=True),
+    Index(None, "done_at"),
+)
+
 snapshots = _table(
     "snapshots",
     Column("id", BigInteger, primary_key=True, autoincrement=True),
@@ -144,6 +170,18 @@ snapshots = _table(
     # "The newest of a view taken at or before a time" is one backward range scan of this index.
     Index(None, "board_id", "scope", "period", "taken_at"),
 )
+
+
+def after_deletion(column: Any, board_id: str) -> Any:
+    """The condition that a time ``column`` (``accepted_at``, ``taken_at``) of a board's row
+    lies after the board's last deletion, if it was ever deleted: the rows before belong to the
+    deleted board, not to a fresh board of the same name (docs/api.md section 8b)."""
+    cutoff = (
+        select(board_deletions.c.cutoff)
+        .where(board_deletions.c.board_id == board_id)
+        .scalar_subquery()
+    )
+    return or_(cutoff.is_(None), column > cutoff)
 
 
 class BadCursor(ValueError):
@@ -259,7 +297,9 @@ async def user_events(
             t.occurred_at,
             t.accepted_at,
         )
-        .where(t.board_id == board_id, t.user_id == user_id)
+        .where(
+            t.board_id == board_id, t.user_id == user_id, after_deletion(t.accepted_at, board_id)
+        )
         .order_by(t.accepted_at.desc(), t.id.desc())
         .limit(limit + 1)  # one more than asked says whether a next page exists
     )

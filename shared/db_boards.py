@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from typing_extensions import TypedDict
 
 from shared.boards import Board
-from shared.db import boards, from_db_time, score_events, snapshots, to_db_time
+from shared.db import after_deletion, boards, from_db_time, score_events, snapshots, to_db_time
 from shared.events import rfc3339
 
 LOCK_TIMEOUT_SECONDS = 10
@@ -146,7 +146,12 @@ async def save_board(db: Db, board: Board, *, replace: bool = True) -> None:
 
 async def has_events(db: Db, board_id: str) -> bool:
     """Whether the event log holds any event of the board (one index probe, not a count)."""
-    query = select(literal(1)).where(score_events.c.board_id == board_id).limit(1)
+    t = score_events.c
+    query = (
+        select(literal(1))
+        .where(t.board_id == board_id, after_deletion(t.accepted_at, board_id))
+        .limit(1)
+    )
     async with _unit(db) as conn:
         return await conn.scalar(query) is not None
 
@@ -214,6 +219,7 @@ async def snapshot_at(
             t.scope == scope,
             t.period == period,
             t.taken_at <= to_db_time(at),
+            after_deletion(t.taken_at, board_id),
         )
         .order_by(t.taken_at.desc(), t.id.desc())
         .limit(1)

@@ -117,6 +117,12 @@ HIDE_FUNCTION = "ladder_hide_v1"
 """Take a hidden user's members out of some views (their records stay), or put them back from
 their records, with the views' distinct-score sets."""
 
+# -- erasure (docs/api.md section 8b; services/api/eraser.py) ---------------------------------
+ERASE_USER_FUNCTION = "ladder_erase_user_v1"
+"""Erase a user from one board's keys: the views named, feed, hot view, MVPs, badges, names."""
+UNCOUNT_FUNCTION = "ladder_uncount_v1"
+"""Take erased events out of a board's event counters (never below 0)."""
+
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
     "write": WRITE_FUNCTION,
@@ -141,6 +147,8 @@ REGISTERED: dict[str, str] = {
     "page": PAGE_FUNCTION,
     "friends": FRIENDS_FUNCTION,
     "hide": HIDE_FUNCTION,
+    "erase_user": ERASE_USER_FUNCTION,
+    "uncount": UNCOUNT_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

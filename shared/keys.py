@@ -112,6 +112,12 @@ key                                                type        holds
                                                                yet confirmed by the broker
 ``P:boards``                                       hash        board_id -> definition (JSON)
 ``P:friends:<user_id>``                            set         the user's friends (mutual)
+``P:erased``                                       hash        erased users' tombstones: HMAC of
+                                                               the user id -> cut-off (ms); a
+                                                               projection of MySQL ``erasures``
+``P:deleted-boards``                               hash        board_id -> cut-off (ms) of its
+                                                               deletion; a projection of MySQL
+                                                               ``board_deletions``
 =================================================  ==========  ===============================
 
 Pub/Sub channels: ``P:push:user:<user_id>`` and ``P:push:lb:<board>:<scope>:<period>`` (the live
@@ -359,6 +365,50 @@ class Keys:
         """``period.closed`` messages not yet confirmed by the broker (read by the consumer
         group ``relay``)."""
         return f"{self.tag(board_id)}:periods:outbox"
+
+    # -- erasure and board deletion (shared/erasure.py, docs/api.md section 8b) ---------------
+    @property
+    def erased(self) -> str:
+        """``P:erased`` (hash): an erased user's :func:`shared.erasure.user_hash` -> the cut-off
+        (ms since the epoch) up to which its events are the erased user's."""
+        return f"{self.prefix}:erased"
+
+    @property
+    def deleted_boards(self) -> str:
+        """``P:deleted-boards`` (hash): board_id -> the cut-off (ms) up to which its events are
+        a deleted board's, not a fresh board's of that name."""
+        return f"{self.prefix}:deleted-boards"
+
+    def board_match(self, board_id: str) -> str:
+        """A ``SCAN`` pattern of every key of a board (its hash tag; board ids hold no glob
+        characters)."""
+        return f"{self.tag(board_id)}:*"
+
+    def idempotency_match(self, user_id: str) -> str:
+        """A ``SCAN`` pattern of the event records naming ``user_id`` on every board (user ids
+        hold no glob characters). It also matches a user id that ends with ``:<user_id>``:
+        :func:`record_user` tells them apart."""
+        return "{" + f"{self.prefix}:*}}:idem:*:{user_id}"
+
+    def boards_match(self) -> str:
+        """A ``SCAN`` pattern of every key of every board."""
+        return "{" + f"{self.prefix}:*"
+
+    def regional_view_of(self, key: str) -> tuple[str, str] | None:
+        """(board_id, region) of a regional view's key (:meth:`region_view`), None for any other
+        key (a view's distinct set or records among them: a region holds no ``:``)."""
+        head = "{" + f"{self.prefix}:"
+        board_id, _, rest = key.removeprefix(head).partition("}:lb:")
+        if not key.startswith(head) or not rest:
+            return None
+        _, found, region = rest.rpartition(":region:")
+        return (board_id, region) if found and region and ":" not in region else None
+
+    def record_user(self, key: str) -> str | None:
+        """The user id an event record's key names (None for a record of the layout before,
+        named by its id alone)."""
+        _, _, rest = key.partition("}:idem:")
+        return parse_event_ref(rest)[1]
 
 
 DERIVED_FIELD = "derived"

@@ -29,6 +29,7 @@ LUA_FILES = (
     "rebuild",
     "read",
     "periods",
+    "erase",
 )
 _LUA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _REGISTERS = re.compile(r"redis\.register_function\W+(?:function_name = )?FUNCTIONS\.(\w+)")

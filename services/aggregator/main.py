@@ -26,6 +26,7 @@ from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
 from shared import service
 from shared.boards import BoardCatalog
+from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -97,7 +98,11 @@ async def run(settings: LadderSettings) -> None:
             MarkDirty(redis, keys, fresh),
             RecordLive(redis, keys, catalog),
         )
-        runner = service.consumer("aggregator", settings, handler)
+        # Erased users' and deleted boards' events in flight change no view.
+        tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+        runner = service.consumer(
+            "aggregator", settings, skipping("aggregator", tombstones, handler)
+        )
 
         async def ticker(stop: asyncio.Event) -> None:
             await tick(merger, live, catalog, settings.merge_interval, stop, fresh)

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from services.api import errors
 from services.api.auth import CredentialFirst
 from services.api.bodies import BodyLimit, JsonBodies
+from services.api.eraser import Eraser
 from services.api.push.admission import SocketSlots
 from services.api.push.hub import Hub
 from services.api.push.ws import router as ws_router
@@ -24,6 +25,7 @@ from services.api.routes import (
     badges,
     dashboard,
     definitions,
+    erasure,
     friends,
     moderation,
     ops,
@@ -94,12 +96,14 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
             hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}")
+            eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
             # The relay gets the grace period to hand what is in the outbox to the broker; the
             # group commit, last in, is drained first, so that the relay sees its writes.
             async with (
                 _background(hub.run(), hub.stop, 5.0),
                 _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
                 _background(restorer.retry(), restorer.stop, 1.0),
+                _background(eraser.run(), eraser.stop, 2.0),
                 group_commit(
                     redis, window=settings.write_group_ms / 1000, most=settings.write_group_max
                 ) as writes,
@@ -143,6 +147,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(definitions.router)
     app.include_router(friends.router)
     app.include_router(moderation.router)
+    app.include_router(erasure.router)
     app.include_router(snapshots.router)
     app.include_router(live_views.router)
     app.include_router(ws_router)

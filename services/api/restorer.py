@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.boards import BoardCatalog
 from shared.db_boards import LockTimeout
+from shared.erasure import restore_projections
 from shared.keys import Keys
 from shared.restore import reconcile_friendships, restore_definitions
 
@@ -52,6 +53,7 @@ class Restorer:
         """Write every stored definition over Redis and make the friend sets what MySQL holds;
         store board ``main`` in MySQL first if it is not there yet."""
         stored = await restore_definitions(self._engine, self._catalog)
+        await restore_projections(self._engine, self._redis, self._keys)
         friends = await reconcile_friendships(self._engine, self._redis, self._keys)
         self.done = True
         log.info(

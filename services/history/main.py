@@ -22,6 +22,7 @@ from services.history.snapshotter import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
 from shared.db import open_engine
+from shared.erasure import StoredTombstones, Uncount, skipping
 from shared.keys import Keys
 from shared.ops import Check
 from shared.redis import open_redis
@@ -49,6 +50,9 @@ async def run(settings: LadderSettings) -> None:
             snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)
             # The event log first: the views are marked only for events that are stored.
             handler = in_order(HistoryHandler(engine), MarkChangedViews(redis, keys))
+            # Erased users' and purged boards' events in flight are not stored (from MySQL).
+            tombstones = StoredTombstones(engine, settings.effective_jwt_secret)
+            handler = skipping("history", tombstones, handler, Uncount(redis, keys))
             runner = service.consumer(
                 "history",
                 settings,

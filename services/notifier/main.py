@@ -10,6 +10,7 @@ from __future__ import annotations
 from services.notifier.handlers import Notify
 from shared import service
 from shared.boards import BoardCatalog
+from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -19,7 +20,8 @@ async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     keys = Keys(settings.key_prefix)
     async with open_redis(settings.redis_url, load_functions=True) as redis:
-        handler = Notify(redis, keys, BoardCatalog(redis, keys))
+        tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+        handler = skipping("notifier", tombstones, Notify(redis, keys, BoardCatalog(redis, keys)))
         runner = service.consumer("notifier", settings, handler)
         await service.consume(runner, redis, settings, port=settings.notifier_port)
 

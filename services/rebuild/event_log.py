@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from shared.db import score_events
+from shared.db import after_deletion, score_events
 from shared.keys import event_ref, parse_event_ref
 
 PAGE = 2000  # events a MySQL page, and replays a Redis round trip
@@ -36,7 +36,7 @@ def page(board_id: str, after: int) -> Any:
             t.subscore,
             t.metadata,
         )
-        .where(t.board_id == board_id, t.id > after)
+        .where(t.board_id == board_id, t.id > after, after_deletion(t.accepted_at, board_id))
         .order_by(t.id)
         .limit(PAGE)
     )

@@ -21,6 +21,8 @@ from services.rebuild.keyspace import Existing, dense_builds, existing, region_v
 from services.rebuild.staging import Staged, journaled_refs, replay
 from shared import hidden
 from shared.boards import Board, BoardCatalog
+from shared.db import from_db_time
+from shared.erasure import restore_projections, stored_tombstones, to_ms
 from shared.keys import Keys, parse_event_ref
 from shared.restore import reconcile_friendships, restore_definitions
 from shared.settings import LadderSettings
@@ -84,6 +86,7 @@ class Rebuilder:
         """Definitions and friendships, then every board (or only those named)."""
         boards = await restore_definitions(self._engine, BoardCatalog(self._redis, self._keys))
         friends = await reconcile_friendships(self._engine, self._redis, self._keys)
+        await restore_projections(self._engine, self._redis, self._keys)
         log.info(
             "definitions and friendships restored",
             boards=len(boards),
@@ -268,9 +271,12 @@ class Rebuilder:
                 rows = (await conn.execute(page(bid, after))).all()
                 if not rows:
                     break
+                after = rows[-1].id
+                # An erased user's events that history stored after the erasure deleted them
+                # (in flight then) are not replayed: the tombstone's cut-off says whose they are.
+                rows = await self._unerased(conn, rows)
                 refused += await self._replay(board, rows, staged)
                 events += len(rows)
-                after = rows[-1].id
                 await flag.extend()
             known = await held(conn, bid, journaled_refs(await flag.journaled(), journal))
             await conn.rollback()
@@ -286,6 +292,18 @@ class Rebuilder:
         users = await hidden.stored(conn, board_id)
         if users:
             await self._redis.sadd(self._keys.staged(board_id, key), *users)
+
+    async def _unerased(self, conn: AsyncConnection, rows: Sequence[Any]) -> Sequence[Any]:
+        secret = self._settings.effective_jwt_secret
+        erased = await stored_tombstones(conn, {row.user_id for row in rows}, secret)
+        if not erased:
+            return rows
+        return [
+            row
+            for row in rows
+            if row.user_id not in erased
+            or to_ms(from_db_time(row.accepted_at)) > erased[row.user_id]
+        ]
 
     async def _replay(self, board: Board, rows: Sequence[Any], staged: Staged) -> int:
         return await replay(self._redis, self._keys, self._settings, board, rows, staged)

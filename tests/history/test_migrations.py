@@ -142,7 +142,7 @@ async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
         )
         await conn.execute(text("INSERT INTO friend_requests VALUES ('u-3', 'u-1', NOW(6))"))
 
-    # Down to 0005's parent: the steps after 0005 (0008, hidden_users) go first.
+    # Down to 0005's parent: the steps after 0005 (0006, 0007) go first.
     await alembic_to(url, "downgrade", "0004")
 
     async with db.connect() as conn:

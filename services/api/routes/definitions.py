@@ -27,6 +27,7 @@ from services.api.state import (
 )
 from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
+from shared.erasure import board_deletion_of
 from shared.periods import previous_window, window_at
 
 router = APIRouter(prefix="/v1/boards", tags=["boards"])
@@ -140,6 +141,12 @@ async def put_board(
         async with definitions_lock(state.engine) as conn:
             # MySQL first; a board that only Redis holds (made before definitions were kept
             # in MySQL) counts as existing all the same.
+            deletion = await board_deletion_of(conn, board_id)
+            if deletion is not None and deletion.done_at is None:
+                raise Conflict(
+                    f"Board {board_id!r} is being deleted; its name is free once the deletion "
+                    f"is done (GET /v1/board-deletions/{board_id})."
+                )
             previous = await load_board(conn, board_id) or await state.catalog.get(
                 board_id, fresh=True
             )

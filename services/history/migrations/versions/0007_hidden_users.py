@@ -1,7 +1,7 @@
 """hidden_users: users hidden on a board (a shadow ban)
 
-Revision ID: 0008
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-02 00:40:00
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision: str = "0008"
-down_revision: str | Sequence[str] | None = "0005"
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

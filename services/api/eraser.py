@@ -1,0 +1,374 @@
+"""The erasure worker (docs/api.md section 8b): erases the users and deletes the boards whose
+requests MySQL holds pending, in the background of every API process.
+
+A request is recorded in MySQL before the API answers 202 (:mod:`shared.erasure`), so a job
+survives any restart: the worker polls for pending ones every ``POLL_SECONDS``; a MySQL named
+lock lets one process at a time work them (the steps are idempotent anyway). Each job runs two
+passes: one at once, and one after its cut-off, which catches whatever was accepted, derived or
+stored while the first ran (a write accepted by a process that still had the board cached, an
+event the history consumer stored just before the tombstone); then it is marked done.
+
+A user's pass: on every board, the user's entry in every view of every period the board keeps
+(its regions: those the user, the board and the periods name), its name, team, regions,
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v1``); the
+event records naming it, found by one ``SCAN`` of the keyspace; its friend sets, both
+directions; then in MySQL its events (accepted by the cut-off), friendships, friend requests
+both ways, and its entries in stored snapshots (rewritten without them).
+
+A board's pass: every key of its hash tag (``SCAN`` on the tag, ``UNLINK`` in batches), and
+with ``purge`` its events and snapshots in MySQL up to the cut-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import structlog
+from redis.asyncio import Redis
+from sqlalchemy import delete, or_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared.boards import Board, BoardCatalog
+from shared.db import (
+    friend_requests,
+    friendships,
+    from_db_time,
+    score_events,
+    snapshots,
+    to_db_time,
+)
+from shared.erasure import (
+    BoardDeletion,
+    Erasure,
+    finish_board_deletion,
+    finish_erasure,
+    pending_board_deletions,
+    pending_erasures,
+    uncount,
+)
+from shared.functions import ERASE_USER_FUNCTION
+from shared.keys import Keys, dirty_member
+from shared.live_maths import HOT_WINDOWS
+from shared.periods import previous_window, window_at
+
+log = structlog.get_logger(__name__)
+
+POLL_SECONDS = 0.5
+RETRY_MAX_SECONDS = 30.0
+SCAN_COUNT = 1000
+UNLINK_BATCH = 500
+DELETE_CHUNK = 5000  # MySQL rows a DELETE statement
+SNAPSHOT_PAGE = 200
+# Past the cut-off, before the second pass: a consumer batch that read the projections just
+# before them is stored by then.
+SECOND_PASS_MARGIN = timedelta(seconds=0.5)
+
+
+class Eraser:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        redis: Redis,
+        keys: Keys,
+        catalog: BoardCatalog,
+        future_tolerance: float,
+    ) -> None:
+        self._engine = engine
+        self._redis = redis
+        self._keys = keys
+        self._catalog = catalog
+        self._future = timedelta(seconds=future_tolerance)
+        self._stop = asyncio.Event()
+        self._first_pass_done: set[tuple[str, datetime]] = set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Work pending jobs until :meth:`stop`; a failed round (MySQL or Redis away) is logged
+        and tried again, backing off up to ``RETRY_MAX_SECONDS`` so an outage is not a log line
+        every poll."""
+        wait = POLL_SECONDS
+        while not self._stop.is_set():
+            try:
+                await self.round()
+                wait = POLL_SECONDS
+            except Exception as exc:
+                log.warning("erasure round failed; trying again", error=repr(exc), retry_in=wait)
+                wait = min(wait * 2, RETRY_MAX_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), wait)
+
+    async def round(self) -> int:
+        """Work what is pending, under the lock (another process working them: nothing here).
+        Returns how many jobs were finished."""
+        name = f"ladder.erasure.{self._engine.url.database}"[:64]
+        async with self._engine.connect() as conn:
+            got = await conn.scalar(text("SELECT GET_LOCK(:name, 0)"), {"name": name})
+            await conn.commit()
+            if got != 1:
+                return 0
+            try:
+                return await self._work()
+            finally:
+                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+                await conn.commit()
+
+    async def _work(self) -> int:
+        finished = 0
+        now = datetime.now(UTC)
+        for erasure in await pending_erasures(self._engine):
+            if erasure.user_id is None:
+                continue
+            second = now > erasure.cutoff + SECOND_PASS_MARGIN
+            marker = (erasure.user_hash, erasure.cutoff)
+            if marker in self._first_pass_done and not second:
+                continue
+            await self.erase_user(erasure.user_id, erasure.cutoff)
+            self._first_pass_done.add(marker)
+            if second:
+                await finish_erasure(self._engine, erasure)
+                self._first_pass_done.discard(marker)
+                log.info("user erased", user_hash=erasure.user_hash)
+                finished += 1
+        for deletion in await pending_board_deletions(self._engine):
+            second = now > deletion.cutoff + SECOND_PASS_MARGIN
+            marker = (deletion.board_id, deletion.cutoff)
+            if marker in self._first_pass_done and not second:
+                continue
+            await self.delete_board(deletion)
+            self._first_pass_done.add(marker)
+            if second:
+                await finish_board_deletion(self._engine, deletion)
+                self._first_pass_done.discard(marker)
+                log.info("board deleted", board_id=deletion.board_id, purge=deletion.purge)
+                finished += 1
+        return finished
+
+    # -- a user ------------------------------------------------------------------------------
+
+    async def erase_user(self, user_id: str, cutoff: datetime) -> None:
+        """One pass of a user's erasure (idempotent)."""
+        records, regions = await self._scan(user_id)
+        for board in await self._catalog.all():
+            await self._erase_from_board(board, user_id, regions.get(board.board_id, set()))
+        await self._unlink_each(records)
+        await self._erase_friends(user_id)
+        await self._erase_history(user_id, cutoff)
+
+    async def _scan(self, user_id: str) -> tuple[list[str], dict[str, set[str]]]:
+        """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
+        marks) naming the user, and the regions of every board's regional views, so that a
+        region the aggregator has not derived into the regions sets yet is not missed."""
+        records: list[str] = []
+        regions: dict[str, set[str]] = {}
+        async for key in self._redis.scan_iter(match=self._keys.boards_match(), count=SCAN_COUNT):
+            name = key.decode() if isinstance(key, bytes) else key
+            if self._keys.record_user(name) == user_id:
+                records.append(name)
+            elif (view := self._keys.regional_view_of(name)) is not None:
+                regions.setdefault(view[0], set()).add(view[1])
+        return records, regions
+
+    def _windows(self, board: Board) -> list[tuple[str, str]]:
+        """Every (period, period_id) the board may still keep, the one just begun included."""
+        latest = datetime.now(UTC) + self._future
+        found: list[tuple[str, str]] = []
+        for period in board.periods:
+            window = window_at(period, latest, board.timezone)
+            for _ in range((board.retention.of(period) or 0) + 2):
+                found.append((period, window.period_id))
+                if window.end is None:
+                    break
+                window = previous_window(window, board.timezone, 1)
+        return found
+
+    async def _erase_from_board(self, board: Board, user_id: str, seen: set[str]) -> int:
+        keys, bid = self._keys, board.board_id
+        windows = self._windows(board)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(keys.user_regions(bid, user_id))
+            pipe.hget(keys.user_team(bid), user_id)
+            for period, period_id in windows:
+                pipe.smembers(keys.regions(bid, period, period_id))
+                pipe.hget(keys.member_team(bid, period, period_id), user_id)
+            found: list[Any] = await pipe.execute()
+        regions: set[str] = set(found[0]) | set(board.regions or ()) | seen
+        teams: set[str] = {found[1]} if found[1] else set()
+        for i in range(len(windows)):
+            regions |= set(found[2 + 2 * i])
+            latest_team = found[3 + 2 * i]
+            if latest_team:
+                teams.add(latest_team.partition("|")[2])
+        call_keys: list[str] = [
+            keys.names(bid),
+            keys.user_team(bid),
+            keys.feed(bid),
+            keys.badges(bid, user_id),
+            keys.user_regions(bid, user_id),
+            keys.hot_events(bid),
+            keys.newest_event(bid),
+            keys.rate_bucket(bid, "user", user_id),
+            keys.dirty(bid),
+            keys.mvp_dirty(bid),
+        ]
+        marks: list[str] = []
+        tops: list[str] = []
+        for period, period_id in windows:
+            scopes = [("global", "")] + [(f"region:{r}", r) for r in sorted(regions)]
+            for scope, region in scopes:
+                view = keys.board_view(bid, period, period_id, scope)
+                call_keys += [view, keys.distinct(view), keys.ties(view)]
+                marks.append(dirty_member(period, period_id, region, user_id) if region else "")
+                if region:
+                    tops.append(keys.last_top(bid, period, period_id, scope))
+        hashes = [keys.member_team(bid, p, pid) for p, pid in windows]
+        hot = [keys.hot_window(bid, w) for w in HOT_WINDOWS]
+        members = [
+            keys.team_members(bid, p, pid, team) for p, pid in windows for team in sorted(teams)
+        ]
+        call_keys += hashes + hot + members
+        mvp_marks = [f"{p}|{pid}" for p, pid in windows]
+        args: list[str | int] = [user_id, len(marks), len(hashes), len(hot), len(members)]
+        args += [*marks, len(mvp_marks), *mvp_marks]
+        removed = int(
+            await self._redis.fcall(ERASE_USER_FUNCTION, len(call_keys), *call_keys, *args)
+        )
+        # The top 10 last pushed of the regional views: they may name the user; the next push
+        # of each view compares with nothing and sends its top afresh.
+        for start in range(0, len(tops), UNLINK_BATCH):
+            await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
+        return removed
+
+    async def _unlink_each(self, names: list[str]) -> None:
+        """Each key alone: they may lie in other hash slots."""
+        for start in range(0, len(names), UNLINK_BATCH):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names[start : start + UNLINK_BATCH]:
+                    pipe.unlink(name)
+                await pipe.execute()
+
+    async def _erase_friends(self, user_id: str) -> None:
+        """MySQL first (the source of truth), then the friend sets both ways."""
+        async with self._engine.begin() as conn:
+            for table in (friendships, friend_requests):
+                c = table.c
+                await conn.execute(
+                    delete(table).where(or_(c.user_id == user_id, c.friend_id == user_id))
+                )
+        own = self._keys.friends(user_id)
+        friends: set[Any] = await self._redis.smembers(own)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for friend in friends:
+                pipe.srem(self._keys.friends(friend), user_id)
+            pipe.unlink(own)
+            await pipe.execute()
+
+    async def _erase_history(self, user_id: str, cutoff: datetime) -> None:
+        """The user's events, taken out of the live event counters first (their periods worked
+        out as the write did), then deleted; then its snapshot entries."""
+        t = score_events.c
+        boards = {b.board_id: b for b in await self._catalog.all()}
+        counts: dict[str, dict[tuple[str, str], int]] = {}
+        async with self._engine.connect() as conn:
+            rows = await conn.execute(
+                select(t.board_id, t.occurred_at).where(
+                    t.user_id == user_id, t.accepted_at <= to_db_time(cutoff)
+                )
+            )
+            for row in rows:
+                board = boards.get(row.board_id)
+                if board is None:
+                    continue
+                occurred = from_db_time(row.occurred_at)
+                per_board = counts.setdefault(board.board_id, {})
+                for period in board.periods:
+                    named = (period, window_at(period, occurred, board.timezone).period_id)
+                    per_board[named] = per_board.get(named, 0) + 1
+        for board_id, per_board in counts.items():
+            await uncount(self._redis, self._keys, board_id, per_board)
+        while True:
+            async with self._engine.begin() as conn:
+                result = await conn.execute(
+                    delete(score_events)
+                    .where(t.user_id == user_id, t.accepted_at <= to_db_time(cutoff))
+                    .execution_options(synchronize_session=False)
+                    .with_dialect_options(mysql_limit=DELETE_CHUNK)
+                )
+            if result.rowcount < DELETE_CHUNK:
+                break
+        await self._erase_snapshots(user_id)
+
+    async def _erase_snapshots(self, user_id: str) -> None:
+        """Stored snapshots holding the user, rewritten without its entries (the others keep
+        the ranks they were taken with). Found by a text match on the stored JSON, escaped for
+        LIKE, then checked entry by entry."""
+        t = snapshots.c
+        escaped = user_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        pattern = f'%"user_id":"{escaped}"%'
+        after = 0
+        while True:
+            async with self._engine.begin() as conn:
+                rows = (
+                    await conn.execute(
+                        select(t.id, t.entries)
+                        .where(t.id > after, t.entries.like(pattern))
+                        .order_by(t.id)
+                        .limit(SNAPSHOT_PAGE)
+                    )
+                ).all()
+                for row in rows:
+                    entries = orjson.loads(row.entries)
+                    kept = [e for e in entries if e.get("user_id") != user_id]
+                    if len(kept) != len(entries):
+                        await conn.execute(
+                            update(snapshots)
+                            .where(t.id == row.id)
+                            .values(entries=orjson.dumps(kept).decode())
+                        )
+            if len(rows) < SNAPSHOT_PAGE:
+                return
+            after = rows[-1].id
+
+    # -- a board -----------------------------------------------------------------------------
+
+    async def delete_board(self, deletion: BoardDeletion) -> int:
+        """One pass of a board's deletion (idempotent): its definition in Redis, every key of
+        its hash tag, and with ``purge`` its history up to the cut-off. Returns keys unlinked."""
+        bid = deletion.board_id
+        await self._redis.hdel(self._keys.boards, bid)
+        gone = 0
+        batch: list[str] = []
+        async for key in self._redis.scan_iter(match=self._keys.board_match(bid), count=SCAN_COUNT):
+            batch.append(key)
+            if len(batch) >= UNLINK_BATCH:
+                gone += await self._redis.unlink(*batch)
+                batch = []
+        if batch:
+            gone += await self._redis.unlink(*batch)
+        if deletion.purge:
+            await self._purge(bid, deletion.cutoff)
+        return gone
+
+    async def _purge(self, board_id: str, cutoff: datetime) -> None:
+        at = to_db_time(cutoff)
+        for table, column in (
+            (score_events, score_events.c.accepted_at),
+            (snapshots, snapshots.c.taken_at),
+        ):
+            while True:
+                async with self._engine.begin() as conn:
+                    result = await conn.execute(
+                        delete(table)
+                        .where(table.c.board_id == board_id, column <= at)
+                        .with_dialect_options(mysql_limit=DELETE_CHUNK)
+                    )
+                if result.rowcount < DELETE_CHUNK:
+                    break
+
+
+__all__ = ["Eraser", "Erasure"]

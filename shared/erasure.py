@@ -1,0 +1,351 @@
+"""Erased users and deleted boards (docs/api.md section 8b): their records in the history
+database, the Redis projections every consumer reads, and the filter that keeps their events out.
+
+An erasure is recorded as a tombstone keyed by :func:`user_hash`, an HMAC-SHA-256 of the user id
+under a key derived from ``LADDER_JWT_SECRET``, so that the table names nobody: a plain SHA-256
+of a guessable id (``u-42``) could be confirmed by anyone holding the database, the keyed hash
+only by someone who also holds the deployment's secret. The user id itself is kept beside it
+only while the erasure is pending (the worker needs it), and set to NULL once it is done.
+
+Each tombstone and each board deletion has a *cut-off*: the events of the user (of the board)
+accepted at or before it belong to the erased user (the deleted board). Every consumer drops
+them (:class:`Tombstones`, :func:`skipping`), the rebuild skips them, and the history reads of a
+fresh board of the same name start after it: so an event still in a queue or an outbox when the
+erasure was asked for does not bring the user (or the old board) back. An event accepted after
+the cut-off is a fresh user's (board's). The cut-off lies a few seconds after the request
+(``USER_SETTLE_SECONDS``, ``BOARD_SETTLE_SECONDS``), and the worker's second pass comes after
+it, so whatever was accepted while the erasure ran is covered too (services/api/eraser.py).
+
+MySQL is the source of truth of both tables; ``Keys.erased`` and ``Keys.deleted_boards`` are
+their projections, written after MySQL, restored by the API at start-up and by the rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import Counter
+from redis.asyncio import Redis
+from sqlalchemy import select, update
+from sqlalchemy.dialects.mysql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from shared.consumer import Handler
+from shared.db import board_deletions, erasures, from_db_time, to_db_time
+from shared.events import ScoreAccepted
+from shared.functions import UNCOUNT_FUNCTION
+from shared.keys import Keys
+
+SKIPPED = Counter(
+    "ladder_erased_events_skipped_total",
+    "Events of erased users or deleted boards that a consumer left out",
+    ["consumer"],
+)
+
+USER_SETTLE_SECONDS = 2.0
+"""How long after an erasure request its cut-off lies: events accepted meanwhile are erased too,
+and the worker's second pass comes after it."""
+BOARD_SETTLE_SECONDS = 6.0
+"""The same for a board deletion: longer than an API process keeps a definition cached
+(:class:`shared.boards.BoardCatalog`, 5 s), so that no process accepts a write of the deleted
+board after its cut-off."""
+
+
+def user_hash(user_id: str, secret: str) -> str:
+    """The tombstone's key of ``user_id``: HMAC-SHA-256 (hex) under a key derived from the
+    deployment's ``secret`` (``LADDER_JWT_SECRET``), so that it is of no use for this alone."""
+    key = hashlib.sha256(b"ladder-erasure\0" + secret.encode()).digest()
+    return hmac.new(key, user_id.encode(), hashlib.sha256).hexdigest()
+
+
+def to_ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _ms_of(moment: datetime) -> int:
+    # accepted_at is aware; a naive one from MySQL is UTC.
+    return to_ms(moment if moment.tzinfo else moment.replace(tzinfo=UTC))
+
+
+# -- the filter the consumers run ---------------------------------------------------------------
+
+
+class Tombstones:
+    """Which events belong to an erased user or a deleted board, read from the Redis projections
+    (one round trip a batch: the batch's distinct users and boards).
+
+    ``purged_only``: a board's events are left out only if its deletion purges its history (the
+    history consumer keeps a deleted board's events otherwise: its history stays).
+    """
+
+    def __init__(self, redis: Redis, keys: Keys, secret: str) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._secret = secret
+
+    async def cutoffs(
+        self, events: Sequence[ScoreAccepted]
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """The cut-offs (ms) of the batch's erased users (by user id) and deleted boards."""
+        users = sorted({e.user_id for e in events})
+        boards = sorted({e.board_id for e in events})
+        hashes = [user_hash(u, self._secret) for u in users]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self._keys.erased, hashes)
+            pipe.hmget(self._keys.deleted_boards, boards)
+            by_user, by_board = await pipe.execute()
+        return (
+            {u: int(c) for u, c in zip(users, by_user, strict=True) if c is not None},
+            {b: int(c) for b, c in zip(boards, by_board, strict=True) if c is not None},
+        )
+
+    async def keep(self, events: list[ScoreAccepted]) -> list[ScoreAccepted]:
+        """``events`` without those of erased users and deleted boards."""
+        if not events:
+            return events
+        users, boards = await self.cutoffs(events)
+        if not users and not boards:
+            return events
+        return [e for e in events if not _dropped(e, users, boards)]
+
+
+def _dropped(event: ScoreAccepted, users: dict[str, int], boards: dict[str, int]) -> bool:
+    at = _ms_of(event.accepted_at)
+    user, board = users.get(event.user_id), boards.get(event.board_id)
+    return (user is not None and at <= user) or (board is not None and at <= board)
+
+
+class StoredTombstones:
+    """:class:`Tombstones` read from MySQL itself, for the history consumer: the event log must
+    stay right even while Redis has lost its projections. A deleted board's events are left out
+    only when its deletion purges its history."""
+
+    def __init__(self, engine: AsyncEngine, secret: str) -> None:
+        self._engine = engine
+        self._secret = secret
+
+    async def keep(self, events: list[ScoreAccepted]) -> list[ScoreAccepted]:
+        if not events:
+            return events
+        users = sorted({e.user_id for e in events})
+        async with self._engine.connect() as conn:
+            erased = await stored_tombstones(conn, users, self._secret)
+            rows = await conn.execute(
+                select(board_deletions.c.board_id, board_deletions.c.cutoff).where(
+                    board_deletions.c.board_id.in_(sorted({e.board_id for e in events})),
+                    board_deletions.c.purge.is_(True),
+                )
+            )
+            boards = {row.board_id: to_ms(from_db_time(row.cutoff)) for row in rows}
+        if not erased and not boards:
+            return events
+        return [e for e in events if not _dropped(e, erased, boards)]
+
+
+def skipping(
+    consumer: str,
+    tombstones: Tombstones | StoredTombstones,
+    handler: Handler,
+    on_dropped: Handler | None = None,
+) -> Handler:
+    """``handler`` given each batch without the events of erased users and deleted boards;
+    ``on_dropped`` given those left out (the history consumer's :class:`Uncount`)."""
+
+    async def handle(events: list[ScoreAccepted]) -> None:
+        kept = await tombstones.keep(events)
+        if len(kept) != len(events):
+            SKIPPED.labels(consumer).inc(len(events) - len(kept))
+            if on_dropped is not None:
+                held = {id(e) for e in kept}
+                await on_dropped([e for e in events if id(e) not in held])
+        if kept:
+            await handler(kept)
+
+    return handle
+
+
+async def uncount(
+    redis: Redis, keys: Keys, board_id: str, counts: dict[tuple[str, str], int]
+) -> None:
+    """Take ``counts`` ((period, period_id) -> events) out of the board's live event counters
+    (``ladder_uncount_v1``: never below 0, a missing counter left missing)."""
+    if not counts:
+        return
+    names = [keys.event_count(board_id, p, pid) for p, pid in counts]
+    await redis.fcall(UNCOUNT_FUNCTION, len(names), *names, *counts.values())
+
+
+class Uncount:
+    """What the history consumer does with an erased user's event it leaves out: the event may
+    have been counted by the aggregator already (derived before the erasure), while the history
+    database will never hold it, and a rebuild refuses a board whose live counter is above what
+    the database gives. So it is taken out of its periods' counters, on the safe side: an event
+    the aggregator never counted makes the count one lower than it was."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        by_board: dict[str, dict[tuple[str, str], int]] = {}
+        for event in events:
+            counts = by_board.setdefault(event.board_id, {})
+            for period, result in event.periods.items():
+                counts[(period, result.period_id)] = counts.get((period, result.period_id), 0) + 1
+        for board_id, counts in by_board.items():
+            await uncount(self._redis, self._keys, board_id, counts)
+
+
+async def stored_tombstones(
+    conn: AsyncConnection, user_ids: Iterable[str], secret: str
+) -> dict[str, int]:
+    """The cut-offs (ms) of those of ``user_ids`` that are erased, by user id, from MySQL."""
+    by_hash = {user_hash(u, secret): u for u in user_ids}
+    if not by_hash:
+        return {}
+    t = erasures.c
+    rows = await conn.execute(select(t.user_hash, t.cutoff).where(t.user_hash.in_(list(by_hash))))
+    return {by_hash[row.user_hash]: to_ms(from_db_time(row.cutoff)) for row in rows}
+
+
+# -- the records in MySQL -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """A tombstone as stored: ``user_id`` is None once the erasure is done."""
+
+    user_hash: str
+    user_id: str | None
+    cutoff: datetime
+    done_at: datetime | None
+
+
+@dataclass(frozen=True)
+class BoardDeletion:
+    board_id: str
+    cutoff: datetime
+    purge: bool
+    done_at: datetime | None
+
+
+async def request_erasure(
+    engine: AsyncEngine, redis: Redis, keys: Keys, user_id: str, secret: str
+) -> Erasure:
+    """Record the erasure of ``user_id`` (MySQL first, then the Redis projection), pending; an
+    erasure asked again moves the cut-off forward and runs again."""
+    now = datetime.now(UTC)
+    cutoff = now + timedelta(seconds=USER_SETTLE_SECONDS)
+    digest = user_hash(user_id, secret)
+    statement = insert(erasures).values(
+        user_hash=digest, user_id=user_id, cutoff=to_db_time(cutoff), done_at=None
+    )
+    statement = statement.on_duplicate_key_update(
+        user_id=statement.inserted.user_id, cutoff=statement.inserted.cutoff, done_at=None
+    )
+    async with engine.begin() as conn:
+        await conn.execute(statement)
+    await redis.hset(keys.erased, digest, to_ms(cutoff))
+    return Erasure(digest, user_id, cutoff, None)
+
+
+async def erasure_of(engine: AsyncEngine, user_id: str, secret: str) -> Erasure | None:
+    t = erasures.c
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(select(erasures).where(t.user_hash == user_hash(user_id, secret)))
+        ).first()
+    return None if row is None else _erasure(row)
+
+
+def _erasure(row: Any) -> Erasure:
+    done = None if row.done_at is None else from_db_time(row.done_at)
+    return Erasure(row.user_hash, row.user_id, from_db_time(row.cutoff), done)
+
+
+async def pending_erasures(engine: AsyncEngine) -> list[Erasure]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(erasures).where(erasures.c.done_at.is_(None)))
+        return [_erasure(row) for row in rows]
+
+
+async def finish_erasure(engine: AsyncEngine, erasure: Erasure) -> None:
+    """Mark the erasure done and forget the user id (the tombstone keeps its hash alone), unless
+    it was asked again meanwhile (a later cut-off: it runs again)."""
+    t = erasures.c
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(erasures)
+            .where(t.user_hash == erasure.user_hash, t.cutoff == to_db_time(erasure.cutoff))
+            .values(done_at=to_db_time(datetime.now(UTC)), user_id=None)
+        )
+
+
+async def record_board_deletion(conn: AsyncConnection, board_id: str, purge: bool) -> BoardDeletion:
+    """Record a board's deletion, pending (in the caller's transaction: committed with it)."""
+    cutoff = datetime.now(UTC) + timedelta(seconds=BOARD_SETTLE_SECONDS)
+    statement = insert(board_deletions).values(
+        board_id=board_id, cutoff=to_db_time(cutoff), purge=purge, done_at=None
+    )
+    statement = statement.on_duplicate_key_update(
+        cutoff=statement.inserted.cutoff, purge=statement.inserted.purge, done_at=None
+    )
+    await conn.execute(statement)
+    return BoardDeletion(board_id, cutoff, purge, None)
+
+
+def _deletion(row: Any) -> BoardDeletion:
+    done = None if row.done_at is None else from_db_time(row.done_at)
+    return BoardDeletion(row.board_id, from_db_time(row.cutoff), bool(row.purge), done)
+
+
+async def board_deletion_of(
+    db: AsyncEngine | AsyncConnection, board_id: str
+) -> BoardDeletion | None:
+    query = select(board_deletions).where(board_deletions.c.board_id == board_id)
+    if isinstance(db, AsyncConnection):
+        row = (await db.execute(query)).first()
+    else:
+        async with db.connect() as conn:
+            row = (await conn.execute(query)).first()
+    return None if row is None else _deletion(row)
+
+
+async def pending_board_deletions(engine: AsyncEngine) -> list[BoardDeletion]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(board_deletions).where(board_deletions.c.done_at.is_(None))
+        )
+        return [_deletion(row) for row in rows]
+
+
+async def finish_board_deletion(engine: AsyncEngine, deletion: BoardDeletion) -> None:
+    t = board_deletions.c
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(board_deletions)
+            .where(t.board_id == deletion.board_id, t.cutoff == to_db_time(deletion.cutoff))
+            .values(done_at=to_db_time(datetime.now(UTC)))
+        )
+
+
+async def restore_projections(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
+    """Write every tombstone's and board deletion's cut-off into Redis (a Redis that lost them
+    would let an event still in flight through). Returns how many were written."""
+    written = 0
+    async with engine.connect() as conn:
+        tombs = (await conn.execute(select(erasures.c.user_hash, erasures.c.cutoff))).all()
+        boards = (
+            await conn.execute(select(board_deletions.c.board_id, board_deletions.c.cutoff))
+        ).all()
+    for key, rows in ((keys.erased, tombs), (keys.deleted_boards, boards)):
+        for start in range(0, len(rows), 1000):
+            chunk = rows[start : start + 1000]
+            await redis.hset(key, mapping={r[0]: to_ms(from_db_time(r[1])) for r in chunk})
+            written += len(chunk)
+    return written

@@ -1,0 +1,90 @@
+--[[
+Erase a user from one board's keys (docs/api.md section 8b, services/api/eraser.py): the
+entries of every view the caller names, with their records and distinct-score pairs; the
+user's name, team, regions, badges and rate bucket; its events in the feed and in the hot
+view's event set and windows; its MVP contributions; and the newest event key, if it names the
+user (a rebuild would otherwise wait for an event history never stores). The HyperLogLog of a
+period's players and the event counters cannot be edited and name nobody: they stay.
+
+Each view the user left is marked dirty (its mark given by the caller), so that the merge
+recomputes the user's global entry (none now) and pushes the views whose top 10 changed; each
+period whose contributions changed is marked for the MVP view.
+
+KEYS: names, user team, feed, badges, user regions, hot events, newest event, the user's rate
+      bucket, dirty set, MVP dirty set; then three per view (the view, its distinct-score set,
+      its hash of records); then the hashes holding the user as a field (HDEL); then the hot
+      view's windows ("s:<user>", "c:<user>"); then the sorted sets holding the user as a member
+      (ZREM).
+ARGV: user, views, hashes, windows, sorted sets; then each view's dirty mark ('' none); then
+      how many MVP marks, and the marks.
+Returns the number of view entries removed.
+]]
+local function erase_user(keys, args)
+  local user = args[1]
+  local nv, nh, nw, nz = tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
+  local removed, ki, ai = 0, 11, 6
+  for _ = 1, nv do
+    local v = view_of(keys[ki], keys[ki + 1], keys[ki + 2])
+    local old = entry_in(v, user)
+    if old ~= nil then
+      remove_entry(v, user, old)
+      removed = removed + 1
+      if args[ai] ~= '' then redis.call('SADD', keys[9], args[ai]) end
+    end
+    ki, ai = ki + 3, ai + 1
+  end
+  for _ = 1, nh do redis.call('HDEL', keys[ki], user); ki = ki + 1 end
+  for _ = 1, nw do redis.call('HDEL', keys[ki], 's:' .. user, 'c:' .. user); ki = ki + 1 end
+  for _ = 1, nz do redis.call('ZREM', keys[ki], user); ki = ki + 1 end
+  local marks = tonumber(args[ai])
+  if marks > 0 then redis.call('SADD', keys[10], unpack(args, ai + 1, ai + marks)) end
+
+  redis.call('HDEL', keys[1], user)
+  redis.call('HDEL', keys[2], user)
+  redis.call('DEL', keys[4], keys[5], keys[8])
+  -- The feed: rewritten without the user's entries, in the same order (newest first).
+  local feed = redis.call('LRANGE', keys[3], 0, -1)
+  local kept = {}
+  for _, entry in ipairs(feed) do
+    if cjson.decode(entry).user_id ~= user then kept[#kept + 1] = entry end
+  end
+  if #kept < #feed then
+    redis.call('DEL', keys[3])
+    for i = 1, #kept, 1000 do
+      redis.call('RPUSH', keys[3], unpack(kept, i, math.min(i + 999, #kept)))
+    end
+  end
+  -- The hot view's events: "<event_id>|<user_id>|<value>", neither id holding a '|'.
+  local needle, gone = '|' .. user .. '|', {}
+  for _, member in ipairs(redis.call('ZRANGE', keys[6], 0, -1)) do
+    if string.find(member, needle, 1, true) then gone[#gone + 1] = member end
+  end
+  for i = 1, #gone, 1000 do
+    redis.call('ZREM', keys[6], unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  -- The newest event, "<event_id>:<user_id>" (an event id holds no ':').
+  local newest = redis.call('GET', keys[7])
+  if newest and string.sub(newest, (string.find(newest, ':', 1, true) or #newest) + 1) == user then
+    redis.call('DEL', keys[7])
+  end
+  return removed
+end
+
+redis.register_function(FUNCTIONS.erase_user, erase_user)
+
+--[[
+Take erased events out of a board's event counters (``{P:B}:events:<period>:<period_id>``):
+KEYS the counters, ARGV how many to take from each. A counter that does not exist stays so (its
+period has expired, or was never counted); none goes below 0. Taking too many is the safe side:
+a rebuild refuses a board whose live counter is above the count the history database gives.
+]]
+local function uncount(keys, args)
+  for i, key in ipairs(keys) do
+    if redis.call('EXISTS', key) == 1 and redis.call('DECRBY', key, args[i]) < 0 then
+      redis.call('SET', key, 0, 'KEEPTTL')
+    end
+  end
+  return #keys
+end
+
+redis.register_function(FUNCTIONS.uncount, uncount)

@@ -1,0 +1,196 @@
+"""Erase a user and delete a board, the API's part (docs/api.md section 8b): who may, what is
+refused and changes nothing, the tombstone that names nobody, and the worker's erasure of the
+cache and the history database (the consumers' part is tests/e2e/test_erasure.py)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import select
+
+from services.history.handlers import HistoryHandler
+from shared.db import erasures, open_engine, user_events
+from shared.db_boards import save_snapshots, snapshot_at
+from shared.erasure import (
+    StoredTombstones,
+    Tombstones,
+    erasure_of,
+    request_erasure,
+    user_hash,
+)
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from tests.api.helpers import assert_problem, post, score
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    T0,
+    accepted_event,
+    api_client,
+    eventually,
+    player,
+    snapshot,
+)
+
+BOARD = "arena"
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+async def done(client: httpx.AsyncClient, path: str) -> bool:
+    response = await client.get(path, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return bool(response.json()["status"] == "done")
+
+
+async def test_only_an_admin_key_erases_or_deletes_and_refusals_change_nothing(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    async with api_client(quiet) as client:
+        assert (await client.put(f"/v1/boards/{BOARD}", json={}, headers=ADMIN)).status_code == 201
+        await post(client, score(user_id="u-1"), board=BOARD)
+        before = await snapshot(redis, quiet.key_prefix)
+        for method, path in (("DELETE", "/v1/users/u-1"), ("DELETE", f"/v1/boards/{BOARD}")):
+            assert_problem(await client.request(method, path), 401)
+            assert_problem(await client.request(method, path, headers=SERVER), 403)
+            assert_problem(await client.request(method, path, headers=player("u-1")), 403)
+        assert_problem(await client.get("/v1/erasures/u-1", headers=SERVER), 403)
+        assert_problem(await client.delete("/v1/users/bad%20id", headers=ADMIN), 422)
+        assert_problem(await client.delete("/v1/boards/Bad!", headers=ADMIN), 422)
+        assert_problem(await client.delete("/v1/boards/nope", headers=ADMIN), 404)
+        main = assert_problem(await client.delete("/v1/boards/main", headers=ADMIN), 409)
+        assert "main" in main["detail"]
+        assert_problem(await client.get("/v1/erasures/u-1", headers=ADMIN), 404)
+        assert_problem(await client.get(f"/v1/board-deletions/{BOARD}", headers=ADMIN), 404)
+        assert await snapshot(redis, quiet.key_prefix) == before
+        async with open_engine(quiet.mysql_url) as engine, engine.connect() as conn:
+            assert (await conn.execute(select(erasures))).all() == []
+
+
+async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_history(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    secret = quiet.effective_jwt_secret
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await post(client, score(user_id="u-1", region="eu", value=30, display_name="Ana"))
+        await post(client, score(user_id="u-1", region="na", value=4))
+        await post(client, score(user_id="u-2", region="eu", value=10))
+        assert (await client.put("/v1/users/u-1/friends/u-2", headers=SERVER)).status_code == 204
+        # The history database as the history consumer fills it (no consumer runs here).
+        await HistoryHandler(engine)([accepted_event("h-1", user_id="u-1")])
+        await HistoryHandler(engine)([accepted_event("h-2", user_id="u-2")])
+        await save_snapshots(
+            engine,
+            [
+                {
+                    "board_id": "main",
+                    "scope": "global",
+                    "period": "alltime",
+                    "period_id": "all",
+                    "taken_at": T0,
+                    "entries": [
+                        {"rank": 1, "user_id": "u-1", "score": 30},
+                        {"rank": 2, "user_id": "u-2", "score": 10},
+                    ],
+                }
+            ],
+        )
+
+        answer = await client.delete("/v1/users/u-1", headers=ADMIN)
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["status"] == "pending"
+        async with engine.connect() as conn:
+            pending = (await conn.execute(select(erasures))).one()
+        assert pending.user_hash == user_hash("u-1", secret) and pending.user_id == "u-1"
+        assert await redis.hexists(keys.erased, user_hash("u-1", secret))
+
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=15)
+
+        async with engine.connect() as conn:
+            tomb = (await conn.execute(select(erasures))).one()
+        assert tomb.user_id is None, "a done tombstone holds the hash alone"
+        assert "u-1" not in tomb.user_hash
+        for region in ("eu", "na"):
+            page = await client.get(
+                "/v1/boards/main/leaderboard", params={"scope": f"region:{region}"}
+            )
+            assert "u-1" not in {e["user_id"] for e in page.json()["entries"]}
+        assert [
+            e["user_id"]
+            for e in (
+                await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
+            ).json()["entries"]
+        ] == ["u-2"]
+        standing = await client.get("/v1/boards/main/users/u-1", params={"scope": "region:eu"})
+        assert_problem(standing, 404)
+        assert (await client.get("/v1/users/u-2/friends", headers=SERVER)).json()["friends"] == []
+        assert not await redis.hexists(keys.names("main"), "u-1")
+        assert await user_events(engine, "main", "u-1", 10, None) == ([], None)
+        assert len((await user_events(engine, "main", "u-2", 10, None))[0]) == 1
+        shot = await snapshot_at(engine, "main", "global", "alltime", T0)
+        assert shot is not None
+        assert [e["user_id"] for e in shot["entries"]] == ["u-2"]
+        records = [k async for k in redis.scan_iter(match=keys.idempotency_match("u-1"))]
+        assert records == []
+
+        # The filters every consumer runs: an event of the user accepted by the cut-off is left
+        # out, one accepted after it (a fresh user of the same id) is kept, another user's too.
+        old = accepted_event("late", user_id="u-1")
+        fresh = accepted_event("fresh", user_id="u-1").model_copy(
+            update={"accepted_at": tomb.cutoff.replace(year=tomb.cutoff.year + 1)}
+        )
+        other = accepted_event("other", user_id="u-2")
+        for tombstones in (Tombstones(redis, keys, secret), StoredTombstones(engine, secret)):
+            kept = await tombstones.keep([old, fresh, other])
+            assert [e.event_id for e in kept] == ["fresh", "other"]
+
+
+async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client:
+        assert (await client.put(f"/v1/boards/{BOARD}", json={}, headers=ADMIN)).status_code == 201
+        await post(client, score(user_id="u-1", value=7), board=BOARD)
+        answer = await client.delete(f"/v1/boards/{BOARD}", headers=ADMIN)
+        assert answer.status_code == 202, answer.text
+        assert answer.headers["location"] == f"/v1/board-deletions/{BOARD}"
+        assert_problem(await client.get(f"/v1/boards/{BOARD}"), 404)
+        assert_problem(
+            await client.post(f"/v1/boards/{BOARD}/scores", json=score(), headers=SERVER), 404
+        )
+        assert BOARD not in {
+            b["board_id"] for b in (await client.get("/v1/boards")).json()["boards"]
+        }
+        busy = assert_problem(await client.put(f"/v1/boards/{BOARD}", json={}, headers=ADMIN), 409)
+        assert "being deleted" in busy["detail"]
+        await eventually(lambda: done(client, f"/v1/board-deletions/{BOARD}"), within=20)
+        assert [k async for k in redis.scan_iter(match=keys.board_match(BOARD))] == []
+
+        again = await client.put(f"/v1/boards/{BOARD}", json={"operator": "set"}, headers=ADMIN)
+        assert again.status_code == 201, again.text
+        page = await client.get(f"/v1/boards/{BOARD}/leaderboard", params={"scope": "region:eu"})
+        assert page.json()["entries"] == []
+        written = await post(client, score(user_id="u-1", value=3), board=BOARD)
+        assert written["periods"]["alltime"]["score"] == 3, "none of the old score"
+
+
+async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The request is durable: recorded (as the route records it) with no worker running, as
+    after a crash right after the 202, it is done by the next API process to start."""
+    secret = quiet.effective_jwt_secret
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-9", value=12))
+    async with open_engine(quiet.mysql_url) as engine:
+        await request_erasure(engine, redis, keys, "u-9", secret)
+        assert (await erasure_of(engine, "u-9", secret)) is not None
+    async with api_client(quiet) as client:
+        await eventually(lambda: done(client, "/v1/erasures/u-9"), within=15)
+        page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
+        assert page.json()["entries"] == []

@@ -1,0 +1,39 @@
+"""The key layout's parsers the erasure worker relies on (shared/keys.py): a regional view's board
+and region, and the user an event record names, whatever ``:`` the ids around them hold."""
+
+from __future__ import annotations
+
+from shared.erasure import user_hash
+from shared.keys import Keys
+
+KEYS = Keys("p")
+
+
+def test_a_regional_view_is_told_from_its_companions_and_other_keys() -> None:
+    view = KEYS.region_view("arena", "season", "2026-12-04T18:00", "eu")
+    assert KEYS.regional_view_of(view) == ("arena", "eu")
+    assert KEYS.regional_view_of(KEYS.region_view("b", "alltime", "all", "na")) == ("b", "na")
+    for other in (
+        Keys.ties(view),
+        Keys.distinct(view),
+        Keys.distinct_building(view),
+        KEYS.global_view("arena", "alltime", "all"),
+        KEYS.teams_view("arena", "alltime", "all"),
+        KEYS.regions("arena", "alltime", "all"),
+        Keys("q").region_view("arena", "alltime", "all", "eu"),
+    ):
+        assert KEYS.regional_view_of(other) is None, other
+
+
+def test_a_record_names_its_user_even_one_whose_id_holds_colons() -> None:
+    assert KEYS.record_user(KEYS.idempotency("b", "e-1", "u:42")) == "u:42"
+    assert KEYS.record_user(KEYS.idempotency("b", "e-1", "42")) == "42"
+    assert KEYS.record_user(KEYS.legacy_idempotency("b", "e-1")) is None
+    assert KEYS.record_user(KEYS.feed("b")) is None
+
+
+def test_the_tombstone_key_is_keyed_by_the_secret_and_names_nobody() -> None:
+    one = user_hash("u-42", "secret-a")
+    assert one == user_hash("u-42", "secret-a")
+    assert one != user_hash("u-42", "secret-b") and one != user_hash("u-43", "secret-a")
+    assert len(one) == 64 and "u-42" not in one
