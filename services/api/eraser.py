@@ -37,6 +37,7 @@ from shared.db import (
     friend_requests,
     friendships,
     from_db_time,
+    hidden_users,
     score_events,
     snapshots,
     to_db_time,
@@ -154,9 +155,11 @@ class Eraser:
     async def erase_user(self, user_id: str, cutoff: datetime) -> None:
         """One pass of a user's erasure (idempotent)."""
         records, regions = await self._scan(user_id)
-        for board in await self._catalog.all():
+        boards = await self._catalog.all()
+        for board in boards:
             await self._erase_from_board(board, user_id, regions.get(board.board_id, set()))
         await self._unlink_each(records)
+        await self._erase_hidden(user_id, boards)
         await self._erase_friends(user_id)
         await self._erase_history(user_id, cutoff)
 
@@ -251,6 +254,16 @@ class Eraser:
                 for name in names[start : start + UNLINK_BATCH]:
                     pipe.unlink(name)
                 await pipe.execute()
+
+    async def _erase_hidden(self, user_id: str, boards: list[Board]) -> None:
+        """The boards' records of the user as hidden (MySQL first, then each board's set): a
+        hidden user's entries were in no view, and its records went with the board's step."""
+        async with self._engine.begin() as conn:
+            await conn.execute(delete(hidden_users).where(hidden_users.c.user_id == user_id))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for board in boards:
+                pipe.srem(self._keys.hidden(board.board_id), user_id)
+            await pipe.execute()
 
     async def _erase_friends(self, user_id: str) -> None:
         """MySQL first (the source of truth), then the friend sets both ways."""

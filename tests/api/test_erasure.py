@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 
 from services.history.handlers import HistoryHandler
-from shared.db import erasures, open_engine, user_events
+from shared.db import erasures, hidden_users, open_engine, user_events
 from shared.db_boards import save_snapshots, snapshot_at
 from shared.erasure import (
     StoredTombstones,
@@ -194,3 +194,28 @@ async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(
         await eventually(lambda: done(client, "/v1/erasures/u-9"), within=15)
         page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
         assert page.json()["entries"] == []
+
+
+async def test_an_erased_user_who_was_hidden_leaves_no_trace_of_the_hide(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A hidden user's entries are in no view, but the board still names it as hidden, in
+    MySQL and in Redis: the erasure takes both, and the visible users' dense ranks stay."""
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await post(client, score(user_id="u-1", region="eu", value=30))
+        await post(client, score(user_id="u-2", region="eu", value=10))
+        hide = await client.put("/v1/boards/main/users/u-1/hidden", headers=ADMIN)
+        assert hide.status_code == 204, hide.text
+        assert await redis.sismember(keys.hidden("main"), "u-1")
+
+        assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=15)
+
+        assert not await redis.sismember(keys.hidden("main"), "u-1")
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(hidden_users))).all()
+        assert rows == []
+        page = await client.get(
+            "/v1/boards/main/leaderboard", params={"scope": "region:eu", "rank_style": "dense"}
+        )
+        assert [(e["user_id"], e["rank"]) for e in page.json()["entries"]] == [("u-2", 1)]
