@@ -22,6 +22,7 @@ LUA_FILES = (
     "write",
     "limits",
     "merge",
+    "dense",
     "hide",
     "live",
     "derive",
