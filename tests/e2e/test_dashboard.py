@@ -299,5 +299,6 @@ def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, brow
     # A score of this season shows; at zero the page reads again and the new season is empty.
     post_score(stack, "dash-season", "Season Opener", 1, board="minutely")
     wait_until(lambda: "Season Opener" in text_of(browser, "#players"), 15, "the season's score")
-    wait_until(lambda: (season_left(browser) or 0) > 50, 70, "the next season's countdown")
+    wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds")
+    wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown")
     wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty")

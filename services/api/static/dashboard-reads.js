@@ -28,6 +28,7 @@ const state = {
   inFlight: 0,
   renameTimer: null,
   endsAt: null, // when the shown period ends (ms since the epoch), from the global read; null: never
+  periodId: null, // the period id of the global read
   rereadAt: 0, // when the countdown last re-read at its end
 };
 

@@ -108,7 +108,7 @@ function onMessage(message) {
   const scope = message.scope;
   if (scope === "hot") {
     show(`hot${message.window}`, message);
-  } else if (message.period !== state.period) {
+  } else if (message.period !== state.period || olderPeriod(message.period_id)) {
     return;
   } else if (scope === "global") {
     show("players", message);
@@ -136,7 +136,14 @@ const REREAD_MS = 2000;
 
 function noteEnd(view) {
   state.endsAt = view.period_ends_at ? Date.parse(view.period_ends_at) : null;
+  state.periodId = view.period_id;
   tick();
+}
+
+// A late push of a period already over (the merge of its last moments) is not shown over the
+// next one's; ids of one kind sort as their periods do.
+function olderPeriod(periodId) {
+  return Boolean(periodId && state.periodId && periodId < state.periodId);
 }
 
 function remaining(ms) {
@@ -184,6 +191,7 @@ function choose(board, period) {
   state.previous = new Map();
   state.shown = new Map();
   state.endsAt = null;
+  state.periodId = null;
   tick();
   $("#regions").replaceChildren();
   $("#stats").textContent = "";
