@@ -161,7 +161,7 @@ def status_of(driver: Any) -> str:
     return str(driver.execute_script("return document.querySelector('#status').dataset.state"))
 
 
-def post_score(stack: Stack, user_id: str, name: str, rounds: int) -> None:
+def post_score(stack: Stack, user_id: str, name: str, rounds: int, board: str = "arena") -> None:
     """``rounds`` scores of 1000 (the board's largest value) for one new player, in one batch."""
     events = [
         {
@@ -176,7 +176,7 @@ def post_score(stack: Stack, user_id: str, name: str, rounds: int) -> None:
         for _ in range(rounds)
     ]
     r = httpx.post(
-        f"{stack.api}/v1/boards/arena/scores/batch",
+        f"{stack.api}/v1/boards/{board}/scores/batch",
         json={"events": events},
         headers=SERVER,
         timeout=10,
@@ -252,3 +252,53 @@ def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
         except subprocess.TimeoutExpired:
             sim.kill()
             sim.wait()
+
+
+COUNTDOWN = re.compile(r"season ends in (?:(\d+)d )?(\d{2}):(\d{2}):(\d{2})")
+
+
+def season_left(driver: Any) -> int | None:
+    """The seconds the countdown shows, or None when it shows none."""
+    found = COUNTDOWN.fullmatch(text_of(driver, "#countdown").strip())
+    if found is None:
+        return None
+    days, h, m, s = (int(part or 0) for part in found.groups())
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(240)
+def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, browser: Any) -> None:
+    made = httpx.put(
+        f"{stack.api}/v1/boards/minutely",
+        json={"schedule": "* * * * *"},
+        headers={"Authorization": f"Bearer {DEV_ADMIN_KEY}"},
+        timeout=10,
+    )
+    assert made.status_code == 201, made.text
+    browser.get(f"{stack.api}/?board=minutely&period=season")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open")
+    options = browser.execute_script(
+        "return [...document.querySelectorAll('#period option')].map((o) => o.value)"
+    )
+    assert "season" in options, options
+    assert browser.execute_script("return document.querySelector('#period').value") == "season"
+
+    # A season of "* * * * *" lasts a minute: the countdown shows under a minute, and falls.
+    # (Started with 30 s or more left, so that the score below lands in this season.)
+    first = wait_until(
+        lambda: (left := season_left(browser)) is not None and left >= 30 and left,
+        70,
+        "a countdown of 30 s",
+    )
+    assert first <= 60, text_of(browser, "#countdown")
+    time.sleep(2.2)
+    later = season_left(browser)
+    assert later is not None and later < first, (first, later)
+
+    # A score of this season shows; at zero the page reads again and the new season is empty.
+    post_score(stack, "dash-season", "Season Opener", 1, board="minutely")
+    wait_until(lambda: "Season Opener" in text_of(browser, "#players"), 15, "the season's score")
+    wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds")
+    wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown")
+    wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty")

@@ -60,6 +60,8 @@ class View:
     key: str
     kind: ScopeKind = "users"
     owner: str | None = None
+    # When the period's window ends (UTC, exclusive); None for alltime.
+    ends_at: datetime | None = None
 
     def score(self, stored: float) -> int:
         """The score of a sorted-set score (shared/ranking.py)."""
@@ -167,4 +169,4 @@ def resolve_view(
         key = keys.global_view(bid, period, pid)
     else:
         key = keys.board_view(bid, period, pid, scope)
-    return View(board, scope, period, pid, key, kind, owner)
+    return View(board, scope, period, pid, key, kind, owner, window.end)

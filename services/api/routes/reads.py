@@ -75,6 +75,10 @@ class LeaderboardOut(BaseModel):
     scope: str
     period: Period
     period_id: str
+    period_ends_at: str | None = Field(
+        description="When the period's window ends (RFC 3339, UTC; exclusive): the next "
+        "period's start. Null for alltime. Added in this version (docs/api.md section 5)"
+    )
     total: int = Field(description="Entries in the scope (friends: the group members who scored)")
     as_of: str | None
     entries: list[Entry | TeamEntry]
@@ -186,6 +190,8 @@ async def leaderboard(request: Request) -> Response:
             "scope": q.scope,
             "period": q.period,
             "period_id": view.period_id,
+            # Computed from the window, not read: the answer stays one Redis call.
+            "period_ends_at": rfc3339(view.ends_at) if view.ends_at is not None else None,
             "as_of": as_of,
             "total": body["total"],
             "entries": body["entries"],

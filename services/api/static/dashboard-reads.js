@@ -2,7 +2,7 @@
 // first; dashboard-render.js and dashboard.js use what it declares.
 "use strict";
 
-const PERIODS = ["alltime", "monthly", "weekly", "daily"];
+const PERIODS = ["alltime", "monthly", "weekly", "daily", "season"]; // season: boards with a schedule
 const DEFAULT_BOARD = "arena";
 const REFRESH_MS = 1000;
 const NAME_RETRY_MS = 10000; // a player not found yet (not merged yet) is looked up again after this
@@ -27,6 +27,9 @@ const state = {
   lookups: new Map(), // user_id -> when its name was last looked up
   inFlight: 0,
   renameTimer: null,
+  endsAt: null, // when the shown period ends (ms since the epoch), from the global read; null: never
+  periodId: null, // the period id of the global read
+  rereadAt: 0, // when the countdown last re-read at its end
 };
 
 const $ = (selector) => document.querySelector(selector);
@@ -61,7 +64,9 @@ async function load(name) {
   const board = state.board;
   try {
     const view = await readers[name]();
-    if (board === state.board) show(name, view);
+    if (board !== state.board) return;
+    if (name === "players") noteEnd(view);
+    show(name, view);
   } catch (error) {
     if (board === state.board) renderError(name, error);
   }

@@ -6,13 +6,16 @@
 //   leaderboard:{board}:hot:10 / hot:60     hot streaks
 //   leaderboard:{board}:mvps:{period}       team MVPs
 //
+// A board with a schedule also offers the period `season`; a countdown shows when the chosen
+// period ends (from the global read's `period_ends_at`) and everything is read again at zero.
+//
 // Views that have no topic of their own (top teams, the activity feed, the counts) are read
 // again over REST after a push arrives, at most once a second. On `resync`, and after the socket
 // comes back (it reconnects with a growing, jittered delay), everything is read again.
 // The page carries no credential: public reads need none.
 //
 // The page loads dashboard-reads.js (state and REST), dashboard-render.js (the tables), then this
-// file (the socket, the choice of board and period, the start).
+// file (the socket, the period's countdown, the choice of board and period, the start).
 "use strict";
 
 // -- the WebSocket ------------------------------------------------------------------------------
@@ -105,7 +108,7 @@ function onMessage(message) {
   const scope = message.scope;
   if (scope === "hot") {
     show(`hot${message.window}`, message);
-  } else if (message.period !== state.period) {
+  } else if (message.period !== state.period || olderPeriod(message.period_id)) {
     return;
   } else if (scope === "global") {
     show("players", message);
@@ -124,6 +127,52 @@ function discoverRegion(region) {
   if (state.socket && state.socket.readyState === WebSocket.OPEN) resubscribe();
 }
 
+// -- the period's countdown --------------------------------------------------------------------
+// The global read's `period_ends_at` says when the period ends; the countdown ticks each second.
+// At zero a new period has begun (empty): everything is read again, then again every
+// REREAD_MS while the read still names the old end (the page's clock may run ahead).
+
+const REREAD_MS = 2000;
+
+function noteEnd(view) {
+  state.endsAt = view.period_ends_at ? Date.parse(view.period_ends_at) : null;
+  state.periodId = view.period_id;
+  tick();
+}
+
+// A late push of a period already over (the merge of its last moments) is not shown over the
+// next one's; ids of one kind sort as their periods do.
+function olderPeriod(periodId) {
+  return Boolean(periodId && state.periodId && periodId < state.periodId);
+}
+
+function remaining(ms) {
+  const s = Math.floor(ms / 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  const clock = `${pad(Math.floor(s / 3600) % 24)}:${pad(Math.floor(s / 60) % 60)}:${pad(s % 60)}`;
+  return s >= 86400 ? `${Math.floor(s / 86400)}d ${clock}` : clock;
+}
+
+function tick() {
+  const out = $("#countdown");
+  if (state.endsAt === null) {
+    out.textContent = "";
+    return;
+  }
+  const left = state.endsAt - Date.now();
+  if (left > 0) {
+    out.textContent = `${state.period} ends in ${remaining(left)}`;
+    return;
+  }
+  out.textContent = `${state.period} ended; the next begins`;
+  if (Date.now() - state.rereadAt < REREAD_MS) return;
+  state.rereadAt = Date.now();
+  state.previous = new Map(); // a new period starts empty: no moves from the last one
+  loadAll();
+}
+
+setInterval(tick, 1000);
+
 // -- choosing a board and a period --------------------------------------------------------------
 
 function choose(board, period) {
@@ -141,6 +190,9 @@ function choose(board, period) {
   state.regions = new Set();
   state.previous = new Map();
   state.shown = new Map();
+  state.endsAt = null;
+  state.periodId = null;
+  tick();
   $("#regions").replaceChildren();
   $("#stats").textContent = "";
   if (state.socket && state.socket.readyState === WebSocket.OPEN) resubscribe();
