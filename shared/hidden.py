@@ -14,7 +14,6 @@ from it.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,11 +24,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shared.db import hidden_users as hidden_table
 from shared.db import to_db_time
 from shared.functions import HIDE_FUNCTION
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys, dirty_member, parse_view
 
 # The views a user can have an entry in, after the hash tag: a region's or the global board of a
 # period (the teams board ranks teams, whose totals keep a hidden user's contribution).
-_VIEW_TIES = re.compile(r":lb:([a-z]+):([^:]+):(region:[^:]+|global):ties$")
 # Views a call moves at most (four keys each).
 _CHUNK = 64
 
@@ -47,9 +45,10 @@ async def board_views(redis: Redis, keys: Keys, board_id: str) -> list[tuple[str
     tag = keys.tag(board_id)
     found: list[tuple[str, str, str]] = []
     async for key in redis.scan_iter(match=f"{tag}:lb:*:ties", count=1000, _type="hash"):
-        matched = _VIEW_TIES.search(key[len(tag) :])
-        if matched and key.startswith(tag + ":lb:"):
-            found.append((matched.group(1), matched.group(2), matched.group(3)))
+        view = parse_view(key[len(tag) + 1 :].removesuffix(":ties"))
+        if key.startswith(tag + ":lb:") and view is not None:
+            period, period_id, region = view
+            found.append((period, period_id, "global" if region is None else f"region:{region}"))
     return sorted(found)
 
 

@@ -12,6 +12,7 @@ Each builder below names its key.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 OUTBOX_GROUP = "relay"
@@ -333,3 +334,19 @@ def dirty_member(period: str, period_id: str, region: str, user_id: str) -> str:
 def parse_dirty_member(member: str) -> tuple[str, str, str, str]:
     period, period_id, region, user_id = member.split("|", 3)
     return period, period_id, region, user_id
+
+
+PERIOD_ID_IN_KEY = r"[^:]+(?::\d\d)?"
+"""A period id inside a key name: a season's (``2026-12-04T18:00``) holds one ``:``, the others
+none."""
+
+_VIEW = re.compile(rf"lb:([a-z]+):({PERIOD_ID_IN_KEY}):(global|region:([^:]+))")
+
+
+def parse_view(suffix: str) -> tuple[str, str, str | None] | None:
+    """(period, period_id, region or None for the global view) of a view's key without its
+    ``{P:B}:`` tag (``lb:<period>:<period_id>:<scope>``); None for any other key."""
+    matched = _VIEW.fullmatch(suffix)
+    if matched is None:
+        return None
+    return matched.group(1), matched.group(2), matched.group(4)

@@ -12,7 +12,7 @@ from services.rebuild.flag import BoardFlag
 from services.rebuild.keyspace import region_sets, region_views
 from services.rebuild.staging import Staged, journaled_refs
 from shared.functions import REBUILD_FINISH_FUNCTION
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys, dirty_member, parse_view
 from shared.ranking import id_of
 from shared.submit import finish_keys
 
@@ -81,11 +81,12 @@ async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -
     dirty = keys.dirty(board_id)
     marked = 0
     for key in sorted(views):
-        parts = key[len(tag) + 1 :].split(":")
-        # lb:<period>:<period_id>:region:<region> or lb:<period>:<period_id>:global
-        period, period_id = parts[1], parts[2]
-        if parts[3] == "region":
-            region = parts[4]
+        parsed = parse_view(key[len(tag) + 1 :])
+        if parsed is None:
+            continue
+        period, period_id, named = parsed
+        if named is not None:
+            region = named
         else:
             found: set[Any] = await redis.smembers(keys.regions(board_id, period, period_id))
             region = min(found) if found else ""

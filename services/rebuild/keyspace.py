@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from shared.keys import Keys
+from shared.keys import PERIOD_ID_IN_KEY, Keys
 
 # The board's keys that the rebuild makes (what follows the hash tag). Everything else under the
 # tag belongs to others and is left alone: idempotency answers, the outbox, the aggregator's
@@ -22,12 +22,12 @@ from shared.keys import Keys
 # aggregator keeps them, on demand), and the views that had one are built again
 # (:func:`dense_builds`).
 _REBUILT = re.compile(
-    r"lb:[a-z]+:[^:]+:(region:[^:]+|teams)(:distinct|:distinct:building|:ties|:counts)?"
-    r"|(regions|players|events):[a-z]+:[^:]+"
+    rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:(region:[^:]+|teams)(:distinct|:distinct:building|:ties|:counts)?"
+    rf"|(regions|players|events):[a-z]+:{PERIOD_ID_IN_KEY}"
     r"|user:.+:regions|names|feed|user-team|hidden"
 )
-_REGION_VIEW = re.compile(r"lb:[a-z]+:[^:]+:region:[^:]+")
-_GLOBAL_VIEW = re.compile(r"lb:[a-z]+:[^:]+:global")
+_REGION_VIEW = re.compile(rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:region:[^:]+")
+_GLOBAL_VIEW = re.compile(rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:global")
 
 
 @dataclass

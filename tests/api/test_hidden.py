@@ -352,3 +352,28 @@ async def test_a_hidden_users_write_is_answered_as_if_shown_and_pushes_nobody_ou
         assert entry["periods"]["alltime"]["pushed_out"] == {"1": "u-a"}
         await aggregator.run()
         assert await ids_of(client, "region:eu") == [("u-b", 1), ("u-a", 2)]
+
+
+async def test_a_hidden_user_leaves_a_season_s_views_too(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """A season's period id holds a ``:`` (``2026-12-04T18:00``): its views are found, and left,
+    as the others are."""
+    board = {"operator": "incr", "periods": ["alltime"], "schedule": "0 0 1 * *"}
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        put = await client.put("/v1/boards/seasonal", json=board, headers=ADMIN)
+        assert put.status_code == 201, put.text
+        for user, value in (("u-a", 50), ("u-b", 40)):
+            body = {"user_id": user, "region": "eu", "value": value}
+            response = await client.post("/v1/boards/seasonal/scores", json=body, headers=SERVER)
+            assert response.status_code == 200, response.text
+        hide = await client.put("/v1/boards/seasonal/users/u-a/hidden", headers=ADMIN)
+        assert hide.status_code == 204
+        await aggregator.run()
+        for period in ("season", "alltime"):
+            page = await get_ok(
+                client, "/v1/boards/seasonal/leaderboard", scope="region:eu", period=period
+            )
+            assert [(e["user_id"], e["rank"]) for e in page["entries"]] == [("u-b", 1)], period
+            assert page["total"] == 1

@@ -3,8 +3,10 @@ and region, and the user an event record names, whatever ``:`` the ids around th
 
 from __future__ import annotations
 
+import pytest
+
 from shared.erasure import user_hash
-from shared.keys import Keys
+from shared.keys import Keys, parse_view
 
 KEYS = Keys("p")
 
@@ -37,3 +39,19 @@ def test_the_tombstone_key_is_keyed_by_the_secret_and_names_nobody() -> None:
     assert one == user_hash("u-42", "secret-a")
     assert one != user_hash("u-42", "secret-b") and one != user_hash("u-43", "secret-a")
     assert len(one) == 64 and "u-42" not in one
+
+
+@pytest.mark.parametrize(
+    ("suffix", "parsed"),
+    [
+        ("lb:daily:2026-12-01:global", ("daily", "2026-12-01", None)),
+        ("lb:season:2026-12-04T18:00:region:eu", ("season", "2026-12-04T18:00", "eu")),
+        ("lb:season:2026-12-04T18:00:global", ("season", "2026-12-04T18:00", None)),
+        ("lb:alltime:all:region:eu:ties", None),
+        ("lb:weekly:2026-W48:teams", None),
+    ],
+)
+def test_a_view_key_names_its_period_id_even_a_season_s(
+    suffix: str, parsed: tuple[str, str, str | None] | None
+) -> None:
+    assert parse_view(suffix) == parsed
