@@ -182,12 +182,12 @@ class Eraser:
         latest = datetime.now(UTC) + self._future
         found: list[tuple[str, str]] = []
         for period in board.periods:
-            window = window_at(period, latest, board.timezone)
+            window = window_at(period, latest, board.timezone, board.schedule)
             for _ in range((board.retention.of(period) or 0) + 2):
                 found.append((period, window.period_id))
                 if window.end is None:
                     break
-                window = previous_window(window, board.timezone, 1)
+                window = previous_window(window, board.timezone, 1, board.schedule)
         return found
 
     async def _erase_from_board(self, board: Board, user_id: str, seen: set[str]) -> int:
@@ -300,7 +300,8 @@ class Eraser:
                 occurred = from_db_time(row.occurred_at)
                 per_board = counts.setdefault(board.board_id, {})
                 for period in board.periods:
-                    named = (period, window_at(period, occurred, board.timezone).period_id)
+                    window = window_at(period, occurred, board.timezone, board.schedule)
+                    named = (period, window.period_id)
                     per_board[named] = per_board.get(named, 0) + 1
         for board_id, per_board in counts.items():
             await uncount(self._redis, self._keys, board_id, per_board)

@@ -219,3 +219,22 @@ async def test_an_erased_user_who_was_hidden_leaves_no_trace_of_the_hide(
             "/v1/boards/main/leaderboard", params={"scope": "region:eu", "rank_style": "dense"}
         )
         assert [(e["user_id"], e["rank"]) for e in page.json()["entries"]] == [("u-2", 1)]
+
+
+async def test_an_erasure_reaches_a_season_s_views(quiet: LadderSettings, redis: Redis) -> None:
+    """A board with a schedule keeps the period season: the worker works out its windows with
+    the board's schedule, and the erasure is done."""
+    board = {"operator": "incr", "periods": ["alltime"], "schedule": "0 0 1 * *"}
+    async with api_client(quiet) as client:
+        assert (
+            await client.put("/v1/boards/seasonal", json=board, headers=ADMIN)
+        ).status_code == 201
+        await post(client, score(user_id="u-1", region="eu", value=5), board="seasonal")
+        await post(client, score(user_id="u-2", region="eu", value=3), board="seasonal")
+        assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=15)
+        for period in ("season", "alltime"):
+            page = await client.get(
+                "/v1/boards/seasonal/leaderboard", params={"scope": "region:eu", "period": period}
+            )
+            assert [e["user_id"] for e in page.json()["entries"]] == ["u-2"], period
