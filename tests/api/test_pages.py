@@ -140,6 +140,7 @@ async def test_the_global_scope_is_empty_until_the_aggregator_merges(
         "scope": "global",
         "period": "alltime",
         "period_id": "all",
+        "period_ends_at": None,
         "total": 0,
         "as_of": None,
         "entries": [],
