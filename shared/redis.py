@@ -11,6 +11,7 @@ from typing import Any
 import hiredis
 from redis.asyncio import Connection, Redis
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from shared.functions import LIBRARY, REGISTERED
@@ -113,3 +114,14 @@ async def open_redis(url: str, *, load_functions: bool = False) -> AsyncIterator
         yield client
     finally:
         await client.aclose()
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    """Consumer group ``group`` on ``stream`` (the stream made if need be), from its first entry;
+    one that exists already is left as it is. Relays call it again after a ``NOGROUP``: Redis
+    lost the group (a flush, a restore) and what was accepted since is still to go out."""
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise

@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from services.rebuild.keyspace import drop_staging
 from shared.functions import (
@@ -20,6 +19,7 @@ from shared.functions import (
     REBUILD_EXTEND_FUNCTION,
 )
 from shared.keys import OUTBOX_GROUP, Keys
+from shared.redis import ensure_group
 
 FLAG_TTL_MS = 60_000
 
@@ -82,8 +82,4 @@ class BoardFlag:
 async def ensure_outbox_group(redis: Redis, keys: Keys, board_id: str) -> None:
     """The relay's consumer group on the outbox, made again if Redis lost it: the relays then
     publish what was accepted since (the rebuild waits for it), without a restart."""
-    try:
-        await redis.xgroup_create(keys.outbox(board_id), OUTBOX_GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+    await ensure_group(redis, keys.outbox(board_id), OUTBOX_GROUP)

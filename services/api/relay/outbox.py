@@ -40,6 +40,7 @@ from redis.exceptions import RedisError, ResponseError
 from shared.boards import BoardCatalog
 from shared.events import message_body
 from shared.keys import OUTBOX_GROUP, Keys
+from shared.redis import ensure_group
 from shared.settings import LadderSettings
 from shared.topology import Topology
 
@@ -209,11 +210,7 @@ class Relay:
     async def _ensure_group(self, stream: str) -> None:
         if stream in self._groups:
             return
-        try:
-            await self._redis.xgroup_create(stream, OUTBOX_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await ensure_group(self._redis, stream, OUTBOX_GROUP)
         self._groups.add(stream)
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
