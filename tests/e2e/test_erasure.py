@@ -5,7 +5,9 @@ board that shows none of the old scores."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -13,6 +15,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db import count_events, friend_requests, friendships, open_engine, snapshots
 from shared.keys import Keys
@@ -22,6 +25,22 @@ from tests.stack import Stack
 pytestmark = pytest.mark.stack
 
 PERIODS = ("daily", "weekly", "monthly", "alltime")
+
+
+@contextlib.asynccontextmanager
+async def session(stack: Stack) -> AsyncIterator[tuple[httpx.AsyncClient, AsyncEngine, Any, Any]]:
+    """A server-key client of the stack's API, its history database, and the score exchange
+    with a tap queue of its own on it (to take events as they went out and publish them again)."""
+    settings = stack.settings
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with (
+        connection,
+        httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api,
+        open_engine(settings.mysql_url) as engine,
+    ):
+        channel = await connection.channel()
+        exchange, tap = await tap_fanout(channel, settings.broker_prefix)
+        yield api, engine, exchange, tap
 
 
 def ids(entries: list[dict[str, Any]]) -> set[str]:
@@ -65,14 +84,7 @@ async def test_an_erased_user_is_gone_everywhere_and_stays_gone(stack: Stack, re
     tag = uuid.uuid4().hex[:6]
     victim, other, third = f"v-{tag}", f"o-{tag}", f"t-{tag}"
     board = f"b-{tag}"
-    connection = await aio_pika.connect(settings.amqp_url)
-    async with (
-        connection,
-        httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api,
-        open_engine(settings.mysql_url) as engine,
-    ):
-        channel = await connection.channel()
-        exchange, tap = await tap_fanout(channel, settings.broker_prefix)
+    async with session(stack) as (api, engine, exchange, tap):
         put = await api.put(f"/v1/boards/{board}", json={"badges": {"bronze": 10}}, headers=ADMIN)
         assert put.status_code == 201, put.text
         posts = [
@@ -200,14 +212,7 @@ async def test_a_deleted_board_is_404_and_its_name_takes_a_fresh_board(
     keys = Keys(settings.key_prefix)
     tag = uuid.uuid4().hex[:6]
     board, user = f"d-{tag}", f"u-{tag}"
-    connection = await aio_pika.connect(settings.amqp_url)
-    async with (
-        connection,
-        httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api,
-        open_engine(settings.mysql_url) as engine,
-    ):
-        channel = await connection.channel()
-        exchange, tap = await tap_fanout(channel, settings.broker_prefix)
+    async with session(stack) as (api, engine, exchange, tap):
         assert (await api.put(f"/v1/boards/{board}", json={}, headers=ADMIN)).status_code == 201
         body = {"event_id": f"old-{tag}", "user_id": user, "region": "eu", "value": 9}
         assert (await api.post(f"/v1/boards/{board}/scores", json=body)).status_code == 200
