@@ -15,7 +15,7 @@ export LADDER_PYTHON := $(PY)
 export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
-.PHONY: help up down ps stop start restart logs test test-faults lint bench infra migrate venv rebuild
+.PHONY: help up down ps stop start restart logs test test-stack test-faults lint bench infra migrate venv rebuild
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -113,8 +113,11 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 		echo "clean: started again: $$running"; \
 	fi
 
-test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (faults: make test-faults)
-	$(PY) -m pytest -m "not faults" $(PYTEST_ARGS)
+test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
+	$(PY) -m pytest -m "not faults and not stack" $(PYTEST_ARGS)
+
+test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
+	$(PY) -m pytest -m "stack and not faults" $(PYTEST_ARGS)
 
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
