@@ -166,16 +166,16 @@ MAIN_BOARD = Board(board_id=MAIN_BOARD_ID)
 
 
 BOARD_CACHE_SIZE = 10_000
-"""The most board ids a :class:`BoardCatalog` remembers, found or missing."""
+"""The most board definitions a :class:`BoardCatalog` remembers."""
 
 
 class BoardCatalog:
-    """Reads board definitions from Redis, caching each for a few seconds.
+    """Reads board definitions from Redis, caching each one found for a few seconds.
 
-    The cache is bounded in time and size, for ids found and ids missing alike: it is read
-    before a request's credential is known, so a flood of made-up board ids must not grow it
-    (least recently used ids leave first; a missing id costs one ``HGET`` more once it has
-    left).
+    The cache is bounded in time and size (least recently used ids leave first). A missing id is
+    not cached: a board created by another process is seen at its first request, not a few
+    seconds later, and a flood of made-up ids (read before a request's credential is known)
+    costs one ``HGET`` each and no memory.
     """
 
     def __init__(
@@ -183,11 +183,11 @@ class BoardCatalog:
     ) -> None:
         self._redis = redis
         self._keys = keys
-        self._cache: TTLCache[str, Board | None] = TTLCache(maxsize=maxsize, ttl=ttl)
+        self._cache: TTLCache[str, Board] = TTLCache(maxsize=maxsize, ttl=ttl)
 
     @property
     def cached(self) -> int:
-        """How many board ids the cache holds now (found or missing)."""
+        """How many definitions the cache holds now."""
         self._cache.expire()
         return len(self._cache)
 
@@ -235,7 +235,9 @@ class BoardCatalog:
             except KeyError:
                 pass
         raw = await self._redis.hget(self._keys.boards, board_id)
-        board = Board.model_validate_json(raw) if raw is not None else None
+        if raw is None:
+            return None
+        board = Board.model_validate_json(raw)
         self._cache[board_id] = board
         return board
 

@@ -300,7 +300,7 @@ async def test_mvps_read_a_bounded_number_of_teams(
 # --- 3. the board catalog's cache is bounded ------------------------------------------------
 
 
-async def test_a_flood_of_unknown_board_ids_keeps_the_catalog_at_its_bound(
+async def test_a_flood_of_unknown_board_ids_leaves_the_catalog_empty(
     redis: Redis, keys: Keys
 ) -> None:
     catalog = BoardCatalog(redis, keys, maxsize=100)
@@ -308,29 +308,40 @@ async def test_a_flood_of_unknown_board_ids_keeps_the_catalog_at_its_bound(
     assert await catalog.get("main") is not None
     for i in range(2_000):
         assert await catalog.get(f"nope-{uuid.uuid4().hex[:12]}-{i}") is None
+    assert catalog.cached == 1  # main: a miss is not remembered
+
+
+async def test_the_catalog_keeps_at_most_maxsize_boards(redis: Redis, keys: Keys) -> None:
+    catalog = BoardCatalog(redis, keys, maxsize=100)
+    for i in range(150):
+        await add_board(redis, keys, Board(board_id=f"b{i:03d}"))
+        assert await catalog.get(f"b{i:03d}") is not None
         assert catalog.cached <= 100
-    assert catalog.cached == 100
-    assert catalog.maxsize == 100
+    assert catalog.cached == catalog.maxsize == 100
 
 
-async def test_the_catalog_forgets_hits_and_misses_after_its_ttl(redis: Redis, keys: Keys) -> None:
+async def test_a_board_created_elsewhere_is_seen_at_once_and_a_change_after_the_ttl(
+    redis: Redis, keys: Keys
+) -> None:
     catalog = BoardCatalog(redis, keys, ttl=0.3)
     assert await catalog.get("later") is None
-    # Stored behind the catalog's back (another process's PUT): the miss is cached a while.
+    # Stored behind the catalog's back (another process's PUT): the miss was not kept.
     await add_board(redis, keys, Board(board_id="later", operator="best"))
-    assert await catalog.get("later") is None
-    found = await catalog.get("later", fresh=True)
+    found = await catalog.get("later")
     assert found is not None and found.operator == "best"
+    # A change is seen once the cached copy ages out, or at once when asked fresh.
     await add_board(redis, keys, Board(board_id="later", operator="set"))
     cached = await catalog.get("later")
     assert cached is not None and cached.operator == "best"
+    fresh = await catalog.get("later", fresh=True)
+    assert fresh is not None and fresh.operator == "set"
+    await redis.hdel(keys.boards, "later")
     await asyncio.sleep(0.4)
     assert catalog.cached == 0
-    expired = await catalog.get("later")
-    assert expired is not None and expired.operator == "set"
+    assert await catalog.get("later") is None
 
 
-async def test_the_api_catalog_stays_bounded_under_anonymous_reads_of_unknown_boards(
+async def test_the_api_catalog_keeps_no_unknown_board_ids(
     quiet: LadderSettings,
 ) -> None:
     app = create_app(quiet)
@@ -348,8 +359,8 @@ async def test_the_api_catalog_stays_bounded_under_anonymous_reads_of_unknown_bo
                 response = await client.get(f"/v1/boards/flood-{i}/leaderboard")
                 assert_problem(response, 404)
         catalog = lifespan_state["state"]["ladder"].catalog
-        # The app's own catalog, bounded however many ids were asked for.
-        assert 300 <= catalog.cached <= catalog.maxsize
+        # The app's own catalog remembers none of the ids that were asked for.
+        assert catalog.cached <= 1  # main, if anything read it
         assert catalog.maxsize == BOARD_CACHE_SIZE
 
 

@@ -116,6 +116,8 @@ def browser() -> Iterator[Any]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    # The page's console, which a failing wait prints beside what the page shows.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1440,1080", "--hide-scrollbars"):  # fmt: skip
         options.add_argument(arg)
@@ -127,15 +129,40 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def wait_until(probe: Any, within: float, what: str) -> Any:
+def wait_until(probe: Any, within: float, what: str, page: Any = None) -> Any:
+    """``probe()``'s first true answer within ``within`` s; else fails, saying what ``page`` (a
+    browser) showed and logged by then."""
     end = time.monotonic() + within
     while True:
         with contextlib.suppress(Exception):
             if answer := probe():
                 return answer
         if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {within} s")
+            raise AssertionError(f"{what}: not within {within} s{page_state(page)}")
         time.sleep(0.2)
+
+
+# The page's next ``arguments[0]`` reads of its top players fail (as if the API were away), then
+# the page reads them: ``window.__topReads`` counts the tries.
+FAIL_TOP_READS = """
+const real = window.fetch;
+let failures = arguments[0];
+window.__topReads = 0;
+window.fetch = (path, ...rest) => {
+  if (!String(path).includes("scope=global")) return real(path, ...rest);
+  window.__topReads += 1;
+  return failures-- > 0 ? Promise.reject(new Error("read refused")) : real(path, ...rest);
+};
+load("players");
+"""
+
+
+def page_state(driver: Any) -> str:
+    if driver is None:
+        return ""
+    shown = driver.execute_script("return document.querySelector('main').innerText")
+    console = "\n".join(str(entry.get("message")) for entry in driver.get_log("browser"))
+    return f"\n--- the page showed:\n{shown}\n--- its console:\n{console}"
 
 
 def text_of(driver: Any, selector: str) -> str:
@@ -205,45 +232,66 @@ def test_the_dashboard_moves_live_and_comes_back_after_the_api_restarts(
 
         browser.get(f"{stack.api}/")
         # The current state at once, from REST; then live over the socket.
-        wait_until(lambda: status_of(browser) == "live", 15, "the socket open")
-        wait_until(lambda: rows(browser, "#players") == 10, 10, "top players")
+        wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
+        wait_until(lambda: rows(browser, "#players") == 10, 10, "top players", browser)
         assert browser.execute_script("return document.querySelector('#board').value") == "arena"
         browser.execute_script("window.__sameDocument = true")
 
-        wait_until(lambda: rows(browser, "#hot60") == 10, 20, "hot streaks")
-        wait_until(lambda: rows(browser, "#mvps") == 10, 20, "team MVPs")
-        wait_until(lambda: rows(browser, "#regions") >= 4 * 5, 20, "regions")
-        wait_until(lambda: rows(browser, "#teams") >= 5, 30, "teams")
+        wait_until(lambda: rows(browser, "#hot60") == 10, 20, "hot streaks", browser)
+        wait_until(lambda: rows(browser, "#mvps") == 10, 20, "team MVPs", browser)
+        wait_until(lambda: rows(browser, "#regions") >= 4 * 5, 20, "regions", browser)
+        wait_until(lambda: rows(browser, "#teams") >= 3, 30, "teams", browser)
         # The picture in the README: the simulation's game as the page shows it.
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(str(SCREENSHOT))
         assert SCREENSHOT.stat().st_size > 10_000
 
+        # A read that fails says so in its table and is tried again until it answers.
+        browser.execute_script(FAIL_TOP_READS, 2)
+        wait_until(lambda: "read refused" in text_of(browser, "#players"), 5, "the error", browser)
+        tries = "return window.__topReads"
+        wait_until(lambda: browser.execute_script(tries) >= 3, 10, "the read again", browser)
+        wait_until(lambda: rows(browser, "#players") == 10, 10, "the top back", browser)
+
         post_score(stack, "dash-hero", "Dashboard Hero", 2)
-        wait_until(lambda: "Dashboard Hero" in text_of(browser, "#players"), 15, "the new score")
-        assert wait_until(lambda: first_key(browser, "#players") == "dash-hero", 5, "it on top")
+        wait_until(
+            lambda: "Dashboard Hero" in text_of(browser, "#players"), 15, "the new score", browser
+        )
+        assert wait_until(
+            lambda: first_key(browser, "#players") == "dash-hero", 5, "it on top", browser
+        )
         # The feed has no topic: it follows the pushes of the others.
         newest = first_key(browser, "#feed")
-        wait_until(lambda: first_key(browser, "#feed") not in (None, newest), 10, "the feed")
-        wait_until(lambda: "dashboard-testers" in text_of(browser, "#teams"), 10, "the team")
+        wait_until(
+            lambda: first_key(browser, "#feed") not in (None, newest), 10, "the feed", browser
+        )
+        wait_until(
+            lambda: "dashboard-testers" in text_of(browser, "#teams"), 10, "the team", browser
+        )
         assert browser.execute_script("return window.__sameDocument") is True
 
         # The API goes away: the page says so, reconnects by itself and moves on.
         stack.make("stop", "SERVICE=api")
-        wait_until(lambda: status_of(browser) == "reconnecting", 15, "the drop noticed")
+        wait_until(lambda: status_of(browser) == "reconnecting", 15, "the drop noticed", browser)
         stack.make("start", "SERVICE=api")
         stack.wait_ready("api")
-        wait_until(lambda: status_of(browser) == "live", 30, "the socket back")
+        wait_until(lambda: status_of(browser) == "live", 30, "the socket back", browser)
         post_score(stack, "dash-second", "Second Wind", 8)
-        wait_until(lambda: "Second Wind" in text_of(browser, "#players"), 15, "a score after it")
+        wait_until(
+            lambda: "Second Wind" in text_of(browser, "#players"), 15, "a score after it", browser
+        )
         assert browser.execute_script("return window.__sameDocument") is True
 
         # Another period: the views are read again and followed on that period's topics.
         Select(browser.find_element("css selector", "#period")).select_by_value("daily")
-        wait_until(lambda: "period=daily" in browser.current_url, 5, "the period in the URL")
-        wait_until(lambda: rows(browser, "#players") == 10, 10, "the day's top players")
+        wait_until(
+            lambda: "period=daily" in browser.current_url, 5, "the period in the URL", browser
+        )
+        wait_until(lambda: rows(browser, "#players") == 10, 10, "the day's top players", browser)
         post_score(stack, "dash-third", "Third Act", 12)
-        wait_until(lambda: "Third Act" in text_of(browser, "#players"), 15, "the day's new score")
+        wait_until(
+            lambda: "Third Act" in text_of(browser, "#players"), 15, "the day's new score", browser
+        )
 
     finally:
         sim.send_signal(signal.SIGTERM)
@@ -277,7 +325,7 @@ def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, brow
     )
     assert made.status_code == 201, made.text
     browser.get(f"{stack.api}/?board=minutely&period=season")
-    wait_until(lambda: status_of(browser) == "live", 15, "the socket open")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
     options = browser.execute_script(
         "return [...document.querySelectorAll('#period option')].map((o) => o.value)"
     )
@@ -298,7 +346,9 @@ def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, brow
 
     # A score of this season shows; at zero the page reads again and the new season is empty.
     post_score(stack, "dash-season", "Season Opener", 1, board="minutely")
-    wait_until(lambda: "Season Opener" in text_of(browser, "#players"), 15, "the season's score")
-    wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds")
-    wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown")
-    wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty")
+    wait_until(
+        lambda: "Season Opener" in text_of(browser, "#players"), 15, "the season's score", browser
+    )
+    wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds", browser)
+    wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown", browser)
+    wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty", browser)

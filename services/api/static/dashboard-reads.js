@@ -9,6 +9,7 @@ const NAME_RETRY_MS = 10000; // a player not found yet (not merged yet) is looke
 const MAX_LOOKUPS = 8; // name look-ups in flight at once
 const SEND_GAP_MS = 150; // stay well inside the socket's message rate
 const MAX_BACKOFF_MS = 15000;
+const RETRY_MS = 2000; // a read that failed (the API restarting, say) is tried again after this
 
 const state = {
   board: null,
@@ -30,6 +31,7 @@ const state = {
   endsAt: null, // when the shown period ends (ms since the epoch), from the global read; null: never
   periodId: null, // the period id of the global read
   rereadAt: 0, // when the countdown last re-read at its end
+  retries: new Map(), // view name -> the timer of its next try after a failed read
 };
 
 const $ = (selector) => document.querySelector(selector);
@@ -60,6 +62,20 @@ const readers = {
   stats: () => getJSON(boardPath(`/stats?period=${state.period}`)),
 };
 
+// A failed read says why in its table and is tried again, once at a time, until it answers or
+// the board changes: a view does not wait for the next push to recover.
+function retryLater(name, again) {
+  const board = state.board;
+  clearTimeout(state.retries.get(name));
+  state.retries.set(
+    name,
+    setTimeout(() => {
+      state.retries.delete(name);
+      if (board === state.board) again();
+    }, RETRY_MS),
+  );
+}
+
 async function load(name) {
   const board = state.board;
   try {
@@ -68,20 +84,25 @@ async function load(name) {
     if (name === "players") noteEnd(view);
     show(name, view);
   } catch (error) {
-    if (board === state.board) renderError(name, error);
+    if (board !== state.board) return;
+    console.warn(name, error.message);
+    renderError(name, error);
+    retryLater(name, () => load(name));
   }
 }
 
 async function loadRegion(region) {
   const board = state.board;
+  const scope = `region:${region}`;
   try {
-    const scope = `region:${region}`;
     const view = await getJSON(
       boardPath(`/leaderboard?scope=${encodeURIComponent(scope)}&period=${state.period}&limit=5`),
     );
-    if (board === state.board) show(`region:${region}`, view);
+    if (board === state.board) show(scope, view);
   } catch (error) {
-    console.warn("region", region, error);
+    if (board !== state.board) return;
+    console.warn(scope, error.message);
+    retryLater(scope, () => loadRegion(region));
   }
 }
 
