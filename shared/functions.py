@@ -46,15 +46,24 @@ WRITE_FUNCTION = "ladder_write_v9"
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
-MERGE_FUNCTION = "ladder_merge_v3"
+MERGE_FUNCTION = "ladder_merge_v4"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
 each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
 set being built and the board's dense marker come in as keys, the marker's member as an
 argument; the global view keeps a distinct-score set only where it is read densely. v3: the
-board's hidden users as a seventh key: their records are kept without their members.)"""
-DENSE_BUILD_FUNCTION = "ladder_dense_build_v1"
+board's hidden users as a seventh key: their records are kept without their members. v4: the
+board's merge lease as an eighth key and the caller's lease token before the marks: a caller
+that lost the lease writes nothing.)"""
+DENSE_BUILD_FUNCTION = "ladder_dense_build_v2"
 """A step of building a global or regional view's distinct-score set from the view, for dense
-reads."""
+reads. (v2: under the board's merge lease, as the merge.)"""
+LEASE_HOLD_FUNCTION = "ladder_lease_hold_v1"
+"""Take or renew a board's merge lease; its token ("<fence>|<owner>"), or '' while another
+aggregator holds it."""
+LEASE_RELEASE_FUNCTION = "ladder_lease_release_v1"
+"""Give a board's merge lease up, if still held with the token."""
+MERGE_TAKE_FUNCTION = "ladder_merge_take_v1"
+"""Under the merge lease: the dirty set becomes the merging set, unless one is there already."""
 HOT_ADD_FUNCTION = "ladder_hot_add_v1"
 """Add events to the hot view's event set and windows, once per event."""
 HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
@@ -129,6 +138,9 @@ REGISTERED: dict[str, str] = {
     "put": PUT_FUNCTION,
     "merge": MERGE_FUNCTION,
     "dense_build": DENSE_BUILD_FUNCTION,
+    "lease_hold": LEASE_HOLD_FUNCTION,
+    "lease_release": LEASE_RELEASE_FUNCTION,
+    "merge_take": MERGE_TAKE_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,

@@ -87,6 +87,15 @@ class Keys:
     def dirty_merging(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:dirty:merging"
 
+    def merge_lease(self, board_id: str) -> str:
+        """``{P:B}:merge:lease`` (string, expiring): "<fence>|<owner>", the aggregator that merges
+        the board now (services/aggregator/lease.py)."""
+        return f"{self.tag(board_id)}:merge:lease"
+
+    def merge_fence(self, board_id: str) -> str:
+        """``{P:B}:merge:fence`` (counter): the fence of the board's latest merge lease."""
+        return f"{self.tag(board_id)}:merge:fence"
+
     def as_of(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:asof"
 

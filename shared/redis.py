@@ -22,6 +22,7 @@ LUA_FILES = (
     "common",
     "write",
     "limits",
+    "lease",
     "merge",
     "dense",
     "hide",

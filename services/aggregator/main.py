@@ -21,6 +21,7 @@ from services.aggregator.closer import Closer
 from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.lease import MergeLease
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
@@ -90,7 +91,10 @@ async def run(settings: LadderSettings) -> None:
     async with open_redis(settings.redis_url, load_functions=True) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
-        merger, fresh = Merger(redis, keys), FreshRegions()
+        # A board's merge lease lasts three merge intervals: the boards of an aggregator that
+        # died are merged by another within that (lease.py).
+        lease = MergeLease(redis, keys, ttl=3 * settings.merge_interval)
+        merger, fresh = Merger(redis, keys, lease), FreshRegions()
         live = LiveViews(redis, keys)
         # Derived first: a user the merge finds dirty has its regions set already.
         handler = Each(

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import orjson
 import structlog
 from prometheus_client import Counter, Histogram
 from redis.asyncio import Redis
@@ -40,19 +39,17 @@ from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
+from services.aggregator.lease import LeaseLost, MergeLease, lost
 from services.aggregator.marks import by_user
+from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
-from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION
+from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
 from shared.keys import Keys, dirty_member
 from shared.periods import Period
 from shared.ranking import (
     MAX_SCORE,
-    id_of,
-    metadata_of,
     reached_of,
-    score_of,
-    subscore_of,
     tie_key,
 )
 from shared.submit import board_period_expiry
@@ -61,7 +58,6 @@ log = structlog.get_logger(__name__)
 
 MERGED = Counter("ladder_aggregator_merged_users_total", "User entries merged into global")
 MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board's merge")
-PUSHES = Counter("ladder_aggregator_top_pushes_total", "Top-10 changes published")
 
 # Users a merge call takes: one Redis function call, a few ms of Redis on a board of a million,
 # during which every other client waits (a score write, a publish on the way to a push).
@@ -70,12 +66,11 @@ CHUNK = 250
 # Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
-TOP = 10
 # The scope of the global view, as the dense marker names it (shared/keys.py ``dense``), and
 # the start of a regional view's scope in the build set ("region:<region>").
 GLOBAL = "global"
 REGION = "region:"
-# Members a step of a dense build takes (ladder_dense_build_v1): about a millisecond of Redis.
+# Members a step of a dense build takes (ladder_dense_build_v2): about a millisecond of Redis.
 BUILD_STEP = 2000
 # A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
 # stays the only place that spells them. NUL is in no id.
@@ -132,28 +127,15 @@ def combine(operator: str, entries: list[Entry]) -> Entry | None:
     return total, tie_key(reached[latest]), entries[latest][2]
 
 
-def top_entry(
-    board: Board, rank: int, member: str, stored: float, name: str | None, raw: str | None
-) -> dict[str, Any]:
-    """A ``leaderboard`` push's entry, shaped as the reads' (docs/api.md section 5)."""
-    entry: dict[str, Any] = {
-        "rank": rank,
-        "user_id": id_of(member),
-        "score": score_of(stored, board.descending),
-        "display_name": name,
-        "metadata": metadata_of(raw),
-    }
-    if board.subscore_order is not None:
-        entry["subscore"] = subscore_of(member, board.subscore_order)
-    return entry
-
-
 class Merger:
     """Merges boards' dirty users into their global views, a bounded pass at a time."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, lease: MergeLease | None = None) -> None:
         self._redis = redis
         self._keys = keys
+        # A board is merged by one aggregator at a time (lease.py); by default the lease lasts
+        # three of LADDER_MERGE_INTERVAL's default 2 s.
+        self.lease = lease or MergeLease(redis, keys, ttl=6.0)
         self._brackets = GlobalBrackets(redis, keys)
         # Periods each board's current batch has merged so far: their ``as_of`` moves when the
         # batch is drained (lost on a restart, it then says older, never newer, than the view).
@@ -163,30 +145,68 @@ class Merger:
         self.build_step = BUILD_STEP
         self.behind: set[str] = set()
         """Boards whose batch a pass left partway (its budget spent): more to merge now."""
+        self._partway: set[str] = set()
+        """Boards whose merging set a pass of this merger left partway, under its lease."""
 
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
         """Merge what is dirty of ``board``, for at most ``budget`` seconds (``None``: all of it);
-        returns how many users were merged. What the budget leaves stays in the merging set."""
-        dirty, merging = self._keys.dirty(board.board_id), self._keys.dirty_merging(board.board_id)
-        if not await self._redis.exists(merging):
-            try:
-                await self._redis.rename(dirty, merging)
-            except ResponseError:
-                self.behind.discard(board.board_id)
-                return 0  # nothing dirty
-        with MERGE_SECONDS.time():
-            deadline = None if budget is None else time.monotonic() + budget
-            work = Pass(board)
-            cursor, drained = 0, False
-            while not drained:
-                cursor, marks = await self._take(merging, cursor)
-                drained = cursor == 0
-                await self._merge_round(work, merging, marks)
-                if deadline is not None and time.monotonic() >= deadline:
-                    break
-            await self._finish(work, drained)
+        returns how many users were merged. What the budget leaves stays in the merging set, and
+        the board's merge lease with this aggregator; once drained, the lease is given up. A board
+        whose lease another aggregator holds is left to it (0)."""
+        bid = board.board_id
+        if not await self.lease.hold(bid):
+            self.behind.discard(bid)
+            return 0
+        work = Pass(board)
+        try:
+            if not await self._take_dirty(bid):
+                self.behind.discard(bid)
+                await self.lease.release(bid)
+                return 0
+            with MERGE_SECONDS.time():
+                drained = await self._drain(work, budget)
+                await self._finish(work, drained)
+        except LeaseLost:
+            log.warning("merge lease taken over; the board's pass stops", board_id=bid)
+            self.behind.discard(bid)
+            self._partway.discard(bid)
+            self._merged.pop(bid, None)
         MERGED.inc(work.written)
         return work.written
+
+    async def _take_dirty(self, bid: str) -> bool:
+        """Under the lease: the dirty set renamed to the merging set, unless a merging set waits
+        already; whether there is anything to merge."""
+        keys = self._keys
+        lease_keys = [keys.merge_lease(bid), keys.dirty(bid), keys.dirty_merging(bid)]
+        return bool(await self._call(MERGE_TAKE_FUNCTION, lease_keys, self.lease.token(bid)))
+
+    async def _drain(self, work: Pass, budget: float | None) -> bool:
+        """Rounds of the merging set until it is drained (``True``) or ``budget`` is spent; the
+        lease is renewed before each round after the first."""
+        bid = work.board.board_id
+        merging = self._keys.dirty_merging(bid)
+        deadline = None if budget is None else time.monotonic() + budget
+        cursor, drained, first = 0, False, True
+        while not drained:
+            if not first:
+                await self.lease.renew(bid)
+            first = False
+            cursor, marks = await self._take(merging, cursor)
+            drained = cursor == 0
+            await self._merge_round(work, merging, marks)
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return drained
+
+    async def _call(self, function: str, keys: list[str], *args: Any) -> Any:
+        """``FCALL`` of a function that checks the merge lease; :class:`LeaseLost` if refused."""
+        try:
+            return await self._redis.fcall(function, len(keys), *keys, *args)
+        except ResponseError as error:
+            if lost(error):
+                raise LeaseLost(keys[0]) from error
+            raise
 
     async def push_fresh(self, board: Board, fresh: FreshRegions) -> int:
         """The top-10 pushes of the regional views that events changed since the last call
@@ -197,48 +217,65 @@ class Merger:
             if period in board.periods:
                 by_period[(period, period_id)].append(f"region:{region}")
         for (period, period_id), scopes in by_period.items():
-            await self._push_tops(board, period, period_id, sorted(scopes))
+            await push_tops(self._redis, self._keys, board, period, period_id, sorted(scopes))
         return len(views)
 
     async def build_dense(self, board: Board, budget: float | None = None) -> int:
         """Build the distinct-score sets that dense reads of ``board``'s global and regional
         views asked for (``{P:B}:dense:build``), a step a call, one call at a time, for at most
-        ``budget`` seconds (``None``: until done); returns how many views were finished. What
-        the budget leaves goes on from its cursor at the next pass (from the top after a
-        restart, which only adds pairs again: the merge, for a global view, and the derive
-        step, for a regional one, keep the set being built up to date meanwhile)."""
+        ``budget`` seconds (``None``: until done), under the board's merge lease; returns how many
+        views were finished. What the budget leaves goes on from its cursor at the next pass
+        (from the top after a restart, or in another aggregator, which only adds pairs again: the
+        merge, for a global view, and the derive step, for a regional one, keep the set being
+        built up to date meanwhile)."""
         keys, bid = self._keys, board.board_id
         wanted = [str(item) for item in await self._redis.smembers(keys.dense_build(bid))]
+        if not wanted or not await self.lease.hold(bid):
+            return 0
         deadline = None if budget is None else time.monotonic() + budget
         done = 0
-        for item in sorted(wanted):
-            period, period_id, scope = item.split("|", 2)
-            if period not in board.periods:
-                continue
-            if scope == GLOBAL:
-                view = keys.global_view(bid, period, period_id)
-            elif scope.startswith(REGION):
-                view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
-            else:
-                continue  # a team board keeps its set always (the derive step's put_entry)
-            expiry = board_period_expiry(board, period, period_id)
-            build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
-            build_keys.append(keys.dense_build(bid))
-            cursor: list[str] = self._building.get(item, ["", ""])
-            while True:
-                reply: Any = await self._redis.fcall(
-                    DENSE_BUILD_FUNCTION, 4, *build_keys, expiry, item, *cursor, self.build_step
-                )
-                if not reply:
-                    self._building.pop(item, None)
-                    done += 1
-                    break
-                cursor = [str(reply[0]), str(reply[1])]
-                self._building[item] = cursor
-                if deadline is not None and time.monotonic() >= deadline:
+        try:
+            for item in sorted(wanted):
+                period, period_id, scope = item.split("|", 2)
+                if period not in board.periods:
+                    continue
+                if scope == GLOBAL:
+                    view = keys.global_view(bid, period, period_id)
+                elif scope.startswith(REGION):
+                    view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
+                else:
+                    continue  # a team board keeps its set always (the derive step's put_entry)
+                if not await self._build_view(board, item, view, deadline):
                     self.behind.add(bid)
                     return done
+                done += 1
+        except LeaseLost:
+            log.warning("merge lease taken over; the board's dense builds stop", board_id=bid)
+            return done
+        if bid not in self._partway:  # no merge pass left partway either
+            await self.lease.release(bid)
         return done
+
+    async def _build_view(self, board: Board, item: str, view: str, deadline: float | None) -> bool:
+        """Steps of one view's build until it is done (``True``) or past ``deadline``."""
+        keys, bid = self._keys, board.board_id
+        period, period_id, _ = item.split("|", 2)
+        expiry = board_period_expiry(board, cast(Period, period), period_id)
+        build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
+        build_keys += [keys.dense_build(bid), keys.merge_lease(bid)]
+        token = self.lease.token(bid)
+        cursor: list[str] = self._building.get(item, ["", ""])
+        while True:
+            reply: Any = await self._call(
+                DENSE_BUILD_FUNCTION, build_keys, expiry, item, *cursor, self.build_step, token
+            )
+            if not reply:
+                self._building.pop(item, None)
+                return True
+            cursor = [str(reply[0]), str(reply[1])]
+            self._building[item] = cursor
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     async def _take(self, merging: str, cursor: int) -> tuple[int, list[str]]:
         """About a round of marks from the merging set, and where the scan goes on (a mark the
@@ -273,12 +310,14 @@ class Merger:
 
     async def _finish(self, work: Pass, drained: bool) -> None:
         """After a pass: ``as_of`` once drained, then brackets and top-10 pushes of what it
-        changed. ``as_of`` first: a reader that sees the pass's entries should find the time it
-        was merged by, not the one before (or none, on a period's first merge)."""
+        changed, then the lease given up if drained. ``as_of`` first: a reader that sees the
+        pass's entries should find the time it was merged by, not the one before (or none, on a
+        period's first merge). A drained merging set is gone already: each merge call took its
+        marks out."""
         board, bid = work.board, work.board.board_id
         if drained:
             self.behind.discard(bid)
-            await self._redis.delete(self._keys.dirty_merging(bid))
+            self._partway.discard(bid)
             periods = self._merged.pop(bid, set())
             if periods:
                 now = rfc3339(datetime.now(UTC))
@@ -287,10 +326,13 @@ class Merger:
                 )
         else:
             self.behind.add(bid)
+            self._partway.add(bid)
         for (period, period_id), touched in work.periods.items():
             await self._brackets.announce(board, period, period_id, touched.before, touched.changed)
             scopes = ["global", *(f"region:{r}" for r in sorted(touched.regions))]
-            await self._push_tops(board, period, period_id, scopes)
+            await push_tops(self._redis, self._keys, board, period, period_id, scopes)
+        if drained:
+            await self.lease.release(bid)
 
     async def _merge_period(
         self, board: Board, period: Period, period_id: str, marks: list[str], touched: Touched
@@ -308,6 +350,7 @@ class Merger:
             keys.distinct_building(global_key),
             keys.dense(bid),
             keys.hidden(bid),
+            keys.merge_lease(bid),
         ]
         head = [
             expiry or 0,
@@ -316,12 +359,11 @@ class Merger:
             *_ends(keys.user_regions(bid, _SLOT)),
             *_ends(dirty_member(period, period_id, _SLOT, "")),
             GLOBAL,
+            self.lease.token(bid),
         ]
         merged = 0
         for chunk in by_user(marks, CHUNK):
-            reply: Any = await self._redis.fcall(
-                MERGE_FUNCTION, len(view_keys), *view_keys, *head, *chunk
-            )
+            reply: Any = await self._call(MERGE_FUNCTION, view_keys, *head, *chunk)
             moved, refused, regions, users = reply
             touched.changed.update(moved)
             touched.regions.update(regions)
@@ -329,58 +371,3 @@ class Merger:
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
         return merged
-
-    async def _push_tops(
-        self, board: Board, period: Period, period_id: str, scopes: list[str]
-    ) -> None:
-        keys, bid = self._keys, board.board_id
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for scope in scopes:
-                pipe.zrevrange(keys.board_view(bid, period, period_id, scope), 0, TOP - 1, True)
-                pipe.get(keys.last_top(bid, period, period_id, scope))
-            replies = await pipe.execute()
-        members = {id_of(m) for rows in replies[0::2] for m, _ in rows}
-        # The tops' display names and records (their metadata), in one round trip.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if members:
-                pipe.hmget(keys.names(bid), list(members))
-            for scope, rows in zip(scopes, replies[0::2], strict=True):
-                if rows:
-                    view = keys.board_view(bid, period, period_id, scope)
-                    pipe.hmget(keys.ties(view), [id_of(m) for m, _ in rows])
-            found = await pipe.execute()
-        names: dict[str, str | None] = (
-            dict(zip(members, found.pop(0), strict=True)) if members else {}
-        )
-        held = iter(found)
-        records: list[list[Any]] = [next(held) if rows else [] for rows in replies[0::2]]
-        expiry = board_period_expiry(board, period, period_id) or None
-        changed = 0
-        async with self._redis.pipeline(transaction=False) as pipe:
-            # Every changed scope's swap and push in one round trip.
-            for scope, rows, last, kept in zip(
-                scopes, replies[0::2], replies[1::2], records, strict=True
-            ):
-                entries = [
-                    top_entry(board, i + 1, m, c, names.get(id_of(m)), raw)
-                    for i, ((m, c), raw) in enumerate(zip(rows, kept, strict=True))
-                ]
-                fingerprint = orjson.dumps(entries).decode()
-                if fingerprint == last:
-                    continue
-                message = {
-                    "type": "leaderboard",
-                    "board_id": bid,
-                    "scope": scope,
-                    "period": period,
-                    "period_id": period_id,
-                    "entries": entries,
-                }
-                pipe.set(keys.last_top(bid, period, period_id, scope), fingerprint)
-                if expiry is not None:
-                    pipe.expireat(keys.last_top(bid, period, period_id, scope), expiry)
-                pipe.publish(keys.board_channel(bid, scope, period), orjson.dumps(message))
-                changed += 1
-            if changed:
-                await pipe.execute()
-        PUSHES.inc(changed)

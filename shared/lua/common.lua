@@ -155,3 +155,15 @@ end
 local function expire_made(made, keys, at)
   if made then expire(keys, at) end
 end
+
+-- Whether the merge lease (lease.lua) is held with `token`, its whole value "<fence>|<owner>"
+-- (an owner names one process, so a token is never given twice). The writes of a board's merge
+-- check it in the step that writes, so an aggregator that lost the lease (paused past its
+-- time, then resumed) writes nothing after another took it over.
+local function holds(lease, token)
+  return redis.call('GET', lease) == token
+end
+
+local function fenced()
+  return redis.error_reply('FENCED the board\'s merge lease is held by another aggregator')
+end

@@ -8,12 +8,15 @@ only adds the pairs that entries hold now; a pair whose last holder leaves is ta
 that writer. When the walk passes the last pair, the set is renamed to the view's distinct set,
 which reads then use.
 
-KEYS: the view, its distinct set, the set being built, the board's build set (shared/keys.py).
-ARGV: expire-at (0: never), the view's member of the build set, the cursor (the last pair
-added: signed score and subscore part; '' and '' to start), how many members to take. Returns
-the cursor to go on from, or {} once done (the build set then no longer names the view).
+KEYS: the view, its distinct set, the set being built, the board's build set, the board's merge
+lease (shared/keys.py). ARGV: expire-at (0: never), the view's member of the build set, the
+cursor (the last pair added: signed score and subscore part; '' and '' to start), how many
+members to take, the token the caller holds the lease with. Returns the cursor to go on from, or
+{} once done (the build set then no longer names the view); an error (FENCED) if the lease is
+not held with that token.
 ]]
 local function dense_build(keys, args)
+  if not holds(keys[5], args[6]) then return fenced() end
   local view, distinct, building = keys[1], keys[2], keys[3]
   local at, count = tonumber(args[1]), tonumber(args[5])
   if redis.call('EXISTS', distinct) == 1 then -- done before, or a new view's, made by the merge

@@ -33,11 +33,13 @@ board period, each of whose users is combined from its records in the regions it
 (combine() in merge.py is the reference; the tests hold this to it) and put in the global view.
 
 KEYS: global view, its distinct set, its records, the merging set, the distinct set being built,
-the board's dense marker, the board's hidden users (shared/keys.py). ARGV: expire-at (0: never), operator, the two ends of a
-region view's records key (prefix, suffix: the key is prefix .. region .. suffix), the two ends of
-a user's regions key, the two parts of a dirty mark (prefix, separator: the mark is prefix ..
-region .. separator .. id), the marker's member for this scope ('global'), then the marks, as
-the merging set holds them. Returns {ids whose global entry changed, ids whose sum was out of
+the board's dense marker, the board's hidden users, the board's merge lease (shared/keys.py).
+ARGV: expire-at (0: never), operator, the two ends of a region view's records key (prefix,
+suffix: the key is prefix .. region .. suffix), the two ends of a user's regions key, the two
+parts of a dirty mark (prefix, separator: the mark is prefix .. region .. separator .. id), the
+marker's member for this scope ('global'), the token the caller holds the lease with (lease.lua),
+then the marks, as the merging set holds them. An error (FENCED) if the lease is not held with
+that token: nothing is written. Returns {ids whose global entry changed, ids whose sum was out of
 range, the regions the marks name, how many users were merged}.
 
 The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
@@ -116,11 +118,13 @@ end
 -- The chunk's users from its marks (ARGV from 10): c.ids (in order of their first mark),
 -- c.marked[i] (the first region a mark of user i names), c.more[i] (a list of the others, if
 -- any), and c.regions (each region the marks name, once).
+local FIRST_MARK = 11 -- merge()'s first mark among its arguments
+
 local function users_of(args)
   local plen, sep = #args[7], args[8]
   local c = {ids = {}, marked = {}, more = {}, regions = {}}
   local index, named, n = {}, {}, 0
-  for j = 10, #args do
+  for j = FIRST_MARK, #args do
     local mark = args[j]
     local at = string.find(mark, sep, plen + 1, true)
     local region, id = string.sub(mark, plen + 1, at - 1), string.sub(mark, at + #sep)
@@ -305,10 +309,11 @@ local function kept_distinct(keys, marker_member)
 end
 
 local function merge(keys, args)
+  if not holds(keys[8], args[10]) then return fenced() end
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
              user_suffix = args[6]}
-  if #args < 10 then return {{}, {}, {}, 0} end
+  if #args < FIRST_MARK then return {{}, {}, {}, 0} end
   local c = users_of(args)
   read_records(t, c)
   local olds = redis.call('HMGET', v.ties, unpack(c.ids))
@@ -330,7 +335,7 @@ local function merge(keys, args)
   end
   write_batch(v, w)
   -- The marks go in the step that merged them: a crash leaves them, never loses them.
-  batched('SREM', keys[4], {unpack(args, 10)})
+  batched('SREM', keys[4], {unpack(args, FIRST_MARK)})
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
   expire(made, tonumber(args[1]))

@@ -68,19 +68,24 @@ async def scenario(entries: dict, subscored: bool, step: int) -> None:
             assert await dense_counts(redis, view, users) == [[n] for n in want]
             # The build, a step of ``step`` members a call, until it says it is done.
             await redis.sadd(build, "alltime|all|global")
+            # Built under the board's merge lease, held here with token "1|test".
+            lease = f"{{{prefix}:b}}:merge:lease"
+            await redis.set(lease, "1|test")
             cursor = ["", ""]
             for _ in range(200):
                 reply = await redis.fcall(  # type: ignore[misc]
                     DENSE_BUILD_FUNCTION,
-                    4,
+                    5,
                     view,
                     Keys.distinct(view),
                     Keys.distinct_building(view),
                     build,
+                    lease,
                     0,
                     "alltime|all|global",
                     *cursor,
                     step,
+                    "1|test",
                 )
                 if not reply:
                     break

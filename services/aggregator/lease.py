@@ -1,0 +1,78 @@
+"""A board's merge lease: one aggregator at a time merges a board (shared/lua/lease.lua).
+
+Several aggregators may run (more consumers of the aggregator queue, or a restart that overlaps
+the process it replaces). Each board's merge, from taking the dirty set to draining it, and its
+dense builds, are done by the aggregator that holds the board's lease. The lease expires after
+``ttl`` seconds unless renewed (three merge intervals: an aggregator that died leaves its boards
+to the others within that). Each new holder gets a token, a higher fence and its owner name,
+which the merge's writes check in Redis: a holder that lost the lease writes nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from shared.functions import LEASE_HOLD_FUNCTION, LEASE_RELEASE_FUNCTION
+from shared.keys import Keys
+
+
+class LeaseLost(Exception):
+    """The board's merge lease is held by another aggregator now: stop the board's work."""
+
+
+def lost(error: ResponseError) -> bool:
+    """Whether a merge call was refused because the caller no longer holds the lease."""
+    return str(error).startswith("FENCED")
+
+
+class MergeLease:
+    """The merge leases of one aggregator (``owner``), board by board."""
+
+    def __init__(self, redis: Redis, keys: Keys, ttl: float, owner: str | None = None) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_ms = max(1, round(ttl * 1000))
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._tokens: dict[str, str] = {}
+
+    def token(self, board_id: str) -> str:
+        """The token this aggregator holds ``board_id``'s lease with (after :meth:`hold`)."""
+        return self._tokens[board_id]
+
+    async def hold(self, board_id: str) -> bool:
+        """Take or renew the lease of ``board_id``; ``False`` while another aggregator holds it.
+        A holder whose lease expired unnoticed and was taken by no one gets a new token."""
+        keys = self._keys
+        token = await self._redis.fcall(
+            LEASE_HOLD_FUNCTION,
+            2,
+            keys.merge_lease(board_id),
+            keys.merge_fence(board_id),
+            self.owner,
+            self._ttl_ms,
+        )
+        if not token:
+            self._tokens.pop(board_id, None)
+            return False
+        self._tokens[board_id] = str(token)
+        return True
+
+    async def renew(self, board_id: str) -> None:
+        """Renew a lease held since :meth:`hold`; raises :class:`LeaseLost` if another took it
+        meanwhile (a new token of our own is not the one the work began with, either)."""
+        held = self._tokens.get(board_id)
+        if not await self.hold(board_id) or self._tokens[board_id] != held:
+            raise LeaseLost(board_id)
+
+    async def release(self, board_id: str) -> None:
+        """Give the lease of ``board_id`` up, if this aggregator still holds it."""
+        token = self._tokens.pop(board_id, None)
+        if token is not None:
+            await self._redis.fcall(
+                LEASE_RELEASE_FUNCTION, 1, self._keys.merge_lease(board_id), token
+            )

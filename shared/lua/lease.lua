@@ -1,0 +1,53 @@
+--[[
+A board's merge lease (services/aggregator/lease.py): one aggregator at a time merges a board
+(and builds its distinct-score sets), so two aggregators never take, merge or drop each other's
+dirty marks. The lease is a string "<fence>|<owner>", the holder's token, that expires unless
+renewed; the fence is a counter of the board that goes up at every new holder, and the writes of
+the merge check the token (common.lua's holds()), so a holder that lost the lease writes nothing
+after it.
+
+Take or renew. KEYS: the lease, the fence counter. ARGV: the owner, milliseconds to hold it.
+Returns the token held, or '' while another owner holds the lease.
+]]
+local function lease_hold(keys, args)
+  local held = redis.call('GET', keys[1])
+  if held then
+    local owner = string.match(held, '^%d+|(.*)$')
+    if owner ~= args[1] then return '' end
+    redis.call('PEXPIRE', keys[1], args[2])
+    return held
+  end
+  local token = redis.call('INCR', keys[2]) .. '|' .. args[1]
+  redis.call('SET', keys[1], token, 'PX', args[2])
+  return token
+end
+
+redis.register_function(FUNCTIONS.lease_hold, lease_hold)
+
+--[[
+Give the lease up, if still held with this token. KEYS: the lease. ARGV: the token. Returns 1 if
+it was given up, 0 if another holds it (or nobody does).
+]]
+local function lease_release(keys, args)
+  if not holds(keys[1], args[1]) then return 0 end
+  redis.call('DEL', keys[1])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.lease_release, lease_release)
+
+--[[
+Take the dirty marks of a board for a merge: the dirty set becomes the merging set, unless a
+merging set is there already (a pass left it partway, or its holder died), which is then
+merged first. KEYS: the lease, the dirty set, the merging set. ARGV: the token. Returns 1 if
+there are marks to merge, 0 if none; an error (FENCED) if the lease is not held with the token.
+]]
+local function merge_take(keys, args)
+  if not holds(keys[1], args[1]) then return fenced() end
+  if redis.call('EXISTS', keys[3]) == 1 then return 1 end
+  if redis.call('EXISTS', keys[2]) == 0 then return 0 end
+  redis.call('RENAME', keys[2], keys[3])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.merge_take, merge_take)
