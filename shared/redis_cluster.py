@@ -11,18 +11,23 @@
 - A PUBLISH goes to the primary of its channel's slot, alone or in a pipeline (redis-py's
   cluster pipeline refuses one, and its client asks a node for a PUBLISH's keys).
 - ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
-  slot map and sends the command where the slot is now.
+  slot map and sends the command where the slot is now. A command it gives up on while its slot
+  moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterError, ResponseError
 
 FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
+SLOT_MOVE_WAIT = 10.0
+"""Seconds a command is sent again while its slot moves to another primary."""
 
 
 def function_missing(exc: BaseException) -> bool:
@@ -57,12 +62,25 @@ class LadderCluster(RedisCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().execute_command(*args, **kwargs)
+            return await self._redirected(*args, **kwargs)
         except ResponseError as exc:
             if not (self.library and function_missing(exc)):
                 raise
         await self.load_library()
-        return await super().execute_command(*args, **kwargs)
+        return await self._redirected(*args, **kwargs)
+
+    async def _redirected(self, *args: Any, **kwargs: Any) -> Any:
+        """The command, sent again while its slot moves: redis-py gives up after sixteen
+        redirections (``TTL exhausted``: about half a second of ``TRYAGAIN``, which a call of
+        several keys gets until the last of them has moved), none of which ran it."""
+        deadline = time.monotonic() + SLOT_MOVE_WAIT
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except ClusterError as exc:
+                if "TTL exhausted" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
