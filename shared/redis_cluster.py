@@ -101,9 +101,22 @@ class LadderClusterPipeline(ClusterPipeline):
 
     cluster_client: LadderCluster
 
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._transaction:
+            # redis-py's cluster transaction hands a command's options to its reply's parser,
+            # and the parsers of SMEMBERS and the like take none: the keys a command names for
+            # client-side caching (which Ladder does not use) are dropped.
+            kwargs.pop("keys", None)
+        return super().execute_command(*args, **kwargs)
+
     def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
         """Queued as any keyed command: redis-py's cluster pipeline refuses a PUBLISH."""
         return self.execute_command("PUBLISH", channel, message, **kwargs)
+
+    def unlink(self, *names: Any) -> Any:
+        """Queued, as ``DEL`` is (redis-py's cluster pipeline makes ``unlink`` a coroutine that
+        a caller queueing it does not await, and nothing is sent)."""
+        return self._split_command_across_slots("UNLINK", *names)
 
     def pfcount(self, *sources: Any) -> Any:
         """Queued as any keyed command (refused as ``PUBLISH`` is); the keys share one slot."""
