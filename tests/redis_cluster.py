@@ -115,9 +115,12 @@ class PrivateCluster:
         roles = self.roles()
         if sorted(roles.values()).count("master") != 3 or len(roles) != len(self.processes):
             return False
-        for port in roles:
+        for port, role in roles.items():
             with self.client(port) as client:
                 if client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    return False
+                # A replica that has not synced once cannot take its primary's place.
+                if role == "slave" and client.info("replication")["master_link_status"] != "up":
                     return False
         return True
 
