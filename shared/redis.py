@@ -118,6 +118,8 @@ async def open_redis(
             LadderCluster,
             LadderCluster.from_url(url, decode_responses=True, health_check_interval=15, **options),
         )
+        if "connection_class" in options:
+            node.use_connection_class(options["connection_class"])
         if load_functions:
             node.library = library_source()
         client = cast(Redis, node)

@@ -22,6 +22,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from redis.asyncio import Connection
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import ClusterError, ResponseError
 
@@ -41,6 +42,14 @@ class LadderCluster(RedisCluster):
 
     library: str = ""
     """The library's source (shared.redis.library_source), set by shared.redis.open_redis."""
+
+    def use_connection_class(self, connection_class: type[Connection]) -> None:
+        """Make every node's connections of ``connection_class`` (``RedisCluster`` takes none:
+        it makes them plain ``Connection`` objects), the nodes known now and those found later."""
+        self.connection_kwargs["connection_class"] = connection_class
+        self.nodes_manager.connection_kwargs["connection_class"] = connection_class
+        for node in self.nodes_manager.startup_nodes.values():
+            node.connection_class = connection_class
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         # args: the function's name, the number of keys, the keys, the arguments.
