@@ -128,11 +128,13 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 # tests' Redis a private cluster (LADDER_TEST_REDIS_CLUSTER=1). Deselected there: the two tests
 # that find the hub's connection with CLIENT LIST on one node, which a cluster client sends to any,
 # and the paused merge owner's, which counts on SSCAN rounds of at most 5,000 marks (a set's table
-# that grew while its primary forked for a replica's sync gives 5,001).
+# that grew while its primary forked for a replica's sync gives 5,001). tests/notifier is left
+# out: its badge tests read a channel up to a marker they publish, which on a cluster may arrive
+# before a badge published from another primary (docs/operations.md, "On a Redis Cluster").
 CLUSTER_SUITE ?= tests/api/test_idempotency.py tests/api/test_reads.py tests/api/test_friends.py \
 	tests/api/test_pubsub.py tests/api/test_erasure.py tests/api/test_hidden.py \
 	tests/aggregator/test_merge_function.py tests/aggregator/test_merge_lease.py \
-	tests/aggregator/test_merge_exact.py tests/notifier
+	tests/aggregator/test_merge_exact.py
 CLUSTER_DESELECT := -k "not a_killed_pubsub_connection and not a_silent_pubsub_connection \
 	and not a_paused_owner_is_taken_over"
 
