@@ -85,7 +85,7 @@ async def main(options: BenchSettings) -> int:
     report = Report()
     began = time.monotonic()
     async with (
-        open_redis(settings.redis_url) as redis,
+        open_redis(settings.redis_url, cluster=settings.redis_cluster) as redis,
         httpx.AsyncClient(timeout=30) as http,
     ):
         ladder = probes.Ladder(

@@ -37,7 +37,7 @@ DATABASE_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 
 async def clean_redis(settings: LadderSettings) -> int:
     prefix, removed = settings.key_prefix, 0
-    async with open_redis(settings.redis_url) as redis:
+    async with open_redis(settings.redis_url, cluster=settings.redis_cluster) as redis:
         for pattern in (f"{prefix}:*", "{" + prefix + ":*"):
             batch: list[str] = []
             async for key in redis.scan_iter(match=pattern, count=SCAN_COUNT):

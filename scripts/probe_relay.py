@@ -147,7 +147,7 @@ async def run(options: argparse.Namespace) -> None:
         try:
             ported = settings.model_copy(update={f"{s}_port": stack.ports[s] for s in SERVICES})
             async with (
-                open_redis(settings.redis_url) as redis,
+                open_redis(settings.redis_url, cluster=settings.redis_cluster) as redis,
                 httpx.AsyncClient(timeout=30) as http,
             ):
                 ladder = Ladder(ported, redis, http, KEY, "dev-admin-key")
@@ -158,7 +158,7 @@ async def run(options: argparse.Namespace) -> None:
                     print(await push(ladder, options.push), flush=True)
         finally:
             stack.shutdown()
-            async with open_redis(settings.redis_url) as redis:
+            async with open_redis(settings.redis_url, cluster=settings.redis_cluster) as redis:
                 for pattern in (f"{settings.key_prefix}:*", "{" + settings.key_prefix + ":*"):
                     found = [k async for k in redis.scan_iter(match=pattern, count=1000)]
                     for start in range(0, len(found), 1000):

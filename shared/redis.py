@@ -6,7 +6,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterator
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis.asyncio import Connection, Redis
@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from shared.functions import LIBRARY, REGISTERED
+from shared.redis_cluster import LadderCluster
 
 # The library's files in load order: common.lua first (what the others use), then each concern;
 # a file may use the local functions of those before it.
@@ -98,16 +99,32 @@ def library_source() -> str:
 
 
 @contextlib.asynccontextmanager
-async def open_redis(url: str, *, load_functions: bool = False) -> AsyncIterator[Redis]:
+async def open_redis(
+    url: str, *, load_functions: bool = False, cluster: bool = False
+) -> AsyncIterator[Redis]:
     """A client of ``url`` that decodes replies to ``str``, closed on exit.
 
     With ``load_functions`` the Ladder function library is (re)loaded first: loading replaces the
-    library atomically, so every process may do it at start-up.
+    library atomically, so every process may do it at start-up. With ``cluster`` the client is
+    a Redis Cluster's (shared/redis_cluster.py), ``url`` naming one of its nodes; it offers the
+    commands of ``Redis`` that Ladder uses, and is typed as one.
     """
     options: dict[str, Any] = {}
     if url.startswith("redis://"):
         options["connection_class"] = PackedConnection
-    client = Redis.from_url(url, decode_responses=True, health_check_interval=15, **options)
+    client: Redis
+    if cluster:
+        node = cast(
+            LadderCluster,
+            LadderCluster.from_url(url, decode_responses=True, health_check_interval=15, **options),
+        )
+        if "connection_class" in options:
+            node.use_connection_class(options["connection_class"])
+        if load_functions:
+            node.library = library_source()
+        client = cast(Redis, node)
+    else:
+        client = Redis.from_url(url, decode_responses=True, health_check_interval=15, **options)
     try:
         await client.ping()
         if load_functions:

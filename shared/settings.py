@@ -49,6 +49,8 @@ class LadderSettings(BaseSettings):
     log_level: str = "INFO"
 
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # LADDER_REDIS_URL names one node of a Redis Cluster (shared/redis_cluster.py).
+    redis_cluster: bool = False
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mysql_url: str = "mysql+asyncmy://root@127.0.0.1:3306/ladder"
 

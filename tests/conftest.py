@@ -20,6 +20,7 @@ from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import UNREACHABLE_BROKER, server_statement
+from tests.redis_cluster import PrivateCluster
 from tests.stack import Stack
 
 # Database 1, not a running Ladder's 0: the tests' SCANs of their own prefixes then walk only
@@ -28,6 +29,23 @@ from tests.stack import Stack
 REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
 AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root@127.0.0.1:3306")
+# LADDER_TEST_REDIS_CLUSTER=1 (make test-cluster): the tests' Redis is a private Redis Cluster
+# of six nodes on free ports, started once for the session (tests/redis_cluster.py), in place
+# of LADDER_TEST_REDIS_URL.
+ON_CLUSTER = os.environ.get("LADDER_TEST_REDIS_CLUSTER", "") not in ("", "0")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The URL of the tests' Redis: LADDER_TEST_REDIS_URL, or a node of the private cluster."""
+    if not ON_CLUSTER:
+        yield REDIS_URL
+        return
+    cluster = PrivateCluster()
+    try:
+        yield cluster.start().url
+    finally:
+        cluster.remove()
 
 
 @pytest.fixture
@@ -36,12 +54,13 @@ def test_id() -> str:
 
 
 @pytest.fixture
-def settings(test_id: str) -> LadderSettings:
+def settings(test_id: str, redis_url: str) -> LadderSettings:
     """Settings of an isolated Ladder: its own prefixes and database, dev credentials."""
     return LadderSettings(
         _env_file=None,  # type: ignore[call-arg]
         env="dev",
-        redis_url=REDIS_URL,
+        redis_url=redis_url,
+        redis_cluster=ON_CLUSTER,
         amqp_url=AMQP_URL,
         mysql_url=f"{MYSQL_SERVER_URL}/ladder_{test_id}",
         key_prefix=f"lt-{test_id}",
@@ -67,7 +86,9 @@ def keys(settings: LadderSettings) -> Keys:
 @pytest.fixture
 async def redis(settings: LadderSettings) -> AsyncIterator[Redis]:
     """A client; every key of the test's prefix is removed afterwards."""
-    async with open_redis(settings.redis_url, load_functions=True) as client:
+    async with open_redis(
+        settings.redis_url, load_functions=True, cluster=settings.redis_cluster
+    ) as client:
         yield client
         prefix = settings.key_prefix
         for pattern in (f"{prefix}:*", "{" + prefix + ":*"):

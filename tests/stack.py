@@ -110,6 +110,7 @@ class Stack:
             LADDER_KEY_PREFIX=s.key_prefix,
             LADDER_BROKER_PREFIX=s.broker_prefix,
             LADDER_REDIS_URL=s.redis_url,
+            LADDER_REDIS_CLUSTER="true" if s.redis_cluster else "false",
             LADDER_AMQP_URL=s.amqp_url,
             LADDER_MYSQL_URL=s.mysql_url,
             LADDER_MERGE_INTERVAL=str(s.merge_interval),

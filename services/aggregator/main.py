@@ -88,7 +88,9 @@ async def tick(
 async def run(settings: LadderSettings) -> None:
     """Consume and tick until a signal asks to stop (or either fails, which raises)."""
     keys = Keys(settings.key_prefix)
-    async with open_redis(settings.redis_url, load_functions=True) as redis:
+    async with open_redis(
+        settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+    ) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
         # A board's merge lease lasts three merge intervals: the boards of an aggregator that

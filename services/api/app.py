@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -40,6 +41,7 @@ from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.keys import Keys
 from shared.redis import open_redis
+from shared.redis_cluster import LadderCluster
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
@@ -84,7 +86,9 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             log.warning("using development credentials", defaults=used, env=settings.env)
         keys = Keys(settings.key_prefix)
         async with (
-            open_redis(settings.redis_url, load_functions=True) as redis,
+            open_redis(
+                settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+            ) as redis,
             open_engine(settings.mysql_url) as engine,
         ):
             catalog = BoardCatalog(redis, keys)
@@ -95,7 +99,10 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             await restorer.attempt()
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
-            hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}")
+            nodes = None
+            if isinstance(redis, LadderCluster):
+                nodes = functools.partial(redis.node_urls, settings.redis_url)
+            hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}", nodes)
             eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
             # The relay gets the grace period to hand what is in the outbox to the broker; the
             # group commit, last in, is drained first, so that the relay sees its writes.

@@ -30,7 +30,9 @@ async def rebuild(
     lacks too) and rebuild."""
     async with (
         open_engine(settings.mysql_url) as engine,
-        open_redis(settings.redis_url, load_functions=True) as redis,
+        open_redis(
+            settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+        ) as redis,
     ):
         rebuilder = Rebuilder(engine, redis, Keys(settings.key_prefix), settings, wait_seconds)
         return await rebuilder.run(only)

@@ -19,12 +19,17 @@ connection that goes silent without breaking (a peer or network gone without a r
 redis-py does not notice: redis/redis-py#2417) is caught by a ping: one after
 ``PING_AFTER`` seconds without traffic, and the connection is given up if no answer comes
 within ``PONG_WITHIN``.
+
+On a Redis Cluster a PUBLISH reaches the subscribers of every node, so the hub listens on any one
+node: ``nodes`` gives the addresses the cluster client knows now, and each connection lost moves
+the next connection on to the next of them (the node may be gone for good: a failover).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Protocol
 
 import orjson
@@ -53,10 +58,18 @@ class Subscriber(Protocol):
 
 
 class Hub:
-    def __init__(self, redis_url: str, name: str = "ladder-hub") -> None:
-        """``name`` is the connection's name in Redis (``CLIENT LIST``)."""
+    def __init__(
+        self,
+        redis_url: str,
+        name: str = "ladder-hub",
+        nodes: Callable[[], list[str]] | None = None,
+    ) -> None:
+        """``name`` is the connection's name in Redis (``CLIENT LIST``); ``nodes``, on a
+        cluster, the URLs of its nodes now."""
         self._redis_url = redis_url
         self._name = name
+        self._nodes = nodes
+        self._turn = 0
         # Both sides of who listens to what, so that a subscribe, an unsubscribe and a socket's
         # goodbye each cost O(1) per channel it names, whatever the hub holds.
         self._wanted: dict[str, set[Subscriber]] = {}
@@ -130,6 +143,7 @@ class Hub:
             except Exception as exc:
                 RECONNECTS.inc()
                 log.warning("pub/sub connection lost; reconnecting", error=repr(exc))
+                self._turn += 1
             first = False
             self.connected = False
             # A new connection listens to nothing yet: every wanted channel is subscribed
@@ -142,7 +156,7 @@ class Hub:
 
     async def _listen(self, resync: bool) -> None:
         client = Redis.from_url(
-            self._redis_url,
+            self.url,
             decode_responses=True,
             client_name=self._name,
             retry=Retry(NoBackoff(), 0),
@@ -189,6 +203,12 @@ class Hub:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    @property
+    def url(self) -> str:
+        """Where the next connection goes: the one Redis, or a cluster's node in turn."""
+        urls = (self._nodes() if self._nodes is not None else None) or [self._redis_url]
+        return urls[self._turn % len(urls)]
 
     async def _reconcile(self, pubsub: object) -> None:
         """Bring Redis's subscriptions in line with what is wanted, for the channels marked

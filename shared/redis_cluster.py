@@ -1,0 +1,168 @@
+"""Redis Cluster: redis-py's asyncio ``RedisCluster``, with what Ladder needs of it.
+
+- A function call goes to the primary of its first key's slot (every key of a call shares the
+  board's hash tag), found from the key itself: redis-py would otherwise ask a node for the
+  call's keys (``COMMAND GETKEYS``) twice for every ``FCALL``.
+- The function library is loaded on every primary at start (``FUNCTION LOAD`` goes to each), and
+  again when a node answers that a function is missing (a primary that joined empty): the call
+  is then made once more. In a pipeline only the calls that failed so are made again (one by
+  one); a transaction is not made again (its other commands ran), the error reaches its caller,
+  whose next attempt finds the library.
+- A PUBLISH goes to the primary of its channel's slot, alone or in a pipeline (redis-py's
+  cluster pipeline refuses one, and its client asks a node for a PUBLISH's keys).
+- ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
+  slot map and sends the command where the slot is now. A command it gives up on while its slot
+  moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from redis.asyncio import Connection
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.exceptions import ClusterError, ResponseError
+
+FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
+SLOT_MOVE_WAIT = 10.0
+"""Seconds a command is sent again while its slot moves to another primary."""
+
+
+def function_missing(exc: BaseException) -> bool:
+    """Whether a node answered that a function is not loaded there."""
+    return isinstance(exc, ResponseError) and "function not found" in str(exc).lower()
+
+
+class LadderCluster(RedisCluster):
+    """``RedisCluster`` routing function calls by their first key, reloading the library on a
+    node that lacks it."""
+
+    library: str = ""
+    """The library's source (shared.redis.library_source), set by shared.redis.open_redis."""
+
+    def use_connection_class(self, connection_class: type[Connection]) -> None:
+        """Make every node's connections of ``connection_class`` (``RedisCluster`` takes none:
+        it makes them plain ``Connection`` objects), the nodes known now and those found later."""
+        self.connection_kwargs["connection_class"] = connection_class
+        self.nodes_manager.connection_kwargs["connection_class"] = connection_class
+        for node in self.nodes_manager.startup_nodes.values():
+            node.connection_class = connection_class
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        # args: the function's name, the number of keys, the keys, the arguments.
+        name = command.upper()
+        if name in FUNCTION_CALLS and len(args) > 2 and int(args[1]) > 0:
+            return self.keyslot(args[2])
+        if name == "PFCOUNT" and len({self.keyslot(key) for key in args}) == 1:
+            return self.keyslot(args[0])
+        if name == "PUBLISH":
+            # Any node serves a PUBLISH (it reaches every node's subscribers): the channel's
+            # slot spreads them over the primaries, and follows a slot that moves.
+            return self.keyslot(args[0])
+        slot: int = await super()._determine_slot(command, *args)
+        return slot
+
+    async def load_library(self) -> None:
+        """(Re)load the library on every primary."""
+        await self.function_load(self.library, replace=True)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._redirected(*args, **kwargs)
+        except ResponseError as exc:
+            if not (self.library and function_missing(exc)):
+                raise
+        await self.load_library()
+        return await self._redirected(*args, **kwargs)
+
+    async def _redirected(self, *args: Any, **kwargs: Any) -> Any:
+        """The command, sent again while its slot moves: redis-py gives up after sixteen
+        redirections (``TTL exhausted``: about half a second of ``TRYAGAIN``, which a call of
+        several keys gets until the last of them has moved), none of which ran it."""
+        deadline = time.monotonic() + SLOT_MOVE_WAIT
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except ClusterError as exc:
+                if "TTL exhausted" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)
+        return LadderClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+    def node_urls(self, url: str) -> list[str]:
+        """``url`` pointed at each node the client knows, primaries first (for the hub's
+        Pub/Sub connection, which any node serves: a PUBLISH reaches every node)."""
+        primaries = self.get_primaries()
+        nodes = primaries + [n for n in self.get_nodes() if n not in primaries]
+        return [with_address(url, node.host, int(node.port)) for node in nodes]
+
+
+class LadderClusterPipeline(ClusterPipeline):
+    """A cluster pipeline whose function calls that met a node without the library are made
+    again, once, after the library is loaded."""
+
+    cluster_client: LadderCluster
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._transaction:
+            # redis-py's cluster transaction hands a command's options to its reply's parser,
+            # and the parsers of SMEMBERS and the like take none: the keys a command names for
+            # client-side caching (which Ladder does not use) are dropped.
+            kwargs.pop("keys", None)
+        return super().execute_command(*args, **kwargs)
+
+    def publish(self, channel: Any, message: Any, **kwargs: Any) -> Any:
+        """Queued as any keyed command: redis-py's cluster pipeline refuses a PUBLISH."""
+        return self.execute_command("PUBLISH", channel, message, **kwargs)
+
+    def unlink(self, *names: Any) -> Any:
+        """Queued, as ``DEL`` is (redis-py's cluster pipeline makes ``unlink`` a coroutine that
+        a caller queueing it does not await, and nothing is sent)."""
+        return self._split_command_across_slots("UNLINK", *names)
+
+    def pfcount(self, *sources: Any) -> Any:
+        """Queued as any keyed command (refused as ``PUBLISH`` is); the keys share one slot."""
+        return self.execute_command("PFCOUNT", *sources)
+
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        if self._transaction:
+            try:
+                return await super().execute(raise_on_error, allow_redirections)
+            except ResponseError as exc:
+                if self.cluster_client.library and function_missing(exc):
+                    await self.cluster_client.load_library()
+                raise
+        queued = [(cmd.args, dict(cmd.kwargs)) for cmd in self._execution_strategy._command_queue]  # type: ignore[attr-defined]
+        results: list[Any] = await super().execute(False, allow_redirections)
+        missing = [i for i, result in enumerate(results) if function_missing(result)]
+        if missing and self.cluster_client.library:
+            await self.cluster_client.load_library()
+            for i in missing:
+                args, kwargs = queued[i]
+                try:
+                    results[i] = await self.cluster_client.execute_command(*args, **kwargs)
+                except Exception as exc:  # as the pipeline would hold it
+                    results[i] = exc
+        if raise_on_error:
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+        return results
+
+
+def with_address(url: str, host: str, port: int) -> str:
+    """``url`` with its host and port replaced (its credentials, database and query kept)."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    netloc = f"{credentials}@{address}" if credentials else address
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -1,0 +1,170 @@
+"""Ladder's Redis client on a Redis Cluster (shared/redis_cluster.py): function calls go where
+their board's slot is without asking a node for their keys, the library comes back on a node
+that lost it, calls follow a slot that moves, and boards spread over the primaries."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from services.aggregator.lease import MergeLease
+from shared.boards import Board
+from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
+from shared.keys import Keys
+from shared.redis import open_redis
+from shared.settings import LadderSettings
+from tests.api.helpers import MAIN, add_board, get_ok, post, score
+from tests.cluster.conftest import on
+from tests.helpers import api_client
+from tests.redis_cluster import PrivateCluster
+
+pytestmark = pytest.mark.cluster
+
+BOARDS = [f"b{i}" for i in range(12)]
+
+
+@pytest.fixture
+async def redis(shared_cluster: PrivateCluster, keys: Keys) -> AsyncIterator[Redis]:
+    """A cluster client with the library loaded; the test's keys removed afterwards."""
+    async with open_redis(shared_cluster.url, load_functions=True, cluster=True) as client:
+        yield client
+        batch = [k async for k in client.scan_iter(match="{" + keys.prefix + ":*", count=1000)]
+        batch += [k async for k in client.scan_iter(match=keys.prefix + ":*", count=1000)]
+        if batch:
+            await client.delete(*batch)
+
+
+def calls(cluster: PrivateCluster, command: str) -> int:
+    """Calls of ``command`` (``fcall``, ``command|getkeys``) so far, summed over the nodes."""
+    total = 0
+    for port in cluster.roles():
+        with cluster.client(port) as client:
+            stats: dict[str, Any] = client.info("commandstats")
+            total += int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+    return total
+
+
+def hold_args(keys: Keys, board_id: str, owner: str) -> tuple[Any, ...]:
+    """The arguments of a merge lease's FCALL (services/aggregator/lease.py)."""
+    lease, fence = keys.merge_lease(board_id), keys.merge_fence(board_id)
+    return (LEASE_HOLD_FUNCTION, 2, lease, fence, owner, 60_000)
+
+
+def primary_of(cluster: PrivateCluster, client: Redis, keys: Keys, board_id: str) -> int:
+    return cluster.port_of_slot(client.keyslot(keys.tag(board_id)))  # type: ignore[attr-defined]
+
+
+async def test_function_calls_ask_no_node_for_their_keys(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys
+) -> None:
+    getkeys, fcalls = calls(shared_cluster, "command|getkeys"), calls(shared_cluster, "fcall")
+    lease = MergeLease(redis, keys, ttl=60)
+    for board_id in BOARDS:
+        assert await lease.hold(board_id)
+        await lease.renew(board_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        for board_id in BOARDS:
+            pipe.fcall(*hold_args(keys, board_id, lease.owner))
+        tokens = await pipe.execute()
+    assert tokens == [lease.token(board_id) for board_id in BOARDS]
+    # Each call reached a node once, and no node was asked for a call's keys.
+    assert calls(shared_cluster, "fcall") == fcalls + 3 * len(BOARDS)
+    assert calls(shared_cluster, "command|getkeys") == getkeys
+
+
+async def test_the_library_is_loaded_again_on_a_primary_that_lost_it(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys
+) -> None:
+    lease = MergeLease(redis, keys, ttl=60)
+    flushed = primary_of(shared_cluster, redis, keys, "b0")
+    with shared_cluster.client(flushed) as node:
+        node.function_flush()
+        assert node.function_list() == []
+    assert await lease.hold("b0")  # made again once the library is back
+    with shared_cluster.client(flushed) as node:
+        assert [library[1] for library in node.function_list()] == [LIBRARY]
+        node.function_flush()
+    # A pipeline: calls on the node without the library (made again), on another node, and a
+    # plain command (made once).
+    boards = [f"x{i}" for i in range(40)]
+    there = next(b for b in boards if primary_of(shared_cluster, redis, keys, b) == flushed)
+    elsewhere = next(b for b in boards if primary_of(shared_cluster, redis, keys, b) != flushed)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.fcall(*hold_args(keys, there, "x"))
+        pipe.fcall(*hold_args(keys, elsewhere, "x"))
+        pipe.incr(keys.merge_fence("b0"))
+        pipe.fcall(*hold_args(keys, "b0", "y"))
+        first, second, fence, taken = await pipe.execute()
+    # b0's lease is held (by lease.owner): "y" is refused; the plain INCR ran once.
+    assert (first, second, fence, taken) == ("1|x", "1|x", 2, "")
+    with shared_cluster.client(flushed) as node:
+        assert [library[1] for library in node.function_list()] == [LIBRARY]
+
+
+async def move_slot(cluster: PrivateCluster, slot: int, pause: float) -> int:
+    """Move ``slot`` to another primary as redis-cli's resharding does, a key at a time with
+    ``pause`` between keys (calls meanwhile meet ASK and TRYAGAIN); the new owner's port."""
+    source = cluster.port_of_slot(slot)
+    target = next(port for port in cluster.primaries() if port != source)
+    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+    with cluster.client(source) as src, cluster.client(target) as dst:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        while names := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1):
+            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *names)
+            await asyncio.sleep(pause)
+        for port in cluster.primaries():
+            with cluster.client(port) as node:
+                node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    return target
+
+
+async def test_writes_and_reads_follow_a_slot_that_moves(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys, quiet: LadderSettings
+) -> None:
+    await add_board(redis, keys, Board.model_validate({**MAIN, "board_id": "moving"}))
+    slot = redis.keyslot(keys.tag("moving"))  # type: ignore[attr-defined]
+    accepted: list[int] = []
+    async with api_client(on(shared_cluster, quiet)) as client:
+        for value in range(20):  # keys to move: the views, the outbox, the records
+            await post(client, score(user_id=f"u-{value}", value=1), board="moving")
+            accepted.append(1)
+
+        async def write() -> None:
+            n = 0
+            while not moved.done():
+                await post(client, score(user_id=f"u-{n % 20}", value=1), board="moving")
+                accepted.append(1)
+                n += 1
+
+        moved = asyncio.ensure_future(move_slot(shared_cluster, slot, 0.01))
+        await asyncio.gather(write(), moved)
+        assert shared_cluster.port_of_slot(slot) == moved.result()
+        await post(client, score(user_id="u-0", value=1), board="moving")
+        accepted.append(1)
+        stats = await get_ok(client, "/v1/boards/moving/stats", period="alltime")
+    # Every accepted event is in the board's outbox once, wherever its slot went.
+    assert await redis.xlen(keys.outbox("moving")) == len(accepted) > 20
+    assert stats["board_id"] == "moving"
+
+
+async def test_twelve_boards_spread_their_keys_over_the_primaries(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys, quiet: LadderSettings
+) -> None:
+    for board_id in BOARDS:
+        await add_board(redis, keys, Board.model_validate({**MAIN, "board_id": board_id}))
+    async with api_client(on(shared_cluster, quiet)) as client:
+        for board_id in BOARDS:
+            await post(client, score(value=3), board=board_id)
+            assert await redis.xlen(keys.outbox(board_id)) == 1
+    holding = {}
+    for port in shared_cluster.primaries():
+        with shared_cluster.client(port) as node:
+            found = {key.split("}")[0] for key in node.scan_iter(match="{" + keys.prefix + ":b*")}
+            holding[port] = len(found)
+    assert sum(holding.values()) == len(BOARDS)
+    assert len([n for n in holding.values() if n]) >= 2, holding
