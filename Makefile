@@ -16,6 +16,7 @@ export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
 .PHONY: help up down ps stop start restart logs test test-stack test-faults lint bench infra migrate venv rebuild
+.PHONY: containers containers-down test-containers
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -114,14 +115,25 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 	fi
 
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
-	$(PY) -m pytest -m "not faults and not stack" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not faults and not stack and not containers" $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
-	$(PY) -m pytest -m "stack and not faults" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not faults and not containers" $(PYTEST_ARGS)
 
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
 	$(PY) -m pytest -m faults tests/faults -rP $(PYTEST_ARGS)
+
+# Containers: deploy/compose.yml, one container per service (scripts/containers.sh says how the
+# engine, the secrets and the images are found; docs/operations.md, "Containers").
+containers: ## Ladder in containers (deploy/compose.yml); returns once every container is healthy
+	@bash scripts/containers.sh up
+
+containers-down: ## stop the containers and remove them, their networks and volumes
+	@bash scripts/containers.sh down
+
+test-containers: venv ## end to end against a containerised stack of its own (project and ports)
+	$(PY) -m pytest -m containers tests/containers -rP $(PYTEST_ARGS)
 
 # bench: Ladder is started only if it does not answer, and then with a credential rate
 # (LADDER_KEY_RATE, 5000 a second by default) the load would otherwise run into.
