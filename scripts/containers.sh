@@ -225,26 +225,30 @@ check_port() { # PORT VARIABLE WHAT
 
 # --- health ---
 
-state_of() { # container id → "name status health exitcode"
+state_of() { # container id → "name status health exitcode restarts"
     docker inspect -f '{{index .Config.Labels "com.docker.compose.service"}} {{.State.Status}}
-        {{- if .State.Health}} {{.State.Health.Status}}{{else}} none{{end}} {{.State.ExitCode}}' "$1"
+        {{- if .State.Health}} {{.State.Health.Status}}{{else}} none{{end}} {{.State.ExitCode}}
+        {{- " "}}{{.RestartCount}}' "$1"
 }
 
 # 0 when every container is healthy (the migration: exited 0), 1 while some are not yet, 2
 # when one has failed (printed to FAILED).
 FAILED=""
 all_healthy() {
-    local ids id name status health code waiting=0
+    local ids id name status health code restarts waiting=0
     mapfile -t ids < <(compose ps -q)
     ((${#ids[@]} > 0)) || return 1
     for id in "${ids[@]}"; do
-        read -r name status health code < <(state_of "$id")
+        read -r name status health code restarts < <(state_of "$id")
         if [[ $name == migrate ]]; then
             [[ $status == exited && $code != 0 ]] && FAILED=$name && return 2
             [[ $status == exited ]] || waiting=1
             continue
         fi
-        if [[ $status == exited || $status == dead || $health == unhealthy ]]; then
+        # A service that keeps exiting at start is restarted by its policy: a few times is
+        # enough to call it failed, without waiting for the health checks to give up.
+        if [[ $status == exited || $status == dead || $health == unhealthy ]] ||
+            ((restarts >= 3)); then
             FAILED=$name
             return 2
         fi
@@ -260,7 +264,7 @@ wait_healthy() {
         all_healthy || rc=$?
         ((rc != 0)) || return 0
         if ((rc == 2)); then
-            compose logs --tail 60 "$FAILED" >&2 || true
+            compose logs --tail 25 "$FAILED" >&2 || true
             die "$FAILED failed (its log above; scripts/containers.sh compose ps)"
         fi
         if ((SECONDS >= deadline)); then

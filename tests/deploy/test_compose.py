@@ -589,7 +589,7 @@ def _declare_needs(topology: Topology) -> list[tuple[str, str]]:
     the queue and read on the exchange. (Creating a queue with a dead-letter exchange would
     also need read on the queue and write on the default exchange; the definitions create
     the queues, so the services never do.)"""
-    needs = [("configure", topology.scores_exchange)]
+    needs = [("configure", topology.scores_exchange), ("configure", topology.periods_exchange)]
     for consumer in CONSUMERS:
         needs += [
             ("configure", topology.dead_queue(consumer)),
@@ -612,6 +612,14 @@ def test_only_the_api_publishes_to_the_exchange(permissions: dict[str, Permissio
     for consumer in CONSUMERS:
         user = BROKER_USERS[consumer]
         assert not permissions[user].allows("write", TOPOLOGY.scores_exchange), user
+
+
+def test_only_the_aggregator_publishes_closed_periods(permissions: dict[str, Permissions]) -> None:
+    """The aggregator's period relay publishes period.closed messages (a found bug: without
+    the periods exchange in their permissions, no consumer could start in containers)."""
+    for user in BROKER_USERS.values():
+        allowed = permissions[user].allows("write", TOPOLOGY.periods_exchange)
+        assert allowed is (user == BROKER_USERS["aggregator"]), user
 
 
 def test_each_consumer_reads_its_own_queue_and_no_other(
@@ -666,7 +674,7 @@ def test_the_definitions_declare_the_topology_the_services_declare(
     )
     assert definitions["exchanges"] == [
         {
-            "name": topology.scores_exchange,
+            "name": name,
             "vhost": "/",
             "type": "fanout",
             "durable": True,
@@ -674,6 +682,7 @@ def test_the_definitions_declare_the_topology_the_services_declare(
             "internal": False,
             "arguments": {},
         }
+        for name in (topology.scores_exchange, topology.periods_exchange)
     ]
     queues = {queue["name"]: queue for queue in definitions["queues"]}
     expected: dict[str, Any] = {}
