@@ -286,9 +286,10 @@ up() {
     check_port "$UI_PORT" LADDER_PUBLISH_UI_PORT "the RabbitMQ management UI"
     choose_images
     log "building the Ladder image (base ${LADDER_PYTHON_IMAGE:-${OFFICIAL[LADDER_PYTHON_IMAGE]}})"
-    compose build >&2
+    # The five Ladder services share one image: built once, not once each.
+    compose build api >&2
     log "starting project $PROJECT (${COMPOSE[0]}${COMPOSE[1]:+ ${COMPOSE[1]}})"
-    compose up -d --remove-orphans >&2
+    compose up -d --no-build --remove-orphans >&2
     wait_healthy
     log "every container is healthy"
     printf 'Ladder API:           http://127.0.0.1:%s/docs\n' "$API_PORT"
