@@ -2,15 +2,16 @@
 chromium and chromium-driver), logged in as the read-only ladder-monitor: the README's
 docs/rabbitmq-queues.png.
 
-    python scripts/rabbitmq_screenshot.py --url http://127.0.0.1:15672 --out docs/rabbitmq-queues.png
+    python scripts/rabbitmq_screenshot.py --url http://127.0.0.1:15672 \
+        --out docs/rabbitmq-queues.png [--password P]
 
-The password is LADDER_BROKER_MONITOR_PASSWORD (dev-monitor by default, as `make up` sets it).
+The password is ladder-monitor's, LADDER_BROKER_MONITOR_PASSWORD (dev-monitor, as `make up`
+sets it by default; `make containers` writes its own into deploy/.env).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 
@@ -26,6 +27,7 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:15672")
     parser.add_argument("--out", default="docs/rabbitmq-queues.png")
     parser.add_argument("--user", default="ladder-monitor")
+    parser.add_argument("--password", default="dev-monitor")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
@@ -43,8 +45,7 @@ def main() -> int:
         driver.get(args.url.rstrip("/") + "/")
         wait.until(expected_conditions.presence_of_element_located((By.NAME, "username")))
         driver.find_element(By.NAME, "username").send_keys(args.user)
-        password = os.environ.get("LADDER_BROKER_MONITOR_PASSWORD", "dev-monitor")
-        driver.find_element(By.NAME, "password").send_keys(password)
+        driver.find_element(By.NAME, "password").send_keys(args.password)
         driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
         wait.until(expected_conditions.presence_of_element_located((By.ID, "logout")))
         driver.get(args.url.rstrip("/") + "/#/queues")
