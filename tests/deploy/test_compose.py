@@ -801,7 +801,10 @@ def test_dockerfile_runs_as_a_non_root_user() -> None:
 
 def test_dockerfile_installs_the_project_and_defaults_to_a_service() -> None:
     instructions = dockerfile_instructions(DOCKERFILE)
-    copied = " ".join(arguments for keyword, arguments in instructions if keyword == "COPY")
+    copies = [arguments for keyword, arguments in instructions if keyword == "COPY"]
+    # `COPY . ./` copies what the build context holds: what .dockerignore lets in.
+    allowed = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    copied = " ".join(copies) + (" ".join(allowed) if ". ./" in copies else "")
     for needed in ("pyproject.toml", "shared", "services"):
         assert needed in copied, f"the image does not copy {needed}"
     runs = " ".join(arguments for keyword, arguments in instructions if keyword == "RUN")
