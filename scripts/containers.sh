@@ -218,8 +218,10 @@ ours_publish() { # PORT: a container of this project publishes it already
 
 check_port() { # PORT VARIABLE WHAT
     if port_taken "$1" && ! ours_publish "$1"; then
+        local free=$(($1 + 1))
+        while port_taken "$free"; do free=$((free + 1)); done
         die "port $1 ($3) is taken on this machine (\`make up\` uses 8000 and its broker's UI" \
-            "15672): stop what holds it, or choose another, e.g. $2=$(($1 + 10000)) make containers"
+            "15672): stop what holds it, or choose another, e.g. $2=$free make containers"
     fi
 }
 
