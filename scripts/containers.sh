@@ -112,6 +112,7 @@ ensure_engine() {
 # --- compose ---
 
 COMPOSE=()
+COMPOSE_NAME=""
 
 find_compose() {
     if docker compose version >/dev/null 2>&1; then
@@ -122,6 +123,7 @@ find_compose() {
         install_packages docker-compose
         COMPOSE=(docker-compose)
     fi
+    COMPOSE_NAME="${COMPOSE[*]}"
     COMPOSE+=(-p "$PROJECT" -f "$ROOT/deploy/compose.yml" -f "$ROOT/deploy/compose.debug.yml")
 }
 
@@ -290,7 +292,7 @@ up() {
     log "building the Ladder image (base ${LADDER_PYTHON_IMAGE:-${OFFICIAL[LADDER_PYTHON_IMAGE]}})"
     # The five Ladder services share one image: built once, not once each.
     compose build api >&2
-    log "starting project $PROJECT (${COMPOSE[0]}${COMPOSE[1]:+ ${COMPOSE[1]}})"
+    log "starting project $PROJECT ($COMPOSE_NAME)"
     compose up -d --no-build --remove-orphans >&2
     wait_healthy
     log "every container is healthy"
