@@ -292,6 +292,8 @@ up() {
     log "building the Ladder image (base ${LADDER_PYTHON_IMAGE:-${OFFICIAL[LADDER_PYTHON_IMAGE]}})"
     # The five Ladder services share one image: built once, not once each.
     compose build api >&2
+    # The image a rebuild replaced, untagged now: vfs keeps every one of its layers whole.
+    docker image prune -f --filter label=ladder.image=ladder >/dev/null
     log "starting project $PROJECT ($COMPOSE_NAME)"
     compose up -d --no-build --remove-orphans >&2
     wait_healthy
