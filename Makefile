@@ -16,6 +16,7 @@ export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
 .PHONY: help up down ps stop start restart logs test test-stack test-faults test-cluster lint bench infra migrate venv rebuild
+.PHONY: containers containers-down test-containers
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -114,10 +115,10 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 	fi
 
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
-	$(PY) -m pytest -m "not faults and not stack and not cluster" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers" $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
-	$(PY) -m pytest -m "stack and not faults" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not faults and not containers" $(PYTEST_ARGS)
 
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
@@ -126,22 +127,31 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 # test-cluster: tests/cluster (each module or test starts a private six-node Redis Cluster on free
 # ports), then the suite's writes, reads, merges, pushes, friends, erasures and hides with the
 # tests' Redis a private cluster (LADDER_TEST_REDIS_CLUSTER=1). Deselected there: the two tests
-# that find the hub's connection with CLIENT LIST on one node, which a cluster client sends to any,
-# and the paused merge owner's, which counts on SSCAN rounds of at most 5,000 marks (a set's table
-# that grew while its primary forked for a replica's sync gives 5,001). tests/notifier is left
-# out: its badge tests read a channel up to a marker they publish, which on a cluster may arrive
-# before a badge published from another primary (docs/operations.md, "On a Redis Cluster").
+# that find the hub's connection with CLIENT LIST on one node, which a cluster client sends to
+# any. tests/notifier is left out: its badge tests read a channel up to a marker they publish,
+# which on a cluster may arrive before a badge published from another primary
+# (docs/operations.md, "On a Redis Cluster").
 CLUSTER_SUITE ?= tests/api/test_idempotency.py tests/api/test_reads.py tests/api/test_friends.py \
 	tests/api/test_pubsub.py tests/api/test_erasure.py tests/api/test_hidden.py \
 	tests/aggregator/test_merge_function.py tests/aggregator/test_merge_lease.py \
 	tests/aggregator/test_merge_exact.py
-CLUSTER_DESELECT := -k "not a_killed_pubsub_connection and not a_silent_pubsub_connection \
-	and not a_paused_owner_is_taken_over"
+CLUSTER_DESELECT := -k "not a_killed_pubsub_connection and not a_silent_pubsub_connection"
 
 test-cluster: venv infra ## the Redis Cluster tests, and the suite's Redis parts on a private cluster
 	$(PY) -m pytest -m cluster tests/cluster -rP $(PYTEST_ARGS)
 	LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "not faults and not stack and not fuzz" \
 		$(CLUSTER_DESELECT) $(CLUSTER_SUITE) $(PYTEST_ARGS)
+
+# Containers: deploy/compose.yml, one container per service (scripts/containers.sh says how the
+# engine, the secrets and the images are found; docs/operations.md, "Containers").
+containers: ## Ladder in containers (deploy/compose.yml); returns once every container is healthy
+	@bash scripts/containers.sh up
+
+containers-down: ## stop the containers and remove them, their networks and volumes
+	@bash scripts/containers.sh down
+
+test-containers: venv ## end to end against a containerised stack of its own (project and ports)
+	$(PY) -m pytest -m containers tests/containers -rP $(PYTEST_ARGS)
 
 # bench: Ladder is started only if it does not answer, and then with a credential rate
 # (LADDER_KEY_RATE, 5000 a second by default) the load would otherwise run into.

@@ -261,6 +261,8 @@ ensure_mariadb_root() {
             "account that works"
 }
 
+source "$ROOT/scripts/infra_management.sh" # the broker's management UI, in `ensure`
+
 # --- stopping what ensure started ---
 
 stop_redis() {
@@ -328,6 +330,7 @@ ensure() {
         log "$name started; answers on $HOST:${PORT[$name]}"
     done
     ensure_mariadb_root
+    ensure_rabbitmq_management
 }
 
 status() {
@@ -376,9 +379,7 @@ stop_started() {
     rm -f "$STARTED_FILE"
 }
 
-usage() {
-    sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
-}
+usage() { sed -n '2,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"; }
 
 main() {
     case ${1:-} in

@@ -43,7 +43,7 @@ from pydantic import ValidationError
 
 from shared.events import ScoreAccepted, ScoreMessage
 from shared.failures import is_transient
-from shared.topology import Consumer, Topology
+from shared.topology import Consumer, Topology, client_properties, consumer_tag
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +119,9 @@ class ConsumerRunner:
         backoff = 0.5
         while not self._stopping.is_set():
             try:
-                return await aio_pika.connect_robust(self.amqp_url)
+                return await aio_pika.connect_robust(
+                    self.amqp_url, client_properties=client_properties(self.name, "consumer")
+                )
             except Exception as exc:
                 log.warning("broker unavailable; retrying", error=repr(exc), in_seconds=backoff)
                 with contextlib.suppress(TimeoutError):
@@ -136,7 +138,9 @@ class ConsumerRunner:
             channel = await self.connection.channel()
             await channel.set_qos(prefetch_count=self.prefetch)
             queues = await self.topology.declare(channel)
-            tag = await queues[self.name].consume(self._inbox.put)
+            tag = await queues[self.name].consume(
+                self._inbox.put, consumer_tag=consumer_tag(self.name)
+            )
             settle_heap()
             CONNECTED.labels(self.name).set(1)
             log.info("consuming", queue=self.topology.queue(self.name), prefetch=self.prefetch)

@@ -12,6 +12,8 @@ own (durable) queue to receive them; until one is bound the messages wait in Lad
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from typing import Literal
 
@@ -21,6 +23,30 @@ from pamqp.common import FieldTable
 
 Consumer = Literal["aggregator", "history", "notifier"]
 CONSUMERS: tuple[Consumer, ...] = ("aggregator", "history", "notifier")
+Service = Literal["api", "aggregator", "history", "notifier", "sim"]
+
+
+def _process() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def connection_name(service: Service, role: str | None = None) -> str:
+    """The name a Ladder AMQP connection gives itself: ``ladder-<service>``, its role in that
+    service if it has several, then host and pid (``ladder-api relay web-1:4242``), so that the
+    management UI's Connections and Channels pages tell the services and their processes
+    apart. Pass it as :func:`client_properties`."""
+    return " ".join(part for part in (f"ladder-{service}", role, _process()) if part)
+
+
+def client_properties(service: Service, role: str | None = None) -> FieldTable:
+    """``client_properties`` for ``aio_pika.connect_robust``: the connection's name."""
+    return {"connection_name": connection_name(service, role)}
+
+
+def consumer_tag(service: Service) -> str:
+    """The consumer tag of a Ladder consumer (the Queues page's Consumers list shows it): its
+    service, host and pid; unique as the broker needs it to be within a channel."""
+    return f"ladder-{service}.{_process()}"
 
 
 @dataclass(frozen=True, slots=True)

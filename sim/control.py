@@ -22,6 +22,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import PublishError
 
+from shared.topology import client_properties, consumer_tag
 from sim.params import parse_value
 
 log = structlog.get_logger("sim.control")
@@ -101,7 +102,9 @@ class Listener:
                 delay = min(delay * 2, 10.0)
 
     async def _consume(self) -> None:
-        connection = await aio_pika.connect_robust(self.amqp_url)
+        connection = await aio_pika.connect_robust(
+            self.amqp_url, client_properties=client_properties("sim", "control")
+        )
         async with connection:
             channel = await connection.channel()
             try:
@@ -114,7 +117,7 @@ class Listener:
                 exchange = await declare_exchange(channel, self.broker_prefix)
             queue = await channel.declare_queue(exclusive=True, auto_delete=True)
             await queue.bind(exchange)
-            tag = await queue.consume(self._on_message)
+            tag = await queue.consume(self._on_message, consumer_tag=consumer_tag("sim"))
             self.bound.set()
             log.info("listening for changes", exchange=exchange.name)
             try:

@@ -31,7 +31,7 @@ from shared.boards import BoardCatalog
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.redis import ensure_group
 from shared.settings import LadderSettings
-from shared.topology import Topology
+from shared.topology import Topology, client_properties
 
 log = structlog.get_logger(__name__)
 
@@ -83,7 +83,9 @@ class PeriodRelay:
 
     async def _connect(self) -> None:
         self._connection = await aio_pika.connect_robust(
-            self._settings.amqp_url, reconnect_interval=1.0
+            self._settings.amqp_url,
+            reconnect_interval=1.0,
+            client_properties=client_properties("aggregator", "period-relay"),
         )
         # A message routed to no queue comes back: publish raises, and the entry waits.
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)

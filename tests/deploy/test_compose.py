@@ -77,6 +77,7 @@ SECRETS = {
     "AMQP_AGGREGATOR_PASSWORD",
     "AMQP_HISTORY_PASSWORD",
     "AMQP_NOTIFIER_PASSWORD",
+    "LADDER_BROKER_MONITOR_PASSWORD",
     "MYSQL_ROOT_PASSWORD",
     "MYSQL_PASSWORD",
 }
@@ -85,6 +86,7 @@ SAMPLE = {name: f"{name.lower().replace('_', '-')}-{'0' * 32}" for name in SECRE
 
 BROKER_USERS = {"api": "ladder-api", **{c: f"ladder-{c}" for c in CONSUMERS}}
 BROKER_ADMIN = "ladder-admin"
+BROKER_MONITOR = "ladder-monitor"
 TOPOLOGY = Topology()
 
 
@@ -180,7 +182,7 @@ def _published_container_ports(service: dict[str, Any]) -> dict[int, str]:
             if entry.get("published") is not None:
                 published[int(entry["target"])] = str(entry.get("host_ip", ""))
             continue
-        parts = str(entry).split("/")[0].split(":")
+        parts = _interpolate(str(entry), {}).split("/")[0].split(":")
         if len(parts) >= 2:
             published[int(parts[-1])] = parts[0] if len(parts) == 3 else ""
     return published
@@ -304,7 +306,7 @@ def test_migrate_runs_once(services: dict[str, dict[str, Any]]) -> None:
 
 def test_redis_keeps_an_append_only_file(services: dict[str, dict[str, Any]]) -> None:
     redis = services["redis"]
-    assert redis["image"].startswith("redis:7.")
+    assert _interpolate(redis["image"], {}).startswith("redis:7.")
     argv = _argv(redis["command"])
     assert argv[argv.index("--appendonly") + 1] == "yes"
     assert argv[argv.index("--appendfsync") + 1] == "everysec"
@@ -416,7 +418,7 @@ def test_the_management_ui_listens_inside_and_the_debug_override_publishes_it_on
     services: dict[str, dict[str, Any]],
 ) -> None:
     rabbitmq = services["rabbitmq"]
-    assert "management" in rabbitmq["image"]
+    assert "management" in _interpolate(rabbitmq["image"], {})
     # The UI is there for containers of the stack, not for the host.
     assert "15672" in [str(port) for port in rabbitmq.get("expose", [])]
     assert 15672 not in _published_container_ports(rabbitmq)
@@ -530,7 +532,8 @@ def test_each_broker_user_has_a_hashed_password_from_a_required_secret(
     services: dict[str, dict[str, Any]], definitions: dict[str, Any]
 ) -> None:
     users = {user["name"]: user for user in definitions["users"]}
-    assert set(users) == {BROKER_ADMIN, *BROKER_USERS.values()}
+    assert set(users) == {BROKER_ADMIN, BROKER_MONITOR, *BROKER_USERS.values()}
+    tagged = {BROKER_ADMIN: ["administrator"], BROKER_MONITOR: ["monitoring"]}
     raw = services["rabbitmq"]["environment"]
     variables = set()
     for name, user in users.items():
@@ -540,7 +543,7 @@ def test_each_broker_user_has_a_hashed_password_from_a_required_secret(
         assert _required_variables(str(raw[variable])) == {variable}, name
         variables.add(variable)
         tags = user["tags"] if isinstance(user["tags"], list) else user["tags"].split(",")
-        assert tags == (["administrator"] if name == BROKER_ADMIN else []), name
+        assert tags == tagged.get(name, []), name
     assert len(variables) == len(users), "every broker user has a password of its own"
 
 
@@ -586,7 +589,7 @@ def _declare_needs(topology: Topology) -> list[tuple[str, str]]:
     the queue and read on the exchange. (Creating a queue with a dead-letter exchange would
     also need read on the queue and write on the default exchange; the definitions create
     the queues, so the services never do.)"""
-    needs = [("configure", topology.scores_exchange)]
+    needs = [("configure", topology.scores_exchange), ("configure", topology.periods_exchange)]
     for consumer in CONSUMERS:
         needs += [
             ("configure", topology.dead_queue(consumer)),
@@ -609,6 +612,14 @@ def test_only_the_api_publishes_to_the_exchange(permissions: dict[str, Permissio
     for consumer in CONSUMERS:
         user = BROKER_USERS[consumer]
         assert not permissions[user].allows("write", TOPOLOGY.scores_exchange), user
+
+
+def test_only_the_aggregator_publishes_closed_periods(permissions: dict[str, Permissions]) -> None:
+    """The aggregator's period relay publishes period.closed messages (a found bug: without
+    the periods exchange in their permissions, no consumer could start in containers)."""
+    for user in BROKER_USERS.values():
+        allowed = permissions[user].allows("write", TOPOLOGY.periods_exchange)
+        assert allowed is (user == BROKER_USERS["aggregator"]), user
 
 
 def test_each_consumer_reads_its_own_queue_and_no_other(
@@ -663,7 +674,7 @@ def test_the_definitions_declare_the_topology_the_services_declare(
     )
     assert definitions["exchanges"] == [
         {
-            "name": topology.scores_exchange,
+            "name": name,
             "vhost": "/",
             "type": "fanout",
             "durable": True,
@@ -671,6 +682,7 @@ def test_the_definitions_declare_the_topology_the_services_declare(
             "internal": False,
             "arguments": {},
         }
+        for name in (topology.scores_exchange, topology.periods_exchange)
     ]
     queues = {queue["name"]: queue for queue in definitions["queues"]}
     expected: dict[str, Any] = {}
@@ -775,7 +787,9 @@ def test_the_entrypoint_refuses_a_missing_password(
 def test_dockerfile_runs_as_a_non_root_user() -> None:
     assert DOCKERFILE.is_file()
     instructions = dockerfile_instructions(DOCKERFILE)
-    assert instructions[0] == ("FROM", "python:3.11-slim")
+    # The base is a build argument whose default is the official image.
+    assert instructions[0] == ("ARG", "LADDER_PYTHON_IMAGE=python:3.11-slim")
+    assert instructions[1] == ("FROM", "${LADDER_PYTHON_IMAGE}")
     users = [arguments for keyword, arguments in instructions if keyword == "USER"]
     assert users, "the Dockerfile sets no USER"
     user = users[-1].split(":")[0]
@@ -787,7 +801,10 @@ def test_dockerfile_runs_as_a_non_root_user() -> None:
 
 def test_dockerfile_installs_the_project_and_defaults_to_a_service() -> None:
     instructions = dockerfile_instructions(DOCKERFILE)
-    copied = " ".join(arguments for keyword, arguments in instructions if keyword == "COPY")
+    copies = [arguments for keyword, arguments in instructions if keyword == "COPY"]
+    # `COPY . ./` copies what the build context holds: what .dockerignore lets in.
+    allowed = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    copied = " ".join(copies) + (" ".join(allowed) if ". ./" in copies else "")
     for needed in ("pyproject.toml", "shared", "services"):
         assert needed in copied, f"the image does not copy {needed}"
     runs = " ".join(arguments for keyword, arguments in instructions if keyword == "RUN")

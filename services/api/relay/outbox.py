@@ -42,7 +42,7 @@ from shared.events import message_body
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.redis import ensure_group
 from shared.settings import LadderSettings
-from shared.topology import Topology
+from shared.topology import Topology, client_properties
 
 log = structlog.get_logger(__name__)
 
@@ -164,7 +164,9 @@ class Relay:
 
     async def _connect(self) -> None:
         self._connection = await aio_pika.connect_robust(
-            self._settings.amqp_url, reconnect_interval=1.0
+            self._settings.amqp_url,
+            reconnect_interval=1.0,
+            client_properties=client_properties("api", "relay"),
         )
         # A returned message fails its publish (PublishError) instead of passing as confirmed.
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)

@@ -1,0 +1,131 @@
+"""The RabbitMQ management UI that `make up` (scripts/infra.sh) enables on the local broker:
+the read-only monitoring user logs in, sees the queues and connections, changes nothing, and a
+running consumer shows on the Connections and Queues pages under its service's name.
+
+Through the management HTTP API, the one the UI itself reads. The consumer runs on the test's
+own exchange and queues (its broker prefix), so a running `make up` is not disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import httpx
+import pytest
+from aiormq.exceptions import ChannelAccessRefused
+
+from shared.consumer import ConsumerRunner
+from shared.events import ScoreAccepted
+from shared.settings import LadderSettings
+from shared.topology import Topology, connection_name, consumer_tag
+from tests.helpers import eventually
+
+MANAGEMENT_URL = os.environ.get("LADDER_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672")
+MONITOR = ("ladder-monitor", os.environ.get("LADDER_BROKER_MONITOR_PASSWORD", "dev-monitor"))
+
+
+@pytest.fixture
+async def monitor() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=MANAGEMENT_URL, auth=MONITOR, timeout=10) as client:
+        yield client
+
+
+async def _ignore(events: list[ScoreAccepted]) -> None:
+    """The test's consumer takes nothing: its queue stays empty."""
+
+
+@pytest.fixture
+async def consuming(settings: LadderSettings, broker: Topology) -> AsyncIterator[ConsumerRunner]:
+    """The aggregator's consumer, on the test's queues, until the test ends."""
+    runner = ConsumerRunner(
+        name="aggregator", amqp_url=settings.amqp_url, topology=broker, handler=_ignore
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+        await eventually(lambda: _true_or_none(runner.ready), within=15)
+        yield runner
+    finally:
+        runner.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 15)
+
+
+async def _true_or_none(value: bool) -> bool | None:
+    return True if value else None
+
+
+async def test_the_monitor_logs_in_with_the_monitoring_tag(monitor: httpx.AsyncClient) -> None:
+    answer = await monitor.get("/api/whoami")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["tags"] == ["monitoring"]
+    overview = (await monitor.get("/api/overview")).json()
+    assert overview["rabbitmq_version"], overview
+
+
+async def test_a_running_consumer_shows_by_name_on_connections_and_queues(
+    monitor: httpx.AsyncClient, consuming: ConsumerRunner, broker: Topology
+) -> None:
+    name = connection_name("aggregator", "consumer")
+    assert name.startswith("ladder-aggregator consumer ")
+
+    async def named() -> dict[str, Any] | None:
+        connections = (await monitor.get("/api/connections")).json()
+        return next(
+            (c for c in connections if c["client_properties"].get("connection_name") == name),
+            None,
+        )
+
+    connection = await eventually(named, within=30)
+    assert connection["user"] == "guest"
+
+    queue_path = f"/api/queues/%2F/{quote(broker.queue('aggregator'), safe='')}"
+
+    async def consumer_details() -> list[dict[str, Any]] | None:
+        # The queue's consumer list comes with the broker's statistics, every few seconds.
+        details: list[dict[str, Any]] = (
+            (await monitor.get(queue_path)).json().get("consumer_details", [])
+        )
+        # Until the statistics catch up, a consumer's channel_details is an empty list.
+        complete = details and all(isinstance(d["channel_details"], dict) for d in details)
+        return details if complete else None
+
+    details = await eventually(consumer_details, within=30)
+    assert [d["consumer_tag"] for d in details] == [consumer_tag("aggregator")]
+    # The channel names its connection by the broker's own name for it (addresses).
+    assert details[0]["channel_details"]["connection_name"] == connection["name"]
+    queue = (await monitor.get(queue_path)).json()
+    assert queue["arguments"]["x-queue-type"] == "quorum"
+
+
+async def test_the_monitor_sees_queues_but_changes_nothing(
+    monitor: httpx.AsyncClient, settings: LadderSettings, broker: Topology
+) -> None:
+    connection = await aio_pika.connect(settings.amqp_url)
+    async with connection:
+        await broker.declare(await connection.channel())
+    names = {q["name"] for q in (await monitor.get("/api/queues")).json()}
+    assert broker.queue("history") in names
+    queue_path = f"/api/queues/%2F/{quote(broker.queue('history'), safe='')}"
+    # Neither through the HTTP API...
+    assert (await monitor.delete(queue_path)).status_code in (401, 403)
+    assert (await monitor.delete(f"{queue_path}/contents")).status_code in (401, 403)
+    names = {q["name"] for q in (await monitor.get("/api/queues")).json()}
+    assert broker.queue("history") in names
+    # ...nor over AMQP: its permissions match no name, so it may not read a queue.
+    user, password = MONITOR
+    amqp = settings.amqp_url.replace("guest:guest@", f"{user}:{quote(password, safe='')}@")
+    monitor_connection = await aio_pika.connect(amqp)
+    async with monitor_connection:
+        channel = await monitor_connection.channel()
+        queue = await channel.get_queue(broker.queue("history"), ensure=False)
+        with pytest.raises(ChannelAccessRefused):
+            await queue.get(no_ack=True, fail=False)
+        channel = await monitor_connection.channel()
+        with pytest.raises(ChannelAccessRefused):
+            await channel.declare_queue(f"{broker.prefix}.monitor-made", auto_delete=True)
