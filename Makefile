@@ -115,10 +115,10 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 	fi
 
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
-	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers" --durations=15 $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
-	$(PY) -m pytest -m "stack and not faults and not containers" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not faults and not containers" --durations=10 $(PYTEST_ARGS)
 
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
