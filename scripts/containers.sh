@@ -43,21 +43,8 @@ declare -A OFFICIAL=([LADDER_REDIS_IMAGE]=redis:7.2 [LADDER_RABBITMQ_IMAGE]=rabb
 declare -A LOCAL=([LADDER_REDIS_IMAGE]=redis [LADDER_RABBITMQ_IMAGE]=rabbitmq
     [LADDER_MARIADB_IMAGE]=mariadb [LADDER_PYTHON_IMAGE]=python)
 
-log() { printf 'containers: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
-
-as_root() {
-    if [[ $EUID -eq 0 ]]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n -- "$@"
-    else
-        die "root is needed for '$*': run as root, or install sudo"
-    fi
-}
+SCRIPT_NAME=containers
+source "$ROOT/scripts/common.sh" # log, die, as_root
 
 # --- the engine ---
 

@@ -36,21 +36,8 @@ MARIADB_LOG=/var/log/mysql/ci.log
 
 APT_UPDATED=0
 
-log() { printf 'infra: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
-
-as_root() {
-    if [[ $EUID -eq 0 ]]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n -- "$@"
-    else
-        die "root is needed for '$*': run as root, or install sudo"
-    fi
-}
+SCRIPT_NAME=infra
+source "$ROOT/scripts/common.sh" # log, die, as_root
 
 # --- probes: a server answers when it speaks its protocol, not merely when a port is open ---
 

@@ -42,11 +42,8 @@ declare -A PACKAGES=(
     [mariadb]="mariadb-server mariadb-client"
 )
 
-log() { printf 'local-images: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
+SCRIPT_NAME=local-images
+source "$ROOT/scripts/common.sh" # log, die, as_root
 
 known() { [[ -v TAG[$1] ]] || die "unknown image '$1' (one of: ${NAMES[*]})"; }
 
