@@ -15,7 +15,7 @@ export LADDER_PYTHON := $(PY)
 export LADDER_ROOT := $(ROOT)
 export LADDER_RUN_DIR
 
-.PHONY: help up down ps stop start restart logs test test-stack test-faults test-cluster lint bench infra migrate venv rebuild
+.PHONY: help up down ps stop start restart logs test test-fuzz test-stack test-faults test-cluster lint bench infra migrate venv rebuild
 .PHONY: containers containers-down test-containers
 
 help: ## list the targets
@@ -115,7 +115,10 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 	fi
 
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
-	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers and not fuzz" --durations=15 $(PYTEST_ARGS)
+
+test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 2 min)
+	$(PY) -m pytest -m "fuzz and not stack" $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
 	$(PY) -m pytest -m "stack and not faults and not containers" --durations=10 $(PYTEST_ARGS)
