@@ -221,3 +221,19 @@ async def test_the_api_restarted_under_load_loses_nothing(containers: Containers
     assert all(counts[event] == 1 for event in accepted), "an accepted event stored twice"
     assert set(counts) <= accepted | tally["unanswered"], "an event stored that was refused"
     assert all(count == 1 for count in counts.values())
+
+
+def test_the_ladder_image_refuses_a_short_key(containers: Containers) -> None:
+    """The image defaults to LADDER_ENV=prod: a service started from it with a key under 32
+    bytes exits at once and says which setting, never the key."""
+    short = "short-key-" + uuid.uuid4().hex[:6]
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "compose", "run", "--rm", "--no-deps", "-T",
+         "-e", f"LADDER_SERVER_KEYS={short}", "api", "python", "-m", "services.api"],
+        env=containers.env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "LADDER_ENV=prod refuses to start" in said, said[-3000:]
+    assert "LADDER_SERVER_KEYS: key 1 of 1 is shorter than 32 bytes" in said, said[-3000:]
+    assert short not in said
