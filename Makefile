@@ -117,7 +117,7 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
 	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers and not fuzz" --durations=15 $(PYTEST_ARGS)
 
-test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 2 min)
+test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 4 min)
 	$(PY) -m pytest -m "fuzz and not stack" $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
