@@ -11,23 +11,23 @@ from shared.settings import LadderSettings
 from tests.redis_cluster import PrivateCluster
 
 
-@pytest.fixture(scope="module")
-def shared_cluster() -> Iterator[PrivateCluster]:
+def _running() -> Iterator[PrivateCluster]:
     cluster = PrivateCluster()
     try:
         yield cluster.start()
     finally:
         cluster.remove()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[PrivateCluster]:
+    yield from _running()
 
 
 @pytest.fixture
 def own_cluster() -> Iterator[PrivateCluster]:
     """A cluster of this test alone (it kills or changes nodes)."""
-    cluster = PrivateCluster()
-    try:
-        yield cluster.start()
-    finally:
-        cluster.remove()
+    yield from _running()
 
 
 def on(cluster: PrivateCluster, settings: LadderSettings) -> LadderSettings:
