@@ -17,9 +17,10 @@ export LADDER_RUN_DIR
 
 .PHONY: help up down ps stop start restart logs test test-fuzz test-stack test-faults test-cluster lint bench infra migrate venv rebuild
 .PHONY: containers containers-down test-containers
+.PHONY: cluster-up cluster-down cluster-ps cluster-kill cluster-start
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -144,6 +145,25 @@ test-cluster: venv infra ## the Redis Cluster tests, and the suite's Redis parts
 	$(PY) -m pytest -m cluster tests/cluster -rP $(PYTEST_ARGS)
 	LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "not faults and not stack and not fuzz" \
 		$(CLUSTER_DESELECT) $(CLUSTER_SUITE) $(PYTEST_ARGS)
+
+# The cluster rehearsal: every process of Ladder beyond one machine, on loopback, under its own
+# supervisord (scripts/cluster.sh and deploy/cluster/supervisord.conf say what runs where;
+# docs/operations.md, "Rehearsing a cluster"). It needs the ports of `make up`'s API: one runs at
+# a time.
+cluster-up: venv infra ## Redis Cluster 7000-7005, RabbitMQ cluster 5673-5675, APIs 8000/8001, two of each consumer
+	@bash scripts/cluster.sh up
+
+cluster-down: ## stop what `make cluster-up` started and remove its data and database
+	@bash scripts/cluster.sh down
+
+cluster-ps: ## each process of the cluster rehearsal: name STATE pid uptime (and a node's role)
+	@bash scripts/cluster.sh ps
+
+cluster-kill: ## SIGKILL one process of the rehearsal: make cluster-kill PROCESS=redis-7000
+	@bash scripts/cluster.sh kill '$(PROCESS)'
+
+cluster-start: ## start one process of the rehearsal again: make cluster-start PROCESS=redis-7000
+	@bash scripts/cluster.sh start '$(PROCESS)'
 
 # Containers: deploy/compose.yml, one container per service (scripts/containers.sh says how the
 # engine, the secrets and the images are found; docs/operations.md, "Containers").

@@ -15,7 +15,7 @@ from redis.exceptions import ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from shared.functions import LIBRARY, REGISTERED
-from shared.redis_cluster import LadderCluster
+from shared.redis_cluster import LadderCluster, seed_nodes
 
 # The library's files in load order: common.lua first (what the others use), then each concern;
 # a file may use the local functions of those before it.
@@ -106,7 +106,8 @@ async def open_redis(
 
     With ``load_functions`` the Ladder function library is (re)loaded first: loading replaces the
     library atomically, so every process may do it at start-up. With ``cluster`` the client is
-    a Redis Cluster's (shared/redis_cluster.py), ``url`` naming one of its nodes; it offers the
+    a Redis Cluster's (shared/redis_cluster.py), ``url`` naming one of its nodes or several,
+    comma-separated (any one that answers will do); it offers the
     commands of ``Redis`` that Ladder uses, and is typed as one.
     """
     options: dict[str, Any] = {}
@@ -114,9 +115,16 @@ async def open_redis(
         options["connection_class"] = PackedConnection
     client: Redis
     if cluster:
+        first, nodes = seed_nodes(url)
         node = cast(
             LadderCluster,
-            LadderCluster.from_url(url, decode_responses=True, health_check_interval=15, **options),
+            LadderCluster.from_url(
+                first,
+                startup_nodes=nodes,
+                decode_responses=True,
+                health_check_interval=15,
+                **options,
+            ),
         )
         if "connection_class" in options:
             node.use_connection_class(options["connection_class"])

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Connection
-from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import ClusterError, ResponseError
 
 FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
@@ -157,6 +157,19 @@ class LadderClusterPipeline(ClusterPipeline):
                 if isinstance(result, Exception):
                     raise result
         return results
+
+
+def seed_nodes(url: str) -> tuple[str, list[ClusterNode]]:
+    """A node list ``redis://a:7000/0,redis://b:7001/0``: the first URL (whose credentials and
+    options the client takes) and the other nodes, which the client also tries at start."""
+    first, *others = [part.strip() for part in url.split(",") if part.strip()]
+    nodes = []
+    for other in others:
+        parts = urlsplit(other)
+        if parts.hostname is None or parts.port is None:
+            raise ValueError(f"a Redis Cluster node needs a host and a port: {other!r}")
+        nodes.append(ClusterNode(parts.hostname, parts.port))
+    return first, nodes
 
 
 def with_address(url: str, host: str, port: int) -> str:

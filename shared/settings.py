@@ -49,7 +49,9 @@ class LadderSettings(BaseSettings):
     log_level: str = "INFO"
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    # LADDER_REDIS_URL names one node of a Redis Cluster (shared/redis_cluster.py).
+    # With LADDER_REDIS_CLUSTER, LADDER_REDIS_URL names one node of a Redis Cluster, or several,
+    # comma-separated, so that a process starting while one is down finds the cluster
+    # (shared/redis_cluster.py).
     redis_cluster: bool = False
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mysql_url: str = "mysql+asyncmy://root@127.0.0.1:3306/ladder"
@@ -130,6 +132,15 @@ class LadderSettings(BaseSettings):
                 if name in data:
                     data[name] = _split_csv(data[name])
         return data
+
+    @model_validator(mode="after")
+    def _one_redis_unless_a_cluster(self) -> LadderSettings:
+        if "," in self.redis_url and not self.redis_cluster:
+            raise SettingsError(
+                "LADDER_REDIS_URL lists several nodes: only a Redis Cluster has several "
+                "(set LADDER_REDIS_CLUSTER=true)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _refuse_dev_secrets_in_prod(self) -> LadderSettings:

@@ -41,7 +41,7 @@ from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.keys import Keys
 from shared.redis import open_redis
-from shared.redis_cluster import LadderCluster
+from shared.redis_cluster import LadderCluster, seed_nodes
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
@@ -99,10 +99,11 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             await restorer.attempt()
             await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
-            nodes = None
+            nodes, hub_url = None, settings.redis_url
             if isinstance(redis, LadderCluster):
-                nodes = functools.partial(redis.node_urls, settings.redis_url)
-            hub = Hub(settings.redis_url, f"ladder-hub-{settings.key_prefix}", nodes)
+                hub_url = seed_nodes(settings.redis_url)[0]
+                nodes = functools.partial(redis.node_urls, hub_url)
+            hub = Hub(hub_url, f"ladder-hub-{settings.key_prefix}", nodes)
             eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
             # The relay gets the grace period to hand what is in the outbox to the broker; the
             # group commit, last in, is drained first, so that the relay sees its writes.

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from services.aggregator.lease import MergeLease
@@ -16,11 +17,12 @@ from shared.boards import Board
 from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
 from shared.keys import Keys
 from shared.redis import open_redis
+from shared.redis_cluster import seed_nodes
 from shared.settings import LadderSettings
 from tests.api.helpers import MAIN, add_board, get_ok, post, score
 from tests.cluster.conftest import on
 from tests.helpers import api_client
-from tests.redis_cluster import PrivateCluster
+from tests.redis_cluster import PrivateCluster, free_cluster_ports
 
 pytestmark = pytest.mark.cluster
 
@@ -168,3 +170,33 @@ async def test_twelve_boards_spread_their_keys_over_the_primaries(
             holding[port] = len(found)
     assert sum(holding.values()) == len(BOARDS)
     assert len([n for n in holding.values() if n]) >= 2, holding
+
+
+async def test_a_node_list_opens_the_cluster_with_its_first_node_down(
+    shared_cluster: PrivateCluster, keys: Keys
+) -> None:
+    """LADDER_REDIS_URL naming several nodes: a process that starts while the first is away
+    finds the cluster through the next one (a port nothing listens on stands for it)."""
+    free = free_cluster_ports(1)[0]
+    nodes = [f"redis://127.0.0.1:{free}/0", shared_cluster.url]
+    async with open_redis(",".join(nodes), load_functions=True, cluster=True) as client:
+        key = keys.tag("nodes") + ":probe"
+        await client.set(key, "1", ex=60)
+        assert await client.get(key) == "1"
+        known = {int(node.port) for node in client.get_nodes()}  # type: ignore[attr-defined]
+        assert set(shared_cluster.primaries()) <= known
+
+
+def test_a_node_list_is_refused_without_the_cluster_setting() -> None:
+    nodes = "redis://127.0.0.1:7000/0,redis://127.0.0.1:7001/0"
+    with pytest.raises(ValidationError, match="LADDER_REDIS_CLUSTER=true"):
+        LadderSettings(_env_file=None, redis_url=nodes)  # type: ignore[call-arg]
+    assert LadderSettings(_env_file=None, redis_url=nodes, redis_cluster=True).redis_cluster  # type: ignore[call-arg]
+
+
+def test_a_node_list_entry_needs_a_host_and_a_port() -> None:
+    first, others = seed_nodes(" redis://127.0.0.1:7000/0 , redis://127.0.0.1:7001/0 ")
+    assert first == "redis://127.0.0.1:7000/0"
+    assert [(node.host, node.port) for node in others] == [("127.0.0.1", 7001)]
+    with pytest.raises(ValueError, match="host and a port"):
+        seed_nodes("redis://127.0.0.1:7000/0,redis://127.0.0.1/0")
