@@ -17,7 +17,7 @@ export LADDER_RUN_DIR
 
 .PHONY: help up down ps stop start restart logs test test-fuzz test-stack test-faults test-cluster lint bench infra migrate venv rebuild
 .PHONY: containers containers-down test-containers
-.PHONY: cluster-up cluster-down cluster-ps cluster-kill cluster-start
+.PHONY: cluster-up cluster-down cluster-ps cluster-kill cluster-start test-rehearsal
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -115,14 +115,17 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 		echo "clean: started again: $$running"; \
 	fi
 
+# The suite of `make test`: every test but those of the targets after it.
+SUITE := not faults and not stack and not cluster and not containers and not fuzz and not rehearsal
+
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
-	$(PY) -m pytest -m "not faults and not stack and not cluster and not containers and not fuzz" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)
 
 test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 4 min)
 	$(PY) -m pytest -m "fuzz and not stack" $(PYTEST_ARGS)
 
 test-stack: venv infra ## the tests that run the four services as processes (end to end, the browser, seasons)
-	$(PY) -m pytest -m "stack and not faults and not containers" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "stack and not faults and not containers and not rehearsal" --durations=10 $(PYTEST_ARGS)
 
 # infra: the fault suite starts private servers of its own, but from the same Debian packages.
 test-faults: venv infra ## only the fault suite (servers and services stopped, killed under load)
@@ -164,6 +167,17 @@ cluster-kill: ## SIGKILL one process of the rehearsal: make cluster-kill PROCESS
 
 cluster-start: ## start one process of the rehearsal again: make cluster-start PROCESS=redis-7000
 	@bash scripts/cluster.sh start '$(PROCESS)'
+
+# test-rehearsal: the whole suite with the tests' Redis the rehearsal's cluster and their broker
+# its nodes (each test keeps its own prefixes, database, exchange and queues), then the faults
+# of tests/rehearsal, which kill the rehearsal's processes and start them again.
+REHEARSAL_TEST_ENV := LADDER_TEST_REDIS_CLUSTER=1 LADDER_TEST_REDIS_URL=redis://127.0.0.1:7000/0 \
+	LADDER_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5673/
+
+test-rehearsal: venv infra ## the whole suite against `make cluster-up` (started if need be), then faults on it
+	@bash scripts/cluster.sh ps | grep -q RUNNING || bash scripts/cluster.sh up
+	$(REHEARSAL_TEST_ENV) $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m rehearsal tests/rehearsal -rP $(PYTEST_ARGS)
 
 # Containers: deploy/compose.yml, one container per service (scripts/containers.sh says how the
 # engine, the secrets and the images are found; docs/operations.md, "Containers").
