@@ -17,7 +17,8 @@ An entry carries its metadata along (shared/ranking.py).
 
 A pass is bounded (``budget``): what it leaves stays in the merging set for the next pass, so
 that a backlog drains while the aggregator's live views keep their cadence (main.py runs them
-apart). Because it reads current state, lost, late, doubled or reordered messages cannot skew
+apart). While a backlog drains, each pass first merges a round of the marks made since, straight
+from the dirty set, so that fresh scores do not wait behind it. Because it reads current state, lost, late, doubled or reordered messages cannot skew
 it: the next merge that sees the user makes the entry right. After each pass every touched view
 whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose global entry
 changed and crossed a bracket of the global scope get ``rank`` messages
@@ -192,6 +193,8 @@ class Merger:
         bid = work.board.board_id
         merging = self._keys.dirty_merging(bid)
         deadline = None if budget is None else time.monotonic() + budget
+        if bid in self._partway:
+            await self._fresh_round(work)
         cursor, drained, first = 0, False, True
         while not drained:
             if not first:
@@ -203,6 +206,16 @@ class Merger:
             if deadline is not None and time.monotonic() >= deadline:
                 break
         return drained
+
+    async def _fresh_round(self, work: Pass) -> None:
+        """While a backlog drains, a round of the marks made since it was taken, straight from
+        the dirty set, before the backlog's rounds: a score posted now reaches the global view
+        within a pass or two, not after the whole backlog (the merge reads current records, so
+        a user merged here and again from the backlog gets the same entry twice)."""
+        dirty = self._keys.dirty(work.board.board_id)
+        _, marks = await self._take(dirty, 0)
+        if marks:
+            await self._merge_round(work, dirty, marks)
 
     async def _call(self, function: str, keys: list[str], *args: Any) -> Any:
         """``FCALL`` of a function that checks the merge lease; :class:`LeaseLost` if refused."""
@@ -282,17 +295,19 @@ class Merger:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
-    async def _take(self, merging: str, cursor: int) -> tuple[int, list[str]]:
-        """About a round of marks from the merging set, and where the scan goes on (a mark the
-        scan returns twice is merged twice, to the same result)."""
+    async def _take(self, marks_set: str, cursor: int) -> tuple[int, list[str]]:
+        """About a round of marks from ``marks_set`` (the merging set, or the dirty set for a
+        fresh round), and where the scan goes on (a mark the scan returns twice is merged twice,
+        to the same result)."""
         marks: list[str] = []
         while True:
-            cursor, found = await self._redis.sscan(merging, cursor, count=ROUND)
+            cursor, found = await self._redis.sscan(marks_set, cursor, count=ROUND)
             marks += cast(list[str], found)  # decoded replies: str
             if cursor == 0 or len(marks) >= ROUND:
                 return cursor, marks
 
-    async def _merge_round(self, work: Pass, merging: str, marks: list[str]) -> None:
+    async def _merge_round(self, work: Pass, marks_set: str, marks: list[str]) -> None:
+        """Merge ``marks``, each taken out of ``marks_set`` as its user is merged."""
         board, foreign = work.board, []
         # The marks by period: what precedes a mark's region ("<period>|<period_id>|"); the
         # function takes them as they are.
@@ -308,10 +323,12 @@ class Merger:
             if not touched.read:  # the top before the pass's first write to the period
                 touched.before = await self._brackets.standing(board, period, period_id)
                 touched.read = True
-            work.written += await self._merge_period(board, period, period_id, group, touched)
+            work.written += await self._merge_period(
+                board, period, period_id, group, touched, marks_set
+            )
             self._merged[board.board_id].add((period, period_id))
         if foreign:
-            await self._redis.srem(merging, *foreign)
+            await self._redis.srem(marks_set, *foreign)
 
     async def _finish(self, work: Pass, drained: bool) -> None:
         """After a pass: ``as_of`` once drained, then brackets and top-10 pushes of what it
@@ -340,18 +357,24 @@ class Merger:
             await self.lease.release(bid)
 
     async def _merge_period(
-        self, board: Board, period: Period, period_id: str, marks: list[str], touched: Touched
+        self,
+        board: Board,
+        period: Period,
+        period_id: str,
+        marks: list[str],
+        touched: Touched,
+        marks_set: str,
     ) -> int:
         """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call, one
-        call at a time; notes in ``touched`` the users whose global entry changed and the regions
-        the marks name; returns how many users were merged (a user whose marks two rounds of the
-        scan share counts in each)."""
+        call at a time, each call taking its marks out of ``marks_set``; notes in ``touched`` the
+        users whose global entry changed and the regions the marks name; returns how many users
+        were merged (a user whose marks two rounds of the scan share counts in each)."""
         keys, bid = self._keys, board.board_id
         expiry = board_period_expiry(board, period, period_id)
         global_key = keys.global_view(bid, period, period_id)
         view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
         view_keys += [
-            keys.dirty_merging(bid),
+            marks_set,
             keys.distinct_building(global_key),
             keys.dense(bid),
             keys.hidden(bid),

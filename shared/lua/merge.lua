@@ -32,7 +32,8 @@ The global merge (services/aggregator/merge.py), where the data is: a chunk of d
 board period, each of whose users is combined from its records in the regions it played in
 (combine() in merge.py is the reference; the tests hold this to it) and put in the global view.
 
-KEYS: global view, its distinct set, its records, the merging set, the distinct set being built,
+KEYS: global view, its distinct set, its records, the set the marks are taken out of (the merging
+set, or the dirty set for a round of fresh marks), the distinct set being built,
 the board's dense marker, the board's hidden users, the board's merge lease (shared/keys.py).
 ARGV: expire-at (0: never), operator, the two ends of a region view's records key (prefix,
 suffix: the key is prefix .. region .. suffix), the two ends of a user's regions key, the two

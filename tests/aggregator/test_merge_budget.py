@@ -124,3 +124,44 @@ async def test_a_region_top_push_does_not_wait_for_the_backlog(redis: Redis, key
     # About one pass of the backlog's (0.25 s budget), not the backlog's seconds.
     assert pushed - written < 2 * INTERVAL
     assert merged < BACKLOG, "the backlog drained first: the test proves nothing"
+
+
+async def test_a_fresh_score_reaches_the_global_view_before_the_backlog_drains(
+    redis: Redis, keys: Keys
+) -> None:
+    board = Board(board_id="backlog", periods=("alltime",), notify_top=(1, 10))
+    bid = board.board_id
+    await fill(redis, keys, bid)
+    stop = asyncio.Event()
+    live = TimedLive(redis, keys)
+    live.starts = []
+    ticker = asyncio.create_task(
+        tick(Merger(redis, keys), live, Catalog(board), INTERVAL, stop)  # type: ignore[arg-type]
+    )
+    try:
+        await asyncio.sleep(1.0)  # the backlog's passes under way, its marks in the merging set
+        assert await redis.exists(keys.dirty_merging(bid))
+        # A fresh score in region eu, as the write leaves it, marked dirty as its event is
+        # consumed: the mark goes to the dirty set, behind the backlog.
+        view = keys.region_view(bid, "alltime", "all", "eu")
+        tie = tie_key(1_800_000_000_000)
+        await redis.zadd(view, {member(tie, "fresh"): 10**9})
+        await redis.hset(Keys.ties(view), "fresh", record(tie, 10**9))
+        await redis.sadd(keys.dirty(bid), dirty_member("alltime", "all", "eu", "fresh"))
+        written = time.monotonic()
+        global_view = keys.global_view(bid, "alltime", "all")
+        while await redis.hget(Keys.ties(global_view), "fresh") is None:
+            assert time.monotonic() - written < 30, "the fresh score never reached the view"
+            await asyncio.sleep(0.02)
+        merged_after = time.monotonic() - written
+        backlog_left = await redis.scard(keys.dirty_merging(bid))
+    finally:
+        stop.set()
+        await ticker
+    print(f"fresh score global {merged_after:.2f} s after its mark, {backlog_left} marks left")
+    # A pass or two (0.25 s budget each), not the backlog's seconds.
+    assert merged_after < 2 * INTERVAL
+    assert backlog_left > 0, "the backlog drained first: the test proves nothing"
+    assert (
+        await redis.sismember(keys.dirty(bid), dirty_member("alltime", "all", "eu", "fresh")) == 0
+    )
