@@ -35,12 +35,12 @@ import gc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aio_pika
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from shared import amqp
 from shared.events import ScoreAccepted, ScoreMessage
 from shared.failures import is_transient
 from shared.topology import Consumer, Topology, client_properties, consumer_tag
@@ -93,6 +93,7 @@ def settle_heap() -> None:
 @dataclass
 class ConsumerRunner:
     name: Consumer
+    # LADDER_AMQP_URL: one broker address, or every node of a cluster, comma-separated.
     amqp_url: str
     topology: Topology
     handler: Handler
@@ -119,8 +120,9 @@ class ConsumerRunner:
         backoff = 0.5
         while not self._stopping.is_set():
             try:
-                return await aio_pika.connect_robust(
-                    self.amqp_url, client_properties=client_properties(self.name, "consumer")
+                return await amqp.connect_robust(
+                    self.amqp_url.split(","),
+                    client_properties=client_properties(self.name, "consumer"),
                 )
             except Exception as exc:
                 log.warning("broker unavailable; retrying", error=repr(exc), in_seconds=backoff)

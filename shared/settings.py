@@ -13,8 +13,9 @@ import sys
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SERVER_KEY = "dev-server-key"
@@ -53,6 +54,7 @@ class LadderSettings(BaseSettings):
     # comma-separated, so that a process starting while one is down finds the cluster
     # (shared/redis_cluster.py).
     redis_cluster: bool = False
+    # One broker node, or every node of a RabbitMQ cluster, comma-separated (shared/amqp.py).
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mysql_url: str = "mysql+asyncmy://root@127.0.0.1:3306/ladder"
 
@@ -132,6 +134,35 @@ class LadderSettings(BaseSettings):
                 if name in data:
                     data[name] = _split_csv(data[name])
         return data
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_addresses(cls, value: str) -> str:
+        entries = [part.strip() for part in value.split(",")]
+        if not any(entries):
+            raise ValueError("names no broker address")
+        for position, entry in enumerate(entries, start=1):
+            # The entry itself is never quoted: it may hold a password.
+            where = f"address {position} of {len(entries)}"
+            if not entry:
+                raise ValueError(f"{where} is empty")
+            url = urlsplit(entry)
+            if url.scheme not in ("amqp", "amqps"):
+                raise ValueError(f"{where} is not an amqp:// or amqps:// URL")
+            try:
+                port = url.port
+            except ValueError:
+                raise ValueError(f"{where} has a port out of 1-65535") from None
+            if not url.hostname:
+                raise ValueError(f"{where} names no host")
+            if port == 0:
+                raise ValueError(f"{where} has a port out of 1-65535")
+        return ",".join(entries)
+
+    @cached_property
+    def amqp_urls(self) -> list[str]:
+        """Every broker address of ``LADDER_AMQP_URL``, in order: one for a single node."""
+        return self.amqp_url.split(",")
 
     @model_validator(mode="after")
     def _one_redis_unless_a_cluster(self) -> LadderSettings:

@@ -22,6 +22,7 @@ import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import PublishError
 
+from shared import amqp
 from shared.topology import client_properties, consumer_tag
 from sim.params import parse_value
 
@@ -52,7 +53,7 @@ async def publish(amqp_url: str, broker_prefix: str, name: str, value: Any) -> A
     """Check ``value`` for parameter ``name`` and publish it with a publisher confirm; returns the
     value as sent. Raises :class:`NobodyListening` when no simulation runs to take it."""
     parsed = parse_value(name, value)
-    connection = await aio_pika.connect(amqp_url)
+    connection = await amqp.connect(amqp_url.split(","))
     async with connection:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         nobody = NobodyListening(f"no simulation listens on {exchange_name(broker_prefix)}")
@@ -102,8 +103,8 @@ class Listener:
                 delay = min(delay * 2, 10.0)
 
     async def _consume(self) -> None:
-        connection = await aio_pika.connect_robust(
-            self.amqp_url, client_properties=client_properties("sim", "control")
+        connection = await amqp.connect_robust(
+            self.amqp_url.split(","), client_properties=client_properties("sim", "control")
         )
         async with connection:
             channel = await connection.channel()

@@ -27,6 +27,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from shared import amqp
 from shared.boards import BoardCatalog
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.redis import ensure_group
@@ -82,8 +83,8 @@ class PeriodRelay:
             backoff = min(backoff * 2, 5.0)
 
     async def _connect(self) -> None:
-        self._connection = await aio_pika.connect_robust(
-            self._settings.amqp_url,
+        self._connection = await amqp.connect_robust(
+            self._settings.amqp_urls,
             reconnect_interval=1.0,
             client_properties=client_properties("aggregator", "period-relay"),
         )

@@ -37,6 +37,7 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from shared import amqp
 from shared.boards import BoardCatalog
 from shared.events import message_body
 from shared.keys import OUTBOX_GROUP, Keys
@@ -163,17 +164,22 @@ class Relay:
                 backoff = min(backoff * 2, 5.0)
 
     async def _connect(self) -> None:
-        self._connection = await aio_pika.connect_robust(
-            self._settings.amqp_url,
+        connection = await amqp.connect_robust(
+            self._settings.amqp_urls,
             reconnect_interval=1.0,
             client_properties=client_properties("api", "relay"),
         )
+        self._connection = connection
         # A returned message fails its publish (PublishError) instead of passing as confirmed.
         channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
         self._settled.clear()
         await self._topology.declare(channel)
         self._exchange = await self._topology.declare_exchange(channel)
-        log.info("relay connected", exchange=self._topology.scores_exchange)
+        log.info(
+            "relay connected",
+            exchange=self._topology.scores_exchange,
+            node=connection.node,
+        )
 
     async def _disconnect(self) -> None:
         self._exchange = None

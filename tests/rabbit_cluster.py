@@ -1,0 +1,224 @@
+"""A private RabbitMQ cluster on loopback for the tests: three nodes of the installed
+``rabbitmq-server`` beside the system one, each with its own AMQP port, distribution port,
+config file and data directory (owned by the ``rabbitmq`` user, as the server runs as it), made
+one cluster with ``rabbitmqctl join_cluster``. Every node is stopped and its directory removed
+at the end.
+
+Node names carry the node's AMQP port (``ladder-test-rabbit-<port>@localhost``), so they never
+clash with the system node (``rabbit@localhost``), with ``make cluster-up``'s nodes or with a
+second run beside this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+HOST = "127.0.0.1"
+# AMQP and distribution ports of a private cluster: clear of 5672-5675 and 25672-25675 (the
+# system node and `make cluster-up`), of 7000-7005 and their bus ports, of the Redis tests'
+# 12000-22000 (tests/redis_cluster.py) and of the kernel's ephemeral range (32768 and up).
+LOW, HIGH = 26_000, 32_000
+RESERVED = {*range(25_672, 25_676), *range(15_672, 15_676)}
+RABBITMQ_USER = "rabbitmq"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` consecutive free ports in the private range."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        base = rng.randrange(LOW, HIGH - count)
+        ports = list(range(base, base + count))
+        if not RESERVED.intersection(ports) and all(_free(p) for p in ports):
+            return ports
+    raise RuntimeError("no free ports for a private RabbitMQ cluster")
+
+
+class RabbitCluster:
+    """Three RabbitMQ nodes clustered; ``nodes[0]`` is the one the others joined."""
+
+    def __init__(self, size: int = 3) -> None:
+        ports = free_ports(2 * size)
+        self.amqp_ports = ports[:size]
+        self.dist_ports = ports[size:]
+        self.root = Path(tempfile.mkdtemp(prefix="ladder-rabbit-"))
+        self.started: list[str] = []
+        user = pwd.getpwnam(RABBITMQ_USER)
+        self._uid, self._gid = user.pw_uid, user.pw_gid
+        self._chown(self.root)
+
+    def node(self, index: int) -> str:
+        return f"ladder-test-rabbit-{self.amqp_ports[index]}@localhost"
+
+    @property
+    def nodes(self) -> list[str]:
+        return [self.node(i) for i in range(len(self.amqp_ports))]
+
+    def url(self, index: int) -> str:
+        return f"amqp://guest:guest@{HOST}:{self.amqp_ports[index]}/"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(i) for i in range(len(self.amqp_ports))]
+
+    @property
+    def amqp_url(self) -> str:
+        """``LADDER_AMQP_URL`` naming every node."""
+        return ",".join(self.urls)
+
+    def index_of_port(self, port: int) -> int:
+        return self.amqp_ports.index(port)
+
+    def _chown(self, path: Path) -> None:
+        os.chown(path, self._uid, self._gid)
+
+    def _environment(self, index: int) -> dict[str, str]:
+        folder = self.root / str(self.amqp_ports[index])
+        for sub in ("", "mnesia", "log"):
+            (folder / sub).mkdir(exist_ok=True)
+            self._chown(folder / sub)
+        config = folder / "rabbitmq.conf"
+        # The guest user may connect over loopback only: which is all these nodes listen on.
+        config.write_text(f"listeners.tcp.local = {HOST}:{self.amqp_ports[index]}\n")
+        plugins = folder / "enabled_plugins"
+        plugins.write_text("[].\n")
+        for path in (config, plugins):
+            self._chown(path)
+        return {
+            **os.environ,
+            "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq"),
+            "RABBITMQ_NODENAME": self.node(index),
+            "RABBITMQ_NODE_PORT": str(self.amqp_ports[index]),
+            "RABBITMQ_DIST_PORT": str(self.dist_ports[index]),
+            "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(folder / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(plugins),
+            "RABBITMQ_PID_FILE": str(folder / "rabbitmq.pid"),
+        }
+
+    def ctl(self, index: int, *args: str, timeout: float = 60.0) -> str:
+        """``rabbitmqctl -n NODE args…``; its output."""
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", "-n", self.node(index), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"rabbitmqctl -n {self.node(index)} {' '.join(args)}: {done.stderr.strip()}"
+            )
+        return done.stdout
+
+    def start_node(self, index: int) -> None:
+        subprocess.run(
+            ["rabbitmq-server", "-detached"],
+            env=self._environment(index),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        if self.node(index) not in self.started:
+            self.started.append(self.node(index))
+        self.ctl(
+            index,
+            "wait",
+            str(self.root / str(self.amqp_ports[index]) / "rabbitmq.pid"),
+            "--timeout",
+            "90",
+            timeout=120,
+        )
+
+    def start(self) -> RabbitCluster:
+        try:
+            for index in range(len(self.amqp_ports)):
+                self.start_node(index)
+            for index in range(1, len(self.amqp_ports)):
+                self.ctl(index, "stop_app")
+                self.ctl(index, "join_cluster", self.node(0))
+                self.ctl(index, "start_app")
+            self._wait(self.formed, "three running nodes in one cluster")
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def running_nodes(self, index: int = 0) -> list[str]:
+        """The cluster's running nodes as ``nodes[index]`` sees them."""
+        try:
+            out = self.ctl(index, "eval", "rabbit_nodes:all_running().", timeout=20)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return []
+        return sorted(n.strip(" '\n") for n in out.strip().strip("[]").split(",") if n.strip())
+
+    def formed(self) -> bool:
+        return self.running_nodes(0) == sorted(self.nodes)
+
+    def stop_node(self, index: int) -> None:
+        """Stop one node (its Erlang VM ends; the others carry on)."""
+        self.ctl(index, "stop", timeout=90)
+
+    def queue_members(self, index: int, vhost: str = "/") -> dict[str, list[str]]:
+        """Each quorum queue's members, as ``nodes[index]`` lists them."""
+        out = self.ctl(index, "list_queues", "-p", vhost, "name", "members", "--formatter", "json")
+        import json
+
+        return {row["name"]: sorted(row["members"]) for row in json.loads(out)}
+
+    def connections(self, index: int) -> list[dict[str, object]]:
+        """The client connections held by ``nodes[index]`` itself: name and peer port."""
+        import json
+
+        out = self.ctl(
+            index,
+            "eval",
+            "[{proplists:get_value(name, I), proplists:get_value(node, I)} || "
+            "I <- rabbit_networking:connection_info_all([name, node]), "
+            "proplists:get_value(node, I) =:= node()].",
+        )
+        del json
+        return [{"raw": line} for line in out.splitlines() if line.strip()]
+
+    @staticmethod
+    def _wait(check: object, what: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():  # type: ignore[operator]
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+
+    def remove(self) -> None:
+        for index in range(len(self.amqp_ports)):
+            if self.node(index) in self.started:
+                try:
+                    self.ctl(index, "stop", timeout=60)
+                except (RuntimeError, subprocess.TimeoutExpired):
+                    self._kill(index)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill(self, index: int) -> None:
+        pid_file = self.root / str(self.amqp_ports[index]) / "rabbitmq.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
