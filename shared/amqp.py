@@ -84,7 +84,8 @@ class NodesConnection(RobustConnection):
 
     async def _on_connection_close(self, closing: asyncio.Future[Any]) -> None:
         await super()._on_connection_close(closing)
-        if not (self._close_called or self.is_closed):
+        # Before the first connection, connect_robust itself tries the addresses in turn.
+        if self.connection_attempt and not (self._close_called or self.is_closed):
             self._advance()
 
     async def _on_connected(self) -> None:

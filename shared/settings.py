@@ -159,9 +159,11 @@ class LadderSettings(BaseSettings):
                 raise ValueError(f"{where} has a port out of 1-65535")
         return ",".join(entries)
 
-    @cached_property
+    @property
     def amqp_urls(self) -> list[str]:
-        """Every broker address of ``LADDER_AMQP_URL``, in order: one for a single node."""
+        """Every broker address of ``LADDER_AMQP_URL``, in order: one for a single node. (A
+        property, not cached: a copy with another ``amqp_url`` must not inherit a cached
+        list.)"""
         return self.amqp_url.split(",")
 
     @model_validator(mode="after")
