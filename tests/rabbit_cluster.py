@@ -12,6 +12,7 @@ second run beside this one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import random
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -49,6 +51,12 @@ def free_ports(count: int) -> list[int]:
         if not RESERVED.intersection(ports) and all(_free(p) for p in ports):
             return ports
     raise RuntimeError("no free ports for a private RabbitMQ cluster")
+
+
+@dataclass(frozen=True)
+class QuorumQueue:
+    members: list[str]
+    leader: str
 
 
 class RabbitCluster:
@@ -175,26 +183,27 @@ class RabbitCluster:
         """Stop one node (its Erlang VM ends; the others carry on)."""
         self.ctl(index, "stop", timeout=90)
 
-    def queue_members(self, index: int, vhost: str = "/") -> dict[str, list[str]]:
-        """Each quorum queue's members, as ``nodes[index]`` lists them."""
-        out = self.ctl(index, "list_queues", "-p", vhost, "name", "members", "--formatter", "json")
-        import json
-
-        return {row["name"]: sorted(row["members"]) for row in json.loads(out)}
-
-    def connections(self, index: int) -> list[dict[str, object]]:
-        """The client connections held by ``nodes[index]`` itself: name and peer port."""
-        import json
-
+    def quorum_queues(self, index: int, vhost: str = "/") -> dict[str, QuorumQueue]:
+        """Each quorum queue's members and leader, as ``nodes[index]`` lists them."""
         out = self.ctl(
-            index,
-            "eval",
-            "[{proplists:get_value(name, I), proplists:get_value(node, I)} || "
-            "I <- rabbit_networking:connection_info_all([name, node]), "
-            "proplists:get_value(node, I) =:= node()].",
+            index, "list_queues", "-p", vhost, "name", "members", "leader", "--formatter", "json"
         )
-        del json
-        return [{"raw": line} for line in out.splitlines() if line.strip()]
+        return {
+            row["name"]: QuorumQueue(sorted(row["members"]), str(row["leader"]))
+            for row in json.loads(out)
+        }
+
+    def connections(self, index: int) -> list[tuple[str, int]]:
+        """Every client connection of the cluster, as ``nodes[index]`` lists them: the name
+        the client gave it and the AMQP port it came in on, which tells the node holding it."""
+        out = self.ctl(
+            index, "list_connections", "client_properties", "port", "--formatter", "json"
+        )
+        held = []
+        for row in json.loads(out):
+            properties = {key: value for key, _, value in row["client_properties"]}
+            held.append((str(properties.get("connection_name", "")), int(row["port"])))
+        return held
 
     @staticmethod
     def _wait(check: object, what: str, timeout: float = 90.0) -> None:
