@@ -170,7 +170,6 @@ async def test_a_rabbitmq_node_stopped_under_load(
         all_reconnected_s=f"{reconnected - stopping:.1f}",
         regional_entries_checked=matched,
         global_entries_checked=merged,
-        queues=";".join(
-            f"{n.rsplit('.', 1)[-1]}={q.messages}/{q.consumers}" for n, q in queues.items()
-        ),
+        leaders_on_stopped_node=leaders_moved,
+        queues=f"'{consumed(queues)}'",
     )
