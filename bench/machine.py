@@ -6,11 +6,11 @@ import os
 import platform
 from importlib import metadata
 
-import aio_pika
 from sqlalchemy import text
 
 from bench import load
 from bench.probes import Ladder
+from shared.amqp import connect as connect_broker
 from shared.db import open_engine
 from shared.settings import LadderSettings
 
@@ -28,7 +28,7 @@ async def versions(settings: LadderSettings, ladder: Ladder) -> dict[str, str]:
     }
     async with open_engine(settings.mysql_url) as engine, engine.connect() as conn:
         out["MariaDB"] = str((await conn.execute(text("SELECT VERSION()"))).scalar_one())
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     try:
         props = connection.transport.connection.server_properties if connection.transport else {}
         out["RabbitMQ"] = str(props.get("version", "?"))

@@ -26,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from shared.amqp import connect as connect_broker
 from shared.redis import open_redis
 from shared.settings import LadderSettings, load_settings
 from shared.topology import CONSUMERS, Topology
@@ -78,7 +79,7 @@ async def clean_broker(settings: LadderSettings) -> tuple[int, int]:
     queues |= set(listed("queues", prefix))
     exchanges |= set(listed("exchanges", prefix))
     gone_queues = gone_exchanges = 0
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         for name in sorted(queues):
             channel = await connection.channel()

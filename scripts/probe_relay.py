@@ -26,7 +26,6 @@ import time
 import uuid
 from pathlib import Path
 
-import aio_pika
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import load
 from bench.probes import Ladder, percentile, push_latency
 from services.history.migrate import migrate
+from shared.amqp import connect as connect_broker
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -164,7 +164,7 @@ async def run(options: argparse.Namespace) -> None:
                     for start in range(0, len(found), 1000):
                         await redis.delete(*found[start : start + 1000])
             topology = Topology(settings.broker_prefix, settings.delivery_limit)
-            connection = await aio_pika.connect(settings.amqp_url)
+            connection = await connect_broker(settings.amqp_urls)
             async with connection:
                 await topology.delete(await connection.channel())
             await asyncio.to_thread(

@@ -11,10 +11,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import aio_pika
 import pytest
 from redis.asyncio import Redis
 
+from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
@@ -102,7 +102,7 @@ async def broker(settings: LadderSettings) -> AsyncIterator[Topology]:
     """The test's own exchange and queues, deleted afterwards."""
     topology = Topology(prefix=settings.broker_prefix, delivery_limit=settings.delivery_limit)
     yield topology
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         await topology.delete(channel)

@@ -27,7 +27,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-import aio_pika
 import httpx
 import orjson
 from redis.asyncio import Redis
@@ -36,6 +35,7 @@ from bench.phases.commands import private_redis
 from bench.probes import layout_entries
 from bench.report import Line, Note, Row
 from bench.settings import ROOT
+from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD
 from shared.keys import Keys, dirty_member
 from shared.periods import window_at
@@ -263,7 +263,7 @@ async def measure() -> list[Line]:
 
 async def remove_topology(amqp_url: str, prefix: str) -> None:
     """The stack's exchange and queues, which the API's relay declared."""
-    connection = await aio_pika.connect(amqp_url)
+    connection = await connect_broker(amqp_url.split(","))
     async with connection:
         await Topology(prefix=prefix).delete(await connection.channel())
 

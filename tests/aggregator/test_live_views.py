@@ -17,7 +17,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aio_pika
 import httpx
 import pytest
 import websockets
@@ -26,6 +25,7 @@ from redis.asyncio import Redis
 from services.aggregator.derive import Derive
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
+from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
@@ -420,7 +420,7 @@ async def test_the_running_aggregator_pushes_hot_changes_and_counts_a_redelivery
     stack: Stack,
 ) -> None:
     user, other = f"hot-{uuid.uuid4().hex[:6]}", f"mark-{uuid.uuid4().hex[:6]}"
-    connection = await aio_pika.connect(stack.settings.amqp_url)
+    connection = await connect_broker(stack.settings.amqp_urls)
     async with (
         connection,
         websockets.connect(f"{stack.ws}?token={DEV_SERVER_KEY}") as ws,

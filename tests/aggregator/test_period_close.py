@@ -19,6 +19,7 @@ from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
+from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.periods import window_at
@@ -105,7 +106,7 @@ async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_i
     stop = asyncio.Event()
     running = asyncio.create_task(relay.run(stop))
     try:
-        connection = await aio_pika.connect(settings.amqp_url)
+        connection = await connect_broker(settings.amqp_urls)
         async with connection:
             channel = await connection.channel()
             exchange = await broker.declare_periods_exchange(channel)

@@ -10,13 +10,13 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aio_pika
 import httpx
 import orjson
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from redis.asyncio import Redis
 
+from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
@@ -32,7 +32,7 @@ EVENTS = 6
 
 @pytest.fixture
 async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[AbstractChannel]:
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         chan = await connection.channel()
         await broker.declare(chan)

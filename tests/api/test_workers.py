@@ -8,11 +8,11 @@ import os
 import signal
 from pathlib import Path
 
-import aio_pika
 import httpx
 import orjson
 from redis.asyncio import Redis
 
+from shared.amqp import connect as connect_broker
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -64,7 +64,7 @@ async def test_two_workers_share_the_port_the_outbox_and_the_metrics(
     process = spawn_api(env)
     workers: set[int] = set()
     url = f"http://127.0.0.1:{port}"
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     try:
         channel = await connection.channel()
         queue = (await broker.declare(channel))["history"]

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared.amqp import connect as connect_broker
 from shared.db import count_events, friend_requests, friendships, open_engine, snapshots
 from shared.keys import Keys
 from tests.helpers import ADMIN, SERVER, eventually, player, republish, tap_fanout
@@ -32,7 +33,7 @@ async def session(stack: Stack) -> AsyncIterator[tuple[httpx.AsyncClient, AsyncE
     """A server-key client of the stack's API, its history database, and the score exchange
     with a tap queue of its own on it (to take events as they went out and publish them again)."""
     settings = stack.settings
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with (
         connection,
         httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import uuid
 
-import aio_pika
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from shared.amqp import connect as connect_broker
 from shared.db import count_events, open_engine
 from shared.keys import Keys
 from tests.helpers import (
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.stack
 async def test_a_redelivered_message_has_one_effect(stack: Stack, redis: Redis) -> None:
     settings = stack.settings
     keys = Keys(settings.key_prefix)
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection, httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
         channel = await connection.channel()
         exchange, tap = await tap_fanout(channel, settings.broker_prefix)

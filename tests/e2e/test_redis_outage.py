@@ -13,7 +13,6 @@ import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-import aio_pika
 import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
@@ -21,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from services.aggregator import main as aggregator_main
 from services.notifier import main as notifier_main
+from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
@@ -121,7 +121,7 @@ async def test_a_consumer_holds_its_batch_while_redis_is_away(
                     return all(entry is not None for entry in entries)
 
                 await eventually(all_merged, within=20)
-            connection = await aio_pika.connect(settings.amqp_url)
+            connection = await connect_broker(settings.amqp_urls)
             async with connection:
                 channel = await connection.channel()
                 dead = [

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from sqlalchemy import text
 
+from shared.amqp import connect as connect_broker
 from shared.db import count_events, open_engine
 from shared.topology import CONSUMERS, Topology
 from tests.helpers import SERVER, eventually
@@ -26,7 +27,7 @@ async def test_a_refused_event_is_dead_lettered_by_history_alone(stack: Stack) -
     topology = Topology(settings.broker_prefix, settings.delivery_limit)
     tag = uuid.uuid4().hex[:6]
     refused, before, after = f"refused-{tag}", f"before-{tag}", f"after-{tag}"
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with (
         open_engine(settings.mysql_url) as engine,
         connection,

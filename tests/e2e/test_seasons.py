@@ -26,6 +26,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -81,7 +82,7 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 async def periods_tap(settings: LadderSettings) -> AsyncIterator[aio_pika.abc.AbstractQueue]:
     """A queue of the test's own bound to ``<prefix>.periods``: what a rewards service sees."""
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         exchange = await Topology(settings.broker_prefix).declare_periods_exchange(channel)

@@ -6,10 +6,10 @@ import statistics
 import time
 import uuid
 
-import aio_pika
 import httpx
 import pytest
 
+from shared.amqp import connect as connect_broker
 from tests.helpers import SERVER, eventually
 from tests.stack import Stack
 
@@ -32,7 +32,7 @@ async def post_many(api: httpx.AsyncClient, count: int) -> list[float]:
 
 async def test_writes_do_not_wait_for_a_stopped_notifier(stack: Stack) -> None:
     queue_name = f"{stack.settings.broker_prefix}.scores.notifier"
-    connection = await aio_pika.connect(stack.settings.amqp_url)
+    connection = await connect_broker(stack.settings.amqp_urls)
     async with connection, httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
         channel = await connection.channel()
 

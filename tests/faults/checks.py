@@ -24,11 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aio_pika
 import httpx
 from redis.asyncio import Redis
 from sqlalchemy import text
 
+from shared.amqp import connect as connect_broker
 from shared.db import open_engine
 from shared.keys import Keys, event_ref
 from shared.ranking import id_of, score_of
@@ -161,7 +161,7 @@ async def queue_depths(settings: LadderSettings) -> dict[str, int]:
     """Ready messages of every queue and dead-letter queue of the test's broker prefix."""
     topology = Topology(settings.broker_prefix, settings.delivery_limit)
     depths = {}
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         for consumer in CONSUMERS:

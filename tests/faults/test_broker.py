@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from services.history.handlers import HistoryHandler
+from shared.amqp import connect as connect_broker
 from shared.db import count_events, open_engine
 from shared.events import ScoreMessage
 from shared.keys import Keys
@@ -108,7 +109,7 @@ async def test_channel_closed_before_its_ack(fault_stack: FaultStack) -> None:
             answer = await api.post("/v1/boards/main/scores", json=body)
             assert answer.status_code == 200, answer.text
 
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection, open_engine(settings.mysql_url, changed_rows=True) as engine:
         channel = await connection.channel()
         await channel.set_qos(prefetch_count=10)

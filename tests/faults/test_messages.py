@@ -20,6 +20,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text
 
+from shared.amqp import connect as connect_broker
 from shared.db import open_engine
 from shared.events import ScoreAccepted
 from shared.keys import OUTBOX_GROUP, Keys, event_ref
@@ -77,7 +78,7 @@ async def test_poison_messages_are_dead_lettered_and_the_stream_flows(
     keys = Keys(settings.key_prefix)
     topology = Topology(settings.broker_prefix, settings.delivery_limit)
     poison = {b"{not json", _unknown_schema_body("poison-schema-2")}
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection, Load(fault_stack.api, tag="pm") as load:
         channel = await connection.channel()
         exchange = await channel.get_exchange(topology.scores_exchange)

@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history import main as history_main
+from shared.amqp import connect as connect_broker
 from shared.db import count_events
 from shared.events import message_body
 from shared.keys import Keys
@@ -57,7 +58,7 @@ async def until(condition: Callable[[], Awaitable[bool]], within: float = WAIT) 
 async def channel_of(settings: LadderSettings) -> AsyncIterator[AbstractChannel]:
     """A channel on which the topology of ``settings`` exists (before the service starts, so
     nothing published first is lost)."""
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         chan = await connection.channel(publisher_confirms=True)
         await Topology(settings.broker_prefix, settings.delivery_limit).declare(chan)

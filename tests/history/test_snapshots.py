@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history import main as history_main
 from services.history.handlers import MarkChangedViews
 from services.history.snapshotter import Snapshotter, tick, view_member
+from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
 from shared.db_boards import SnapshotRow, save_snapshots, snapshot_at
 from shared.events import PeriodResult, ScoreAccepted, message_body
@@ -311,7 +312,7 @@ async def test_the_history_service_snapshots_what_it_consumes(
     )
     await BoardCatalog(redis, keys).ensure_defaults()
     await write_view(redis, keys, MAIN_BOARD, "alltime", "all", "region:eu", {"u-1": 5})
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     service = asyncio.create_task(history_main.run(service_settings))
     try:
         async with connection:

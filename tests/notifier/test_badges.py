@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import aio_pika
 import httpx
 import orjson
 import pytest
@@ -20,6 +19,7 @@ from redis.asyncio.client import PubSub
 
 from services.notifier.handlers import Notify
 from services.notifier.rules import earned, reaches
+from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
 from shared.events import PeriodResult, ScoreAccepted, rfc3339
 from shared.keys import Keys
@@ -291,7 +291,7 @@ async def test_a_badge_reaches_the_player_once_through_the_stack(
     # The services read board definitions from Redis; this one exists before anyone asks.
     await add_board(redis, keys, QUEST)
     user = f"u-{uuid.uuid4().hex[:6]}"
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection, httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
         channel = await connection.channel()
         exchange, tap = await tap_fanout(channel, settings.broker_prefix)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from aiormq.exceptions import ChannelAccessRefused
 
+from shared.amqp import connect as connect_broker
 from shared.consumer import ConsumerRunner
 from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
@@ -106,7 +107,7 @@ async def test_a_running_consumer_shows_by_name_on_connections_and_queues(
 async def test_the_monitor_sees_queues_but_changes_nothing(
     monitor: httpx.AsyncClient, settings: LadderSettings, broker: Topology
 ) -> None:
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         await broker.declare(await connection.channel())
     names = {q["name"] for q in (await monitor.get("/api/queues")).json()}

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from shared.amqp import connect as connect_broker
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from sim.control import declare_exchange, exchange_name
@@ -86,7 +87,7 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
             assert (await api.post("/v1/boards/main/scores", json=event, headers=SERVER)).is_success
         assert (await api.put("/v1/users/u1/friends/u2", headers=SERVER)).status_code == 204
     # ... its queues and exchanges, the simulation's control exchange and one more queue ...
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         await broker.declare(channel)
@@ -108,7 +109,7 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
 
         assert await keys_of(redis, prefix) == []
         assert not await database_exists(mysql_database)
-        connection = await aio_pika.connect(settings.amqp_url)
+        connection = await connect_broker(settings.amqp_urls)
         async with connection:
             gone = [
                 *(("queue", broker.queue(c)) for c in ("aggregator", "history", "notifier")),
@@ -124,7 +125,7 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
         assert await redis.get("{" + prefix + "x:main}:keep") == "1"
     finally:
         await redis.delete(f"{prefix}x:keep", "{" + prefix + "x:main}:keep")
-        connection = await aio_pika.connect(settings.amqp_url)
+        connection = await connect_broker(settings.amqp_urls)
         async with connection:
             channel = await connection.channel()
             await channel.queue_delete(f"{settings.broker_prefix}x.keep")

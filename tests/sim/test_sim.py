@@ -19,6 +19,7 @@ import aio_pika
 import pytest
 import simpy
 
+from shared.amqp import connect as connect_broker
 from shared.settings import LadderSettings
 from sim.control import Listener, NobodyListening, exchange_name, publish
 from sim.model import REGIONS, Game, Score, is_robot
@@ -320,7 +321,7 @@ async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_r
         sim.request_stop()
         await asyncio.wait_for(running, 30)
     # The control exchange went with the last simulation bound to it.
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
@@ -343,7 +344,7 @@ async def test_a_change_with_nobody_listening_is_reported(settings: LadderSettin
     with pytest.raises(InvalidValue):
         await publish(settings.amqp_url, settings.broker_prefix, "robot_share", "5")
     # Publishing made no exchange.
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         with pytest.raises(aio_pika.exceptions.ChannelNotFoundEntity):
@@ -360,7 +361,7 @@ async def test_a_control_exchange_made_durable_beforehand_is_used_as_it_is(
     """An operator's durable exchange of the same name: the simulation binds to it instead of
     failing to declare it with other arguments, and a change reaches it."""
     name = exchange_name(settings.broker_prefix)
-    connection = await aio_pika.connect(settings.amqp_url)
+    connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         await channel.declare_exchange(name, aio_pika.ExchangeType.FANOUT, durable=True)
