@@ -122,6 +122,7 @@ class ConsumerRunner:
             try:
                 return await amqp.connect_robust(
                     self.amqp_url.split(","),
+                    reconnect_interval=1.0,
                     client_properties=client_properties(self.name, "consumer"),
                 )
             except Exception as exc:
