@@ -132,7 +132,7 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 	$(PY) -m pytest -m faults tests/faults -rP $(PYTEST_ARGS)
 
 # test-cluster: tests/cluster (each module or test starts a private six-node Redis Cluster on free
-# ports), then the suite's writes, reads, merges, pushes, friends, erasures and hides with the
+# ports; test_rabbit.py a private three-node RabbitMQ cluster, tests/rabbit_cluster.py), then the suite's writes, reads, merges, pushes, friends, erasures and hides with the
 # tests' Redis a private cluster (LADDER_TEST_REDIS_CLUSTER=1). Deselected there: the two tests
 # that find the hub's connection with CLIENT LIST on one node, which a cluster client sends to
 # any. tests/notifier is left out: its badge tests read a channel up to a marker they publish,
