@@ -144,6 +144,8 @@ async def test_a_rabbitmq_node_stopped_under_load(
         await load.stop()
 
     assert all(port != victim_port for port in after.values()), after
+    # The same processes reconnected (a connection's name holds its pid): none exited.
+    assert cluster_stack.exits() == [], cluster_stack.exits()
     # The queues led from the stopped node elected a leader among the two members left.
     queues_after = await asyncio.to_thread(cluster.quorum_queues, survivors[0])
     assert all(queues_after[q].leader in (cluster.node(i) for i in survivors) for q in ours)
