@@ -59,7 +59,10 @@ class NodesConnection(RobustConnection):
     connection and a failed connection attempt pass through ``_on_connection_close`` (the
     attempt's failure is reported to it as the closing of a connection that never opened), so
     that is where this class moves ``url`` on to the next address; the reconnection loop reads
-    ``url`` afresh at every attempt.
+    ``url`` afresh at every attempt. Both are aio-pika 10's behaviour (the pinned version), which
+    tests/shared/test_amqp.py checks. Options aio-pika itself reads from an address's query
+    string (``reconnect_interval``, ``fail_fast``) are taken from the first address tried; those
+    of the AMQP client underneath (``heartbeat``, TLS files) from each address as it is tried.
     """
 
     def __init__(self, urls: Sequence[str], first: int = 0, **kwargs: Any) -> None:
