@@ -160,12 +160,13 @@ async def test_a_silent_pubsub_connection_is_noticed_and_resyncs(
         target = redis.connection_pool.connection_kwargs
         proxy = FreezingProxy(target["host"], target["port"])
     async with proxy.running() as port:
-        proxied = quiet.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0"})
+        proxied_url = f"redis://127.0.0.1:{port}/0"
         if isinstance(redis, RedisCluster):
+            # The API's cluster client reaches the nodes as ever; its hub, the proxy alone.
+            monkeypatch.setattr(LadderCluster, "node_urls", lambda self, url: [proxied_url])
             proxied = quiet
-            monkeypatch.setattr(
-                LadderCluster, "node_urls", lambda self, url: [f"redis://127.0.0.1:{port}/0"]
-            )
+        else:
+            proxied = quiet.model_copy(update={"redis_url": proxied_url})
         async with serve(proxied) as url, websockets.connect(f"{url}?{TOKEN}") as ws:
             await subscribe(ws, "user:u-1")
             proxy.freeze()
