@@ -13,13 +13,12 @@ out of the merging set in the same step. :func:`combine` is the reference of tha
 - ``best``: the best regional entry (best score, then subscore, reached earliest);
 - ``set``: the latest regional entry.
 
-An entry carries its metadata along (shared/ranking.py).
-
-A pass is bounded (``budget``): what it leaves stays in the merging set for the next pass, so
-that a backlog drains while the aggregator's live views keep their cadence (main.py runs them
-apart). While a backlog drains, each pass first merges a round of the marks made since, straight
-from the dirty set, so that fresh scores do not wait behind it. Because it reads current state, lost, late, doubled or reordered messages cannot skew
-it: the next merge that sees the user makes the entry right. After each pass every touched view
+An entry carries its metadata along (shared/ranking.py). A pass is bounded (``budget``): what it
+leaves stays in the merging set for the next pass, so that a backlog drains while the aggregator's
+live views keep their cadence (main.py runs them apart). While a backlog drains, each pass first
+merges a round of the marks made since, straight from the dirty set, so that fresh scores do not
+wait behind it. Because it reads current state, lost, late, doubled or reordered messages cannot
+skew it: the next merge that sees the user makes the entry right. After each pass every touched view
 whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose global entry
 changed and crossed a bracket of the global scope get ``rank`` messages
 (:mod:`services.aggregator.global_brackets`).
