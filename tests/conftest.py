@@ -13,6 +13,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from redis import Redis as SyncRedis
+from redis import RedisError
 from redis.asyncio import Redis
 
 from shared.amqp import connect as connect_broker
@@ -31,9 +33,10 @@ REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
 AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root@127.0.0.1:3306")
 # LADDER_TEST_REDIS_CLUSTER=1 (make test-cluster): the tests' Redis is a Redis Cluster. With
-# LADDER_TEST_REDIS_URL given too, it is the cluster that URL names (a node of `make cluster-up`,
-# redis://127.0.0.1:7000/0; a cluster has database 0 only); without it, a private cluster of six
-# nodes on free ports, started once for the session (tests/redis_cluster.py).
+# LADDER_TEST_REDIS_URL given too, it is the running cluster that URL names (make test-rehearsal
+# names `make cluster-up`'s, redis://127.0.0.1:7000/0; a cluster has database 0 only); without
+# it, a private cluster of six nodes on free ports, started once for the session
+# (tests/redis_cluster.py).
 ON_CLUSTER = os.environ.get("LADDER_TEST_REDIS_CLUSTER", "") not in ("", "0")
 CLUSTER_URL = os.environ.get("LADDER_TEST_REDIS_URL", "") if ON_CLUSTER else ""
 
@@ -41,15 +44,13 @@ CLUSTER_URL = os.environ.get("LADDER_TEST_REDIS_URL", "") if ON_CLUSTER else ""
 def check_cluster_url(url: str) -> None:
     """Fail the session at once, saying why, if ``url`` does not name a node of a Redis Cluster
     whose state is ok."""
-    import redis
-
     where = "LADDER_TEST_REDIS_URL with LADDER_TEST_REDIS_CLUSTER=1"
     if urlsplit(url).path.strip("/") not in ("", "0"):
         pytest.exit(f"{where}: {url} names a database other than 0, which a cluster has not", 2)
     try:
-        with redis.Redis.from_url(url, socket_timeout=5, decode_responses=True) as client:
+        with SyncRedis.from_url(url, socket_timeout=5, decode_responses=True) as client:
             info = client.execute_command("CLUSTER INFO")
-    except redis.RedisError as error:
+    except RedisError as error:
         pytest.exit(f"{where}: {url} is not a node of a Redis Cluster that answers: {error}", 2)
     if info.get("cluster_state") != "ok":
         pytest.exit(f"{where}: the cluster of {url} is {info.get('cluster_state')}, not ok", 2)
