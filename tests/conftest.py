@@ -10,8 +10,11 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from redis import Redis as SyncRedis
+from redis import RedisError
 from redis.asyncio import Redis
 
 from shared.amqp import connect as connect_broker
@@ -29,10 +32,28 @@ from tests.stack import Stack
 REDIS_URL = os.environ.get("LADDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/1")
 AMQP_URL = os.environ.get("LADDER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root@127.0.0.1:3306")
-# LADDER_TEST_REDIS_CLUSTER=1 (make test-cluster): the tests' Redis is a private Redis Cluster
-# of six nodes on free ports, started once for the session (tests/redis_cluster.py), in place
-# of LADDER_TEST_REDIS_URL.
+# LADDER_TEST_REDIS_CLUSTER=1 (make test-cluster): the tests' Redis is a Redis Cluster. With
+# LADDER_TEST_REDIS_URL given too, it is the running cluster that URL names (make test-rehearsal
+# names `make cluster-up`'s, redis://127.0.0.1:7000/0; a cluster has database 0 only); without
+# it, a private cluster of six nodes on free ports, started once for the session
+# (tests/redis_cluster.py).
 ON_CLUSTER = os.environ.get("LADDER_TEST_REDIS_CLUSTER", "") not in ("", "0")
+CLUSTER_URL = os.environ.get("LADDER_TEST_REDIS_URL", "") if ON_CLUSTER else ""
+
+
+def check_cluster_url(url: str) -> None:
+    """Fail the session at once, saying why, if ``url`` does not name a node of a Redis Cluster
+    whose state is ok."""
+    where = "LADDER_TEST_REDIS_URL with LADDER_TEST_REDIS_CLUSTER=1"
+    if urlsplit(url).path.strip("/") not in ("", "0"):
+        pytest.exit(f"{where}: {url} names a database other than 0, which a cluster has not", 2)
+    try:
+        with SyncRedis.from_url(url, socket_timeout=5, decode_responses=True) as client:
+            info = client.execute_command("CLUSTER INFO")
+    except RedisError as error:
+        pytest.exit(f"{where}: {url} is not a node of a Redis Cluster that answers: {error}", 2)
+    if info.get("cluster_state") != "ok":
+        pytest.exit(f"{where}: the cluster of {url} is {info.get('cluster_state')}, not ok", 2)
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +61,10 @@ def redis_url() -> Iterator[str]:
     """The URL of the tests' Redis: LADDER_TEST_REDIS_URL, or a node of the private cluster."""
     if not ON_CLUSTER:
         yield REDIS_URL
+        return
+    if CLUSTER_URL:
+        check_cluster_url(CLUSTER_URL)
+        yield CLUSTER_URL
         return
     cluster = PrivateCluster()
     try:

@@ -8,7 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import pytest
+import redis
+
+from shared.redis_cluster import LadderCluster
+from shared.settings import LadderSettings
 from tests.stack import free_port
 
 
@@ -75,6 +82,68 @@ class Outage:
 async def relayed(host: str, port: int) -> AsyncIterator[Outage]:
     """An :class:`Outage` in front of ``host:port``, up for the block, gone afterwards."""
     outage = Outage(host, port)
+    await outage.restore()
+    try:
+        yield outage
+    finally:
+        await outage.cut()
+
+
+class RedisOutage:
+    """The tests' Redis away for a client of ``url``: one relay in front of one Redis, or one in
+    front of every node of a cluster, whose addresses a cluster client of ``url`` is given
+    remapped to the relays' (redis-py's ``address_remap``), so that it reaches no node but
+    through them. Other clients, the test's own, reach the servers as before."""
+
+    def __init__(self, relays: dict[int, Outage], url: str) -> None:
+        self.relays = relays
+        self.url = url
+
+    async def cut(self) -> None:
+        for relay in self.relays.values():
+            await relay.cut()
+
+    async def restore(self) -> None:
+        for relay in self.relays.values():
+            await relay.restore()
+
+    def remap(self, address: tuple[str, int]) -> tuple[str, int]:
+        relay = self.relays.get(address[1])
+        return address if relay is None else ("127.0.0.1", relay.port)
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The address of every node of the cluster of ``url``, as ``CLUSTER NODES`` gives them."""
+    with redis.Redis.from_url(url, socket_timeout=5, decode_responses=True) as client:
+        listing: dict[str, Any] = client.execute_command("CLUSTER NODES")
+    found = []
+    for address in listing:
+        host, _, port = address.rpartition(":")
+        found.append((host, int(port)))
+    return found
+
+
+@contextlib.asynccontextmanager
+async def redis_relayed(
+    settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[RedisOutage]:
+    """A :class:`RedisOutage` of the settings' Redis, up for the block, gone afterwards."""
+    target = urlsplit(settings.redis_url)
+    host, port = target.hostname or "127.0.0.1", target.port or 6379
+    nodes = cluster_nodes(settings.redis_url) if settings.redis_cluster else [(host, port)]
+    relays = {node_port: Outage(node_host, node_port) for node_host, node_port in nodes}
+    url = urlunsplit(target._replace(netloc=f"127.0.0.1:{relays[port].port}"))
+    outage = RedisOutage(relays, url)
+    if settings.redis_cluster:
+        made = LadderCluster.__init__
+        relayed_ports = {relay.port for relay in relays.values()}
+
+        def remapped(self: LadderCluster, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("port") in relayed_ports:
+                kwargs["address_remap"] = outage.remap
+            made(self, *args, **kwargs)
+
+        monkeypatch.setattr(LadderCluster, "__init__", remapped)
     await outage.restore()
     try:
         yield outage

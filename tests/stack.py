@@ -82,6 +82,14 @@ def answers_ok(url: str, within: float) -> bool:
     return True
 
 
+def redis_env(settings: LadderSettings) -> dict[str, str]:
+    """The environment that points a Ladder process at the tests' Redis, one or a cluster."""
+    return {
+        "LADDER_REDIS_URL": settings.redis_url,
+        "LADDER_REDIS_CLUSTER": "true" if settings.redis_cluster else "false",
+    }
+
+
 def spawn_api(env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """``python -m services.api`` as a process of its own with ``env``, its output dropped."""
     return subprocess.Popen(
@@ -109,8 +117,7 @@ class Stack:
             LADDER_ENV="dev",
             LADDER_KEY_PREFIX=s.key_prefix,
             LADDER_BROKER_PREFIX=s.broker_prefix,
-            LADDER_REDIS_URL=s.redis_url,
-            LADDER_REDIS_CLUSTER="true" if s.redis_cluster else "false",
+            **redis_env(s),
             LADDER_AMQP_URL=s.amqp_url,
             LADDER_MYSQL_URL=s.mysql_url,
             LADDER_MERGE_INTERVAL=str(s.merge_interval),

@@ -17,7 +17,7 @@ from shared.functions import DENSE_BUILD_FUNCTION, PLACE_FUNCTION
 from shared.keys import Keys
 from shared.ranking import MAX_SCORE, member, record, sub_part, tie_key
 from shared.redis import open_redis
-from tests.conftest import REDIS_URL
+from tests.conftest import ON_CLUSTER
 
 # A view's entries: id -> (signed score, subscore); few values, so that ties come up often.
 views = st.dictionaries(
@@ -53,11 +53,11 @@ async def dense_counts(redis: Redis, view: str, users: list[str]) -> list[object
     return out
 
 
-async def scenario(entries: dict, subscored: bool, step: int) -> None:
+async def scenario(entries: dict, subscored: bool, step: int, redis_url: str) -> None:
     prefix = f"lt-db{uuid.uuid4().hex[:10]}"
     view = f"{{{prefix}:b}}:lb:alltime:all:global"
     build = f"{{{prefix}:b}}:dense:build"
-    async with open_redis(REDIS_URL, load_functions=True) as redis:
+    async with open_redis(redis_url, load_functions=True, cluster=ON_CLUSTER) as redis:
         try:
             pairs = await fill(redis, view, entries, "desc" if subscored else None)
             users = sorted(pairs)
@@ -106,17 +106,17 @@ async def scenario(entries: dict, subscored: bool, step: int) -> None:
 @settings(max_examples=80, deadline=None)
 @given(entries=views, subscored=st.booleans(), step=st.integers(1, 4))
 def test_the_walk_and_the_build_count_as_python_does(
-    entries: dict, subscored: bool, step: int
+    entries: dict, subscored: bool, step: int, redis_url: str
 ) -> None:
-    asyncio.run(scenario(entries, subscored, step))
+    asyncio.run(scenario(entries, subscored, step, redis_url))
 
 
-async def test_a_walk_past_its_bound_says_so() -> None:
+async def test_a_walk_past_its_bound_says_so(redis_url: str) -> None:
     """1,001 distinct scores above the last entry: more than a read walks (``[]``); 1,000 are
     walked."""
     prefix = f"lt-db{uuid.uuid4().hex[:10]}"
     view = f"{{{prefix}:b}}:lb:alltime:all:global"
-    async with open_redis(REDIS_URL, load_functions=True) as redis:
+    async with open_redis(redis_url, load_functions=True, cluster=ON_CLUSTER) as redis:
         try:
             await fill(redis, view, {f"u{i}": (5000 - i, 0) for i in range(1002)}, None)
             counts = await dense_counts(redis, view, ["u1000", "u1001"])

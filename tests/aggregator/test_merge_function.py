@@ -19,7 +19,7 @@ from shared.boards import Board
 from shared.keys import Keys, dirty_member
 from shared.ranking import MAX_SCORE, member, parse_record, record, sub_part, tie_key
 from shared.redis import open_redis
-from tests.conftest import REDIS_URL
+from tests.conftest import ON_CLUSTER
 
 REGIONS = ("eu", "na", "ap", "eu-2")
 USERS = ("a", "b", "c", "d", "e")
@@ -106,12 +106,14 @@ async def ask_dense(redis: Redis, keys: Keys, board: Board) -> None:
     await redis.sadd(keys.dense_build(board.board_id), "alltime|all|global")
 
 
-async def scenario(board: Board, first: dict, second: dict, listed: dict, dense: str) -> None:
+async def scenario(
+    board: Board, first: dict, second: dict, listed: dict, dense: str, redis_url: str
+) -> None:
     """``dense``: "never" read densely, "always" (from before the first merge), or "later"
     (asked after the first merge: built a step before the second merge, the rest after)."""
     prefix = f"lt-mf{uuid.uuid4().hex[:10]}"
     keys = Keys(prefix)
-    async with open_redis(REDIS_URL, load_functions=True) as redis:
+    async with open_redis(redis_url, load_functions=True, cluster=ON_CLUSTER) as redis:
         try:
             merger = Merger(redis, keys)
             merger.build_step = 1
@@ -153,7 +155,14 @@ async def scenario(board: Board, first: dict, second: dict, listed: dict, dense:
     dense=st.sampled_from(["never", "always", "later"]),
 )
 def test_the_function_merges_as_combine_does(
-    operator: str, order: str, subscored: bool, first: dict, second: dict, listed: dict, dense: str
+    operator: str,
+    order: str,
+    subscored: bool,
+    first: dict,
+    second: dict,
+    listed: dict,
+    dense: str,
+    redis_url: str,
 ) -> None:
     sub_order = "asc" if subscored and operator != "incr" else None
     board = Board(
@@ -165,4 +174,4 @@ def test_the_function_merges_as_combine_does(
         min_value=-MAX_SCORE,
         max_value=MAX_SCORE,
     )
-    asyncio.run(scenario(board, first, second, listed, dense))
+    asyncio.run(scenario(board, first, second, listed, dense, redis_url))

@@ -25,6 +25,7 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import Call, answer, prepare
 from shared.boards import Board
 from shared.keys import Keys
+from shared.redis_cluster import LadderClusterPipeline
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.api.helpers import LEADERBOARD, SCORES, assert_problem, get_ok, score
 from tests.helpers import SERVER, api_client
@@ -215,7 +216,10 @@ async def test_redis_down_answers_503_to_every_waiting_post(
             raise RedisConnectionError("Connection refused")
 
         with monkeypatch.context() as patch:
-            patch.setattr(Pipeline, "execute", down)
+            # The pipeline of one Redis, or of a cluster (shared/redis_cluster.py).
+            patch.setattr(
+                LadderClusterPipeline if quiet.redis_cluster else Pipeline, "execute", down
+            )
             answers = await asyncio.gather(
                 *(
                     client.post(SCORES, json=score(user_id=f"u-{i}"), headers=SERVER)

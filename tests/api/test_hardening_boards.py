@@ -42,7 +42,7 @@ from tests.helpers import (
     player,
     snapshot,
 )
-from tests.stack import ROOT, free_port, run, spawn_api
+from tests.stack import ROOT, free_port, redis_env, run, spawn_api
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -432,7 +432,7 @@ async def test_the_image_starts_with_keys_of_32_bytes(settings: LadderSettings) 
         **LONG,
         LADDER_KEY_PREFIX=settings.key_prefix,
         LADDER_BROKER_PREFIX=settings.broker_prefix,
-        LADDER_REDIS_URL=settings.redis_url,
+        **redis_env(settings),
         LADDER_AMQP_URL=UNREACHABLE_BROKER,
         LADDER_MYSQL_URL=settings.mysql_url,
         LADDER_API_PORT=str(port),

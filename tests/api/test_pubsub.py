@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 import websockets
 from prometheus_client import REGISTRY
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from websockets.exceptions import ConnectionClosed
 
 from services.api.push import hub
 from services.api.serving import uvicorn_server as server
 from shared.keys import Keys
+from shared.redis_cluster import LadderCluster
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
 from tests.helpers import eventually, production_server, serve
@@ -46,13 +47,26 @@ async def next_message(ws: websockets.ClientConnection, within: float) -> dict[s
 
 
 async def hub_connections(redis: Redis, name: str) -> list[dict[str, str]]:
-    """The Pub/Sub connections of the hub named ``name``, as ``CLIENT LIST`` shows them."""
+    """The Pub/Sub connections of the hub named ``name``, as ``CLIENT LIST`` shows them on every
+    node (one Redis, or each node of a cluster: the hub listens on any one), with the node's
+    ``node`` field for ``kill_connection``."""
     found = []
-    for line in (await redis.execute_command("CLIENT LIST TYPE pubsub")).splitlines():
-        fields = dict(item.split("=", 1) for item in line.split(" ") if "=" in item)
-        if fields.get("name") == name:
-            found.append(fields)
+    for node in redis.get_nodes() if isinstance(redis, RedisCluster) else [None]:
+        target = {} if node is None else {"target_nodes": node}
+        listed = await redis.execute_command("CLIENT LIST TYPE pubsub", **target)
+        for line in listed.splitlines():
+            fields = dict(item.split("=", 1) for item in line.split(" ") if "=" in item)
+            if fields.get("name") == name:
+                found.append(fields | {"node": "" if node is None else node.name})
     return found
+
+
+async def kill_connection(redis: Redis, connection: dict[str, str]) -> None:
+    """``CLIENT KILL`` a connection ``hub_connections`` found, on its node."""
+    target = {}
+    if isinstance(redis, RedisCluster):
+        target["target_nodes"] = redis.get_node(node_name=connection["node"])
+    await redis.execute_command("CLIENT KILL ID", connection["id"], **target)
 
 
 async def test_a_killed_pubsub_connection_resyncs_every_client(
@@ -69,7 +83,7 @@ async def test_a_killed_pubsub_connection_resyncs_every_client(
         [before] = await hub_connections(redis, name)
         assert before["sub"] == "1"
         killed_at = time.monotonic()
-        await redis.execute_command("CLIENT KILL ID", before["id"])
+        await kill_connection(redis, before)
 
         assert await next_message(ws, 5) == {"type": "resync"}
         resynced_at = time.monotonic()
@@ -138,10 +152,21 @@ async def test_a_silent_pubsub_connection_is_noticed_and_resyncs(
     monkeypatch.setattr(hub, "PING_AFTER", 0.5)
     monkeypatch.setattr(hub, "PONG_WITHIN", 0.5)
     channel = Keys(quiet.key_prefix).user_channel("u-1")
-    target = redis.connection_pool.connection_kwargs
-    proxy = FreezingProxy(target["host"], target["port"])
+    if isinstance(redis, RedisCluster):
+        # The hub listens on one node, whatever the others: it is given the proxied node only.
+        node = redis.get_primaries()[0]
+        proxy = FreezingProxy(node.host, node.port)
+    else:
+        target = redis.connection_pool.connection_kwargs
+        proxy = FreezingProxy(target["host"], target["port"])
     async with proxy.running() as port:
-        proxied = quiet.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0"})
+        proxied_url = f"redis://127.0.0.1:{port}/0"
+        if isinstance(redis, RedisCluster):
+            # The API's cluster client reaches the nodes as ever; its hub, the proxy alone.
+            monkeypatch.setattr(LadderCluster, "node_urls", lambda self, url: [proxied_url])
+            proxied = quiet
+        else:
+            proxied = quiet.model_copy(update={"redis_url": proxied_url})
         async with serve(proxied) as url, websockets.connect(f"{url}?{TOKEN}") as ws:
             await subscribe(ws, "user:u-1")
             proxy.freeze()

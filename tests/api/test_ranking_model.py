@@ -35,7 +35,7 @@ from shared.periods import Period, window_at
 from shared.ranking import MAX_SCORE, id_of, score_of, subscore_of
 from shared.redis import open_redis
 from shared.settings import LadderSettings
-from tests.conftest import REDIS_URL
+from tests.conftest import ON_CLUSTER
 from tests.helpers import read_view
 
 Operator = Literal["incr", "best", "set"]
@@ -96,10 +96,11 @@ def model(
     return [(user, s.score) for user, s in ranked], changed
 
 
-def ladder_settings(prefix: str) -> LadderSettings:
+def ladder_settings(prefix: str, redis_url: str) -> LadderSettings:
     return LadderSettings(
         _env_file=None,  # type: ignore[call-arg]
-        redis_url=REDIS_URL,
+        redis_url=redis_url,
+        redis_cluster=ON_CLUSTER,
         key_prefix=prefix,
         user_rate=1e6,
         key_rate=1e6,
@@ -120,9 +121,11 @@ async def drop_prefix(redis: Redis, prefix: str) -> None:
             await redis.delete(*found)
 
 
-async def scenario(operator: Operator, order: Order, plays: list[tuple[int, int]]) -> None:
+async def scenario(
+    operator: Operator, order: Order, plays: list[tuple[int, int]], redis_url: str
+) -> None:
     prefix = "lm-" + uuid.uuid4().hex[:12]
-    config = ladder_settings(prefix)
+    config = ladder_settings(prefix, redis_url)
     keys = Keys(prefix)
     board = Board(
         board_id="model",
@@ -138,7 +141,9 @@ async def scenario(operator: Operator, order: Order, plays: list[tuple[int, int]
         (USERS[who], value, start + timedelta(milliseconds=i))
         for i, (who, value) in enumerate(plays)
     ]
-    async with open_redis(config.redis_url, load_functions=True) as redis:
+    async with open_redis(
+        config.redis_url, load_functions=True, cluster=config.redis_cluster
+    ) as redis:
         try:
             answers: list[dict[str, Any] | None] = []
             for i, (user, value, at) in enumerate(writes):
@@ -179,14 +184,16 @@ async def scenario(operator: Operator, order: Order, plays: list[tuple[int, int]
 @pytest.mark.parametrize("operator", ["incr", "best", "set"])
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_the_board_holds_the_model(operator: Operator, order: Order, data: st.DataObject) -> None:
+def test_the_board_holds_the_model(
+    operator: Operator, order: Order, data: st.DataObject, redis_url: str
+) -> None:
     plays = data.draw(
         st.lists(
             st.tuples(st.integers(0, len(USERS) - 1), VALUES[operator]), min_size=1, max_size=25
         ),
         label="plays (user index, value)",
     )
-    asyncio.run(scenario(operator, order, plays))
+    asyncio.run(scenario(operator, order, plays, redis_url))
 
 
 def test_the_model_knows_its_rules() -> None:
@@ -261,10 +268,14 @@ async def read_pairs(
 
 
 async def pair_scenario(
-    operator: Operator, order: Order, sub_order: Order, plays: list[tuple[int, int, int]]
+    operator: Operator,
+    order: Order,
+    sub_order: Order,
+    plays: list[tuple[int, int, int]],
+    redis_url: str,
 ) -> None:
     prefix = "lm-" + uuid.uuid4().hex[:12]
-    config = ladder_settings(prefix)
+    config = ladder_settings(prefix, redis_url)
     keys = Keys(prefix)
     board = Board(
         board_id="pairs",
@@ -280,7 +291,9 @@ async def pair_scenario(
         (USERS[who], (value, sub), start + timedelta(milliseconds=i))
         for i, (who, value, sub) in enumerate(plays)
     ]
-    async with open_redis(config.redis_url, load_functions=True) as redis:
+    async with open_redis(
+        config.redis_url, load_functions=True, cluster=config.redis_cluster
+    ) as redis:
         try:
             answers: list[dict[str, Any]] = []
             for i, (user, (value, sub), at) in enumerate(writes):
@@ -313,13 +326,13 @@ async def pair_scenario(
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_a_subscore_board_holds_the_model(
-    operator: Operator, order: Order, sub_order: Order, data: st.DataObject
+    operator: Operator, order: Order, sub_order: Order, data: st.DataObject, redis_url: str
 ) -> None:
     plays = data.draw(
         st.lists(st.tuples(st.integers(0, PAIR_USERS - 1), _FEW, _WIDE), min_size=1, max_size=25),
         label="plays (user index, value, subscore)",
     )
-    asyncio.run(pair_scenario(operator, order, sub_order, plays))
+    asyncio.run(pair_scenario(operator, order, sub_order, plays, redis_url))
 
 
 def test_the_pair_model_knows_its_rules() -> None:
@@ -352,7 +365,7 @@ async def race(board: Board, config: LadderSettings, thread: int) -> dict[str, l
     rng = random.Random(thread)
     sent: dict[str, list[int]] = {}
     keys = Keys(config.key_prefix)
-    async with open_redis(config.redis_url) as redis:
+    async with open_redis(config.redis_url, cluster=config.redis_cluster) as redis:
         for i in range(WRITES_PER_THREAD):
             user, value = rng.choice(RACERS), rng.randint(-1000, 1000)
             score = ScoreIn(user_id=user, region=REGION, value=value)
@@ -362,11 +375,15 @@ async def race(board: Board, config: LadderSettings, thread: int) -> dict[str, l
 
 
 @pytest.mark.parametrize("order", ["desc", "asc"])
-async def test_8_threads_racing_on_one_best_board_keep_each_users_best(order: Order) -> None:
+async def test_8_threads_racing_on_one_best_board_keep_each_users_best(
+    order: Order, redis_url: str
+) -> None:
     prefix = "lr-" + uuid.uuid4().hex[:12]
-    config = ladder_settings(prefix)
+    config = ladder_settings(prefix, redis_url)
     board = Board(board_id="race", operator="best", order=order, periods=PERIODS)
-    async with open_redis(config.redis_url, load_functions=True) as redis:
+    async with open_redis(
+        config.redis_url, load_functions=True, cluster=config.redis_cluster
+    ) as redis:
         try:
             with ThreadPoolExecutor(max_workers=THREADS) as pool:
                 futures = [

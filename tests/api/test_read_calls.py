@@ -4,14 +4,14 @@ has moved since the page that handed it out."""
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import Connection
 
 from services.aggregator.merge import Merger
@@ -27,20 +27,25 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 
 
 class Sends:
-    """How many times one task sends to Redis (a pipeline sends once): the app's background
-    tasks (relay, hub) run in tasks of their own, and a request over the ASGI transport runs in
-    the task of the client that sends it."""
+    """How many times one read sends to Redis (a pipeline sends once to each node it names):
+    sends made in the read's context, that of the client's task that sends it over the ASGI
+    transport, and of the tasks it starts (a cluster pipeline sends to its nodes from tasks
+    of its own). The app's background tasks (relay, hub) run in contexts of their own."""
 
     def __init__(self) -> None:
-        self.task: asyncio.Task[Any] | None = None
         self.count = 0
 
     async def of(self, client: httpx.AsyncClient, path: str, **params: Any) -> int:
         """The sends of one read, which must answer 200."""
-        self.task, before = asyncio.current_task(), self.count
-        await get_ok(client, path, **params)
-        self.task = None
+        token, before = READING.set(self), self.count
+        try:
+            await get_ok(client, path, **params)
+        finally:
+            READING.reset(token)
         return self.count - before
+
+
+READING: contextvars.ContextVar[Sends | None] = contextvars.ContextVar("reading", default=None)
 
 
 @pytest.fixture
@@ -49,12 +54,20 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sends]:
     send = Connection.send_packed_command
 
     async def counted(self: Connection, *args: Any, **kwargs: Any) -> None:
-        if sends.task is not None and asyncio.current_task() is sends.task:
+        if READING.get() is sends:
             sends.count += 1
         await send(self, *args, **kwargs)
 
     monkeypatch.setattr(Connection, "send_packed_command", counted)
     yield sends
+
+
+def nodes_of(redis: Redis, *keys: str) -> int:
+    """How many nodes hold ``keys``: one on one Redis, the primaries of their slots on a
+    cluster."""
+    if not isinstance(redis, RedisCluster):
+        return 1
+    return len({redis.get_node_from_key(key).name for key in keys})
 
 
 @pytest.mark.parametrize("style", ["ordinal", "competition", "dense"])
@@ -101,9 +114,11 @@ async def test_each_read_is_one_round_trip(
 async def test_a_friends_read_is_two_round_trips(
     quiet: LadderSettings, redis: Redis, keys: Keys, round_trips: Sends, style: str
 ) -> None:
-    """The friend set (a key of the user), then the group's records and names and the global
-    view's as_of in one call of the board's keys (ladder_friends_v1): two round trips, on the
-    first page, a cursor's page and a standing, never one a friend."""
+    """The friend set (a key of the user) with the board's hidden set, then the group's
+    records and names and the global view's as_of in one call of the board's keys
+    (ladder_friends_v1): two round trips, on the first page, a cursor's page and a standing,
+    never one a friend. On a cluster the first is one send to each node of its two keys, made
+    at once."""
     async with api_client(quiet) as client:
         await Friends().seed(client, redis, keys)
         own = player("u-1")
@@ -132,7 +147,8 @@ async def test_a_friends_read_is_two_round_trips(
         }
         as_of = await redis.hget(keys.as_of("main"), "alltime:all")
 
-    assert counts == {"page": 2, "cursor page": 2, "standing": 2}
+    sends = nodes_of(redis, keys.friends("u-1"), keys.hidden("main")) + 1
+    assert counts == {"page": sends, "cursor page": sends, "standing": sends}
     assert first["as_of"] == as_of is not None
     assert [e["user_id"] for e in first["entries"]] == ["u-2", "u-1"]
 

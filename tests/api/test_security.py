@@ -27,7 +27,7 @@ from tests.helpers import (
     player,
     stored_score,
 )
-from tests.stack import free_port, run, spawn_api
+from tests.stack import free_port, redis_env, run, spawn_api
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -148,7 +148,7 @@ def api_process(settings: LadderSettings, port: int) -> subprocess.Popen[bytes]:
     env.update(
         LADDER_KEY_PREFIX=settings.key_prefix,
         LADDER_BROKER_PREFIX=settings.broker_prefix,
-        LADDER_REDIS_URL=settings.redis_url,
+        **redis_env(settings),
         LADDER_AMQP_URL=UNREACHABLE_BROKER,
         LADDER_MYSQL_URL=settings.mysql_url,
         LADDER_API_PORT=str(port),

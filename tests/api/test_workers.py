@@ -17,7 +17,7 @@ from shared.keys import OUTBOX_GROUP, Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import eventually
-from tests.stack import free_port, spawn_api
+from tests.stack import free_port, redis_env, spawn_api
 
 SERVER = {"Authorization": "Bearer dev-server-key"}
 POSTS = 30
@@ -56,7 +56,7 @@ async def test_two_workers_share_the_port_the_outbox_and_the_metrics(
         LADDER_API_PORT=str(port),
         LADDER_KEY_PREFIX=settings.key_prefix,
         LADDER_BROKER_PREFIX=settings.broker_prefix,
-        LADDER_REDIS_URL=settings.redis_url,
+        **redis_env(settings),
         LADDER_AMQP_URL=settings.amqp_url,
         LADDER_MYSQL_URL=settings.mysql_url,
         LADDER_LOG_LEVEL="WARNING",

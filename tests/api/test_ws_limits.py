@@ -22,7 +22,6 @@ from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.api.test_pubsub import hub_connections
 from tests.api.test_ws_security import TOPIC, ask, close_code
-from tests.conftest import REDIS_URL
 from tests.helpers import eventually, production_server, serve
 
 
@@ -172,7 +171,7 @@ async def test_forgetting_sockets_costs_time_linear_in_their_number(
     (a scan of every channel per socket, as before, made it sixteen), and leaves the hub and
     its Redis connection holding nothing."""
     name = f"ladder-hub-{settings.key_prefix}"
-    hub = Hub(REDIS_URL, name)
+    hub = Hub(settings.redis_url, name)
     runner = asyncio.create_task(hub.run())
     per_socket = 4
 
@@ -237,7 +236,7 @@ async def test_one_subscribe_and_unsubscribe_touch_only_their_channel(
     """With many channels held, a socket's subscribe and unsubscribe change Redis's
     subscriptions by exactly that channel, and pushes on the others keep flowing."""
     name = f"ladder-hub-{settings.key_prefix}"
-    hub = Hub(REDIS_URL, name)
+    hub = Hub(settings.redis_url, name)
     runner = asyncio.create_task(hub.run())
     try:
         await eventually(lambda: _connected(hub), within=10)
@@ -276,7 +275,7 @@ async def test_a_channel_left_and_wanted_again_at_once_keeps_its_pushes(
     up subscribed and pushed to."""
     name = f"ladder-hub-{settings.key_prefix}"
     channel = f"{settings.key_prefix}:hub:churn"
-    hub = Hub(REDIS_URL, name)
+    hub = Hub(settings.redis_url, name)
     runner = asyncio.create_task(hub.run())
     try:
         await eventually(lambda: _connected(hub), within=10)

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
-from sqlalchemy.engine import make_url
 
 from services.aggregator import main as aggregator_main
 from services.notifier import main as notifier_main
@@ -26,7 +25,7 @@ from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
 from tests.api.helpers import post, score
 from tests.helpers import api_client, eventually, global_entry
-from tests.outage import relayed
+from tests.outage import redis_relayed
 from tests.stack import free_port
 
 # PyJWT warns on every sign and verify with a key under 32 bytes; the contract's development
@@ -73,15 +72,19 @@ async def running(consumer: str, settings: LadderSettings) -> AsyncIterator[None
 
 @pytest.mark.parametrize("consumer", ["aggregator", "notifier"])
 async def test_a_consumer_holds_its_batch_while_redis_is_away(
-    consumer: str, settings: LadderSettings, redis: Redis, broker: Topology, mysql_database: str
+    consumer: str,
+    settings: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    mysql_database: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = settings.model_copy(update={"delivery_limit": LIMIT, "shutdown_grace_seconds": 2.0})
     keys = Keys(settings.key_prefix)
-    url = make_url(settings.redis_url.replace("redis://", "mysql://", 1))
-    async with relayed(url.host or "127.0.0.1", url.port or 6379) as outage:
+    async with redis_relayed(settings, monkeypatch) as outage:
         away = settings.model_copy(
             update={
-                "redis_url": settings.redis_url.replace(f":{url.port}/", f":{outage.port}/", 1),
+                "redis_url": outage.url,
                 "aggregator_port": free_port(),
                 "notifier_port": free_port(),
             }

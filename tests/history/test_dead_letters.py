@@ -29,7 +29,7 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
-from tests.outage import Outage, relayed
+from tests.outage import Outage, redis_relayed, relayed
 from tests.stack import free_port
 
 WAIT = 30.0
@@ -217,19 +217,17 @@ async def test_a_mysql_outage_dead_letters_nothing_and_the_events_are_stored_aft
 
 
 async def test_a_redis_outage_dead_letters_nothing_and_the_views_are_marked_after(
-    outage_settings: LadderSettings, broker: Topology, db: AsyncEngine, redis: Redis, keys: Keys
+    outage_settings: LadderSettings,
+    broker: Topology,
+    db: AsyncEngine,
+    redis: Redis,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """History's second step marks the changed views in Redis: with Redis away the batch is
     held (stored in MySQL already, which a retry finds done) and nothing is dead-lettered."""
-    redis_url = make_url(outage_settings.redis_url.replace("redis://", "mysql://", 1))
-    async with relayed(redis_url.host or "127.0.0.1", redis_url.port or 6379) as cut_redis:
-        settings = outage_settings.model_copy(
-            update={
-                "redis_url": outage_settings.redis_url.replace(
-                    f":{redis_url.port}/", f":{cut_redis.port}/", 1
-                )
-            }
-        )
+    async with redis_relayed(outage_settings, monkeypatch) as cut_redis:
+        settings = outage_settings.model_copy(update={"redis_url": cut_redis.url})
         async with channel_of(settings) as channel, history_service(settings):
 
             async def marked() -> bool:

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 from prometheus_client import REGISTRY
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import PubSub
 
 from services.notifier.handlers import Notify
@@ -91,16 +91,28 @@ class Channel:
         self._channel = channel
 
     async def drain(self) -> list[dict[str, Any]]:
-        """Everything published on the channel so far, in order.
+        """Everything published on the channel so far, in the order each node published it.
 
-        A marker published now arrives after every earlier message of the channel, so reading
-        up to it needs no sleeping.
+        A marker published now on a node arrives after every earlier message that node
+        published on the channel: one is published on every primary (one Redis, or each
+        primary of a cluster, where a badge comes from its board's primary and a rank push
+        from its channel's, and their order is not kept across the two), so reading up to the
+        last of them needs no sleeping.
         """
-        marker = uuid.uuid4().hex
-        await self._redis.publish(self._channel, orjson.dumps({"type": "marker", "id": marker}))
+        markers = set()
+        for node in (
+            self._redis.get_primaries() if isinstance(self._redis, RedisCluster) else [None]
+        ):
+            marker = uuid.uuid4().hex
+            markers.add(marker)
+            body = orjson.dumps({"type": "marker", "id": marker})
+            if node is None:
+                await self._redis.publish(self._channel, body)
+            else:
+                await self._redis.execute_command("PUBLISH", self._channel, body, target_nodes=node)
         heard: list[dict[str, Any]] = []
         async with asyncio.timeout(5.0):
-            while True:
+            while markers:
                 # None for a subscribe confirmation, which is skipped.
                 message = await self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=1.0
@@ -108,9 +120,11 @@ class Channel:
                 if message is None:
                     continue
                 body = orjson.loads(message["data"])
-                if body == {"type": "marker", "id": marker}:
-                    return heard
-                heard.append(body)
+                if body["type"] == "marker" and body.get("id") in markers:
+                    markers.remove(body["id"])
+                else:
+                    heard.append(body)
+        return heard
 
     async def badges(self) -> list[dict[str, Any]]:
         return [m for m in await self.drain() if m["type"] == "badge"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.rebuild import finish as finish_module
@@ -37,12 +38,15 @@ async def test_an_event_journaled_after_the_journal_was_read_is_applied_on_a_sec
     await relay(redis, keys, db, board)
 
     answers: list[str] = []
-    original_fcall = Redis.fcall
+    client_class = type(redis)  # Redis, or the cluster's client
+    original_fcall = client_class.fcall
 
-    def recording_fcall(self: Redis, name: str, *args: Any) -> Any:
+    def recording_fcall(self: Any, name: str, *args: Any) -> Any:
         called = original_fcall(self, name, *args)
         # Pipelines queue the call (the replays); the finish step is awaited on the client.
-        if name != finish_module.REBUILD_FINISH_FUNCTION or isinstance(self, Pipeline):
+        if name != finish_module.REBUILD_FINISH_FUNCTION or isinstance(
+            self, (Pipeline, ClusterPipeline)
+        ):
             return called
 
         async def recorded() -> Any:
@@ -60,7 +64,7 @@ async def test_an_event_journaled_after_the_journal_was_read_is_applied_on_a_sec
         await write(redis, keys, settings, board, **late)
         return await original_finish(*args, **kwargs)
 
-    monkeypatch.setattr(Redis, "fcall", recording_fcall)
+    monkeypatch.setattr(client_class, "fcall", recording_fcall)
     monkeypatch.setattr(rebuilder_module, "finish", write_then_finish)
     done = await Rebuilder(db, redis, keys, settings, wait_seconds=5).board(board)
 

@@ -20,7 +20,7 @@ from shared.topology import Topology
 from sim.control import declare_exchange, exchange_name
 from tests.conftest import MYSQL_SERVER_URL
 from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client
-from tests.stack import Stack, run
+from tests.stack import Stack, redis_env, run
 
 
 def make_clean(settings: LadderSettings, run_dir: Path) -> str:
@@ -28,7 +28,7 @@ def make_clean(settings: LadderSettings, run_dir: Path) -> str:
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "LADDER_KEY_PREFIX": settings.key_prefix,
         "LADDER_BROKER_PREFIX": settings.broker_prefix,
-        "LADDER_REDIS_URL": settings.redis_url,
+        **redis_env(settings),
         "LADDER_AMQP_URL": settings.amqp_url,
         "LADDER_MYSQL_URL": settings.mysql_url,
         "LADDER_RUN_DIR": str(run_dir),
