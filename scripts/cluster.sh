@@ -4,7 +4,8 @@
 # rabbitmq user.
 #
 #   scripts/cluster.sh up            a Redis Cluster (primaries 7000-7002, replicas 7003-7005),
-#                                    a RabbitMQ cluster (5673-5675), the history database
+#                                    a RabbitMQ cluster (5673-5675, management UI 15673-15675,
+#                                    user ladder-monitor as on `make up`), the history database
 #                                    ladder_cluster on the MariaDB of `make up`, two API
 #                                    processes (8000, 8001) and two of each consumer; returns
 #                                    once every service answers /readyz
@@ -28,7 +29,8 @@ PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCRIPT_NAME=cluster
-source "$ROOT/scripts/common.sh" # log, die, as_root
+source "$ROOT/scripts/common.sh"          # log, die, as_root, wait_until
+source "$ROOT/scripts/infra_management.sh" # ensure_rabbitmq_management
 
 HOST=127.0.0.1
 REDIS_PORTS=(7000 7001 7002 7003 7004 7005)
@@ -86,7 +88,10 @@ check_ports() {
         port_in_use "$port" && busy+=("$port")
     done
     for port in "${REDIS_PORTS[@]}"; do port_in_use $((port + 10000)) && busy+=($((port + 10000))); done
-    for port in "${RABBIT_PORTS[@]}"; do port_in_use $((port + 20000)) && busy+=($((port + 20000))); done
+    for port in "${RABBIT_PORTS[@]}"; do
+        port_in_use $((port + 10000)) && busy+=($((port + 10000))) # the management UI
+        port_in_use $((port + 20000)) && busy+=($((port + 20000))) # Erlang distribution
+    done
     if ((${#busy[@]})); then
         die "ports in use: ${busy[*]} (a Ladder of \`make up\` holds 8000: \`make down\` stops it)"
     fi
@@ -101,8 +106,10 @@ prepare() {
     for port in "${REDIS_PORTS[@]}"; do mkdir -p "$DIR/redis/$port"; done
     for port in "${RABBIT_PORTS[@]}"; do
         mkdir -p "$DIR/rabbit/$port/mnesia" "$DIR/rabbit/$port/log"
-        printf 'listeners.tcp.local = %s:%s\n' "$HOST" "$port" >"$DIR/rabbit/$port/rabbitmq.conf"
-        printf '[].\n' >"$DIR/rabbit/$port/enabled_plugins"
+        # Each node's management UI and HTTP API on its AMQP port plus 10000 (15673 for 5673).
+        printf 'listeners.tcp.local = %s:%s\nmanagement.tcp.ip = %s\nmanagement.tcp.port = %s\n' \
+            "$HOST" "$port" "$HOST" $((port + 10000)) >"$DIR/rabbit/$port/rabbitmq.conf"
+        printf '[rabbitmq_management].\n' >"$DIR/rabbit/$port/enabled_plugins"
     done
     chown -R rabbitmq:rabbitmq "$DIR/rabbit"
     runuser -u rabbitmq -- test -w "$DIR/rabbit/${RABBIT_PORTS[0]}/mnesia" ||
@@ -166,6 +173,10 @@ form_rabbit() {
         rabbitmqctl_on "$port" start_app
         wait_for 60 "rabbit-$port to join" rabbit_view "$port" joined
     done
+    # The read-only user of `make up`'s broker, ladder-monitor, on the cluster (users are the
+    # cluster's, so one node is told).
+    MANAGEMENT_PORT=$((first + 10000)) RABBITMQ_NODENAME="ladder-rabbit-$first@localhost" \
+        ensure_rabbitmq_management
 }
 
 ready_urls() {

@@ -100,15 +100,6 @@ port_open() {
     timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null
 }
 
-wait_until() { # seconds command...: until the command succeeds
-    local deadline=$((SECONDS + $1))
-    shift
-    until "$@"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 1
-    done
-}
-
 fails() { ! "$@"; } # command...: lets wait_until wait for a server to stop answering
 
 # --- installing ---
