@@ -23,6 +23,7 @@ from bench.phases import (
     Bench,
     baselines,
     batch,
+    cluster,
     commands,
     merge,
     push,
@@ -75,6 +76,8 @@ async def measure(bench: Bench, report: Report) -> None:
     report.take(await staleness.measure())
     print("MySQL", flush=True)
     report.take(await sizes.mysql(bench))
+    print("one Redis primary against a cluster of three, and WAIT (private servers)", flush=True)
+    report.take(await cluster.measure(bench.seconds))
 
 
 async def main(options: BenchSettings) -> int:

@@ -99,6 +99,17 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   own p99 has ranged from 0.4 to 1.8 ms on this machine). What would move them: less API CPU a
   read (about 1,000 µs of Python against the bare endpoint's 330, measured in-process by
   `python -m bench.read_cpu`), or a read path without FastAPI.
+- **One primary against three, and `WAIT`** (the rows "1 primary" and "3 primaries", ratios
+  P to one primary with a replica and no `WAIT`, on the phase's private servers). On two
+  cores, three primaries and their replicas share the same two cores with the API and wrk, so
+  the cluster cannot give Redis more CPU: the per-primary shares show the load spread about
+  evenly over the three, and the totals stay near one primary's. On a machine with a core or
+  more for each primary (and the API's workers on cores of their own), batch ingest, which one
+  Redis core bounds, would scale with the primaries until the API's CPU bounds it; single POSTs,
+  bound by the API's Python, would not move. `WAIT 1` adds a replica's acknowledgement to each
+  round trip: on loopback a fraction of a millisecond, hidden under load by the group commit
+  (many writes share one `WAIT`) and by batches (one `WAIT` a primary a batch); across machines
+  it is a network round trip more a write.
 - **The push** (met) waits for the relay, the broker's quorum-queue commit, the notifier's
   batch and Redis Pub/Sub; consumers hand a batch over once deliveries pause 3 ms.
 """
@@ -169,7 +180,10 @@ def write_report(
         "view shows them with an `as_of` at or after them, the hot view's `as_of` age and a",
         "region's top-10 push meanwhile. Load comes from wrk",
         "(`bench/wrk/*.lua`); the WebSocket probe is a Python client that times, from outside, a",
-        "POST until the push it causes arrives.",
+        "POST until the push it causes arrives. The cluster rows (`python -m bench.phases.cluster`",
+        "alone) come from private redis-servers (one primary with a replica; three primaries with",
+        "one each) and an API process of their own with an unreachable broker, six boards two on",
+        "each primary.",
         "",
     ]
     out.write_text("\n".join(lines))

@@ -71,6 +71,13 @@ class Keys:
         (shared/events.py), so the first ``:`` after it ends it whatever the user id holds."""
         return f"{self.tag(board_id)}:idem:{event_ref(event_id, user_id)}"
 
+    def replicated_mark(self, board_id: str) -> str:
+        """A short-lived string the write path sets before a ``WAIT`` that follows no write of its
+        own (a duplicate's answer): it moves the connection's replication offset to the newest,
+        so the ``WAIT`` covers the first write of the event too (services/api/write/durable.py).
+        It expires by itself within seconds."""
+        return f"{self.tag(board_id)}:replicated"
+
     def legacy_idempotency(self, board_id: str, event_id: str) -> str:
         """The record of the layout before, when ids were unique per board: the write and the
         consumers still honour one until it expires (``LADDER_IDEMPOTENCY_TTL_SECONDS`` after

@@ -10,6 +10,11 @@
   whose next attempt finds the library.
 - A PUBLISH goes to the primary of its channel's slot, alone or in a pipeline (redis-py's
   cluster pipeline refuses one, and its client asks a node for a PUBLISH's keys).
+- ``WAIT`` after a pipeline's writes (``LADDER_REDIS_WAIT_REPLICAS``) goes to each primary that
+  takes some of them, last in that primary's commands: redis-py sends a pipeline's commands for
+  one node on one connection, in their order, and ``WAIT`` counts the replicas that hold what
+  its own connection wrote. A write sent again elsewhere (its slot moved, or the library was
+  missing) is not covered by those: the pipeline says so, and its caller counts it unconfirmed.
 - ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
   slot map and sends the command where the slot is now. A command it gives up on while its slot
   moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
@@ -24,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Connection
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
-from redis.exceptions import ClusterError, ResponseError
+from redis.exceptions import ClusterError, RedisClusterException, ResponseError
 
 FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
 SLOT_MOVE_WAIT = 10.0
@@ -109,6 +114,44 @@ class LadderClusterPipeline(ClusterPipeline):
     again, once, after the library is loaded."""
 
     cluster_client: LadderCluster
+    _waited: dict[int, str] | None = None
+    """The slot of every write a queued ``WAIT`` covers, and the node it went to."""
+    _resent = False
+
+    async def queue_waits(self, replicas: int, timeout_ms: int) -> int:
+        """Queue ``WAIT replicas timeout_ms`` for each primary that takes some of the commands
+        queued so far, after them on that primary's connection; the number queued (their
+        replies are the last of the pipeline's, one per primary)."""
+        client = self.cluster_client
+        if client._initialize:  # a client not used yet has no slot map
+            await client.initialize()
+        nodes: dict[str, Any] = {}
+        self._waited = {}
+        for command in self._execution_strategy._command_queue:  # type: ignore[attr-defined]
+            slot = await client._determine_slot(*command.args)
+            node = client.nodes_manager.get_node_from_slot(slot)
+            nodes.setdefault(node.name, node)
+            self._waited[slot] = node.name
+        for node in nodes.values():
+            self.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
+        return len(nodes)
+
+    def waits_cover(self) -> bool:
+        """After ``execute``: whether each write went where its ``WAIT`` did, on the same
+        connection, so the ``WAIT`` replies speak for every write. Not so when a write was sent
+        again on its own: its slot moved (``MOVED``: the slot map now names another node) or
+        the node lacked the library."""
+        if self._resent:
+            return False
+        if not self._waited:
+            return True
+        nodes = self.cluster_client.nodes_manager
+        try:
+            return all(
+                nodes.get_node_from_slot(slot).name == name for slot, name in self._waited.items()
+            )
+        except RedisClusterException:  # a slot not covered now
+            return False
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._transaction:
@@ -145,6 +188,7 @@ class LadderClusterPipeline(ClusterPipeline):
         results: list[Any] = await super().execute(False, allow_redirections)
         missing = [i for i, result in enumerate(results) if function_missing(result)]
         if missing and self.cluster_client.library:
+            self._resent = True
             await self.cluster_client.load_library()
             for i in missing:
                 args, kwargs = queued[i]

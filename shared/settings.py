@@ -94,6 +94,11 @@ class LadderSettings(BaseSettings):
     # waits for others to share its Redis round trip (0: each goes alone), and the most in one.
     write_group_ms: float = Field(default=1.0, ge=0, le=100, description="milliseconds")
     write_group_max: int = Field(default=64, ge=1, le=1000)
+    # Durability across a failover (services/api/write/durable.py): a score write is answered
+    # 2xx only once this many replicas of its Redis primary acknowledge it (WAIT; 0: at once),
+    # within the timeout, past which it answers 503.
+    redis_wait_replicas: int = Field(default=0, ge=0, le=16, description="replicas")
+    redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000, description="milliseconds")
 
     relay_batch: int = Field(default=200, ge=1, le=5000)
     relay_claim_idle_ms: int = Field(default=15_000, ge=100)

@@ -1,9 +1,10 @@
 """The bench's phases, in the order a run takes them: baselines, single-event POSTs, batch
 ingest (and the write path's memory and Redis commands), POST-to-push latency, reads on a board
 of a million members, the aggregator's merge, the global view's staleness after a start with a
-merge backlog (on a private stack of its own), MySQL's sizes. Each is a function of the running
-Ladder that returns its rows; ``bench/__main__.py`` runs them and :mod:`bench.report` keeps
-what they found.
+merge backlog (on a private stack of its own), MySQL's sizes, then one Redis primary against a
+Redis Cluster of three, with and without ``WAIT`` (on private servers of its own). Each is a
+function of the running Ladder that returns its rows; ``bench/__main__.py`` runs them and
+:mod:`bench.report` keeps what they found.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 --
 -- Environment: BENCH_RATE (requests a second over all connections, 0: as fast as possible),
 -- BENCH_CONNECTIONS (to spread that rate), BENCH_USERS, BENCH_REGIONS, BENCH_RUN (a run id that
--- keeps event ids unique across runs).
+-- keeps event ids unique across runs), BENCH_BOARDS (see board_paths).
 
 local threads = {}
 local counter = 0
@@ -23,6 +23,20 @@ end
 function init(args)
   seq = 0
   math.randomseed(tid * 7919 + os.time())
+end
+
+-- The paths of BENCH_BOARDS (board names separated by spaces), or else of the one board named,
+-- each followed by suffix; next_path takes them in turn, a thread starting at its own.
+function board_paths(board, suffix)
+  local found = {}
+  for name in string.gmatch(os.getenv("BENCH_BOARDS") or board, "%S+") do
+    table.insert(found, "/v1/boards/" .. name .. suffix)
+  end
+  return found
+end
+
+function next_path(paths)
+  return paths[(tid + seq) % #paths + 1]
 end
 
 -- One score event as the API takes it, unique per run, thread and request.

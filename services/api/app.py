@@ -36,6 +36,7 @@ from services.api.routes import (
 )
 from services.api.routes import live as live_views
 from services.api.state import ApiState, document_private_reads
+from services.api.write.durable import Durability
 from services.api.write.group import group_commit
 from shared.boards import BoardCatalog
 from shared.db import open_engine
@@ -113,7 +114,10 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                 _background(restorer.retry(), restorer.stop, 1.0),
                 _background(eraser.run(), eraser.stop, 2.0),
                 group_commit(
-                    redis, window=settings.write_group_ms / 1000, most=settings.write_group_max
+                    redis,
+                    window=settings.write_group_ms / 1000,
+                    most=settings.write_group_max,
+                    durability=Durability.of(settings),
                 ) as writes,
             ):
                 sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip)

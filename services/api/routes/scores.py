@@ -44,7 +44,13 @@ _ACCEPTED, _DUPLICATE = SCORES.labels("accepted"), SCORES.labels("duplicate")
 
 
 # How a submission may be refused as a whole (docs/api.md sections 1, 4 and 9a).
-REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503)
+# A score write's 503 (with Retry-After) says its outcome is not settled: a retry with the same
+# event_id is answered as its duplicate if it was stored (services/api/write/durable.py).
+WRITE_UNAVAILABLE = (
+    "Redis is down, the outbox is full, or (LADDER_REDIS_WAIT_REPLICAS) fewer Redis replicas "
+    "than asked acknowledged the write in time; retry with the same event_id after Retry-After"
+)
+REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503, said={503: WRITE_UNAVAILABLE})
 
 
 # The single-score POST is the hottest route: it reads its path, credential, header and body
@@ -159,6 +165,9 @@ async def post_score(request: Request) -> Response:
             state.relay.wake(board.board_id)
         else:
             result = call.known
+        if result["duplicate"]:
+            # Its first write may be on no replica yet (write/durable.py).
+            await state.writes.durability.confirm(state.redis, state.keys, board.board_id)
     (_DUPLICATE if result["duplicate"] else _ACCEPTED).inc()
     return json_answer(result)
 
@@ -251,7 +260,14 @@ async def post_batch(
         else:
             calls[i] = call
     with WRITE_SECONDS.time():
-        replies = await submit_many(state.redis, list(calls.values()), quota)
+        replies = await submit_many(
+            state.redis, list(calls.values()), quota, state.writes.durability
+        )
+        if any(r is not None and r.get("duplicate") for r in results) or any(
+            status == "duplicate" for status, _ in replies
+        ):
+            # Their first writes may be on no replica yet (write/durable.py).
+            await state.writes.durability.confirm(state.redis, state.keys, board.board_id)
     if replies and all(r == "limited" and p.startswith("credential ") for r, p in replies):
         # The credential was over its limit for the whole batch, and nothing was written.
         raise limits.refusal(replies[0][1], "")

@@ -17,6 +17,10 @@ When a group goes out:
   for more than the window behind the others);
 - as soon as ``most`` are waiting, so that one group never holds Redis for long.
 
+With ``LADDER_REDIS_WAIT_REPLICAS`` set, the group's pipeline ends with ``WAIT`` (write/durable.py);
+if too few replicas acknowledged it, each write of the group that would be answered 2xx fails with
+its 503 instead.
+
 A connection error (Redis down) fails every call of the group with it, as it would have failed
 each alone, and the API answers each 503; the error of one call (a script error) fails that call
 only.
@@ -26,15 +30,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
+from services.api.write.durable import Durability
+
 # Their ratio is the mean group size: how many writes share a round trip.
 GROUPS = Counter("ladder_api_write_groups_total", "Redis round trips of single score writes")
 GROUPED = Counter("ladder_api_write_grouped_total", "Single score writes sent in those groups")
+
+# The write function's statuses answered 2xx: with too few replicas, answered 503 instead.
+ANSWERED_2XX = frozenset({"ok", "duplicate"})
 
 # A waiting call: its FCALL arguments and the future its request awaits.
 _Waiting = tuple[list[Any], "asyncio.Future[tuple[str, str]]"]
@@ -43,14 +53,21 @@ _Waiting = tuple[list[Any], "asyncio.Future[tuple[str, str]]"]
 class GroupCommit:
     """The single writes of one API process, sent to Redis in groups (see the module)."""
 
-    def __init__(self, redis: Redis, *, window: float, most: int) -> None:
+    def __init__(
+        self, redis: Redis, *, window: float, most: int, durability: Durability | None = None
+    ) -> None:
         self._redis = redis
+        self._durability = durability or Durability(0, 1)
         self._window = window
         self._most = most
         self._waiting: list[_Waiting] = []
         self._handle: asyncio.Handle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    @property
+    def durability(self) -> Durability:
+        return self._durability
 
     def write(self, command: list[Any]) -> asyncio.Future[tuple[str, str]]:
         """Send ``FCALL *command`` with the next group; the future of its ``(status, payload)``,
@@ -88,7 +105,10 @@ class GroupCommit:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for command, _ in group:
                     pipe.execute_command("FCALL", *command)
+                await self._durability.queue(pipe)
+                started = time.perf_counter()
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
+            short = self._durability.shortfall(pipe, replies[len(group) :], started)
         except asyncio.CancelledError:
             for _, future in group:
                 future.cancel()
@@ -102,11 +122,13 @@ class GroupCommit:
         else:
             GROUPS.inc()
             GROUPED.inc(len(group))
-            for reply, (_, future) in zip(replies, group, strict=True):
+            for reply, (_, future) in zip(replies[: len(group)], group, strict=True):
                 if future.done():
                     continue
                 if isinstance(reply, Exception):
                     future.set_exception(reply)
+                elif short is not None and str(reply[0]) in ANSWERED_2XX:
+                    future.set_exception(short.again())
                 else:
                     future.set_result((str(reply[0]), str(reply[1])))
         finally:
@@ -136,9 +158,11 @@ def _each(exc: Exception) -> Exception:
 
 
 @contextlib.asynccontextmanager
-async def group_commit(redis: Redis, *, window: float, most: int) -> AsyncIterator[GroupCommit]:
+async def group_commit(
+    redis: Redis, *, window: float, most: int, durability: Durability | None = None
+) -> AsyncIterator[GroupCommit]:
     """A :class:`GroupCommit` of ``redis``, drained on the way out."""
-    writes = GroupCommit(redis, window=window, most=most)
+    writes = GroupCommit(redis, window=window, most=most, durability=durability)
     try:
         yield writes
     finally:

@@ -18,6 +18,7 @@ import orjson
 from redis.asyncio import Redis
 
 from services.api.errors import Conflict, Invalid, Unavailable
+from services.api.write.durable import Durability
 from services.api.write.limits import Quota, refusal
 from services.api.write.models import ScoreIn, metadata_text
 from shared.boards import Board
@@ -286,21 +287,34 @@ async def submit(
 
 
 async def submit_many(
-    redis: Redis, calls: list[Call], quota: Quota | None = None
+    redis: Redis,
+    calls: list[Call],
+    quota: Quota | None = None,
+    durability: Durability | None = None,
 ) -> list[tuple[str, str]]:
     """Run prepared writes in one round trip; ``(status, payload)`` for each, in order.
 
     Each call is atomic on its own; a later call sees what an earlier one wrote (so an
-    ``event_id`` twice in one batch is a duplicate the second time).
+    ``event_id`` twice in one batch is a duplicate the second time). With ``durability`` that
+    waits, the round trip ends with ``WAIT`` (write/durable.py), and too few replicas raise its
+    :class:`ReplicasBehind` if any write would be answered 2xx.
     """
+    if not calls:
+        return []
     now_ms = int(time.time() * 1000)
+    durability = durability or Durability(0, 1)
     async with redis.pipeline(transaction=False) as pipe:
         for call in calls:
             pipe.execute_command("FCALL", *call.command(quota, now_ms))
+        await durability.queue(pipe)
+        started = time.perf_counter()
         replies: list[Any] = await pipe.execute(raise_on_error=False)
+    short = durability.shortfall(pipe, replies[len(calls) :], started)
     out = []
-    for reply in replies:
+    for reply in replies[: len(calls)]:
         if isinstance(reply, Exception):
             raise reply
         out.append((str(reply[0]), str(reply[1])))
+    if short is not None and any(status in ("ok", "duplicate") for status, _ in out):
+        raise short
     return out
