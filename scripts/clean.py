@@ -5,7 +5,7 @@
   keys. The Redis Functions library stays (it is shared and holds no data).
 - RabbitMQ: the queues and exchanges of ``LADDER_BROKER_PREFIX`` (``P.*``): those the topology
   declares, the simulation's control exchange, and any other of the prefix that ``rabbitmqctl``
-  lists when it can reach the broker.
+  lists when it can reach the broker (the local node, or the one ``RABBITMQ_NODENAME`` names).
 - MySQL: the history database named in ``LADDER_MYSQL_URL``.
 
 Safe to run twice: what is already gone is skipped. It does not stop or start services;

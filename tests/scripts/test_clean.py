@@ -3,6 +3,7 @@ nothing else; twice is as good as once; a running Ladder is left running on a fr
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +34,10 @@ def make_clean(settings: LadderSettings, run_dir: Path) -> str:
         "LADDER_MYSQL_URL": settings.mysql_url,
         "LADDER_RUN_DIR": str(run_dir),
     }
+    # The broker node rabbitmqctl asks, where the tests' broker is not the default node
+    # (make test-rehearsal's).
+    if "RABBITMQ_NODENAME" in os.environ:
+        env["RABBITMQ_NODENAME"] = os.environ["RABBITMQ_NODENAME"]
     done = run(["make", "-s", "--no-print-directory", "clean"], env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
