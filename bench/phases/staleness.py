@@ -5,8 +5,8 @@ load run stopped before its merge drained leaves them; then a fresh score is pos
 quarter second. Measured from outside:
 
 - how long each fresh score takes to show at the top of the global view with an ``as_of`` at
-  or after its POST (the worst over the run is the global view's staleness), and when the
-  backlog is drained;
+  or after its POST (the worst over the run is the global view's staleness), how long its
+  entry alone takes to show there, and when the backlog is drained;
 - whether the live views stay live meanwhile: the age of the hot view's ``as_of`` (the worst
   seen), and how long the ``leaderboard`` push of the fresh score's region takes to carry it
   (it enters that region's top 10).
@@ -112,6 +112,7 @@ class Run:
     def __init__(self) -> None:
         self.posted: dict[str, float] = {}
         self.shown: dict[str, float] = {}
+        self.entered: dict[str, float] = {}
         self.pushed: dict[str, float] = {}
         self.hot_ages: list[float] = []
         self.drained: float | None = None
@@ -150,6 +151,7 @@ async def watch_global(
     while user not in run.shown:
         found = await http.get(f"{api}/v1/boards/main/users/{user}", params=query)
         if found.status_code == 200:
+            run.entered.setdefault(user, time.monotonic())
             page = await http.get(f"{api}/v1/boards/main/leaderboard", params={**query, "limit": 1})
             as_of = page.json().get("as_of")
             if as_of and datetime.fromisoformat(as_of) >= posted_at:
@@ -291,6 +293,12 @@ def rows(run: Run) -> list[Line]:
         lines.append(Note(f"{missing} fresh scores never showed in the global view."))
     if run.refused:
         lines.append(Note(f"{run.refused} fresh POSTs were answered 503 (and sent again)."))
+    entries = [run.entered[u] - run.posted[u] for u in run.posted if u in run.entered]
+    if entries:
+        # The entry itself, ahead of the as_of that vouches for everything before it: fresh
+        # marks are merged ahead of the backlog's (services/aggregator/merge.py).
+        figure = f"  … a fresh score's global entry, before the as_of: worst of {len(entries)}"
+        lines.append(Row(figure, f"{max(entries):.1f} s"))
     if run.hot_ages:
         lines.append(Row("  … hot view's as_of age meanwhile: worst", f"{max(run.hot_ages):.1f} s"))
     if pushes:
