@@ -72,14 +72,10 @@ rabbitmqctl_on() { local port=$1; shift; rabbitmqctl -q -n "ladder-rabbit-$port@
 
 port_in_use() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
-wait_for() { # seconds, what, command...
-    local seconds=$1 what=$2
-    shift 2
-    local deadline=$((SECONDS + seconds))
-    until "$@" >/dev/null 2>&1; do
-        ((SECONDS < deadline)) || die "waited ${seconds} s for $what (logs: $DIR/logs/)"
-        sleep 0.5
-    done
+quietly() { "$@" >/dev/null 2>&1; }
+
+wait_for() { # seconds, what, command...: until the command succeeds, or die naming what
+    wait_until "$1" quietly "${@:3}" || die "waited $1 s for $2 (logs: $DIR/logs/)"
 }
 
 check_ports() {
