@@ -15,14 +15,14 @@ import contextlib
 import json
 import os
 import pwd
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.ports import consecutive_free
 
 HOST = "127.0.0.1"
 # AMQP and distribution ports of a private cluster: clear of 5672-5675 and 25672-25675 (the
@@ -33,24 +33,9 @@ RESERVED = {*range(25_672, 25_676), *range(15_672, 15_676)}
 RABBITMQ_USER = "rabbitmq"
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_ports(count: int) -> list[int]:
     """``count`` consecutive free ports in the private range."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        base = rng.randrange(LOW, HIGH - count)
-        ports = list(range(base, base + count))
-        if not RESERVED.intersection(ports) and all(_free(p) for p in ports):
-            return ports
-    raise RuntimeError("no free ports for a private RabbitMQ cluster")
+    return consecutive_free(count, LOW, HIGH, reserved=RESERVED)
 
 
 @dataclass(frozen=True)

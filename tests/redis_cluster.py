@@ -5,16 +5,16 @@ at the end."""
 
 from __future__ import annotations
 
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import redis
+
+from bench.ports import consecutive_free
 
 HOST = "127.0.0.1"
 BUS_OFFSET = 10_000
@@ -23,24 +23,9 @@ BUS_OFFSET = 10_000
 LOW, HIGH = 12_000, 22_000
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_cluster_ports(count: int) -> list[int]:
     """``count`` consecutive ports, each free with its bus port."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        base = rng.randrange(LOW, HIGH - count)
-        ports = list(range(base, base + count))
-        if all(_free(p) and _free(p + BUS_OFFSET) for p in ports):
-            return ports
-    raise RuntimeError("no free ports for a private Redis Cluster")
+    return consecutive_free(count, LOW, HIGH, also=[BUS_OFFSET])
 
 
 class PrivateCluster:

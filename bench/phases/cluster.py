@@ -20,9 +20,7 @@ shared machine); ``make bench`` runs it with the other phases.
 from __future__ import annotations
 
 import asyncio
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +38,7 @@ from redis.crc import key_slot
 from bench import load
 from bench.cpu import TICKS
 from bench.phases.staleness import spawn, wait_ready
+from bench.ports import consecutive_free
 from bench.report import Line, Note, Row
 from bench.settings import BenchSettings
 from shared.boards import Board
@@ -55,23 +54,8 @@ LOW, HIGH, BUS = 12_000, 22_000, 10_000
 CREATE = ["--cluster-replicas", "1", "--cluster-yes"]
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_ports(count: int) -> list[int]:
-    rng = random.SystemRandom()
-    for _ in range(200):
-        base = rng.randrange(LOW, HIGH - count)
-        ports = list(range(base, base + count))
-        if all(_free(p) and _free(p + BUS) for p in ports):
-            return ports
-    raise RuntimeError("no free ports for the phase's Redis servers")
+    return consecutive_free(count, LOW, HIGH, also=[BUS])
 
 
 def cpu_seconds(pid: int) -> float:
