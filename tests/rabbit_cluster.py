@@ -18,11 +18,11 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.ports import consecutive_free
+from tests.stack import wait_for
 
 HOST = "127.0.0.1"
 # AMQP and distribution ports of a private cluster: clear of 5672-5675 and 25672-25675 (the
@@ -147,7 +147,7 @@ class RabbitCluster:
                 self.ctl(index, "stop_app")
                 self.ctl(index, "join_cluster", self.node(0))
                 self.ctl(index, "start_app")
-            self._wait(self.formed, "three running nodes in one cluster")
+            wait_for("three running nodes in one cluster", self.formed, 90, 0.5)
         except BaseException:
             self.remove()
             raise
@@ -189,15 +189,6 @@ class RabbitCluster:
             properties = {key: value for key, _, value in row["client_properties"]}
             held.append((str(properties.get("connection_name", "")), int(row["port"])))
         return held
-
-    @staticmethod
-    def _wait(check: object, what: str, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():  # type: ignore[operator]
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"waited {timeout:.0f} s for {what}")
 
     def remove(self) -> None:
         for index in range(len(self.amqp_ports)):

@@ -9,12 +9,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import redis
 
 from bench.ports import consecutive_free
+from tests.stack import wait_for
 
 HOST = "127.0.0.1"
 BUS_OFFSET = 10_000
@@ -44,7 +44,7 @@ class PrivateCluster:
         for port in self.ports:
             self.start_node(port)
         for port in self.ports:
-            self._wait(lambda p=port: self._ping(p), f"redis-server on {port}")
+            wait_for(f"redis-server on {port}", lambda p=port: self._ping(p), 60, 0.2)
         nodes = [f"{HOST}:{port}" for port in self.ports]
         replicas = ["--cluster-replicas", "1", "--cluster-yes"]
         subprocess.run(
@@ -53,7 +53,8 @@ class PrivateCluster:
             capture_output=True,
             timeout=60,
         )
-        self._wait(self.healthy, "the cluster to be ok with three primaries and three replicas")
+        what = "the cluster to be ok with three primaries and three replicas"
+        wait_for(what, self.healthy, 60, 0.2)
         return self
 
     def start_node(self, port: int) -> None:
@@ -123,15 +124,6 @@ class PrivateCluster:
     def kill(self, port: int) -> None:
         self.processes[port].send_signal(signal.SIGKILL)
         self.processes[port].wait(10)
-
-    @staticmethod
-    def _wait(check: object, what: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check():  # type: ignore[operator]
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"waited {timeout:.0f} s for {what}")
 
     def remove(self) -> None:
         for process in self.processes.values():
