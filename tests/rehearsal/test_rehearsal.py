@@ -61,8 +61,8 @@ class Stream:
             n = 0
             while not self._stop.is_set():
                 event_id = f"e{n}-{uuid.uuid4().hex[:8]}"
-                body = {"event_id": event_id, "user_id": f"u{n % users}", "region": "eu"}
-                body["value"] = 1  # type: ignore[assignment]
+                user = f"u{n % users}"
+                body = {"event_id": event_id, "user_id": user, "region": "eu", "value": 1}
                 try:
                     answer = await clients[n % 2].post(
                         f"/v1/boards/{self.board_id}/scores", json=body
