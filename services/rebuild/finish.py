@@ -10,15 +10,11 @@ from redis.asyncio import Redis
 
 from services.rebuild.flag import BoardFlag
 from services.rebuild.keyspace import region_sets, region_views
-from services.rebuild.staging import Staged, journaled_refs
+from services.rebuild.staging import Staged
 from shared.functions import REBUILD_FINISH_FUNCTION
 from shared.keys import Keys, dirty_member, parse_view
 from shared.ranking import id_of
 from shared.submit import finish_keys
-
-# Finish calls an attempt makes while events journaled meanwhile name keys not given yet.
-FINISH_TRIES = 10
-
 
 async def finish(
     redis: Redis,
@@ -37,36 +33,32 @@ async def finish(
     with no staging copy: the step deletes them (the rebuilder asks the aggregator to build
     again those the board had).
 
-    Every key it touches is given, with its staging name: those ``staged`` from MySQL, those of
-    the journal's events (``journal``) and ``live``. An event journaled after the journal was
-    read may name a key (or have a record) not given: the step then writes nothing and answers
-    "unknown", and is
-    called again with the journal read again. (Such an event is not among ``known``: MySQL's
-    snapshot was taken before.)
+    It is given every key the rebuild knows of, with its staging name: those ``staged`` from
+    MySQL, those of the journal's events as read (``journal``) and ``live``. Writes go on
+    meanwhile: an event journaled after the journal was read may name a key not given (and has
+    a record not given), and the step names their staging copies itself, under the board's hash
+    tag (shared/lua/rebuild.lua), so that one call finishes at any write rate. (Such an event is
+    not among ``known``: MySQL's snapshot was taken before.)
 
     Returns the status ("ok" or why not), its detail (on "ok", how many journaled events were
     replayed) and how many keys the rebuild made or replaced."""
-    for _ in range(FINISH_TRIES):
-        counters = sorted(staged.counters | journal.counters)
-        named = staged.others | journal.others | live
-        # Every regional view's distinct-score set and the one being built go (the replay
-        # makes none): one the aggregator made meanwhile would not follow the staged view.
-        named |= region_sets(region_views(keys, flag.board_id, named))
-        others = sorted(named - set(counters))
-        records = sorted(journal.records)
-        call_keys = finish_keys(keys, flag.board_id, counters, others, records)
-        status, detail = await redis.fcall(
-            REBUILD_FINISH_FUNCTION,
-            len(call_keys),
-            *call_keys,
-            len(counters),
-            flag.token,
-            len(records),
-            *sorted(known),
-        )
-        if status != "unknown":
-            break
-        journaled_refs(await flag.journaled(), journal)
+    counters = sorted(staged.counters | journal.counters)
+    named = staged.others | journal.others | live
+    # Every regional view's distinct-score set and the one being built go (the replay makes
+    # none): one the aggregator made meanwhile would not follow the staged view.
+    named |= region_sets(region_views(keys, flag.board_id, named))
+    others = sorted(named - set(counters))
+    records = sorted(journal.records)
+    call_keys = finish_keys(keys, flag.board_id, counters, others, records)
+    status, detail = await redis.fcall(
+        REBUILD_FINISH_FUNCTION,
+        len(call_keys),
+        *call_keys,
+        len(counters),
+        flag.token,
+        len(records),
+        *sorted(known),
+    )
     return status, detail, len(staged.counters | staged.others | live)
 
 

@@ -89,17 +89,43 @@ local function replay(keys, args)
   return answer[1]
 end
 
--- The journaled calls to replay (those of events not in `known`), their keys mapped to scratch
--- and staging ones; or nil and the first live key that `staging` has no staging name for.
-local function journaled_calls(journal, scratch, staging, known)
+-- The board's hash tag ('{<prefix>:<board>}') that every one of its keys starts with.
+local function tag_of(key) return string.match(key, '^({[^}]*})') end
+
+-- Whether the call's i-th key is an event counter (shared/submit.py replayed_keys), or a
+-- regional view (write.lua period_of: the first of a period's keys).
+local function period_slot(i) return (i - KEYS_BEFORE) % KEYS_PER_PERIOD end
+local function is_counter(i) return i > KEYS_BEFORE and period_slot(i) == 0 end
+local function is_region_view(i) return i > KEYS_BEFORE and period_slot(i) == 1 end
+
+--[[
+The journaled calls to replay (those of events not in `known`), their keys mapped to scratch
+and staging ones. `staging` maps each live key the caller gave to its staging copy. An event
+journaled after the caller read the journal may name a live key it did not give (a user's keys,
+a new region or period): its staging name is made here as shared/keys.py staged() makes it, and
+added to `staging` (and to `counters` for an event counter), with the distinct-score sets of a
+regional view to delete (`dropped`). Such a key shares the board's hash tag, and so the slot of
+the given keys, as a function's keys must in a cluster; a key outside the tag returns nil and
+that key.
+]]
+local function journaled_calls(journal, scratch, tag, staging, counters, dropped, known)
   local calls = {}
   for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
     local call = cjson.decode(raw)
     if not known[call_ref(call)] then
       local mapped = {unpack(scratch)}
       for i = WRITE_OWN_KEYS + 1, #call.keys do
-        mapped[i] = staging[call.keys[i]]
-        if mapped[i] == nil then return nil, call.keys[i] end
+        local live = call.keys[i]
+        if staging[live] == nil then
+          if string.sub(live, 1, #tag + 1) ~= tag .. ':' then return nil, live end
+          staging[live] = tag .. ':rebuild' .. string.sub(live, #tag + 1)
+          if is_counter(i) then counters[#counters + 1] = live end
+          if is_region_view(i) then
+            dropped[live .. ':distinct'] = true
+            dropped[live .. ':distinct:building'] = true
+          end
+        end
+        mapped[i] = staging[live]
       end
       calls[#calls + 1] = {keys = mapped, args = call.args}
     end
@@ -107,12 +133,13 @@ local function journaled_calls(journal, scratch, staging, known)
   return calls
 end
 
--- The journaled calls' records (their first key: the live idempotency record) all among
--- `given`: nil, or the first that is not.
-local function records_missing(journal, given)
+-- The journaled calls' records (their first key: the live idempotency record), added to
+-- `records`; nil, or the first outside the board's hash tag.
+local function journal_records(journal, tag, records)
   for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
     local record = cjson.decode(raw).keys[1]
-    if not given[record] then return record end
+    if string.sub(record, 1, #tag + 1) ~= tag .. ':' then return record end
+    records[record] = true
   end
   return nil
 end
@@ -124,10 +151,10 @@ key, the event counters' pairs first.
 ARGV: how many pairs are event counters', the token, how many records, then the refs
 ('<event_id>:<user_id>') of the journal's events that the database already held when the
 board was read from it.
-Returns {'expired', ''} if the token's flag lapsed, and {'unknown', key}, writing nothing, if a
-journaled event to replay names a live key not among the pairs (journaled after the caller read
-the journal: it reads it again and calls again). Replays the journal's other events onto
-staging; then refuses with {'behind', key} if a live event counter is above its staged one (an
+Returns {'expired', ''} if the token's flag lapsed. Replays the journal's other events onto
+staging: those journaled after the caller read the journal as well, naming keys it did not give
+(see journaled_calls; {'unknown', key}, writing nothing, for a key outside the board's hash
+tag). Then refuses with {'behind', key} if a live event counter is above its staged one (an
 event applied before the flag was not in the database yet: the caller aborts and starts over
 later). Otherwise renames each staging key over its live one (a live key with no staging one is
 deleted), clears the derive-pending bit of every journaled event (staging holds its derived
@@ -137,29 +164,34 @@ before the rebuild read the database: services/rebuild waits for that.)
 ]]
 local function rebuild_finish(keys, args)
   if redis.call('GET', keys[1]) ~= args[2] then return {'expired', ''} end
+  local tag = tag_of(keys[1])
   local first_record = WRITE_OWN_KEYS + 3
   local first_pair = first_record + tonumber(args[3])
-  local known, staging, records = {}, {}, {}
+  local known, staging, records, counters, dropped = {}, {}, {}, {}, {}
   for i = first_record, first_pair - 1 do records[keys[i]] = true end
   for i = first_pair, #keys, 2 do staging[keys[i]] = keys[i + 1] end
+  for i = first_pair, first_pair + 2 * tonumber(args[1]) - 1, 2 do
+    counters[#counters + 1] = keys[i]
+  end
   for i = 4, #args do known[args[i]] = true end
-  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_record - 1)}, staging,
-                                         known)
+  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_record - 1)}, tag,
+                                         staging, counters, dropped, known)
   if calls == nil then return {'unknown', unknown} end
-  unknown = records_missing(keys[2], records)
+  unknown = journal_records(keys[2], tag, records)
   if unknown then return {'unknown', unknown} end
   for _, call in ipairs(calls) do replay(call.keys, call.args) end
-  for i = first_pair, first_pair + 2 * tonumber(args[1]) - 1, 2 do
-    local now = tonumber(redis.call('GET', keys[i]) or '0')
-    if now > tonumber(redis.call('GET', keys[i + 1]) or '0') then return {'behind', keys[i]} end
+  for _, live in ipairs(counters) do
+    local now = tonumber(redis.call('GET', live) or '0')
+    if now > tonumber(redis.call('GET', staging[live]) or '0') then return {'behind', live} end
   end
-  for i = first_pair, #keys, 2 do
-    if redis.call('EXISTS', keys[i + 1]) == 1 then
-      redis.call('RENAME', keys[i + 1], keys[i])
+  for live, staged in pairs(staging) do
+    if redis.call('EXISTS', staged) == 1 then
+      redis.call('RENAME', staged, live)
     else
-      redis.call('DEL', keys[i])
+      redis.call('DEL', live)
     end
   end
+  for set in pairs(dropped) do redis.call('DEL', set) end
   for record in pairs(records) do
     if pending(record) then clear_pending(record) end
   end
