@@ -24,14 +24,13 @@ What fails, and what the runner does (docs/reliability.md, "A handler failure"):
 
 Decoding is one pass of pydantic-core over the body (``model_validate_json``): about 150 events
 a message, a few objects each, which is why the runner tunes the process's garbage collector
-once it is consuming (:func:`settle_heap`).
+once it is consuming (:func:`shared.heap.settle_heap`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +42,7 @@ from pydantic import ValidationError
 from shared import amqp
 from shared.events import ScoreAccepted, ScoreMessage
 from shared.failures import is_transient
+from shared.heap import settle_heap
 from shared.topology import Consumer, Topology, client_properties, consumer_tag
 
 log = structlog.get_logger(__name__)
@@ -63,31 +63,6 @@ CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"]
 # A batch is handed over once the stream pauses this long. Under load deliveries follow each
 # other far closer than this, and batches fill up to batch_size or flush_ms as before.
 IDLE_GAP_SECONDS = 0.003
-
-# The cyclic collector's first-generation threshold while consuming (CPython's default: 700).
-# A batch's events are a few thousand tracked objects alive across the handler's awaits; at 700
-# the collector ran several times a message, promoting them to older generations, and the full
-# collections that followed walked the whole heap: about a quarter of the history consumer's
-# CPU an event in a micro-benchmark. Cyclic garbage is all it delays; reference counting frees
-# everything else at once, as before.
-GC_GEN0_THRESHOLD = 20_000
-
-_heap_settled = False
-
-
-def settle_heap() -> None:
-    """Once a process: move what start-up made (modules, clients, pools) out of the collector's
-    sight with :func:`gc.freeze`, so a full collection walks only what was made since, and raise
-    the first generation's threshold to ``GC_GEN0_THRESHOLD``. Collected first, so that start-up
-    garbage is freed rather than kept forever."""
-    global _heap_settled
-    if _heap_settled:
-        return
-    _heap_settled = True
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
 
 
 @dataclass
