@@ -26,8 +26,9 @@ changed and crossed a bracket of the global scope get ``rank`` messages
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -62,7 +63,10 @@ MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board'
 # Users a merge call takes: one Redis function call, a few ms of Redis on a board of a million,
 # during which every other client waits (a score write, a publish on the way to a push).
 CHUNK = 250
-# Marks a round takes from the merging set. Its calls go one at a time, each its own round trip:
+# Merge calls sent before the first of them is answered. Two keep Redis busy while this process
+# works between calls; each is a call of its own, so others' commands still run between them.
+IN_FLIGHT = 2
+# Marks a round takes from the merging set. Its calls are never pipelined on one connection:
 # Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
@@ -389,12 +393,29 @@ class Merger:
             self.lease.token(bid),
         ]
         merged = 0
-        for chunk in by_user(marks, CHUNK):
-            reply: Any = await self._call(MERGE_FUNCTION, view_keys, *head, *chunk)
+
+        def took(reply: Any) -> None:
+            nonlocal merged
             moved, refused, regions, users = reply
             touched.changed.update(moved)
             touched.regions.update(regions)
             merged += int(users)
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
+
+        # IN_FLIGHT calls at a time, each on a connection of its own: while Redis runs one, this
+        # process packs the next and reads the last one's reply.
+        calls: deque[asyncio.Task[Any]] = deque()
+        try:
+            for chunk in by_user(marks, CHUNK):
+                calls.append(
+                    asyncio.create_task(self._call(MERGE_FUNCTION, view_keys, *head, *chunk))
+                )
+                if len(calls) >= IN_FLIGHT:
+                    took(await calls.popleft())
+            while calls:
+                took(await calls.popleft())
+        finally:
+            for call in calls:
+                call.cancel()
         return merged

@@ -16,6 +16,7 @@ from shared.keys import Keys, dirty_member, parse_view
 from shared.ranking import id_of
 from shared.submit import finish_keys
 
+
 async def finish(
     redis: Redis,
     keys: Keys,

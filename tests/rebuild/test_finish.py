@@ -26,6 +26,7 @@ from tests.rebuild.test_rebuild import BOARDS, eu, relay, write
 # Events written between the rebuild's last read of its journal and its finish.
 LATE = 25
 
+
 async def test_events_journaled_after_the_journal_was_read_are_applied_in_the_same_call(
     redis: Redis,
     keys: Keys,
