@@ -44,7 +44,7 @@ class PrivateCluster:
         for port in self.ports:
             self.start_node(port)
         for port in self.ports:
-            wait_for(f"redis-server on {port}", lambda p=port: self._ping(p), 60, 0.2)
+            wait_for(f"redis-server on {port}", lambda p=port: self.answers(p), 60, 0.2)
         nodes = [f"{HOST}:{port}" for port in self.ports]
         replicas = ["--cluster-replicas", "1", "--cluster-yes"]
         subprocess.run(
@@ -74,7 +74,7 @@ class PrivateCluster:
     def client(self, port: int) -> redis.Redis:
         return redis.Redis(host=HOST, port=port, socket_timeout=2, decode_responses=True)
 
-    def _ping(self, port: int) -> bool:
+    def answers(self, port: int) -> bool:
         try:
             with self.client(port) as client:
                 return bool(client.ping())

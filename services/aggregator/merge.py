@@ -368,10 +368,11 @@ class Merger:
         touched: Touched,
         marks_set: str,
     ) -> int:
-        """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call, one
-        call at a time, each call taking its marks out of ``marks_set``; notes in ``touched`` the
-        users whose global entry changed and the regions the marks name; returns how many users
-        were merged (a user whose marks two rounds of the scan share counts in each)."""
+        """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call,
+        ``IN_FLIGHT`` calls at a time, each call taking its marks out of ``marks_set``; notes in
+        ``touched`` the users whose global entry changed and the regions the marks name; returns
+        how many users were merged (a user whose marks two rounds of the scan share counts in
+        each)."""
         keys, bid = self._keys, board.board_id
         expiry = board_period_expiry(board, period, period_id)
         global_key = keys.global_view(bid, period, period_id)

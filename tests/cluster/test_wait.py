@@ -29,7 +29,7 @@ from tests.api.helpers import MAIN
 from tests.cluster.conftest import on
 from tests.helpers import ADMIN, SERVER
 from tests.redis_cluster import HOST, PrivateCluster, free_cluster_ports
-from tests.stack import Stack
+from tests.stack import Stack, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -96,7 +96,7 @@ def add_replica(cluster: PrivateCluster, primary: int) -> int:
     (port,) = free_cluster_ports(1)
     cluster.ports.append(port)
     cluster.start_node(port)
-    cluster._wait(lambda: cluster._ping(port), f"redis-server on {port}")
+    wait_for(f"redis-server on {port}", lambda: cluster.answers(port), 60, 0.2)
     as_replica = ["--cluster-slave", "--cluster-master-id", cluster.node_id(primary)]
     subprocess.run(
         ["redis-cli", "--cluster", "add-node", f"{HOST}:{port}", f"{HOST}:{primary}", *as_replica],
@@ -104,7 +104,7 @@ def add_replica(cluster: PrivateCluster, primary: int) -> int:
         capture_output=True,
         timeout=60,
     )
-    cluster._wait(lambda: _linked(cluster, port), f"the new replica on {port} in sync")
+    wait_for(f"the new replica on {port} in sync", lambda: _linked(cluster, port), 60, 0.2)
     return port
 
 
