@@ -3,7 +3,8 @@ application, clients, pools) moved out of its sight, so that a full collection w
 was made since, and its first generation collected less often.
 
 Measured on the API: its start-up leaves about 130,000 tracked objects, and one full collection of
-them took 86 ms on a busy two-core machine, during which the worker answered nothing. The consumers
+them took 86 to 170 ms on this two-core machine, during which the worker answers nothing; once
+settled, a full collection took under 0.1 ms. The consumers
 decode a batch of a few thousand tracked objects that stay alive across the handler's awaits: at
 CPython's default first-generation threshold (700) the collector ran several times a message,
 promoting them to older generations, and the full collections that followed walked the whole heap,
