@@ -6,12 +6,8 @@ crash mid-merge leaves it to be merged again) and sends its users, a chunk a cal
 function (``ladder_merge_v3``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its regions set and its marks: the cost follows the users and their
 regions, not the board's count of regions), writes the user's global entry and takes its marks
-out of the merging set in the same step. :func:`combine` is the reference of that entry:
-
-- ``incr``: the sum of the regional scores, reached when the latest of them was, with the
-  metadata of that latest;
-- ``best``: the best regional entry (best score, then subscore, reached earliest);
-- ``set``: the latest regional entry.
+out of the merging set in the same step (:mod:`services.aggregator.combine` says what that entry
+is, and is the reference the tests hold the function to).
 
 An entry carries its metadata along (shared/ranking.py). A pass is bounded (``budget``): what it
 leaves stays in the merging set for the next pass, so that a backlog drains while the aggregator's
@@ -48,11 +44,6 @@ from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
 from shared.keys import Keys, dirty_member
 from shared.periods import Period
-from shared.ranking import (
-    MAX_SCORE,
-    reached_of,
-    tie_key,
-)
 from shared.submit import board_period_expiry
 
 log = structlog.get_logger(__name__)
@@ -108,27 +99,6 @@ class Pass:
 
     def touched(self, period: Period, period_id: str) -> Touched:
         return self.periods.setdefault((period, period_id), Touched())
-
-
-# A regional or global entry: its signed score (shared/ranking.py), tie key and metadata.
-Entry = tuple[int, str, str]
-
-
-def combine(operator: str, entries: list[Entry]) -> Entry | None:
-    """A user's global entry from its regional ones (at least one); ``None`` if out of range."""
-    if len(entries) == 1:
-        return entries[0]
-    if operator == "best":
-        # The best score, then subscore, then the earliest reached: the greatest in rank order.
-        return max(entries, key=lambda entry: entry[:2])
-    reached = [reached_of(tie) for _, tie, _ in entries]
-    latest = reached.index(max(reached))
-    if operator == "set":
-        return entries[latest]
-    total = sum(signed for signed, _, _ in entries)
-    if abs(total) > MAX_SCORE:
-        return None
-    return total, tie_key(reached[latest]), entries[latest][2]
 
 
 class Merger:

@@ -30,7 +30,8 @@ redis.register_function(FUNCTIONS.put, put)
 --[[
 The global merge (services/aggregator/merge.py), where the data is: a chunk of dirty marks of one
 board period, each of whose users is combined from its records in the regions it played in
-(combine() in merge.py is the reference; the tests hold this to it) and put in the global view.
+(combine() in services/aggregator/combine.py is the reference; the tests hold this to it) and
+put in the global view.
 
 KEYS: global view, its distinct set, its records, the set the marks are taken out of (the merging
 set, or the dirty set for a round of fresh marks), the distinct set being built,

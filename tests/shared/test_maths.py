@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.aggregator.merge import combine
+from services.aggregator.combine import combine
 from services.notifier.rules import crossings, entered
 from shared.boards import Board
 from shared.events import PeriodResult
