@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from services.aggregator.merge import Entry, Merger, combine
+from services.aggregator.combine import Entry, combine
+from services.aggregator.merge import Merger
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
 from shared.ranking import MAX_SCORE, member, parse_record, record, sub_part, tie_key
