@@ -149,6 +149,8 @@ async def serve(
 
 
 class _InProcess(Server):
+    settles_heap = False
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield

@@ -40,7 +40,6 @@ from services.api.write.durable import Durability
 from services.api.write.group import group_commit
 from shared.boards import BoardCatalog
 from shared.db import open_engine
-from shared.heap import settle_heap
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.redis_cluster import LadderCluster, seed_nodes
@@ -125,7 +124,6 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                 state = ApiState(
                     settings, keys, redis, catalog, engine, relay, hub, writes, sockets
                 )
-                settle_heap()
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}
                 # services.api.serving sets it before any connection is closed; under another

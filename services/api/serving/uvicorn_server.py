@@ -32,6 +32,7 @@ from websockets.exceptions import InvalidState
 
 from services.api.app import create_app
 from services.api.state import ApiState
+from shared.heap import settle_heap
 from shared.settings import LadderSettings
 
 if TYPE_CHECKING:
@@ -97,6 +98,16 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
 
 class Server(uvicorn.Server):
+    # Whether the process's collector is settled once the server has started (shared/heap.py):
+    # the API's own process, yes; a server run inside another program (the tests) leaves that
+    # program's collector as it is.
+    settles_heap = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.settles_heap:
+            settle_heap()
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for listener in self.servers:
             listener.close()
