@@ -98,26 +98,32 @@ local function period_slot(i) return (i - KEYS_BEFORE) % KEYS_PER_PERIOD end
 local function is_counter(i) return i > KEYS_BEFORE and period_slot(i) == 0 end
 local function is_region_view(i) return i > KEYS_BEFORE and period_slot(i) == 1 end
 
+-- Whether a key carries the board's hash tag (and so lives in the slot of the given keys).
+local function tagged(key, tag) return string.sub(key, 1, #tag + 1) == tag .. ':' end
+
 --[[
-The journaled calls to replay (those of events not in `known`), their keys mapped to scratch
-and staging ones. `staging` maps each live key the caller gave to its staging copy. An event
-journaled after the caller read the journal may name a live key it did not give (a user's keys,
-a new region or period): its staging name is made here as shared/keys.py staged() makes it, and
-added to `staging` (and to `counters` for an event counter), with the distinct-score sets of a
-regional view to delete (`dropped`). Such a key shares the board's hash tag, and so the slot of
-the given keys, as a function's keys must in a cluster; a key outside the tag returns nil and
-that key.
+One pass over the journal: the calls to replay (those of events not in `known`), their keys
+mapped to scratch and staging ones, and every call's record (its first key: the live
+idempotency record) added to `records`. `staging` maps each live key the caller gave to its
+staging copy. An event journaled after the caller read the journal may name a live key it did
+not give (a user's keys, a new region or period, its own record): its staging name is made here
+as shared/keys.py staged() makes it, and added to `staging` (and to `counters` for an event
+counter), with the distinct-score sets of a regional view to delete (`dropped`). Such a key
+shares the board's hash tag, and so the slot of the given keys, as a function's keys must in a
+cluster; a key outside the tag returns nil and that key.
 ]]
-local function journaled_calls(journal, scratch, tag, staging, counters, dropped, known)
+local function read_journal(journal, scratch, tag, staging, counters, dropped, records, known)
   local calls = {}
   for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
     local call = cjson.decode(raw)
+    if not tagged(call.keys[1], tag) then return nil, call.keys[1] end
+    records[call.keys[1]] = true
     if not known[call_ref(call)] then
       local mapped = {unpack(scratch)}
       for i = WRITE_OWN_KEYS + 1, #call.keys do
         local live = call.keys[i]
         if staging[live] == nil then
-          if string.sub(live, 1, #tag + 1) ~= tag .. ':' then return nil, live end
+          if not tagged(live, tag) then return nil, live end
           staging[live] = tag .. ':rebuild' .. string.sub(live, #tag + 1)
           if is_counter(i) then counters[#counters + 1] = live end
           if is_region_view(i) then
@@ -133,17 +139,6 @@ local function journaled_calls(journal, scratch, tag, staging, counters, dropped
   return calls
 end
 
--- The journaled calls' records (their first key: the live idempotency record), added to
--- `records`; nil, or the first outside the board's hash tag.
-local function journal_records(journal, tag, records)
-  for _, raw in ipairs(redis.call('LRANGE', journal, 1, -1)) do
-    local record = cjson.decode(raw).keys[1]
-    if string.sub(record, 1, #tag + 1) ~= tag .. ':' then return record end
-    records[record] = true
-  end
-  return nil
-end
-
 --[[
 KEYS: flag, journal, the six scratch keys a replay is given for submit()'s first six, the
 records of the journal's events, then pairs of a live key the rebuild replaces and its staging
@@ -153,7 +148,7 @@ ARGV: how many pairs are event counters', the token, how many records, then the 
 board was read from it.
 Returns {'expired', ''} if the token's flag lapsed. Replays the journal's other events onto
 staging: those journaled after the caller read the journal as well, naming keys it did not give
-(see journaled_calls; {'unknown', key}, writing nothing, for a key outside the board's hash
+(see read_journal; {'unknown', key}, writing nothing, for a key outside the board's hash
 tag). Then refuses with {'behind', key} if a live event counter is above its staged one (an
 event applied before the flag was not in the database yet: the caller aborts and starts over
 later). Otherwise renames each staging key over its live one (a live key with no staging one is
@@ -174,11 +169,9 @@ local function rebuild_finish(keys, args)
     counters[#counters + 1] = keys[i]
   end
   for i = 4, #args do known[args[i]] = true end
-  local calls, unknown = journaled_calls(keys[2], {unpack(keys, 3, first_record - 1)}, tag,
-                                         staging, counters, dropped, known)
+  local calls, unknown = read_journal(keys[2], {unpack(keys, 3, first_record - 1)}, tag,
+                                      staging, counters, dropped, records, known)
   if calls == nil then return {'unknown', unknown} end
-  unknown = journal_records(keys[2], tag, records)
-  if unknown then return {'unknown', unknown} end
   for _, call in ipairs(calls) do replay(call.keys, call.args) end
   for _, live in ipairs(counters) do
     local now = tonumber(redis.call('GET', live) or '0')
