@@ -64,10 +64,13 @@ LEASE_RELEASE_FUNCTION = "ladder_lease_release_v1"
 """Give a board's merge lease up, if still held with the token."""
 MERGE_TAKE_FUNCTION = "ladder_merge_take_v1"
 """Under the merge lease: the dirty set becomes the merging set, unless one is there already."""
-HOT_ADD_FUNCTION = "ladder_hot_add_v1"
-"""Add events to the hot view's event set and windows, once per event."""
-HOT_TRIM_FUNCTION = "ladder_hot_trim_v1"
-"""Move the hot view's windows forward, taking out what they leave behind."""
+HOT_ADD_FUNCTION = "ladder_hot_add_v2"
+"""Add events to the hot view's event set and windows, once per event. (v2: each window's
+ranking, a sorted set, comes in as a key after its hash and is kept with it.)"""
+HOT_TRIM_FUNCTION = "ladder_hot_trim_v2"
+"""Move the hot view's windows forward, taking out what they leave behind. (v2: the windows'
+rankings and the board's hidden users as keys; at most a step of events a call, and, once every
+window is caught up, each one's top from its ranking.)"""
 CONTRIBUTE_FUNCTION = "ladder_contribute_v3"
 """Count one event toward its member's team contribution (the MVP view), once."""
 DERIVE_FUNCTION = "ladder_derive_v3"
@@ -127,8 +130,9 @@ HIDE_FUNCTION = "ladder_hide_v1"
 their records, with the views' distinct-score sets."""
 
 # -- erasure (docs/api.md section 8b; services/api/eraser.py) ---------------------------------
-ERASE_USER_FUNCTION = "ladder_erase_user_v1"
-"""Erase a user from one board's keys: the views named, feed, hot view, MVPs, badges, names."""
+ERASE_USER_FUNCTION = "ladder_erase_user_v2"
+"""Erase a user from one board's keys: the views named, feed, hot view, MVPs, badges, names.
+(v2: each hot window's ranking as a key after its hash.)"""
 UNCOUNT_FUNCTION = "ladder_uncount_v1"
 """Take erased events out of a board's event counters (never below 0)."""
 

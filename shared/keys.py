@@ -177,6 +177,11 @@ class Keys:
         """A window's per-user sums and counts, kept as events enter it and leave it."""
         return f"{self.tag(board_id)}:hot:window:{window}"
 
+    def hot_rank(self, board_id: str, window: int) -> str:
+        """A window's users ranked as the hot view ranks them (shared/lua/live.lua), kept with
+        its sums and counts."""
+        return f"{self.tag(board_id)}:hot:rank:{window}"
+
     def hot_view(self, board_id: str, window: int) -> str:
         return f"{self.tag(board_id)}:hot:{window}"
 

@@ -9,7 +9,10 @@ Hot streaks
     until its ``occurred_at`` is W seconds behind the clock (one stamped up to 5 s ahead of the
     clock, as the API allows, counts at once). An event accepted more than
     :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still counts toward its
-    periods). Ties: the higher average, then more events, then the smaller user id.
+    periods). Ties: the higher average, then more events, then the smaller user id. Each
+    window's users are kept ranked so in Redis as events enter and leave it (its ranking,
+    shared/lua/live.lua), so that a tick reads the top alone; the average ranked and shown is
+    the sum over the count as a double.
 
 MVPs
     The users with the largest share of their team's total in one period. A user's team in a
@@ -25,7 +28,6 @@ MVPs
 
 from __future__ import annotations
 
-import heapq
 from datetime import timedelta
 from typing import Any, cast
 
@@ -41,6 +43,8 @@ TOP = 10
 HOT_WINDOWS = (10, 60)
 HOT_SPAN_MS = max(HOT_WINDOWS) * 1000
 HOT_LATENESS = timedelta(seconds=5)
+# The digits of the count that starts a member of a hot window's ranking (shared/lua/live.lua).
+HOT_COUNT_DIGITS = 12
 # Members read per team and round when looking for a team's leading current members.
 _MEMBER_PAGE = 2 * TOP
 _CHUNK = 500
@@ -60,25 +64,17 @@ def hot_member(event: ScoreAccepted) -> str:
     return f"{event.event_id}|{event.user_id}|{event.value}"
 
 
-def hot_entries(
-    window: dict[str, str], hidden: frozenset[str] | set[str] = frozenset()
-) -> list[dict[str, Any]]:
-    """The hot top 10 of one window's hash (``s:<user>`` sums and ``c:<user>`` counts), users
-    hidden on the board (``hidden``) left out."""
-    # (-average, -count, user, average): best first; users are distinct, so the average
-    # itself is never compared.
-    ranked: list[tuple[float, int, str, float]] = []
-    get = window.get
-    for field, raw in window.items():
-        if field[:2] == "c:" and (count := int(raw)) > 0:
-            user = field[2:]
-            if user in hidden:
-                continue
-            average = int(get("s:" + user, 0)) / count
-            ranked.append((-average, -count, user, average))
+def hot_entries(top: list[str]) -> list[dict[str, Any]]:
+    """The hot view's entries from the top of a window's ranking (shared/lua/live.lua's
+    ``hot_top``: member, score, ...; a member is its user's count as 12 digits, then ``|`` and
+    the user; a score the user's average negated)."""
     return [
-        {"rank": i + 1, "user_id": user, "score": average}
-        for i, (_, _, user, average) in enumerate(heapq.nsmallest(TOP, ranked))
+        {
+            "rank": i // 2 + 1,
+            "user_id": top[i][HOT_COUNT_DIGITS + 1 :],
+            "score": 0.0 - float(top[i + 1]),
+        }
+        for i in range(0, len(top), 2)
     ]
 
 

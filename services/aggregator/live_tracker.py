@@ -34,7 +34,7 @@ from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 from shared.keys import Keys, seen_keys
-from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, hot_entries, hot_member, mvp_entries
+from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, TOP, hot_entries, hot_member, mvp_entries
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at
 from shared.submit import board_period_expiry
@@ -51,6 +51,8 @@ HOT_TTL_MS = 2 * HOT_SPAN_MS
 HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
 FULL_PASS_SECONDS = 30.0
 CALL_MEMO = 4096
+# Events a hot trim call takes out of each window, at most about: a few milliseconds of Redis.
+TRIM_STEP = 100
 
 
 def _ms(moment: datetime) -> int:
@@ -106,8 +108,7 @@ class RecordLive:
         RECORDED.labels("mvps").inc(mvp)
 
     def _hot_keys(self, board_id: str) -> list[str]:
-        windows = [self._keys.hot_window(board_id, w) for w in HOT_WINDOWS]
-        return [self._keys.hot_events(board_id), *windows]
+        return hot_keys(self._keys, board_id)
 
     def _contribute(
         self, pipe: Any, board: Board, event: ScoreAccepted, team: str
@@ -150,6 +151,13 @@ class RecordLive:
         return tuple(view_keys), tuple(expiries), frozenset(dirty)
 
 
+def hot_keys(keys: Keys, board_id: str) -> list[str]:
+    """The hot view's keys as its functions take them: the event set, then each window's hash
+    and ranking."""
+    windows = [(keys.hot_window(board_id, w), keys.hot_rank(board_id, w)) for w in HOT_WINDOWS]
+    return [keys.hot_events(board_id), *(key for pair in windows for key in pair)]
+
+
 class LiveViews:
     """The ticker's part: recompute the views of one board and push those that changed."""
 
@@ -165,30 +173,18 @@ class LiveViews:
     async def hot(self, board: Board, now: datetime | None = None) -> int:
         now = now or datetime.now(UTC)
         now_ms, keys, bid = _ms(now), self._keys, board.board_id
-        windows = [keys.hot_window(bid, w) for w in HOT_WINDOWS]
         starts = [now_ms - w * 1000 for w in HOT_WINDOWS]
-        # Each window's hash is read as its fields and its values (two flat arrays, which the
-        # client parses several times faster than the RESP3 map of HGETALL on a window of tens
-        # of thousands of users). In one MULTI with the trim nothing runs between them, so the
-        # two list the hash in the same order.
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.fcall(
-                HOT_TRIM_FUNCTION,
-                1 + len(windows),
-                keys.hot_events(bid),
-                *windows,
-                HOT_TTL_MS,
-                *starts,
+        call_keys = [*hot_keys(keys, bid), keys.hidden(bid)]
+        # Calls of a bounded cost each, so that a window many events leave at once (a burst of
+        # play a minute ago) does not hold Redis for the whole of them; the last returns the tops.
+        while True:
+            reply: list[Any] = await self._redis.fcall(
+                HOT_TRIM_FUNCTION, len(call_keys), *call_keys, HOT_TTL_MS, TRIM_STEP, TOP, *starts
             )
-            for window_key in windows:
-                pipe.hkeys(window_key)
-                pipe.hvals(window_key)
-            pipe.smembers(keys.hidden(bid))
-            replies: list[Any] = await pipe.execute()
-        hidden: set[str] = replies.pop()
+            if int(reply[0]):
+                break
         pushed = 0
-        for window, names, values in zip(HOT_WINDOWS, replies[1::2], replies[2::2], strict=True):
-            fields: dict[str, str] = dict(zip(names, values, strict=True))
+        for window, top in zip(HOT_WINDOWS, reply[1:], strict=True):
             message = {
                 "type": "leaderboard",
                 "view": "hot",
@@ -196,7 +192,7 @@ class LiveViews:
                 "scope": "hot",
                 "window": window,
                 "as_of": rfc3339(now),
-                "entries": hot_entries(fields, hidden),
+                "entries": hot_entries(top),
             }
             channel = self._keys.board_channel(board.board_id, "hot", str(window))
             key = self._keys.hot_view(board.board_id, window)

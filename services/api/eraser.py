@@ -230,13 +230,13 @@ class Eraser:
                 if region:
                     tops.append(keys.last_top(bid, period, period_id, scope))
         hashes = [keys.member_team(bid, p, pid) for p, pid in windows]
-        hot = [keys.hot_window(bid, w) for w in HOT_WINDOWS]
+        hot = [key for w in HOT_WINDOWS for key in (keys.hot_window(bid, w), keys.hot_rank(bid, w))]
         members = [
             keys.team_members(bid, p, pid, team) for p, pid in windows for team in sorted(teams)
         ]
         call_keys += hashes + hot + members
         mvp_marks = [f"{p}|{pid}" for p, pid in windows]
-        args: list[str | int] = [user_id, len(marks), len(hashes), len(hot), len(members)]
+        args: list[str | int] = [user_id, len(marks), len(hashes), len(HOT_WINDOWS), len(members)]
         args += [*marks, len(mvp_marks), *mvp_marks]
         removed = int(
             await self._redis.fcall(ERASE_USER_FUNCTION, len(call_keys), *call_keys, *args)

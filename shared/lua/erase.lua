@@ -12,9 +12,9 @@ period whose contributions changed is marked for the MVP view.
 
 KEYS: names, user team, feed, badges, user regions, hot events, newest event, the user's rate
       bucket, dirty set, MVP dirty set; then three per view (the view, its distinct-score set,
-      its hash of records); then the hashes holding the user as a field (HDEL); then the hot
-      view's windows ("s:<user>", "c:<user>"); then the sorted sets holding the user as a member
-      (ZREM).
+      its hash of records); then the hashes holding the user as a field (HDEL); then two per
+      hot view window: its hash ("s:<user>", "c:<user>") and its ranking (live.lua); then the
+      sorted sets holding the user as a member (ZREM).
 ARGV: user, views, hashes, windows, sorted sets; then each view's dirty mark ('' none); then
       how many MVP marks, and the marks.
 Returns the number of view entries removed.
@@ -34,7 +34,12 @@ local function erase_user(keys, args)
     ki, ai = ki + 3, ai + 1
   end
   for _ = 1, nh do redis.call('HDEL', keys[ki], user); ki = ki + 1 end
-  for _ = 1, nw do redis.call('HDEL', keys[ki], 's:' .. user, 'c:' .. user); ki = ki + 1 end
+  for _ = 1, nw do
+    local count = tonumber(redis.call('HGET', keys[ki], 'c:' .. user) or 0)
+    redis.call('HDEL', keys[ki], 's:' .. user, 'c:' .. user)
+    if count > 0 then redis.call('ZREM', keys[ki + 1], hot_rank_member(user, count)) end
+    ki = ki + 2
+  end
   for _ = 1, nz do redis.call('ZREM', keys[ki], user); ki = ki + 1 end
   local marks = tonumber(args[ai])
   if marks > 0 then redis.call('SADD', keys[10], unpack(args, ai + 1, ai + marks)) end

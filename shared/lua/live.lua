@@ -2,25 +2,86 @@
 The live views (docs/api.md section 8a), kept by the aggregator.
 
 The hot view's events. KEYS: the board's hot event set (member '<event_id>|<user_id>|<value>',
-score occurred_at in ms), then one hash per window holding, for the events inside it,
-'s:<user>' (their sum) and 'c:<user>' (their count), and 'at': the window's start in ms (an
-event at or before it is outside).
+scored by its position: occurred_at in ms plus a fraction, in 1024ths, that the member's hash
+picks), then two keys per window: a hash holding, for the events inside it, 's:<user>' (their
+sum) and 'c:<user>' (their count), and 'at': the position up to which events have left the
+window (an event at or before it is outside); and the window's ranking, a sorted set of one
+member per user with events inside it, kept with the hash in the same step.
 
+The fraction spreads the events of one millisecond (a batch of events stamped alike) over 1024
+positions, so that a trim can stop within a millisecond and each call costs a bounded number of
+events. A window whose start is moved to millisecond T is moved to the last position of T (T
+plus 1023/1024): an event of T or before is outside, as before. Positions are exact as doubles
+until the year 2248.
+
+A ranking orders its users as the hot view does (shared/live_maths.py): the higher average
+first, then more events, then the smaller user id. Its score is the average negated (the sum
+over the count, as a double); its member is the count, as the 12 digits of 10**12 minus it,
+then '|' and the user, so that members of one score sort by count, larger first, then by user
+id, bytewise. Reading the top is then a range of the ranking, not a pass over every user of the
+window: that pass, over a window of many users, held Redis for tens of milliseconds a tick.
+]]
+local HOT_SLOTS = 1024
+local HOT_COUNT_CAP = 1e12
+local HOT_COUNT_DIGITS = 12
+
+local function hot_rank_member(user, count)
+  return string.format('%0' .. HOT_COUNT_DIGITS .. '.0f', HOT_COUNT_CAP - count) .. '|' .. user
+end
+
+-- The user's place in a window's ranking moved from its old count to its new one (0: none)
+-- and sum.
+local function hot_rerank(rank, user, old_count, count, sum)
+  if old_count > 0 then redis.call('ZREM', rank, hot_rank_member(user, old_count)) end
+  if count > 0 then
+    redis.call('ZADD', rank, fmt(0 - sum / count), hot_rank_member(user, count))
+  end
+end
+
+-- A window kept before rankings were (its hash holds users, it has no ranking) gets its
+-- ranking from its hash, once.
+local function hot_ranked(window, rank)
+  if redis.call('EXISTS', rank) == 1 or redis.call('HLEN', window) <= 1 then return end
+  local fields, sums, members = redis.call('HGETALL', window), {}, {}
+  for j = 1, #fields, 2 do
+    if string.sub(fields[j], 1, 2) == 's:' then sums[string.sub(fields[j], 3)] = fields[j + 1] end
+  end
+  for j = 1, #fields, 2 do
+    local count = tonumber(fields[j + 1])
+    if string.sub(fields[j], 1, 2) == 'c:' and count > 0 then
+      local user = string.sub(fields[j], 3)
+      members[#members + 1] = fmt(0 - tonumber(sums[user] or 0) / count)
+      members[#members + 1] = hot_rank_member(user, count)
+    end
+  end
+  batched('ZADD', rank, members)
+end
+
+-- An event's position in the event set: its millisecond, and a fraction its member picks.
+local function hot_position(member, ms)
+  return ms + tonumber(string.sub(redis.sha1hex(member), 1, 4), 16) % HOT_SLOTS / HOT_SLOTS
+end
+
+--[[
 hot_add ARGV: ttl ms, then four per event: member, occurred_at ms, user, value. Adds each event
-to the set and to each window it is inside, once: a redelivery finds its member already there.
-Returns how many were added now.
+to the set and to each window it is inside, and its user's place in the window's ranking, once:
+a redelivery finds its member already there. Returns how many were added now.
 ]]
 local function hot_add(keys, args)
   local ttl, added, starts = tonumber(args[1]), 0, {}
-  for i = 2, #keys do starts[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0) end
+  for i = 2, #keys, 2 do
+    hot_ranked(keys[i], keys[i + 1])
+    starts[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0)
+  end
   for j = 2, #args, 4 do
-    local at, user = tonumber(args[j + 1]), args[j + 2]
-    if redis.call('ZADD', keys[1], 'NX', at, args[j]) == 1 then
+    local at, user = hot_position(args[j], tonumber(args[j + 1])), args[j + 2]
+    if redis.call('ZADD', keys[1], 'NX', fmt(at), args[j]) == 1 then
       added = added + 1
-      for i = 2, #keys do
+      for i = 2, #keys, 2 do
         if at > starts[i] then
-          redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3])
-          redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+          local sum = redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3])
+          local count = redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
+          hot_rerank(keys[i + 1], user, count - 1, count, sum)
         end
       end
     end
@@ -31,35 +92,89 @@ local function hot_add(keys, args)
   return added
 end
 
+-- One event out of a window: its user's sum, count and place in the ranking.
+local function hot_leave(window, rank, member)
+  local user, value = string.match(member, '^[^|]*|([^|]*)|(-?%d+)$')
+  local count = redis.call('HINCRBY', window, 'c:' .. user, -1)
+  if count <= 0 then
+    redis.call('HDEL', window, 'c:' .. user, 's:' .. user)
+    redis.call('ZREM', rank, hot_rank_member(user, count + 1))
+  else
+    local sum = redis.call('HINCRBY', window, 's:' .. user, 0 - tonumber(value)) -- never '-0'
+    hot_rerank(rank, user, count + 1, count, sum)
+  end
+end
+
+-- A window's start moved towards the last position of millisecond `start` (never back:
+-- aggregators with different clocks may call), taking out of it the events it leaves behind, at
+-- most about `step` of them; returns whether it got there. Events of one position are taken out
+-- together, so that the start never falls between two of them.
+local function hot_advance(events, window, rank, start, step)
+  local old = tonumber(redis.call('HGET', window, 'at') or 0)
+  local target = start + (HOT_SLOTS - 1) / HOT_SLOTS
+  if target <= old then return true end
+  local leaving = redis.call('ZRANGEBYSCORE', events, '(' .. fmt(old), fmt(target), 'WITHSCORES',
+                             'LIMIT', 0, step)
+  local upto = target
+  if #leaving == 2 * step then -- more may follow: up to the position before the last taken
+    local last = tonumber(leaving[#leaving])
+    upto = last - 1 / HOT_SLOTS
+    if upto <= old then -- all of them at one position: that one whole
+      upto = last
+      leaving = redis.call('ZRANGEBYSCORE', events, fmt(last), fmt(last), 'WITHSCORES')
+    end
+  end
+  for j = 1, #leaving, 2 do
+    if tonumber(leaving[j + 1]) <= upto then hot_leave(window, rank, leaving[j]) end
+  end
+  redis.call('HSET', window, 'at', fmt(upto))
+  return upto == target
+end
+
+-- The first `n` users of a window's ranking but those of the hidden set: member, score, ...
+local function hot_top(rank, hidden, n)
+  local top, from, check = {}, 0, redis.call('EXISTS', hidden) == 1
+  while #top < 2 * n do
+    local page = redis.call('ZRANGE', rank, from, from + n - 1, 'WITHSCORES')
+    if #page == 0 then break end
+    for j = 1, #page, 2 do
+      local user = string.sub(page[j], HOT_COUNT_DIGITS + 2)
+      if not check or redis.call('SISMEMBER', hidden, user) == 0 then
+        top[#top + 1], top[#top + 2] = page[j], page[j + 1]
+        if #top == 2 * n then break end
+      end
+    end
+    from = from + n
+  end
+  return top
+end
+
 --[[
-hot_trim ARGV: ttl ms, then each window's new start in ms. Moves each window's start forward
-(never back: aggregators with different clocks may call it), taking out of its sums the events
-it leaves behind, then drops from the set what every window has left. Each call costs as much as
-the events that left since the last one.
+hot_trim KEYS: as hot_add's, then the board's hidden users. ARGV: ttl ms, step (the events a
+call takes out of a window, at most about), n (the top's length), then each window's new start
+in ms. Moves each window's start forward, taking out of its sums and ranking the events it
+leaves behind, then drops from the set what every window has left. A call costs at most about
+`step` events a window: while a window has not reached its new start, it returns {0} and the
+caller calls again; once every one has, {1, top of the first window, top of the second, ...},
+each the first `n` users of its ranking who are not hidden, as member, score, member, score...
 ]]
 local function hot_trim(keys, args)
-  local ttl, oldest = tonumber(args[1]), nil
-  for i = 2, #keys do
-    local start = tonumber(args[i])
-    local old = tonumber(redis.call('HGET', keys[i], 'at') or 0)
-    if start > old then
-      for _, member in ipairs(redis.call('ZRANGEBYSCORE', keys[1], '(' .. old, start)) do
-        local user, value = string.match(member, '^[^|]*|([^|]*)|(-?%d+)$')
-        if redis.call('HINCRBY', keys[i], 'c:' .. user, -1) <= 0 then
-          redis.call('HDEL', keys[i], 'c:' .. user, 's:' .. user)
-        else
-          redis.call('HINCRBY', keys[i], 's:' .. user, 0 - tonumber(value))  -- never '-0'
-        end
-      end
-      redis.call('HSET', keys[i], 'at', start)
-    else
-      start = old
+  local ttl, step, n = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+  local hidden, oldest, caught_up = keys[#keys], nil, true
+  for i = 2, #keys - 1, 2 do
+    hot_ranked(keys[i], keys[i + 1])
+    if not hot_advance(keys[1], keys[i], keys[i + 1], tonumber(args[3 + i / 2]), step) then
+      caught_up = false
     end
-    if oldest == nil or start < oldest then oldest = start end
+    local reached = tonumber(redis.call('HGET', keys[i], 'at') or 0)
+    if oldest == nil or reached < oldest then oldest = reached end
   end
-  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', oldest)
-  for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
-  return 0
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', fmt(oldest))
+  for i = 1, #keys - 1 do redis.call('PEXPIRE', keys[i], ttl) end
+  if not caught_up then return {0} end
+  local reply = {1}
+  for i = 2, #keys - 1, 2 do reply[#reply + 1] = hot_top(keys[i + 1], hidden, n) end
+  return reply
 end
 
 --[[
