@@ -25,16 +25,42 @@ local HOT_SLOTS = 1024
 local HOT_COUNT_CAP = 1e12
 local HOT_COUNT_DIGITS = 12
 
-local function hot_rank_member(user, count)
-  return string.format('%0' .. HOT_COUNT_DIGITS .. '.0f', HOT_COUNT_CAP - count) .. '|' .. user
-end
+-- (A number of 12 digits concatenates as they are: a user never has 10**11 events in a window.)
+local function hot_rank_member(user, count) return (HOT_COUNT_CAP - count) .. '|' .. user end
 
 -- The user's place in a window's ranking moved from its old count to its new one (0: none)
 -- and sum.
 local function hot_rerank(rank, user, old_count, count, sum)
   if old_count > 0 then redis.call('ZREM', rank, hot_rank_member(user, old_count)) end
   if count > 0 then
-    redis.call('ZADD', rank, fmt(0 - sum / count), hot_rank_member(user, count))
+    -- A number argument goes to Redis in full (a string of 17 digits), as fmt() would make it.
+    redis.call('ZADD', rank, 0 - sum / count, hot_rank_member(user, count))
+  end
+end
+
+-- A window's changes within one call, by user: events in (or out, negative) and the sum after
+-- the last; the count and the ranking are then written once a user (hot_settle), the sums as
+-- each event comes, so that they stay exact integers in Redis.
+local function hot_tally() return {order = {}, n = {}, sum = {}} end
+
+local function hot_count(tally, user, sum, n)
+  if tally.n[user] == nil then
+    tally.order[#tally.order + 1] = user
+    tally.n[user] = 0
+  end
+  tally.n[user], tally.sum[user] = tally.n[user] + n, sum
+end
+
+local function hot_settle(window, rank, tally)
+  for _, user in ipairs(tally.order) do
+    local n = tally.n[user]
+    local count = redis.call('HINCRBY', window, 'c:' .. user, n)
+    if count <= 0 then
+      redis.call('HDEL', window, 'c:' .. user, 's:' .. user)
+      hot_rerank(rank, user, count - n, 0, 0)
+    else
+      hot_rerank(rank, user, count - n, count, tally.sum[user])
+    end
   end
 end
 
@@ -68,10 +94,10 @@ to the set and to each window it is inside, and its user's place in the window's
 a redelivery finds its member already there. Returns how many were added now.
 ]]
 local function hot_add(keys, args)
-  local ttl, added, starts = tonumber(args[1]), 0, {}
+  local ttl, added, starts, tallies = tonumber(args[1]), 0, {}, {}
   for i = 2, #keys, 2 do
     hot_ranked(keys[i], keys[i + 1])
-    starts[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0)
+    starts[i], tallies[i] = tonumber(redis.call('HGET', keys[i], 'at') or 0), hot_tally()
   end
   for j = 2, #args, 4 do
     local at, user = hot_position(args[j], tonumber(args[j + 1])), args[j + 2]
@@ -79,30 +105,23 @@ local function hot_add(keys, args)
       added = added + 1
       for i = 2, #keys, 2 do
         if at > starts[i] then
-          local sum = redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3])
-          local count = redis.call('HINCRBY', keys[i], 'c:' .. user, 1)
-          hot_rerank(keys[i + 1], user, count - 1, count, sum)
+          hot_count(tallies[i], user, redis.call('HINCRBY', keys[i], 's:' .. user, args[j + 3]), 1)
         end
       end
     end
   end
+  for i = 2, #keys, 2 do hot_settle(keys[i], keys[i + 1], tallies[i]) end
   if added > 0 then
     for i = 1, #keys do redis.call('PEXPIRE', keys[i], ttl) end
   end
   return added
 end
 
--- One event out of a window: its user's sum, count and place in the ranking.
-local function hot_leave(window, rank, member)
+-- One event out of a window: its user's sum, and its count in the call's tally.
+local function hot_leave(window, tally, member)
   local user, value = string.match(member, '^[^|]*|([^|]*)|(-?%d+)$')
-  local count = redis.call('HINCRBY', window, 'c:' .. user, -1)
-  if count <= 0 then
-    redis.call('HDEL', window, 'c:' .. user, 's:' .. user)
-    redis.call('ZREM', rank, hot_rank_member(user, count + 1))
-  else
-    local sum = redis.call('HINCRBY', window, 's:' .. user, 0 - tonumber(value)) -- never '-0'
-    hot_rerank(rank, user, count + 1, count, sum)
-  end
+  local sum = redis.call('HINCRBY', window, 's:' .. user, 0 - tonumber(value)) -- never '-0'
+  hot_count(tally, user, sum, -1)
 end
 
 -- A window's start moved towards the last position of millisecond `start` (never back:
@@ -124,9 +143,11 @@ local function hot_advance(events, window, rank, start, step)
       leaving = redis.call('ZRANGEBYSCORE', events, fmt(last), fmt(last), 'WITHSCORES')
     end
   end
+  local tally = hot_tally()
   for j = 1, #leaving, 2 do
-    if tonumber(leaving[j + 1]) <= upto then hot_leave(window, rank, leaving[j]) end
+    if tonumber(leaving[j + 1]) <= upto then hot_leave(window, tally, leaving[j]) end
   end
+  hot_settle(window, rank, tally)
   redis.call('HSET', window, 'at', fmt(upto))
   return upto == target
 end
