@@ -94,11 +94,13 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   API's per-request CPU above.
 - **Reads on the million-member board.** Each read validates its query in one step and
   answers with one Redis Function call (O(log n): `ZREVRANK`, `ZREVRANGE`); the friends scope
-  takes two (the friend set is a key of the user). The p50s are 2 to 4 U; the p99s swing from
-  run to run with whatever else the two shared cores run at that moment (the bare endpoint's
-  own p99 has ranged from 0.4 to 1.8 ms on this machine). What would move them: less API CPU a
-  read (about 1,000 µs of Python against the bare endpoint's 330, measured in-process by
-  `python -m bench.read_cpu`), or a read path without FastAPI.
+  takes two (the friend set is a key of the user). The p50s are 2 to 4 U, the p99s about 3 U.
+  The p99s were 16 to 63 U while the hot view's tick read every user of its window: after the
+  batch phase those calls held Redis 45 to 100 ms a second, and the reads waited behind them
+  (docs/architecture.md, "Live views"). Each window now keeps its users ranked, and no hot call
+  holds Redis more than a few milliseconds. What is left is the API's own cost: about 1,000 µs
+  of Python a read against the bare endpoint's 330 (measured in-process by
+  `python -m bench.read_cpu`). What would move it: a read path without FastAPI.
 - **One primary against three, and `WAIT`** (the rows "1 primary" and "3 primaries", ratios
   P to one primary with a replica and no `WAIT`, on the phase's private servers). On two
   cores, three primaries and their replicas share the same two cores with the API and wrk, so
