@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -314,3 +315,18 @@ def dockerfile_instructions(dockerfile: Path) -> list[tuple[str, str]]:
         instructions.append((keyword.upper(), arguments.strip()))
         pending = ""
     return instructions
+
+
+def made(user_id: str, value: int, occurred_at: datetime, *, late_by: float = 0.2) -> ScoreAccepted:
+    """An event of no team on board main as the aggregator receives it, accepted ``late_by``
+    seconds after it occurred; its periods are left out, as only the hot view reads these."""
+    return ScoreAccepted(
+        event_id=uuid.uuid4().hex,
+        board_id="main",
+        user_id=user_id,
+        region="eu",
+        value=value,
+        occurred_at=occurred_at,
+        accepted_at=occurred_at + timedelta(seconds=late_by),
+        periods={},
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
@@ -29,26 +28,13 @@ from shared.keys import Keys
 from shared.live_maths import HOT_WINDOWS, TOP
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
-from tests.helpers import ADMIN, api_client, eventually
+from tests.helpers import ADMIN, api_client, eventually, made
 
 
 @pytest.fixture
 def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
     """The suite's quiet settings, on the test's own migrated database (the erasure needs it)."""
     return quiet
-
-
-def event(user_id: str, value: int, occurred_at: datetime) -> ScoreAccepted:
-    return ScoreAccepted(
-        event_id=uuid.uuid4().hex,
-        board_id="main",
-        user_id=user_id,
-        region="eu",
-        value=value,
-        occurred_at=occurred_at,
-        accepted_at=occurred_at + timedelta(milliseconds=100),
-        periods={},
-    )
 
 
 def reference(
@@ -83,9 +69,9 @@ async def test_the_rankings_hold_the_reference_top_as_events_enter_and_leave(
     events: list[ScoreAccepted] = []
     for _ in range(500):
         at = now - timedelta(milliseconds=rng.randrange(0, 58_000))
-        events.append(event(rng.choice(users), rng.choice([-5, 0, 3, 3, 6, 10, 10, 40]), at))
+        events.append(made(rng.choice(users), rng.choice([-5, 0, 3, 3, 6, 10, 10, 40]), at))
     burst = now - timedelta(seconds=20)
-    events += [event(rng.choice(users), rng.choice([3, 10]), burst) for _ in range(30)]
+    events += [made(rng.choice(users), rng.choice([3, 10]), burst) for _ in range(30)]
     record = RecordLive(redis, keys, BoardCatalog(redis, keys))
     for start in range(0, len(events), 100):
         await record(events[start : start + 100])
@@ -112,11 +98,11 @@ async def test_a_trim_call_takes_a_bounded_step_even_within_one_millisecond(
     """300 events stamped with one millisecond (a batch), and 40 a millisecond apart, leave both
     windows in calls of a step of 10 each: none takes the whole millisecond at once."""
     now = datetime.now(UTC).replace(microsecond=0)
-    events = [event(f"u-{i % 7}", 10 + i % 3, now - timedelta(seconds=46)) for i in range(300)]
+    events = [made(f"u-{i % 7}", 10 + i % 3, now - timedelta(seconds=46)) for i in range(300)]
     events += [
-        event(f"u-{i % 4}", 7, now - timedelta(seconds=50, milliseconds=-i)) for i in range(40)
+        made(f"u-{i % 4}", 7, now - timedelta(seconds=50, milliseconds=-i)) for i in range(40)
     ]
-    events.append(event("u-late", 1, now + timedelta(seconds=10)))  # inside both, 15 s on
+    events.append(made("u-late", 1, now + timedelta(seconds=10)))  # inside both, 15 s on
     await RecordLive(redis, keys, BoardCatalog(redis, keys))(events)
     call_keys = [*live_tracker.hot_keys(keys, "main"), keys.hidden("main")]
     at_ms = int((now + timedelta(seconds=15)).timestamp() * 1000)
@@ -163,7 +149,7 @@ async def test_a_window_kept_before_rankings_gets_its_ranking_from_its_sums(
             },
         )
     # A new event of u-c (value 30: sum 40 over 2, ties u-b's 25 on count, then by id).
-    fresh = event("u-c", 30, now - timedelta(seconds=1))
+    fresh = made("u-c", 30, now - timedelta(seconds=1))
     await RecordLive(redis, keys, BoardCatalog(redis, keys))([fresh])
     await LiveViews(redis, keys).hot(MAIN_BOARD, now=now)
     for window in HOT_WINDOWS:
@@ -201,12 +187,12 @@ def test_the_reference_is_what_the_docs_say() -> None:
     """Higher average first, then more events, then the smaller id; hidden users left out."""
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     events = [
-        event("b", 10, t0),
-        event("b", 10, t0),
-        event("a", 10, t0),
-        event("c", 30, t0),
-        event("c", 0, t0),
-        event("h", 99, t0),
+        made("b", 10, t0),
+        made("b", 10, t0),
+        made("a", 10, t0),
+        made("c", 30, t0),
+        made("c", 0, t0),
+        made("h", 99, t0),
     ]
     start = t0 - timedelta(seconds=1)
     assert reference(events, start, {"h"}) == [("c", 15.0), ("b", 10.0), ("a", 10.0)]

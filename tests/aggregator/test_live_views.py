@@ -35,6 +35,7 @@ from tests.helpers import (
     SERVER,
     api_client,
     eventually,
+    made,
     republish,
     serve,
     snapshot,
@@ -81,21 +82,6 @@ def consumer(redis: Redis, keys: Keys) -> Each:
 def recorder(redis: Redis, keys: Keys) -> RecordLive:
     """The live views' part of the aggregator's handler alone, for events a test makes itself."""
     return RecordLive(redis, keys, BoardCatalog(redis, keys))
-
-
-def made(user_id: str, value: int, occurred_at: datetime, *, late_by: float = 0.2) -> ScoreAccepted:
-    """An event of no team as the aggregator receives it, accepted ``late_by`` seconds after it
-    occurred; its periods are left out, as only the hot view reads these."""
-    return ScoreAccepted(
-        event_id=uuid.uuid4().hex,
-        board_id="main",
-        user_id=user_id,
-        region="eu",
-        value=value,
-        occurred_at=occurred_at,
-        accepted_at=occurred_at + timedelta(seconds=late_by),
-        periods={},
-    )
 
 
 def ranking(entries: list[dict[str, Any]], *names: str) -> list[tuple[Any, ...]]:
