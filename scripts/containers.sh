@@ -19,7 +19,8 @@
 # scripts/local_images.sh builds local ones from Debian packages.
 #
 # LADDER_COMPOSE_PROJECT (ladder), LADDER_PUBLISH_API_PORT (8000), LADDER_PUBLISH_UI_PORT
-# (15672) and LADDER_CONTAINERS_TIMEOUT (300 s to become healthy) change the defaults.
+# (15672) and LADDER_CONTAINERS_TIMEOUT (300 s: to become healthy, and for any one engine
+# call) change the defaults.
 
 set -euo pipefail
 
@@ -111,6 +112,10 @@ find_compose() {
         COMPOSE=(docker-compose)
     fi
     COMPOSE_NAME="${COMPOSE[*]}"
+    # Compose 1.x gives up on any engine call after 60 s by default; with vfs storage, creating
+    # a container copies its image's whole tree, and a slow disk takes minutes for a stack.
+    export COMPOSE_HTTP_TIMEOUT="${COMPOSE_HTTP_TIMEOUT:-$TIMEOUT}"
+    export DOCKER_CLIENT_TIMEOUT="${DOCKER_CLIENT_TIMEOUT:-$TIMEOUT}"
     COMPOSE+=(-p "$PROJECT" -f "$ROOT/deploy/compose.yml" -f "$ROOT/deploy/compose.debug.yml")
 }
 
@@ -267,6 +272,20 @@ wait_healthy() {
     done
 }
 
+# `compose up` converges on the declared state, so a call that gave up half way (the engine
+# slower than the client's patience) is finished by the next one.
+start_containers() {
+    local attempt
+    for attempt in 1 2 3; do
+        compose up -d --no-build --remove-orphans >&2 && return 0
+        ((attempt < 3)) || break
+        log "compose up failed (attempt $attempt of 3); trying again in 10 s"
+        sleep 10
+    done
+    compose ps >&2 || true
+    die "compose up failed three times (its errors above)"
+}
+
 # --- commands ---
 
 up() {
@@ -282,7 +301,7 @@ up() {
     # The image a rebuild replaced, untagged now: vfs keeps every one of its layers whole.
     docker image prune -f --filter label=ladder.image=ladder >/dev/null
     log "starting project $PROJECT ($COMPOSE_NAME)"
-    compose up -d --no-build --remove-orphans >&2
+    start_containers
     wait_healthy
     log "every container is healthy"
     printf 'Ladder API:           http://127.0.0.1:%s/docs\n' "$API_PORT"
@@ -318,7 +337,7 @@ main() {
         compose "$@"
         ;;
     *)
-        sed -n '2,22s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+        sed -n '2,23s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
         exit 2
         ;;
     esac
