@@ -14,6 +14,7 @@ from services.api.errors import Invalid, problems
 from services.api.reads import pages, ranks, standings, views
 from services.api.reads.styles import RankStyle
 from services.api.routes.params import (
+    DirectRoute,
     PageQuery,
     PeriodIdItem,
     RankStyleQuery,
@@ -154,15 +155,6 @@ async def _read_of(
     return state, board, reader, query
 
 
-@router.get(
-    "/{board_id}/leaderboard",
-    response_model=LeaderboardOut,
-    responses=problems(401, 403, 404, 422, 503),
-    openapi_extra={
-        "parameters": parameters_of(("board_id",), PageQuery),
-        "security": _READ_SECURITY,
-    },
-)
 async def leaderboard(request: Request) -> Response:
     """A page of a board, best first.
 
@@ -200,15 +192,20 @@ async def leaderboard(request: Request) -> Response:
     )
 
 
-@router.get(
-    "/{board_id}/users/{user_id}",
-    response_model=StandingOut,
+router.add_api_route(
+    "/{board_id}/leaderboard",
+    leaderboard,
+    methods=["GET"],
+    response_model=LeaderboardOut,
     responses=problems(401, 403, 404, 422, 503),
     openapi_extra={
-        "parameters": parameters_of(("user_id", "board_id"), StandingQuery),
+        "parameters": parameters_of(("board_id",), PageQuery),
         "security": _READ_SECURITY,
     },
+    route_class_override=DirectRoute,
 )
+
+
 async def standing(request: Request) -> Response:
     """A user's rank and score in one view, with ``around`` entries either side. The teams
     scope has no users (422); a friends scope ranks the user among that player's friends."""
@@ -226,6 +223,20 @@ async def standing(request: Request) -> Response:
             own=reader.kind == "player" and reader.user_id == user_id,
         )
     )
+
+
+router.add_api_route(
+    "/{board_id}/users/{user_id}",
+    standing,
+    methods=["GET"],
+    response_model=StandingOut,
+    responses=problems(401, 403, 404, 422, 503),
+    openapi_extra={
+        "parameters": parameters_of(("user_id", "board_id"), StandingQuery),
+        "security": _READ_SECURITY,
+    },
+    route_class_override=DirectRoute,
+)
 
 
 @router.get(

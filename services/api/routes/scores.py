@@ -5,20 +5,18 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
 from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
-from services.api.routes.params import parameters_of, path_errors
+from services.api.routes.params import DirectRoute, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
@@ -106,16 +104,6 @@ async def _score_of(request: Request) -> tuple[ScoreIn, str | None]:
     if errors or score is None:
         raise RequestValidationError(errors)
     return score, key
-
-
-class DirectRoute(APIRoute):
-    """A route whose endpoint takes only the request and returns its ``Response``: documented
-    as any other, but called directly, without FastAPI's request handler around it, which solved
-    the (empty) dependencies and parsed the query string on every request (a tenth of a worker's
-    CPU under single score POSTs). Problems it raises go to the app's handlers as before."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        return cast(Callable[[Request], Coroutine[Any, Any, Response]], self.endpoint)
 
 
 async def post_score(request: Request) -> Response:
