@@ -98,17 +98,14 @@ class RecordLive:
                 dirty[board.board_id] |= self._contribute(pipe, board, event, event.team_id)
                 mvp += 1
             for board_id, args in hot.items():
-                hot_keys = self._hot_keys(board_id)
-                pipe.fcall(HOT_ADD_FUNCTION, len(hot_keys), *hot_keys, HOT_TTL_MS, *args)
+                window_keys = hot_keys(self._keys, board_id)
+                pipe.fcall(HOT_ADD_FUNCTION, len(window_keys), *window_keys, HOT_TTL_MS, *args)
             for board_id, marks in dirty.items():
                 if marks:
                     pipe.sadd(self._keys.mvp_dirty(board_id), *marks)
             await pipe.execute()
         RECORDED.labels("hot").inc(sum(len(args) // 4 for args in hot.values()))
         RECORDED.labels("mvps").inc(mvp)
-
-    def _hot_keys(self, board_id: str) -> list[str]:
-        return hot_keys(self._keys, board_id)
 
     def _contribute(
         self, pipe: Any, board: Board, event: ScoreAccepted, team: str

@@ -76,7 +76,7 @@ local function hot_ranked(window, rank)
     local count = tonumber(fields[j + 1])
     if string.sub(fields[j], 1, 2) == 'c:' and count > 0 then
       local user = string.sub(fields[j], 3)
-      members[#members + 1] = fmt(0 - tonumber(sums[user] or 0) / count)
+      members[#members + 1] = 0 - tonumber(sums[user] or 0) / count
       members[#members + 1] = hot_rank_member(user, count)
     end
   end
