@@ -3,9 +3,10 @@
 A handler is ``async def handle(events: list[ScoreAccepted]) -> None``; it never sees an AMQP
 object. The runner collects deliveries into a batch (up to ``batch_size`` messages, each
 carrying one event or several, or whatever arrived within ``flush_ms`` of the first, or until
-no message came for ``IDLE_GAP_SECONDS``, so that a lone message is not held back the whole
-``flush_ms``: it is on the way of every push), calls the handler once, and only when it returns
-acks the whole batch with one ``multiple`` ack.
+no message came for ``idle_gap``, so that a lone message is not held back the whole
+``flush_ms``: it is on the way of every push; a consumer off the push path, the history writer or
+the aggregator, takes the whole window instead, and its batches fill), calls the handler once, and
+only when it returns acks the whole batch with one ``multiple`` ack.
 
 What fails, and what the runner does (docs/reliability.md, "A handler failure"):
 
@@ -75,6 +76,9 @@ class ConsumerRunner:
     prefetch: int = 256
     batch_size: int = 500
     flush_ms: int = 50
+    # How long a pause in the stream ends a batch before flush_ms; None: the batch takes all of
+    # flush_ms (a consumer off the push path, whose batches may fill).
+    idle_gap: float | None = IDLE_GAP_SECONDS
     connection: AbstractRobustConnection | None = None
     _inbox: asyncio.Queue[AbstractIncomingMessage] = field(default_factory=asyncio.Queue)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
@@ -169,7 +173,8 @@ class ConsumerRunner:
                 remaining = deadline - loop.time()
                 if count >= self.batch_size or remaining <= 0:
                     break
-                more = await self._next(min(remaining, IDLE_GAP_SECONDS))
+                gap = remaining if self.idle_gap is None else min(remaining, self.idle_gap)
+                more = await self._next(gap)
                 if more is None:
                     break
                 batch.append(more)

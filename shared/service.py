@@ -46,6 +46,7 @@ class Batching(TypedDict, total=False):
 
     batch_size: int
     flush_ms: int
+    idle_gap: float | None
 
 
 def consumer(

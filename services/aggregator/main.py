@@ -106,8 +106,10 @@ async def run(settings: LadderSettings) -> None:
         )
         # Erased users' and deleted boards' events in flight change no view.
         tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+        # Off the push path (its views are pushed by its tickers): a batch takes its whole
+        # window and fills.
         runner = service.consumer(
-            "aggregator", settings, skipping("aggregator", tombstones, handler)
+            "aggregator", settings, skipping("aggregator", tombstones, handler), idle_gap=None
         )
 
         async def ticker(stop: asyncio.Event) -> None:

@@ -59,6 +59,8 @@ async def run(settings: LadderSettings) -> None:
                 handler,
                 batch_size=settings.history_batch,
                 flush_ms=settings.history_flush_ms,
+                # Off the push path: a batch takes its whole window and fills.
+                idle_gap=None,
             )
 
             async def ticker(stop: asyncio.Event) -> None:
