@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from aio_pika.abc import AbstractChannel
 from redis import Redis as SyncRedis
 from redis import RedisError
 from redis.asyncio import Redis
@@ -131,6 +132,17 @@ async def broker(settings: LadderSettings) -> AsyncIterator[Topology]:
     async with connection:
         channel = await connection.channel()
         await topology.delete(channel)
+
+
+@pytest.fixture
+async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[AbstractChannel]:
+    """A confirming channel on which the test's topology (``broker``) exists, so nothing
+    published before a consumer starts is lost."""
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        chan = await connection.channel(publisher_confirms=True)
+        await broker.declare(chan)
+        yield chan
 
 
 @pytest.fixture

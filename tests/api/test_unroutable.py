@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ import pytest
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 from redis.asyncio import Redis
 
-from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
@@ -28,15 +26,6 @@ from tests.helpers import api_client, eventually
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
 EVENTS = 6
-
-
-@pytest.fixture
-async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[AbstractChannel]:
-    connection = await connect_broker(settings.amqp_urls)
-    async with connection:
-        chan = await connection.channel()
-        await broker.declare(chan)
-        yield chan
 
 
 async def queues_of(

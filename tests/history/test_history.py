@@ -21,7 +21,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history import main as history_main
 from services.history.handlers import HistoryHandler
 from services.history.migrate import SchemaNotReady, check_schema, migrate
-from shared.amqp import connect as connect_broker
 from shared.consumer import ConsumerRunner
 from shared.db import BadCursor, count_events, open_engine, score_events, user_events
 from shared.events import ScoreAccepted, message_body
@@ -236,17 +235,6 @@ async def test_the_service_refuses_an_unmigrated_database(settings: LadderSettin
 
 
 # --- through the broker --------------------------------------------------------------------
-
-
-@pytest.fixture
-async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[AbstractChannel]:
-    """A channel on which the test's topology exists, so nothing published before the
-    consumer starts is lost."""
-    connection = await connect_broker(settings.amqp_urls)
-    async with connection:
-        chan = await connection.channel(publisher_confirms=True)
-        await broker.declare(chan)
-        yield chan
 
 
 async def publish(channel: AbstractChannel, topology: Topology, body: bytes) -> None:

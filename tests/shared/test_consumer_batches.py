@@ -4,14 +4,14 @@ broker: a pause ends a batch on the push path; off it, a batch takes its whole w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import aio_pika
-import pytest
 from aio_pika.abc import AbstractChannel
 
-from shared.amqp import connect as connect_broker
 from shared.consumer import IDLE_GAP_SECONDS, ConsumerRunner
 from shared.events import ScoreAccepted, message_body
 from shared.settings import LadderSettings
@@ -19,19 +19,10 @@ from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
 
 WAIT = 15.0
-# Between two messages: several times the idle gap, well inside the window.
+# Between two messages: ten times the push path's gap, well inside the window.
 SPACING = 0.03
 WINDOW_MS = 2_000
 MESSAGES = 4
-
-
-@pytest.fixture
-async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[AbstractChannel]:
-    connection = await connect_broker(settings.amqp_urls)
-    async with connection:
-        chan = await connection.channel(publisher_confirms=True)
-        await broker.declare(chan)
-        yield chan
 
 
 class Batches:
@@ -51,9 +42,12 @@ class Batches:
             await self._progress.wait_for(lambda: sum(map(len, self.seen)) >= count)
 
 
-async def _batches_of_spaced_messages(
-    settings: LadderSettings, broker: Topology, channel: AbstractChannel, idle_gap: float | None
-) -> list[list[str]]:
+@contextlib.asynccontextmanager
+async def consuming(
+    settings: LadderSettings, broker: Topology, idle_gap: float | None
+) -> AsyncIterator[Batches]:
+    """A runner with a long window and ``idle_gap``, consuming before the test publishes (else
+    the queue would hand what was published before together)."""
     handler = Batches()
     runner = ConsumerRunner(
         name="history",
@@ -65,35 +59,43 @@ async def _batches_of_spaced_messages(
     )
     task = asyncio.create_task(runner.run())
     try:
-        # Consuming before the first publish, or the queue would hand them over together.
         async with asyncio.timeout(WAIT):
             # Polling: the runner has no event for being ready.
             while not runner.ready:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
-        exchange = await channel.get_exchange(broker.scores_exchange)
-        for i in range(MESSAGES):
-            body = message_body([accepted(f"e-{i}").model_dump_json()])
-            message = aio_pika.Message(body, message_id=uuid.uuid4().hex)
-            await exchange.publish(message, routing_key="")
-            await asyncio.sleep(SPACING)
-        await handler.wait_events(MESSAGES)
+        yield handler
     finally:
         runner.stop()
         await asyncio.wait_for(task, WAIT)
-    return handler.seen
 
 
-async def test_on_the_push_path_a_pause_hands_each_message_over(
+async def publish(channel: AbstractChannel, broker: Topology, event_id: str) -> None:
+    exchange = await channel.get_exchange(broker.scores_exchange)
+    body = message_body([accepted(event_id).model_dump_json()])
+    await exchange.publish(aio_pika.Message(body, message_id=uuid.uuid4().hex), routing_key="")
+
+
+async def test_on_the_push_path_a_lone_message_is_handed_over_at_once(
     settings: LadderSettings, broker: Topology, channel: AbstractChannel
 ) -> None:
-    seen = await _batches_of_spaced_messages(settings, broker, channel, IDLE_GAP_SECONDS)
-    # Each message came after a pause longer than the gap: none waited for the next.
-    assert seen == [[f"e-{i}"] for i in range(MESSAGES)]
+    async with consuming(settings, broker, IDLE_GAP_SECONDS) as handler:
+        for i in range(MESSAGES):
+            started = time.monotonic()
+            await publish(channel, broker, f"e-{i}")
+            await handler.wait_events(i + 1)
+            # Handed over after the pause that followed it, not at the end of the window.
+            assert time.monotonic() - started < WINDOW_MS / 1000 / 2
+    assert handler.seen == [[f"e-{i}"] for i in range(MESSAGES)]
 
 
 async def test_off_the_push_path_a_batch_fills_its_window(
     settings: LadderSettings, broker: Topology, channel: AbstractChannel
 ) -> None:
-    seen = await _batches_of_spaced_messages(settings, broker, channel, None)
-    # All came within the window of the first: one batch, one handler call.
-    assert seen == [[f"e-{i}" for i in range(MESSAGES)]]
+    async with consuming(settings, broker, None) as handler:
+        for i in range(MESSAGES):
+            await publish(channel, broker, f"e-{i}")
+            # Pauses of ten times the push path's gap, all within the window of the first.
+            await asyncio.sleep(SPACING)
+        await handler.wait_events(MESSAGES)
+    # One batch, one handler call.
+    assert handler.seen == [[f"e-{i}" for i in range(MESSAGES)]]
