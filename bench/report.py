@@ -91,16 +91,27 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
   scheduling delay on two shared cores, far above p50. The bare endpoint under the same rate
   (U's POST rows) is the floor; the ratios to it are Ladder's own cost, which shrinks with the
-  API's per-request CPU above.
+  API's per-request CPU above. The pipeline's CPU an event also grows as the rate falls: at
+  about 350 POSTs a second each relay message, consumer batch and Redis call carries a few
+  events instead of about seventy, and all processes took about 4,400 µs an event against the
+  saturated phase's 1,600 (docs/architecture.md, "What bounds it"), so half the API's rate
+  nearly fills the two cores. The history writer and the aggregator, off the push path, wait
+  out their 50 ms batch window for that reason; the notifier, on it, hands a batch over after
+  a 3 ms pause.
 - **Reads on the million-member board.** Each read validates its query in one step and
   answers with one Redis Function call (O(log n): `ZREVRANK`, `ZREVRANGE`); the friends scope
-  takes two (the friend set is a key of the user). The p50s are 2 to 4 U, the p99s about 3 U.
+  takes two (the friend set is a key of the user). In the run of 2026-12-02 16:18 UTC (load
+  average 0.8 at its start) the p50s were 2 to 3 U and the p99s about 3 U; in that of
+  2026-12-03 06:19 (1.2 at its start, 2.9 at its end, just after a CI run) 3 to 8 U and 4 to
+  8 U.
   The p99s were 16 to 63 U while the hot view's tick read every user of its window: after the
   batch phase those calls held Redis 45 to 100 ms a second, and the reads waited behind them
   (docs/architecture.md, "Live views"). Each window now keeps its users ranked, and no hot call
   holds Redis more than a few milliseconds. What is left is the API's own cost: about 1,000 µs
   of Python a read against the bare endpoint's 330 (measured in-process by
-  `python -m bench.read_cpu`). What would move it: a read path without FastAPI.
+  `python -m bench.read_cpu`). The board page and the standing are called without FastAPI's
+  request handler, as the score POST is (about 100 Python calls a read fewer). What would move
+  it: less of Starlette's routing and middleware a read, or more cores.
 - **One primary against three, and `WAIT`** (the rows "1 primary" and "3 primaries", ratios
   P to one primary with a replica and no `WAIT`, on the phase's private servers). On two
   cores, three primaries and their replicas share the same two cores with the API and wrk, so
