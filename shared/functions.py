@@ -71,8 +71,9 @@ HOT_TRIM_FUNCTION = "ladder_hot_trim_v2"
 """Move the hot view's windows forward, taking out what they leave behind. (v2: the windows'
 rankings and the board's hidden users as keys; at most a step of events a call, and, once every
 window is caught up, each one's top from its ranking.)"""
-CONTRIBUTE_FUNCTION = "ladder_contribute_v3"
-"""Count one event toward its member's team contribution (the MVP view), once."""
+CONTRIBUTE_FUNCTION = "ladder_contribute_v4"
+"""Count a batch of one board's team events toward their members' team contributions (the MVP
+view), each once. (v4: a batch a call, its increments summed, in place of one event a call.)"""
 DERIVE_FUNCTION = "ladder_derive_v3"
 """Apply a batch of a board's events to the views derived from them (team boards, feed,
 players, event counts, regions, users' regions and teams), once per event; and sync the pairs

@@ -4,13 +4,15 @@ Consumed events are recorded in Redis, idempotently and with no regard to order:
 
 - each on-time event of the last 60 s becomes one member of the board's hot set, named by its
   event id and user (an event id belongs to its board and user), and is added to the per-user
-  sum and count of each window it is inside; one ``ladder_hot_add_v1`` call per board and batch
-  does both, for each event whose member is new, so a redelivery adds nothing;
+  sum and count of each window it is inside; one ``ladder_hot_add_v2`` call per board and up
+  to ``HOT_ADD_STEP`` events of a batch does both, for each event whose member is new, so a
+  redelivery adds nothing;
 - each team event of an ``incr`` board adds its value to its member's contribution to the team
-  in every period, once per event (``ladder_contribute_v3``: the aggregator's mark in the
-  event's record, shared/lua/live.lua, and the increments in one atomic step).
+  in every period, once per event (``ladder_contribute_v4``, one call per board and up to
+  ``CONTRIBUTE_STEP`` events of a batch: each event's mark in its record, shared/lua/live.lua,
+  and the summed increments in one atomic step).
 
-On the ticker each window's start moves up to the clock (``ladder_hot_trim_v1`` takes the
+On the ticker each window's start moves up to the clock (``ladder_hot_trim_v2`` takes the
 events it leaves out of its sums, so a tick costs what arrived and left since the last one plus
 one read per window of its users' sums), and the MVPs of each
 current period whose contributions changed (or, at least every ``FULL_PASS_SECONDS``, all of
@@ -24,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from prometheus_client import Counter
@@ -51,6 +53,10 @@ HOT_TTL_MS = 2 * HOT_SPAN_MS
 HOT_VIEW_TTL_SECONDS = HOT_TTL_MS // 1000
 FULL_PASS_SECONDS = 30.0
 CALL_MEMO = 4096
+# Events a call takes at most: a few milliseconds of Redis each (a backlog's batch of thousands
+# in one call held every other client for a tenth of a second and more).
+CONTRIBUTE_STEP = 50
+HOT_ADD_STEP = 250
 # Events a hot trim call takes out of each window, at most about: a few milliseconds of Redis.
 TRIM_STEP = 100
 
@@ -79,53 +85,79 @@ class RecordLive:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
         hot: dict[str, list[object]] = defaultdict(list)  # board -> hot_add's event arguments
-        dirty: dict[str, set[str]] = defaultdict(set)  # board -> "<period>|<period_id>"
+        teams: dict[str, list[ScoreAccepted]] = defaultdict(list)  # board -> its team events
         boards: dict[str, Board | None] = {}  # looked up once a batch
-        mvp = 0
+        for event in events:
+            occurred = _ms(event.occurred_at)
+            if is_on_time(event) and occurred > horizon:
+                hot[event.board_id] += [hot_member(event), occurred, event.user_id, event.value]
+            if event.team_id is None:
+                continue
+            if event.board_id in boards:
+                board = boards[event.board_id]
+            else:
+                board = boards[event.board_id] = await self._catalog.get(event.board_id)
+            if board is not None and board.operator == "incr":
+                teams[board.board_id].append(event)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for event in events:
-                occurred = _ms(event.occurred_at)
-                if is_on_time(event) and occurred > horizon:
-                    hot[event.board_id] += [hot_member(event), occurred, event.user_id, event.value]
-                if event.team_id is None:
-                    continue
-                if event.board_id in boards:
-                    board = boards[event.board_id]
-                else:
-                    board = boards[event.board_id] = await self._catalog.get(event.board_id)
-                if board is None or board.operator != "incr":
-                    continue
-                dirty[board.board_id] |= self._contribute(pipe, board, event, event.team_id)
-                mvp += 1
             for board_id, args in hot.items():
                 window_keys = hot_keys(self._keys, board_id)
-                pipe.fcall(HOT_ADD_FUNCTION, len(window_keys), *window_keys, HOT_TTL_MS, *args)
-            for board_id, marks in dirty.items():
-                if marks:
-                    pipe.sadd(self._keys.mvp_dirty(board_id), *marks)
+                for start in range(0, len(args), 4 * HOT_ADD_STEP):
+                    step = args[start : start + 4 * HOT_ADD_STEP]
+                    pipe.fcall(HOT_ADD_FUNCTION, len(window_keys), *window_keys, HOT_TTL_MS, *step)
+            for board_id, team_events in teams.items():
+                board = boards[board_id]
+                assert board is not None
+                dirty: set[str] = set()
+                for start in range(0, len(team_events), CONTRIBUTE_STEP):
+                    chunk = team_events[start : start + CONTRIBUTE_STEP]
+                    call_keys, call_args = self._contribution(board, chunk, dirty)
+                    pipe.fcall(CONTRIBUTE_FUNCTION, len(call_keys), *call_keys, *call_args)
+                if dirty:
+                    pipe.sadd(self._keys.mvp_dirty(board_id), *dirty)
             await pipe.execute()
         RECORDED.labels("hot").inc(sum(len(args) // 4 for args in hot.values()))
-        RECORDED.labels("mvps").inc(mvp)
+        RECORDED.labels("mvps").inc(sum(len(team_events) for team_events in teams.values()))
 
-    def _contribute(
-        self, pipe: Any, board: Board, event: ScoreAccepted, team: str
-    ) -> frozenset[str]:
-        """Queue the event's ``ladder_contribute_v3`` call; the periods it marks dirty."""
+    def _contribution(
+        self, board: Board, events: list[ScoreAccepted], dirty: set[str]
+    ) -> tuple[list[str], list[object]]:
+        """``ladder_contribute_v4``'s keys and arguments for team ``events`` of ``board``; the
+        periods they mark dirty are added to ``dirty``."""
         bid = board.board_id
-        periods = tuple((period, result.period_id) for period, result in event.periods.items())
-        memo = (bid, team, periods)
+        seen: list[str] = []
+        event_args: list[object] = []
+        groups: dict[tuple[str, tuple[tuple[Period, str], ...]], int] = {}
+        group_keys: list[str] = []
+        group_args: list[object] = []
+        for event in events:
+            team = cast(str, event.team_id)
+            periods = tuple((period, result.period_id) for period, result in event.periods.items())
+            group = groups.get((team, periods))
+            if group is None:
+                view_keys, expiries, marks = self._views_of(board, team, periods)
+                group = groups[(team, periods)] = len(groups) + 1
+                # Where the group's keys will start in KEYS, after every event's seen keys.
+                group_args += [3 * len(events) + len(group_keys) + 1, len(expiries), *expiries]
+                group_keys += view_keys
+                dirty |= marks
+            seen += seen_keys(self._keys, bid, "aggregator", event.event_id, event.user_id)
+            event_args += [event.value, event.user_id, _ms(event.accepted_at), team, group]
+        call_args = [SEEN_TTL_SECONDS, len(events), len(groups), *event_args, *group_args]
+        return seen + group_keys, call_args
+
+    def _views_of(
+        self, board: Board, team: str, periods: tuple[tuple[Period, str], ...]
+    ) -> tuple[tuple[str, ...], tuple[int, ...], frozenset[str]]:
+        """:meth:`_call_of`, remembered for this very definition (the catalog hands out a new
+        one when it re-reads it)."""
+        memo = (board.board_id, team, periods)
         known = self._calls.get(memo)
-        # Made for this very definition (the catalog hands out a new one when it re-reads it).
         if known is None or known[0] is not board:
             if len(self._calls) >= CALL_MEMO:
                 self._calls.clear()
             known = self._calls[memo] = (board, *self._call_of(board, team, periods))
-        _, view_keys, expiries, dirty = known
-        seen = seen_keys(self._keys, bid, "aggregator", event.event_id, event.user_id)
-        args = (SEEN_TTL_SECONDS, event.value, event.user_id, team, _ms(event.accepted_at))
-        call_keys = (*seen, *view_keys)
-        pipe.fcall(CONTRIBUTE_FUNCTION, len(call_keys), *call_keys, *args, *expiries)
-        return dirty
+        return known[1], known[2], known[3]
 
     def _call_of(
         self, board: Board, team: str, periods: tuple[tuple[Period, str], ...]

@@ -279,26 +279,90 @@ local function mark(keys, args)
 end
 
 --[[
-Count one event toward its member's team contribution in every period, exactly once (the MVP
-view). KEYS: the event's three seen keys (as seen's), then two per period: the
-team's member contributions (zset), the period's user -> "<accepted ms>|<team>" hash.
-ARGV: seen ttl, value, user, team, accepted at (ms), then per period its expire-at (0: never).
-The user's team in a period is the one its latest accepted event named. Returns 1 if counted
-now, 0 if the event had been counted before.
+Count a batch of one board's team events toward their members' team contributions in every
+period, each event exactly once (the MVP view). KEYS: each event's three seen keys (as seen's),
+then the views: two keys a period of each group of events that share a team and periods (the
+team's member contributions, a zset; the period's user -> "<accepted ms>|<team>" hash).
+ARGV: seen ttl, event count, group count; then five an event: value, user, accepted at (ms),
+team, its group (1-based); then each group: the index in KEYS of its first view key, its period
+count, and each period's expire-at (0: never).
+The user's team in a period is the one its latest accepted event named (of equal times, the
+later in the batch). The events a call counts are summed before they are written: one ZINCRBY
+a member and team, one HGET (and HSET) a user and period, one EXPIREAT a key, however many of
+the batch's events name them. Returns how many events were counted now (the others had been
+counted before, or came twice in the batch).
 ]]
-local function contribute(keys, args)
-  if mark_seen(keys[1], keys[2], keys[3], 'aggregator', tonumber(args[1])) then return 0 end
-  local value, user, team, accepted = tonumber(args[2]), args[3], args[4], tonumber(args[5])
-  for i = 1, (#keys - 3) / 2 do
-    local members, teams, at = keys[2 * i + 2], keys[2 * i + 3], tonumber(args[5 + i])
-    redis.call('ZINCRBY', members, value, user)
-    local latest = redis.call('HGET', teams, user)
-    if not latest or tonumber(string.match(latest, '^(%d+)|')) <= accepted then
-      redis.call('HSET', teams, user, args[5] .. '|' .. team)
+local CONTRIBUTE_EVENT_ARGS = 5
+
+local function contribution_groups(keys, args, first_arg)
+  local groups, a = {}, first_arg
+  for g = 1, tonumber(args[3]) do
+    local key, periods, views = tonumber(args[a]), tonumber(args[a + 1]), {}
+    for i = 1, periods do
+      views[i] = {members = keys[key + 2 * i - 2], teams = keys[key + 2 * i - 1],
+                  at = tonumber(args[a + 1 + i])}
     end
-    expire({members, teams}, at)
+    groups[g] = views
+    a = a + 2 + periods
   end
-  return 1
+  return groups
+end
+
+-- What a batch does to one key, by user: `users` in the order first met, `by[user]` the value.
+local function per_key(t, order, key)
+  local found = t[key]
+  if found == nil then
+    found = {users = {}, by = {}}
+    t[key] = found
+    order[#order + 1] = key
+  end
+  return found
+end
+
+local function per_user(found, user)
+  if found.by[user] == nil then found.users[#found.users + 1] = user end
+  return found.by[user]
+end
+
+local function contribute(keys, args)
+  local ttl, n = tonumber(args[1]), tonumber(args[2])
+  local groups = contribution_groups(keys, args, 4 + CONTRIBUTE_EVENT_ARGS * n)
+  local sums, sum_keys, latest, latest_keys, expiries = {}, {}, {}, {}, {}
+  local counted = 0
+  for e = 1, n do
+    local s, a = 3 * (e - 1), 4 + CONTRIBUTE_EVENT_ARGS * (e - 1)
+    if not mark_seen(keys[s + 1], keys[s + 2], keys[s + 3], 'aggregator', ttl) then
+      counted = counted + 1
+      local value, user, accepted = tonumber(args[a]), args[a + 1], args[a + 2]
+      local team, ms = args[a + 3], tonumber(accepted)
+      for _, v in ipairs(groups[tonumber(args[a + 4])]) do
+        local sum = per_key(sums, sum_keys, v.members)
+        sum.by[user] = (per_user(sum, user) or 0) + value
+        local last = per_key(latest, latest_keys, v.teams)
+        local before = per_user(last, user)
+        if before == nil or before.ms <= ms then
+          last.by[user] = {ms = ms, value = accepted .. '|' .. team}
+        end
+        expiries[v.members], expiries[v.teams] = v.at, v.at
+      end
+    end
+  end
+  for _, key in ipairs(sum_keys) do
+    local sum = sums[key]
+    for _, user in ipairs(sum.users) do redis.call('ZINCRBY', key, fmt(sum.by[user]), user) end
+    expire({key}, expiries[key])
+  end
+  for _, key in ipairs(latest_keys) do
+    local last = latest[key]
+    for _, user in ipairs(last.users) do
+      local stored, mine = redis.call('HGET', key, user), last.by[user]
+      if not stored or tonumber(string.match(stored, '^(%d+)|')) <= mine.ms then
+        redis.call('HSET', key, user, mine.value)
+      end
+    end
+    expire({key}, expiries[key])
+  end
+  return counted
 end
 
 redis.register_function(FUNCTIONS.hot_add, hot_add)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import uuid
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +24,7 @@ import pytest
 import websockets
 from redis.asyncio import Redis
 
+from services.aggregator import live_tracker
 from services.aggregator.derive import Derive
 from services.aggregator.handlers import Each, MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
@@ -304,6 +307,45 @@ async def test_a_user_who_changes_team_ranks_with_its_latest_team(
         ("u-2", "red", 10, 40),
     ]
     assert [e["share"] for e in body["entries"]] == [0.75, 0.25, 0.25]
+
+
+async def test_a_batch_larger_than_a_call_counts_as_its_events_one_by_one(
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch goes in calls of a few events each (``CONTRIBUTE_STEP``, ``HOT_ADD_STEP``), the
+    contributions of a call summed before they are written: the totals and latest teams still
+    equal what the events give one by one in the order delivered, the hot set holds each event
+    once, and a redelivery, whole or in part, adds nothing."""
+    monkeypatch.setattr(live_tracker, "CONTRIBUTE_STEP", 7)
+    monkeypatch.setattr(live_tracker, "HOT_ADD_STEP", 5)
+    draw = random.Random(7)
+    async with api_client(quiet) as client:
+        for _ in range(60):
+            team = draw.choice(("red", "blue", "green"))
+            user = f"u-{draw.randrange(6)}"
+            await post(client, user_id=user, value=draw.randint(1, 50), team_id=team)
+    events = await outbox(redis, keys)
+    draw.shuffle(events)
+    record = recorder(redis, keys)
+    await record(events)
+    await record(events)
+    await record(events[:25])
+    sums: dict[tuple[str, str, str, str], float] = defaultdict(float)
+    latest: dict[tuple[str, str, str], tuple[int, str]] = {}
+    for event in events:  # in the order delivered: of equal times, the later one's team
+        accepted = int(event.accepted_at.timestamp() * 1000)
+        for period, result in event.periods.items():
+            sums[(period, result.period_id, str(event.team_id), event.user_id)] += event.value
+            at = (period, result.period_id, event.user_id)
+            if at not in latest or latest[at][0] <= accepted:
+                latest[at] = (accepted, str(event.team_id))
+    for (period, period_id, team, user), total in sums.items():
+        members = keys.team_members("main", period, period_id, team)
+        assert await redis.zscore(members, user) == total
+    for (period, period_id, user), (accepted, team) in latest.items():
+        stored = await redis.hget(keys.member_team("main", period, period_id), user)
+        assert stored == f"{accepted}|{team}"
+    assert await redis.zcard(keys.hot_events("main")) == len(events)
 
 
 # --- bad input ---------------------------------------------------------------------------------
