@@ -74,10 +74,12 @@ window is caught up, each one's top from its ranking.)"""
 CONTRIBUTE_FUNCTION = "ladder_contribute_v4"
 """Count a batch of one board's team events toward their members' team contributions (the MVP
 view), each once. (v4: a batch a call, its increments summed, in place of one event a call.)"""
-DERIVE_FUNCTION = "ladder_derive_v3"
+DERIVE_FUNCTION = "ladder_derive_v4"
 """Apply a batch of a board's events to the views derived from them (team boards, feed,
 players, event counts, regions, users' regions and teams), once per event; and sync the pairs
-the events changed into the regional boards' distinct-score sets, where they have one."""
+the events changed into the regional boards' distinct-score sets, where they have one. (v4: each
+period's keys once a call, each event naming its periods by number, in place of every event
+naming every key of its periods.)"""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v2"

@@ -5,10 +5,10 @@ boards' distinct-score sets where dense reads asked for them (docs/architecture.
 on demand"): each pair an event's entry took or left is synced to whether the view still holds
 it, which is right in any order and on any redelivery.
 
-One ``ladder_derive_v3`` call per board and batch (shared/lua/derive.lua), the events in the
-order the stream delivered them (the order the write accepted them: the outbox's), applies each
-event whose record still has its derive-pending bit and clears the bit in the same atomic step,
-so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
+One ``ladder_derive_v4`` call per board and up to ``CHUNK`` events of a batch
+(shared/lua/derive.lua), the events in the order the stream delivered them (the order the write
+accepted them: the outbox's), applies each event whose record still has its derive-pending bit
+and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
 field ``derived``: the reads of these views say how far behind they may trail with it.
 
 A team sum the write used to refuse (a 422 ``range``: beyond ±(2**53 - 1)) the aggregator cannot
@@ -49,6 +49,20 @@ LEFT_OUT = Counter(
 CHUNK = 100
 
 
+def _period_keys(keys: Keys, board_id: str, period: Period, period_id: str) -> list[str]:
+    """A period's keys as derive.lua takes them: regions, players, event count, then the team
+    board with its distinct set and tie keys (read on boards that sum teams)."""
+    teams = keys.teams_view(board_id, period, period_id)
+    return [
+        keys.regions(board_id, period, period_id),
+        keys.players(board_id, period, period_id),
+        keys.event_count(board_id, period, period_id),
+        teams,
+        keys.distinct(teams),
+        keys.ties(teams),
+    ]
+
+
 class Derive:
     """The consumer's part: apply a batch's events to the derived views, once each."""
 
@@ -67,8 +81,9 @@ class Derive:
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str
     ) -> tuple[list[str], list[str | int]]:
-        """``ladder_derive_v3``'s keys and arguments for ``events`` of ``board``, in the order
-        they were accepted."""
+        """``ladder_derive_v4``'s keys and arguments for ``events`` of ``board``, in the order
+        they were accepted: each period's keys once, and each event naming its periods by
+        number."""
         keys, bid = self._keys, board.board_id
         sums_teams = board.operator == "incr"
         call_keys: list[str] = [keys.feed(bid), keys.user_team(bid), keys.as_of(bid)]
@@ -81,9 +96,16 @@ class Derive:
             args.append(len(pairs))
             for score, sub in pairs:
                 args += [score, sub]
+        numbers: dict[tuple[Period, str], int] = {}  # each period of the batch: its number
+        event_keys: list[str] = []
+        event_args: list[str | int] = []
         for event in events:
-            periods = [(p, r.period_id) for p, r in event.periods.items() if p in board.periods]
-            call_keys += [
+            mine: list[int] = []
+            for period, result in event.periods.items():
+                if period in board.periods:
+                    at = (period, result.period_id)
+                    mine.append(numbers.setdefault(at, len(numbers) + 1))
+            event_keys += [
                 keys.idempotency(bid, event.event_id, event.user_id),
                 keys.legacy_idempotency(bid, event.event_id),
                 keys.user_regions(bid, event.user_id),
@@ -91,19 +113,14 @@ class Derive:
             # The tie key the write gave the event (shared/submit.py): its team reached its sum
             # then.
             sub = sub_part(event.subscore, board.subscore_order)
-            args += [len(periods), feed_entry(event), event.user_id, event.region]
-            args += [event.team_id or "", event.value, tie_key(reached_ms(event.occurred_at), sub)]
-            for period, period_id in periods:
-                call_keys += [
-                    keys.regions(bid, period, period_id),
-                    keys.players(bid, period, period_id),
-                    keys.event_count(bid, period, period_id),
-                ]
-                if sums_teams and event.team_id:
-                    team = keys.teams_view(bid, period, period_id)
-                    call_keys += [team, keys.distinct(team), keys.ties(team)]
-                args.append(self._expiry(board, period, period_id))
-        return call_keys, args
+            event_args += [len(mine), *mine, feed_entry(event), event.user_id, event.region]
+            event_args += [event.team_id or "", event.value]
+            event_args.append(tie_key(reached_ms(event.occurred_at), sub))
+        args.append(len(numbers))
+        for period, period_id in numbers:
+            call_keys += _period_keys(keys, bid, period, period_id)
+            args.append(self._expiry(board, period, period_id))
+        return call_keys + event_keys, args + event_args
 
     def _changed_pairs(
         self, board: Board, events: list[ScoreAccepted]

@@ -142,24 +142,40 @@ end
 --[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
 the stream keeps), so that the feed is newest first and each team reached its sum when the
-write would have; at most a thousand (CHUNK in services/aggregator/derive.py), each key's
+write would have; at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
 KEYS: feed, user team, the board's as_of hash; then three per regional board whose entries the
-      batch changed: the board, its distinct set, the set being built; then three per event:
-      its record, the record of the layout before (its board and id alone: an event accepted
-      before ids were scoped to users waits there, live.lua's record_of_event()), the user's
-      regions; then per period of the event: regions set, players, event
-      count, and on an incr board for an event with a team, the team board, its distinct set,
-      its tie keys.
+      batch changed: the board, its distinct set, the set being built; then six per period of
+      the batch (each period id once, however many events name it): regions set, players,
+      event count, team board, its distinct set, its tie keys; then three per event: its
+      record, the record of the layout before (its board and id alone: an event accepted before
+      ids were scoped to users waits there, live.lua's record_of_event()), the user's regions.
 ARGV: feed length, as_of (RFC 3339), '1' if the board sums teams (incr), '1' descending / '0'
       ascending, the largest score held exactly, how many regional boards; then per regional
       board: how many pairs, then each pair's signed score and subscore part (sync_pairs());
-      then per event: its period count, its feed entry (JSON), user, region, team ('' none),
-      value, tie key, then per period its expire-at (0: never).
+      then how many periods, and each one's expire-at (0: never); then per event: its period
+      count, the (1-based) number of each of its periods, its feed entry (JSON), user, region,
+      team ('' none), value, tie key.
 Sets the as_of hash's 'derived' field to as_of. Returns {events applied now, team sums left
 out (beyond the exact scores)}. The pairs are synced whether or not their events are still
 pending: a sync is idempotent.
 ]]
+local KEYS_PER_DERIVED_PERIOD = 6
+
+-- The batch's periods (KEYS from ki, expiries in ARGV from ai), as derive_events() takes them:
+-- with their team board where the board sums teams. Returns them and the next KEYS and ARGV.
+local function derived_periods(keys, args, ki, ai, sums_teams)
+  local periods = {}
+  for i = 1, tonumber(args[ai]) do
+    local p = {regions = keys[ki], players = keys[ki + 1], events = keys[ki + 2],
+               expire = tonumber(args[ai + i])}
+    if sums_teams then p.teams = view_of(keys[ki + 3], keys[ki + 4], keys[ki + 5]) end
+    periods[i] = p
+    ki = ki + KEYS_PER_DERIVED_PERIOD
+  end
+  return periods, ki, ai + 1 + #periods
+end
+
 local function derive(keys, args)
   local ki, ai = 4, 7
   for _ = 1, tonumber(args[6]) do
@@ -169,23 +185,18 @@ local function derive(keys, args)
   end
   local sums_teams = args[3] == '1'
   local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
+  local batch_periods
+  batch_periods, ki, ai = derived_periods(keys, args, ki, ai, sums_teams)
   local k, evs = {feed = keys[1], user_team = keys[2], user_regions = {}, periods = {}}, {}
   while ai <= #args do
     local count, record = tonumber(args[ai]), record_of_event(keys[ki], keys[ki + 1])
-    local ev = {entry = args[ai + 1], user = args[ai + 2], region = args[ai + 3],
-                team = args[ai + 4], value = tonumber(args[ai + 5]), tie = args[ai + 6]}
-    local with_teams = sums_teams and ev.team ~= ''
-    local user_regions, periods = keys[ki + 2], {}
-    ki, ai = ki + 3, ai + 7
-    for i = 1, count do
-      periods[i] = {regions = keys[ki], players = keys[ki + 1], events = keys[ki + 2],
-                    expire = tonumber(args[ai])}
-      ki, ai = ki + 3, ai + 1
-      if with_teams then
-        periods[i].teams = view_of(keys[ki], keys[ki + 1], keys[ki + 2])
-        ki = ki + 3
-      end
-    end
+    local periods = {}
+    for i = 1, count do periods[i] = batch_periods[tonumber(args[ai + i])] end
+    ai = ai + 1 + count
+    local ev = {entry = args[ai], user = args[ai + 1], region = args[ai + 2],
+                team = args[ai + 3], value = tonumber(args[ai + 4]), tie = args[ai + 5]}
+    local user_regions = keys[ki + 2]
+    ki, ai = ki + 3, ai + 6
     -- Only events still pending, each once: a redelivered event, or one twice in the batch,
     -- finds its bit cleared.
     if pending(record) then
