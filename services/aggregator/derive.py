@@ -8,8 +8,9 @@ it, which is right in any order and on any redelivery.
 One ``ladder_derive_v4`` call per board and up to ``CHUNK`` events of a batch
 (shared/lua/derive.lua), the events in the order the stream delivered them (the order the write
 accepted them: the outbox's), applies each event whose record still has its derive-pending bit
-and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice. The call also sets the board's ``as_of``
-field ``derived``: the reads of these views say how far behind they may trail with it.
+and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice.
+The call also sets the board's ``as_of`` field ``derived``: the reads of these views say how far
+behind they may trail with it.
 
 A team sum the write used to refuse (a 422 ``range``: beyond ±(2**53 - 1)) the aggregator cannot
 refuse, the event being accepted already: the event is left out of that team's sum, which stays
