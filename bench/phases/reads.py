@@ -12,6 +12,8 @@ from bench.phases.baselines import Baselines
 from bench.report import Line, Note, Row, ms
 
 BOARD = "bench-reads"
+# The p99 of the rank and around-me reads, in U (issue 14).
+READ_P99_TARGET = 2.0
 
 
 async def measure(bench: Bench, base: Baselines) -> list[Line]:
@@ -53,8 +55,10 @@ async def read(bench: Bench, base: Baselines, name: str, paths: list[str]) -> li
     rows: list[Line] = []
     if result.non2xx:
         rows.append(Note(f"{name}: {result.non2xx} answers were not 2xx"))
-    # Ratios to the bare endpoint's answers at the same rate (U's GET rows).
-    target = "< 2 ms" if name != "top-100" else ""
+    # Ratios to the bare endpoint's answers at the same rate (U's GET rows); the target is one
+    # of them (issue 14: the rank and around-me p99s within twice the bare endpoint's).
+    p99_ratio = result.p99_ms / base.bare_read.p99_ms
+    target = f"≤ {READ_P99_TARGET:g} U" if name != "top-100" else ""
     rows += [
         Row(
             f"{name} read at 500 req/s: p50",
@@ -64,9 +68,9 @@ async def read(bench: Bench, base: Baselines, name: str, paths: list[str]) -> li
         Row(
             "  … p99",
             ms(result.p99_ms),
-            f"{result.p99_ms / base.bare_read.p99_ms:.1f} U",
+            f"{p99_ratio:.1f} U",
             target,
-            None if not target else result.p99_ms < 2,
+            None if not target else p99_ratio <= READ_P99_TARGET,
         ),
     ]
     return rows
