@@ -80,6 +80,18 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   arguments, no JSON built in Lua), several events a call for the batch endpoint, boards with
   fewer periods; past one Redis, boards spread over cluster shards (their keys share one hash
   tag per board already).
+- **The aggregator's share of Redis.** With `SLOWLOG` logging every command while one
+  aggregator drained a backlog of 14,000 batch-ingested events of board `main` (the commands a
+  function runs are logged too, which makes every figure somewhat high), its calls took about
+  140 µs of Redis an event for the merge (each event dirties a member in four periods; on a
+  private `redis-server` the merge alone costs 15 to 18 µs a member), 120 µs for the MVP
+  contributions, 50 µs for the derive step and 25 µs for the hot view. The contributions and
+  the derive step now go in calls of up to 50 and 100 events, the derive step naming each
+  period's keys once a call (its Redis time an event fell by about a fifth, the aggregator's
+  Python for it by about a third); what is left is their commands, a few an event and period,
+  which a call of many events shares only where a user comes back within it. What would move
+  it: fewer views kept an event (periods, MVPs), or a global view that Redis can combine from
+  whole regional boards (`ZUNIONSTORE`) rather than user by user.
 - **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
   several times the bare endpoint's (2 cores / U). Group commit shares the Redis round trip
   among concurrent POSTs, and the route is called without FastAPI's request handler. A py-spy
@@ -103,7 +115,10 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   takes two (the friend set is a key of the user). In the run of 2026-12-02 16:18 UTC (load
   average 0.8 at its start) the p50s were 2 to 3 U and the p99s about 3 U; in that of
   2026-12-03 06:19 (1.2 at its start, 2.9 at its end, just after a CI run) 3 to 8 U and 4 to
-  8 U.
+  8 U. The ratios lean on the bare endpoint's p99, which moves more than the reads' own: in two
+  runs 15 minutes apart on 2026-12-03 (09:05 and 09:20 UTC) it was 1.80 ms and 5.92 ms, the
+  rank and around-me p99s 10 and 8.7 ms, then 7.7 and 6.9 ms, so 5.6 and 4.8 U, then 1.3 and
+  1.2 U. A p99 within 2 U in one run is not yet a p99 that stays there.
   The p99s were 16 to 63 U while the hot view's tick read every user of its window: after the
   batch phase those calls held Redis 45 to 100 ms a second, and the reads waited behind them
   (docs/architecture.md, "Live views"). Each window now keeps its users ranked, and no hot call
