@@ -30,7 +30,6 @@ from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
 from tests.outage import Outage, redis_relayed, relayed
-from tests.stack import free_port
 
 WAIT = 30.0
 
@@ -95,9 +94,9 @@ async def take_all(channel: AbstractChannel, queue: str) -> list[AbstractIncomin
 async def history_service(settings: LadderSettings) -> AsyncIterator[None]:
     """``python -m services.history``'s run, in this process, for the block; stopped as a
     process manager stops it (SIGTERM)."""
-    service = asyncio.create_task(
-        history_main.run(settings.model_copy(update={"history_port": free_port()}))
-    )
+    # Port 0: the health server binds whatever port is free at that moment (a port picked
+    # before and bound later may be taken meanwhile; it was, once, on a busy rehearsal).
+    service = asyncio.create_task(history_main.run(settings.model_copy(update={"history_port": 0})))
     try:
         yield
         # Consuming means the service's signal handlers are in place.
