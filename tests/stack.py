@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,10 +29,30 @@ SERVICES = ("api", "aggregator", "history", "notifier")
 SUPERVISOR_CONF = str(ROOT / "deploy/supervisord.conf")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below the kernel's ephemeral range. A server binds it only later (a service
+    once it has started, RabbitMQ's distribution port well into its boot, and again on every
+    restart), and a port of the ephemeral range may meanwhile become the local end of any
+    outgoing connection on the machine: a port below it is taken only by someone who asks for
+    it by number."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def run(

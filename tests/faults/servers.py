@@ -35,7 +35,6 @@ import contextlib
 import getpass
 import os
 import pwd
-import random
 import shutil
 import signal
 import socket
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import redis
 
-from tests.stack import run, wait_for
+from tests.stack import free_port, run, wait_for
 
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 HOST = "127.0.0.1"
@@ -61,31 +60,6 @@ MYSQL_OS_USER = "mysql" if os.geteuid() == 0 else getpass.getuser()
 # Every server of this process, so that an interpreter ending without its fixtures' teardown
 # (an interrupted run) still leaves nothing running.
 _LIVE: set[PrivateServer] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range. A server binds it only later (RabbitMQ's
-    distribution port well into its boot, and again on every restart), and a port of the
-    ephemeral range may meanwhile become the local end of any outgoing connection on the
-    machine: a port below it is taken only by someone who asks for it by number."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _session_pids(sid: int) -> list[int]:
