@@ -3,6 +3,7 @@ them for the live views (:mod:`services.aggregator.live_tracker`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
@@ -57,3 +58,32 @@ class Each:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         for handler in self._handlers:
             await handler(events)
+
+
+class Alongside:
+    """Several handlers at once on every batch, for work that does not wait on the others': each
+    sends its own Redis calls one after another, and what one waits for (a reply) the others
+    fill. All of them run to their end; the first error, if any, is raised after, so that the
+    batch is delivered again (each handler being idempotent, what succeeded is done again as
+    nothing)."""
+
+    def __init__(self, *handlers: Callable[[list[ScoreAccepted]], Awaitable[None]]) -> None:
+        self._handlers = handlers
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        outcomes = await asyncio.gather(
+            *(handler(events) for handler in self._handlers), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+
+Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
+
+
+def aggregate(derive: Handler, mark_dirty: Handler, record_live: Handler) -> Handler:
+    """The aggregator's handler of a batch: derived first, so that a user the merge finds dirty
+    has its regions set already, then marked dirty; the live views' records, which need
+    neither, alongside."""
+    return Alongside(Each(derive, mark_dirty), record_live)

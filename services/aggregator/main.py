@@ -20,7 +20,7 @@ from services.aggregator import closer as closes
 from services.aggregator.closer import Closer
 from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
-from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.handlers import MarkDirty, aggregate
 from services.aggregator.lease import MergeLease
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
@@ -98,8 +98,7 @@ async def run(settings: LadderSettings) -> None:
         lease = MergeLease(redis, keys, ttl=3 * settings.merge_interval)
         merger, fresh = Merger(redis, keys, lease), FreshRegions()
         live = LiveViews(redis, keys)
-        # Derived first: a user the merge finds dirty has its regions set already.
-        handler = Each(
+        handler = aggregate(
             Derive(redis, keys, catalog, settings.feed_length),
             MarkDirty(redis, keys, fresh),
             RecordLive(redis, keys, catalog),

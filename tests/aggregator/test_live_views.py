@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from services.aggregator import live_tracker
 from services.aggregator.derive import Derive
-from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.handlers import Handler, MarkDirty, aggregate
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, BoardCatalog
@@ -75,11 +75,11 @@ async def outbox(redis: Redis, keys: Keys, board_id: str = "main") -> list[Score
     return [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
 
 
-def consumer(redis: Redis, keys: Keys) -> Each:
+def consumer(redis: Redis, keys: Keys) -> Handler:
     """The aggregator's handler, exactly as its main wires it."""
     catalog = BoardCatalog(redis, keys)
     derive = Derive(redis, keys, catalog, LadderSettings().feed_length)
-    return Each(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))
+    return aggregate(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))
 
 
 def recorder(redis: Redis, keys: Keys) -> RecordLive:

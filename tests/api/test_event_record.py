@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from services.aggregator.derive import Derive
-from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.handlers import MarkDirty, aggregate
 from services.aggregator.live_tracker import RecordLive
 from services.api.write.models import ScoreIn
 from services.notifier.handlers import SEEN_TTL_SECONDS, Notify
@@ -47,7 +47,7 @@ async def consume(redis: Redis, keys: Keys, events: list[ScoreAccepted]) -> None
     catalog = BoardCatalog(redis, keys)
     await catalog.ensure_defaults()
     derive = Derive(redis, keys, catalog, LadderSettings().feed_length)
-    await Each(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))(events)
+    await aggregate(derive, MarkDirty(redis, keys), RecordLive(redis, keys, catalog))(events)
     await Notify(redis, keys, catalog)(events)
 
 

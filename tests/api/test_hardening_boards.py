@@ -23,7 +23,7 @@ from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
 
 from services.aggregator.derive import Derive
-from services.aggregator.handlers import Each, MarkDirty
+from services.aggregator.handlers import MarkDirty, aggregate
 from services.aggregator.live_tracker import RecordLive
 from services.api.app import create_app
 from shared.boards import BOARD_CACHE_SIZE, MAX_REGIONS, Board, BoardCatalog
@@ -266,7 +266,7 @@ async def test_mvps_read_a_bounded_number_of_teams(
             events.append(score(user_id=f"u-{i}-{member}", team_id=f"t{i:04d}", value=100 + i))
     events.append(score(user_id="u-tiny", team_id="tiny", value=1))
     catalog = BoardCatalog(redis, keys)
-    handler = Each(
+    handler = aggregate(
         Derive(redis, keys, catalog, quiet.feed_length),
         MarkDirty(redis, keys),
         RecordLive(redis, keys, catalog),
