@@ -86,7 +86,7 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   140 µs of Redis an event for the merge (each event dirties a member in four periods; on a
   private `redis-server` the merge alone costs 15 to 18 µs a member), 120 µs for the MVP
   contributions, 50 µs for the derive step and 25 µs for the hot view. The contributions and
-  the derive step now go in calls of up to 50 and 100 events, the derive step naming each
+  the derive step now go in calls of up to 15 and 25 events, the derive step naming each
   period's keys once a call (its Redis time an event fell by about a fifth, the aggregator's
   Python for it by about a third); what is left is their commands, a few an event and period,
   which a call of many events shares only where a user comes back within it. What would move
@@ -109,7 +109,10 @@ C µs in all cannot go through faster than 2,000,000 / C a second, whoever spend
   saturated phase's 1,600 (docs/architecture.md, "What bounds it"), so half the API's rate
   nearly fills the two cores. The history writer and the aggregator, off the push path, wait
   out their 50 ms batch window for that reason; the notifier, on it, hands a batch over after
-  a 3 ms pause.
+  a 3 ms pause. A write also waits for whatever Lua call Redis is running: the aggregator's
+  merge, derive and live calls are cut to 1 to 3 ms of Redis each and sent one after another,
+  not pipelined (Redis runs a client's pipeline back to back); at about 435 POSTs a second
+  that took the p99 from 26 to 30 ms down to 16 ms (docs/architecture.md, "Latency").
 - **Reads on the million-member board.** Each read validates its query in one step and
   answers with one Redis Function call (O(log n): `ZREVRANK`, `ZREVRANGE`); the friends scope
   takes two (the friend set is a key of the user). In the run of 2026-12-02 16:18 UTC (load
