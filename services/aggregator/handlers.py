@@ -12,6 +12,9 @@ from services.aggregator.fresh import FreshRegions
 from shared.events import ScoreAccepted
 from shared.keys import Keys, dirty_member
 
+# What handles a consumed batch: the consumer awaits it, and a failure has the batch redelivered.
+Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
+
 
 class MarkDirty:
     """Idempotent by nature: a set member marked twice is marked once. With ``fresh`` (the
@@ -52,7 +55,7 @@ class Each:
     """Several handlers, one after the other, on every batch. Each of them is idempotent, so a
     batch redelivered after the first of them succeeded is simply handled again."""
 
-    def __init__(self, *handlers: Callable[[list[ScoreAccepted]], Awaitable[None]]) -> None:
+    def __init__(self, *handlers: Handler) -> None:
         self._handlers = handlers
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
@@ -67,7 +70,7 @@ class Alongside:
     batch is delivered again (each handler being idempotent, what succeeded is done again as
     nothing)."""
 
-    def __init__(self, *handlers: Callable[[list[ScoreAccepted]], Awaitable[None]]) -> None:
+    def __init__(self, *handlers: Handler) -> None:
         self._handlers = handlers
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
@@ -77,9 +80,6 @@ class Alongside:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-
-
-Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
 
 
 def aggregate(derive: Handler, mark_dirty: Handler, record_live: Handler) -> Handler:
