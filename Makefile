@@ -186,9 +186,10 @@ test-containers: venv ## end to end against a containerised stack of its own (pr
 
 # bench: Ladder is started only if it does not answer, and then with a credential rate
 # (LADDER_KEY_RATE, 5000 a second by default) the load would otherwise run into.
-bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md (about 5 min)
-	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; } \
-		|| { sudo apt-get update -qq && sudo apt-get install -y -qq wrk; }
+bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md (about 10 min)
+	@{ command -v wrk && command -v valgrind; } >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq wrk valgrind; } \
+		|| { sudo apt-get update -qq && sudo apt-get install -y -qq wrk valgrind; }
 	@$(PY) -m bench --check || LADDER_KEY_RATE=$${LADDER_KEY_RATE:-1000000} $(MAKE) --no-print-directory up
 	$(PY) -m bench
 

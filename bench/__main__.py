@@ -25,6 +25,7 @@ from bench.phases import (
     batch,
     cluster,
     commands,
+    instructions,
     merge,
     push,
     reads,
@@ -66,6 +67,8 @@ async def measure(bench: Bench, report: Report) -> None:
     report.take(await batch.measure(bench, base))
     report.take(await sizes.write_path(bench, batch.BOARD))
     report.take(await commands.measure())
+    print("Redis instructions per write (callgrind)", flush=True)
+    report.take(await instructions.measure())
     print("POST → WebSocket push", flush=True)
     report.take(await push.measure(bench))
     print(f"reads on a board of {bench.options.members:,} members", flush=True)

@@ -77,14 +77,18 @@ times a second in two runs a day apart on machines of this kind.
   keeps only the boards, ranks, brackets, names, the idempotency record and the outbox entry;
   the team boards, feed, counters, HyperLogLogs and regions went to the aggregator's derive
   step, about 3 commands an event in batches (the rows "Redis commands per ..."). The write
-  itself still runs about 50 commands on a board like `main`, and its time in Redis is mostly
+  itself still runs about 40 commands on a board like `main`, and its time in Redis is mostly
   not those commands: measured with `INFO commandstats` under batch load with the aggregator
   stopped, a write's `FCALL` took about 260 µs of which its inner commands were about 85 µs;
-  the rest is the call and the Lua around the commands (unpacking about 80 arguments, tables,
-  number formatting, the JSON of the answer). What would move it: less Lua a write (fewer
-  arguments, no JSON built in Lua), several events a call for the batch endpoint, boards with
-  fewer periods; past one Redis, boards spread over cluster shards (their keys share one hash
-  tag per board already).
+  the rest is the call and the Lua around the commands. The rows "Redis instructions per
+  steady-state write" count it exactly (callgrind): about 11 R's a write, after the outbox
+  entry's JSON became a string built in place and integers were printed as integers (14 %
+  fewer than before); of what is left, a little more than half is the write's own Lua (tables,
+  fields, strings), a quarter its `redis.call`s with the commands they run, a tenth reading its
+  77 keys and arguments. What would move it: fewer keys a call (31 name the derived views, for
+  the rebuild's replay), fewer tables a call, several events a call for the batch endpoint,
+  boards with fewer periods; past one Redis, boards spread over cluster shards (their keys
+  share one hash tag per board already).
 - **The aggregator's share of Redis.** With `SLOWLOG` logging every command while one
   aggregator drained a backlog of 14,000 batch-ingested events of board `main` (the commands a
   function runs are logged too, which makes every figure somewhat high), its calls took about

@@ -79,11 +79,14 @@ async def _wait_for(port: int) -> None:
     raise RuntimeError(f"redis-server on port {port} did not start")
 
 
-def _event(board: Board, extra: dict[str, Any], i: int, at: datetime) -> SubmitEvent:
+def event(
+    board: Board, extra: dict[str, Any], i: int, at: datetime, users: int = USERS
+) -> SubmitEvent:
+    """The ``i``-th write's event: one of ``users`` users, its value growing with ``i``."""
     subscore = extra.get("subscore")
     return SubmitEvent(
         event_id=f"e{i}",
-        user_id=f"u{i % USERS}",
+        user_id=f"u{i % users}",
         region="eu",
         team_id=extra.get("team_id"),
         display_name=None,
@@ -96,12 +99,12 @@ def _event(board: Board, extra: dict[str, Any], i: int, at: datetime) -> SubmitE
     )
 
 
-async def _write(redis: Redis, keys: Keys, board: Board, event: SubmitEvent) -> None:
-    """One write of ``event`` through the submit function, as the API makes it."""
+async def write(redis: Redis, keys: Keys, board: Board, submitted: SubmitEvent) -> None:
+    """One write of ``submitted`` through the submit function, as the API makes it."""
     call_keys, args = submit_call(
         keys,
         board,
-        event,
+        submitted,
         body_hash="h",
         idempotency_ttl=60,
         outbox_max=1_000_000,
@@ -129,7 +132,7 @@ async def commands_per_write(redis: Redis, board: Board, extra: dict[str, Any]) 
     for i in range(USERS + WRITES):
         if i == USERS:
             await redis.config_resetstat()
-        await _write(redis, keys, board, _event(board, extra, i, at + timedelta(microseconds=i)))
+        await write(redis, keys, board, event(board, extra, i, at + timedelta(microseconds=i)))
     calls = await _counted_calls(redis)
     await redis.flushall()
     return calls / WRITES
@@ -141,7 +144,7 @@ async def commands_per_derived_event(redis: Redis, board: Board, extra: dict[str
     keys = Keys("cmd")
     at = datetime.now(UTC) - timedelta(seconds=1)
     for i in range(WRITES):
-        await _write(redis, keys, board, _event(board, extra, i, at + timedelta(microseconds=i)))
+        await write(redis, keys, board, event(board, extra, i, at + timedelta(microseconds=i)))
     entries: Any = await redis.xrange(keys.outbox(board.board_id))
     events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
     derive = Derive(redis, keys, None, 100)

@@ -10,7 +10,10 @@ Every key a function touches comes in KEYS, built by shared/keys.py: the Lua bui
 A board's keys share its hash tag, so that each call stays in one hash slot.
 ]]
 
-local function fmt(n) return string.format('%.17g', n) end
+-- A number as Redis and the records take it. Every number Ladder formats is an integer well
+-- within a C long (scores and their sums, ranks, times in ms), which '%d' writes exactly, and
+-- several times cheaper than '%.17g' (whose digits a write's Lua formatted two dozen times).
+local function fmt(n) return string.format('%d', n) end
 
 -- Whether string a sorts before b as a sorted set orders members and Python orders str: byte by
 -- byte, as memcmp. Lua's own < follows the server's collation locale, which need not be bytewise.

@@ -33,7 +33,7 @@ local function hot_rank_member(user, count) return (HOT_COUNT_CAP - count) .. '|
 local function hot_rerank(rank, user, old_count, count, sum)
   if old_count > 0 then redis.call('ZREM', rank, hot_rank_member(user, old_count)) end
   if count > 0 then
-    -- A number argument goes to Redis in full (a string of 17 digits), as fmt() would make it.
+    -- A number argument goes to Redis in full (a string of 17 digits), as position() makes it.
     redis.call('ZADD', rank, 0 - sum / count, hot_rank_member(user, count))
   end
 end
@@ -84,6 +84,9 @@ local function hot_ranked(window, rank)
 end
 
 -- An event's position in the event set: its millisecond, and a fraction its member picks.
+-- Positions are not integers: they go to Redis with every digit (fmt() writes integers).
+local function position(at) return string.format('%.17g', at) end
+
 local function hot_position(member, ms)
   return ms + tonumber(string.sub(redis.sha1hex(member), 1, 4), 16) % HOT_SLOTS / HOT_SLOTS
 end
@@ -101,7 +104,7 @@ local function hot_add(keys, args)
   end
   for j = 2, #args, 4 do
     local at, user = hot_position(args[j], tonumber(args[j + 1])), args[j + 2]
-    if redis.call('ZADD', keys[1], 'NX', fmt(at), args[j]) == 1 then
+    if redis.call('ZADD', keys[1], 'NX', position(at), args[j]) == 1 then
       added = added + 1
       for i = 2, #keys, 2 do
         if at > starts[i] then
@@ -132,7 +135,7 @@ local function hot_advance(events, window, rank, start, step)
   local old = tonumber(redis.call('HGET', window, 'at') or 0)
   local target = start + (HOT_SLOTS - 1) / HOT_SLOTS
   if target <= old then return true end
-  local leaving = redis.call('ZRANGEBYSCORE', events, '(' .. fmt(old), fmt(target), 'WITHSCORES',
+  local leaving = redis.call('ZRANGEBYSCORE', events, '(' .. position(old), position(target), 'WITHSCORES',
                              'LIMIT', 0, step)
   local upto = target
   if #leaving == 2 * step then -- more may follow: up to the position before the last taken
@@ -140,7 +143,7 @@ local function hot_advance(events, window, rank, start, step)
     upto = last - 1 / HOT_SLOTS
     if upto <= old then -- all of them at one position: that one whole
       upto = last
-      leaving = redis.call('ZRANGEBYSCORE', events, fmt(last), fmt(last), 'WITHSCORES')
+      leaving = redis.call('ZRANGEBYSCORE', events, position(last), position(last), 'WITHSCORES')
     end
   end
   local tally = hot_tally()
@@ -148,7 +151,7 @@ local function hot_advance(events, window, rank, start, step)
     if tonumber(leaving[j + 1]) <= upto then hot_leave(window, tally, leaving[j]) end
   end
   hot_settle(window, rank, tally)
-  redis.call('HSET', window, 'at', fmt(upto))
+  redis.call('HSET', window, 'at', position(upto))
   return upto == target
 end
 
@@ -190,7 +193,7 @@ local function hot_trim(keys, args)
     local reached = tonumber(redis.call('HGET', keys[i], 'at') or 0)
     if oldest == nil or reached < oldest then oldest = reached end
   end
-  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', fmt(oldest))
+  redis.call('ZREMRANGEBYSCORE', keys[1], '-inf', position(oldest))
   for i = 1, #keys - 1 do redis.call('PEXPIRE', keys[i], ttl) end
   if not caught_up then return {0} end
   local reply = {1}

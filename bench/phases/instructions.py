@@ -1,0 +1,159 @@
+"""What one write costs the Redis process, in instructions: a private ``redis-server`` run under
+valgrind's callgrind, its counters zeroed after a first pass over the users and read after the
+measured writes, by board shape (the shapes of :mod:`bench.phases.commands`), beside one
+submission of the bare loop R (its FCALL and two ``EXPIRE NX``, bench/load.py) counted alike.
+
+A count of instructions, unlike a time, does not move with the machine's load (two runs of the
+same code agree within about 0.1 %): it is the measure for work on the write's Lua, whose gains
+of a few percent a time on a shared machine would not show. It counts what Redis runs, the call
+and its Lua and commands with the reading of the request and the writing of the reply, and a
+little of the server's own cron.
+
+``python -m bench.phases.instructions`` prints the rows alone (about a minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError
+
+from bench.load import BASELINE_SOURCE
+from bench.phases.commands import SHAPES, event, write
+from bench.ports import consecutive_free
+from bench.report import Line, Note, Row
+from shared.keys import Keys
+from shared.redis import open_redis
+
+# Users of the first pass (more than a hash or sorted set keeps in a listpack, 128 by default, so
+# that the boards are encoded as a large board's are), then the writes counted.
+USERS = 1000
+WRITES = 1000
+
+
+@dataclass(frozen=True)
+class Counted:
+    redis: Redis
+    pid: int
+    out: Path
+
+    async def instructions(self, work: Callable[[], Awaitable[None]]) -> int:
+        """The instructions the server ran during ``work``."""
+        await asyncio.to_thread(_control, "-z", self.pid)
+        await work()
+        await asyncio.to_thread(_control, "-d", self.pid)
+        dumps = sorted(self.out.glob("cg.*"), key=lambda path: path.stat().st_mtime)
+        return _total(dumps[-1])
+
+
+def _control(flag: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", flag, str(pid)], check=True, capture_output=True)
+
+
+def _total(dump: Path) -> int:
+    for line in dump.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no total in {dump}")
+
+
+@asynccontextmanager
+async def counted_redis() -> AsyncIterator[Counted]:
+    """A ``redis-server`` of its own under callgrind, with Ladder's library loaded."""
+    port = consecutive_free(1, 20_000, 30_000)[0]
+    with tempfile.TemporaryDirectory() as workdir:
+        out = Path(workdir)
+        server = await asyncio.create_subprocess_exec(
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}/cg.%p",
+            shutil.which("redis-server") or "redis-server",
+            *("--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(600):  # valgrind takes seconds to start the server
+                try:
+                    async with open_redis(f"redis://127.0.0.1:{port}/0"):
+                        break
+                except ConnectionError:
+                    await asyncio.sleep(0.1)
+            async with open_redis(f"redis://127.0.0.1:{port}/0", load_functions=True) as redis:
+                yield Counted(redis, server.pid, out)
+        finally:
+            server.terminate()
+            await server.wait()
+
+
+async def per_write(counted: Counted, shape: str) -> float:
+    """Instructions a steady-state write of ``shape`` costs Redis: every user has an entry in
+    every period already."""
+    board, extra = SHAPES[shape]
+    keys, redis = Keys("ins"), counted.redis
+    at = datetime.now(UTC) - timedelta(seconds=1)
+
+    async def writes(first: int, last: int) -> None:
+        for i in range(first, last):
+            moment = at + timedelta(microseconds=i)
+            await write(redis, keys, board, event(board, extra, i, moment, USERS))
+
+    await writes(0, USERS)
+    total = await counted.instructions(lambda: writes(USERS, USERS + WRITES))
+    await redis.flushall()
+    return total / WRITES
+
+
+async def per_baseline(counted: Counted) -> float:
+    """Instructions one submission of the bare loop R costs Redis."""
+    redis = counted.redis
+    await redis.function_load(BASELINE_SOURCE, replace=True)
+    board, players, stream = "{ins}:board", "{ins}:players", "{ins}:stream"
+
+    async def submissions(first: int, last: int) -> None:
+        for i in range(first, last):
+            await redis.fcall("ladder_bench_submit", 3, board, players, stream, i, f"u{i % USERS}")
+            await redis.expire(board, 7 * 86_400, nx=True)
+            await redis.expire(players, 7 * 86_400, nx=True)
+
+    await submissions(0, USERS)
+    total = await counted.instructions(lambda: submissions(USERS, USERS + WRITES))
+    await redis.flushall()
+    return total / WRITES
+
+
+async def measure() -> list[Line]:
+    missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
+    if missing or shutil.which("redis-server") is None:
+        return [
+            Note("Redis instructions per write: no valgrind or redis-server here, not counted.")
+        ]
+    async with counted_redis() as counted:
+        baseline = await per_baseline(counted)
+        rows: list[Line] = [
+            Row("Redis instructions per submission of the bare loop R", f"{baseline:,.0f}", "1.0")
+        ]
+        for shape in SHAPES:
+            count = await per_write(counted, shape)
+            rows.append(
+                Row(
+                    f"Redis instructions per steady-state write, {shape}",
+                    f"{count:,.0f}",
+                    f"{count / baseline:.1f} R's",
+                )
+            )
+    return rows
+
+
+if __name__ == "__main__":
+    for line in asyncio.run(measure()):
+        print(f"{line.figure}: {line.value} {line.ratio}" if isinstance(line, Row) else line.text)
