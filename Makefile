@@ -118,7 +118,13 @@ clean: ## remove all Ladder made: its keys, queues, exchanges and history databa
 # The suite of `make test`: every test but those of the targets after it.
 SUITE := not faults and not stack and not cluster and not containers and not fuzz and not rehearsal
 
+# test: valgrind counts the Redis instructions a write costs (tests/bench); without it that one
+# test is skipped, saying why.
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
+	@command -v callgrind_control >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq valgrind; } \
+		|| { sudo apt-get update -qq && sudo apt-get install -y -qq valgrind; } \
+		|| echo "valgrind could not be installed: the instruction count test will be skipped"
 	$(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)
 
 test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 4 min)

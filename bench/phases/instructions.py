@@ -95,40 +95,42 @@ async def counted_redis() -> AsyncIterator[Counted]:
             await server.wait()
 
 
-async def per_write(counted: Counted, shape: str) -> float:
-    """Instructions a steady-state write of ``shape`` costs Redis: every user has an entry in
-    every period already."""
+async def per_write(
+    counted: Counted, shape: str, users: int = USERS, writes: int = WRITES
+) -> float:
+    """Instructions a steady-state write of ``shape`` costs Redis: every one of ``users`` users
+    has an entry in every period already; the mean of ``writes`` writes."""
     board, extra = SHAPES[shape]
     keys, redis = Keys("ins"), counted.redis
     at = datetime.now(UTC) - timedelta(seconds=1)
 
-    async def writes(first: int, last: int) -> None:
+    async def each(first: int, last: int) -> None:
         for i in range(first, last):
             moment = at + timedelta(microseconds=i)
-            await write(redis, keys, board, event(board, extra, i, moment, USERS))
+            await write(redis, keys, board, event(board, extra, i, moment, users))
 
-    await writes(0, USERS)
-    total = await counted.instructions(lambda: writes(USERS, USERS + WRITES))
+    await each(0, users)
+    total = await counted.instructions(lambda: each(users, users + writes))
     await redis.flushall()
-    return total / WRITES
+    return total / writes
 
 
-async def per_baseline(counted: Counted) -> float:
-    """Instructions one submission of the bare loop R costs Redis."""
+async def per_baseline(counted: Counted, users: int = USERS, writes: int = WRITES) -> float:
+    """Instructions one submission of the bare loop R costs Redis (its members: ``users``)."""
     redis = counted.redis
     await redis.function_load(BASELINE_SOURCE, replace=True)
     board, players, stream = "{ins}:board", "{ins}:players", "{ins}:stream"
 
     async def submissions(first: int, last: int) -> None:
         for i in range(first, last):
-            await redis.fcall("ladder_bench_submit", 3, board, players, stream, i, f"u{i % USERS}")
+            await redis.fcall("ladder_bench_submit", 3, board, players, stream, i, f"u{i % users}")
             await redis.expire(board, 7 * 86_400, nx=True)
             await redis.expire(players, 7 * 86_400, nx=True)
 
-    await submissions(0, USERS)
-    total = await counted.instructions(lambda: submissions(USERS, USERS + WRITES))
+    await submissions(0, users)
+    total = await counted.instructions(lambda: submissions(users, users + writes))
     await redis.flushall()
-    return total / WRITES
+    return total / writes
 
 
 async def measure() -> list[Line]:

@@ -1,0 +1,29 @@
+"""What a write costs Redis in instructions (callgrind), against one submission of the bare loop
+R counted alike on the same server: a count, not a time, so the bound holds on any machine and
+under any load. The write of main's shape costs about 10.8 R's now, 12.2 before its JSON was
+built as a string and its integers printed as integers."""
+
+import shutil
+
+import pytest
+
+from bench.phases import instructions
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+    reason="valgrind is not installed (apt-get install valgrind)",
+)
+
+# As many users as the bench (beyond a listpack's 128 entries: the boards are encoded as a large
+# board's are); writes enough for a steady mean, few enough for the suite.
+USERS, WRITES = 1000, 300
+MOST = 11.5
+
+
+async def test_a_write_costs_redis_at_most_so_many_bare_submissions() -> None:
+    shape = "incr, 4 periods, with teams (like main)"
+    async with instructions.counted_redis() as counted:
+        baseline = await instructions.per_baseline(counted, USERS, WRITES)
+        write = await instructions.per_write(counted, shape, USERS, WRITES)
+    assert baseline > 0
+    assert write / baseline <= MOST, f"{write:,.0f} instructions a write, {baseline:,.0f} for R"
