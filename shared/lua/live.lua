@@ -135,8 +135,8 @@ local function hot_advance(events, window, rank, start, step)
   local old = tonumber(redis.call('HGET', window, 'at') or 0)
   local target = start + (HOT_SLOTS - 1) / HOT_SLOTS
   if target <= old then return true end
-  local leaving = redis.call('ZRANGEBYSCORE', events, '(' .. position(old), position(target), 'WITHSCORES',
-                             'LIMIT', 0, step)
+  local leaving = redis.call('ZRANGEBYSCORE', events, '(' .. position(old), position(target),
+                             'WITHSCORES', 'LIMIT', 0, step)
   local upto = target
   if #leaving == 2 * step then -- more may follow: up to the position before the last taken
     local last = tonumber(leaving[#leaving])
