@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 
+from bench.ports import consecutive_free
 from bench.report import Line, Note, Row
 from services.aggregator.derive import Derive
 from shared.boards import Board
@@ -47,28 +47,37 @@ _SKIPPED = {"fcall", "info", "config", "function"}
 
 
 @asynccontextmanager
-async def private_redis() -> AsyncIterator[Redis]:
-    """A ``redis-server`` of its own on a free loopback port, with Ladder's library loaded."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+async def redis_server(*under: str) -> AsyncIterator[tuple[Redis, int]]:
+    """A ``redis-server`` of its own on a free loopback port, with Ladder's library loaded, run
+    under ``under`` (a command and its arguments, valgrind's say; none: as it is): its client,
+    and the pid of the process started."""
+    port = consecutive_free(1, 20_000, 30_000)[0]
     binary = shutil.which("redis-server") or "redis-server"
     with tempfile.TemporaryDirectory() as workdir:
         server = await asyncio.create_subprocess_exec(
+            *under,
             *(binary, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir),
             stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
         )
         try:
             await _wait_for(port)
             async with open_redis(f"redis://127.0.0.1:{port}/0", load_functions=True) as redis:
-                yield redis
+                yield redis, server.pid
         finally:
             server.terminate()
             await server.wait()
 
 
+@asynccontextmanager
+async def private_redis() -> AsyncIterator[Redis]:
+    """A ``redis-server`` of its own on a free loopback port, with Ladder's library loaded."""
+    async with redis_server() as (redis, _):
+        yield redis
+
+
 async def _wait_for(port: int) -> None:
-    for _ in range(200):
+    for _ in range(600):  # under valgrind the server takes seconds to start
         try:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:

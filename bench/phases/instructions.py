@@ -25,14 +25,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError
 
 from bench.load import BASELINE_SOURCE
-from bench.phases.commands import SHAPES, event, write
-from bench.ports import consecutive_free
+from bench.phases.commands import SHAPES, event, redis_server, write
 from bench.report import Line, Note, Row
 from shared.keys import Keys
-from shared.redis import open_redis
 
 # Users of the first pass (more than a hash or sorted set keeps in a listpack, 128 by default, so
 # that the boards are encoded as a large board's are), then the writes counted.
@@ -69,30 +66,10 @@ def _total(dump: Path) -> int:
 @asynccontextmanager
 async def counted_redis() -> AsyncIterator[Counted]:
     """A ``redis-server`` of its own under callgrind, with Ladder's library loaded."""
-    port = consecutive_free(1, 20_000, 30_000)[0]
-    with tempfile.TemporaryDirectory() as workdir:
-        out = Path(workdir)
-        server = await asyncio.create_subprocess_exec(
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}/cg.%p",
-            shutil.which("redis-server") or "redis-server",
-            *("--port", str(port), "--save", "", "--appendonly", "no", "--dir", workdir),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            for _ in range(600):  # valgrind takes seconds to start the server
-                try:
-                    async with open_redis(f"redis://127.0.0.1:{port}/0"):
-                        break
-                except ConnectionError:
-                    await asyncio.sleep(0.1)
-            async with open_redis(f"redis://127.0.0.1:{port}/0", load_functions=True) as redis:
-                yield Counted(redis, server.pid, out)
-        finally:
-            server.terminate()
-            await server.wait()
+    with tempfile.TemporaryDirectory() as out:
+        valgrind = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p")
+        async with redis_server(*valgrind) as (redis, pid):
+            yield Counted(redis, pid, Path(out))
 
 
 async def per_write(
