@@ -288,9 +288,9 @@ async def used_memory(redis: Redis) -> int:
 
 async def merge_time(redis: Redis, prefix: str, members: int, regions: int = 8) -> float:
     """Seconds the aggregator's merge takes to recompute a global board of ``members`` users
-    spread over ``regions`` regions (each user in one, its regions set saying so, as the write
-    leaves it), every one of them dirty (the worst case: all moved since the last merge), on a
-    bench-only key prefix. The regional boards are filled first, not timed."""
+    spread over ``regions`` regions (each user in one, the users' regions hash saying so, as the
+    derive step leaves it), every one of them dirty (the worst case: all moved since the last
+    merge), on a bench-only key prefix. The regional boards are filled first, not timed."""
     keys = Keys(prefix)
     board = Board(board_id="merge", periods=["alltime"], notify_top=[1, 10, 100])
     rng = random.Random(3)
@@ -311,8 +311,7 @@ async def merge_time(redis: Redis, prefix: str, members: int, regions: int = 8) 
                         keys.dirty("merge"),
                         *(dirty_member("alltime", "all", region, u) for u in ids),
                     )
-                    for user in ids:
-                        pipe.sadd(keys.user_regions("merge", user), region)
+                    pipe.hset(keys.user_regions("merge"), mapping=dict.fromkeys(ids, region))
             await pipe.execute()
     await redis.sadd(keys.regions("merge", "alltime", "all"), *(f"r{r}" for r in range(regions)))
     started = time.monotonic()

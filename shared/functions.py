@@ -27,7 +27,11 @@ subscore order as its 18th argument); the derive step takes the regional boards 
 the write, replay and rebuild finish, v3 of rebuild begin, derive and contribute, v2 of seen and
 mark_seen: an event id belongs to its board and user, so the event's record is named by both;
 each takes the record of the layout before (the id alone) beside it, honoured until it expires;
-the newest event key and the rebuild name events as ``<event_id>:<user_id>``.)
+the newest event key and the rebuild name events as ``<event_id>:<user_id>``. v10 of the write,
+replay and rebuild finish, v5 of derive and merge: the users' regions are one hash a board
+(``{P:B}:user-regions``) in place of a set a user: the write's ninth key names it, the derive
+step takes it as its fourth key (and each event's set of the layout before, to fold it in), the
+merge as its ninth.)
 """
 
 from __future__ import annotations
@@ -37,23 +41,26 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v9"
+SUBMIT_FUNCTION = "ladder_submit_v10"
 """One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. (v9: a
-last key, the board's hidden users, whose entries stay records alone, out of every view.)"""
-WRITE_FUNCTION = "ladder_write_v9"
+last key, the board's hidden users, whose entries stay records alone, out of every view. v10:
+its ninth key is the board's users' regions hash, for the replay's derive step.)"""
+WRITE_FUNCTION = "ladder_write_v10"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
 
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
-MERGE_FUNCTION = "ladder_merge_v4"
+MERGE_FUNCTION = "ladder_merge_v5"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
 each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
 set being built and the board's dense marker come in as keys, the marker's member as an
 argument; the global view keeps a distinct-score set only where it is read densely. v3: the
 board's hidden users as a seventh key: their records are kept without their members. v4: the
 board's merge lease as an eighth key and the caller's lease token before the marks: a caller
-that lost the lease writes nothing.)"""
+that lost the lease writes nothing. v5: the board's users' regions hash as a ninth key, read
+for the chunk in one ``HMGET``; the ends of the set of the layout before stay, for a user with
+no field yet.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v2"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads. (v2: under the board's merge lease, as the merge.)"""
@@ -74,12 +81,13 @@ window is caught up, each one's top from its ranking.)"""
 CONTRIBUTE_FUNCTION = "ladder_contribute_v4"
 """Count a batch of one board's team events toward their members' team contributions (the MVP
 view), each once. (v4: a batch a call, its increments summed, in place of one event a call.)"""
-DERIVE_FUNCTION = "ladder_derive_v4"
+DERIVE_FUNCTION = "ladder_derive_v5"
 """Apply a batch of a board's events to the views derived from them (team boards, feed,
 players, event counts, regions, users' regions and teams), once per event; and sync the pairs
 the events changed into the regional boards' distinct-score sets, where they have one. (v4: each
 period's keys once a call, each event naming its periods by number, in place of every event
-naming every key of its periods.)"""
+naming every key of its periods. v5: the board's users' regions hash as the fourth key, each
+event's user's set of the layout before as its third.)"""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v2"
@@ -97,14 +105,14 @@ CLOSE_PERIOD_FUNCTION = "ladder_close_period_v1"
 ``period_closed`` pushes, exactly once."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
-REPLAY_FUNCTION = "ladder_replay_v9"
+REPLAY_FUNCTION = "ladder_replay_v10"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
 entry."""
 REBUILD_BEGIN_FUNCTION = "ladder_rebuild_begin_v3"
 """Raise a board's rebuild flag and start its journal."""
 REBUILD_EXTEND_FUNCTION = "ladder_rebuild_extend_v1"
 """Keep a rebuild's flag up."""
-REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v9"
+REBUILD_FINISH_FUNCTION = "ladder_rebuild_finish_v10"
 """Replay the journal onto staging and put staging in place of the live keys, in one step."""
 REBUILD_ABORT_FUNCTION = "ladder_rebuild_abort_v1"
 """End a rebuild without a result."""

@@ -153,7 +153,15 @@ class Keys:
     def event_count(self, board_id: str, period: str, period_id: str) -> str:
         return f"{self.tag(board_id)}:events:{period}:{period_id}"
 
-    def user_regions(self, board_id: str, user_id: str) -> str:
+    def user_regions(self, board_id: str) -> str:
+        """``{P:B}:user-regions`` (hash): user_id -> the regions it scored in, each once, sorted,
+        joined by :data:`REGIONS_SEPARATOR`."""
+        return f"{self.tag(board_id)}:user-regions"
+
+    def legacy_user_regions(self, board_id: str, user_id: str) -> str:
+        """``{P:B}:user:<user_id>:regions`` (set): the user's regions as the layout before kept
+        them, a set a user; read where the hash has no field for the user yet, and folded into
+        it by the derive step (shared/lua/derive.lua)."""
         return f"{self.tag(board_id)}:user:{user_id}:regions"
 
     def user_team(self, board_id: str) -> str:
@@ -313,6 +321,16 @@ class Keys:
         named by its id alone)."""
         _, _, rest = key.partition("}:idem:")
         return parse_event_ref(rest)[1]
+
+
+REGIONS_SEPARATOR = " "
+"""Between a user's regions in :meth:`Keys.user_regions` (a region name holds none:
+shared/events.py ``REGION_PATTERN``; shared/lua/common.lua spells it too)."""
+
+
+def regions_of(field: str | None) -> list[str]:
+    """The regions a :meth:`Keys.user_regions` field holds (none for no field)."""
+    return field.split(REGIONS_SEPARATOR) if field else []
 
 
 DERIVED_FIELD = "derived"

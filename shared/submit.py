@@ -119,12 +119,12 @@ def board_period_expiry(board: Board, period: Period, period_id: str) -> int:
     )
 
 
-# A write's keys but its idempotency records and user's regions are the same for every write of
-# the board (and, for a period's, of the region in that period): built once, not per request.
+# A write's keys but its idempotency records are the same for every write of the board (and,
+# for a period's, of the region in that period): built once, not per request.
 @functools.lru_cache(maxsize=256)
-def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str, str]:
-    """Outbox, rebuild flag, rebuild journal, newest event, names, feed, user-team: in
-    submit()'s order."""
+def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str, str, str]:
+    """Outbox, rebuild flag, rebuild journal, newest event, names, feed, users' regions,
+    user-team: in submit()'s order."""
     return (
         keys.outbox(board_id),
         keys.rebuilding(board_id),
@@ -132,6 +132,7 @@ def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str
         keys.newest_event(board_id),
         keys.names(board_id),
         keys.feed(board_id),
+        keys.user_regions(board_id),
         keys.user_team(board_id),
     )
 
@@ -211,7 +212,9 @@ def submit_call(
     """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
     record = _record(board.board_id, event)
     bid = board.board_id
-    outbox, rebuilding, journal, newest, names, feed, user_team = _board_keys(keys, bid)
+    outbox, rebuilding, journal, newest, names, feed, user_regions, user_team = _board_keys(
+        keys, bid
+    )
     call_keys = [
         keys.idempotency(bid, event.event_id, event.user_id),
         keys.legacy_idempotency(bid, event.event_id),
@@ -221,7 +224,7 @@ def submit_call(
         newest,
         names,
         feed,
-        keys.user_regions(bid, event.user_id),
+        user_regions,
         user_team,
     ]
     period_args: list[str | int] = []
@@ -279,7 +282,7 @@ def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def replay_keys(keys: Keys, board_id: str, call_keys: Sequence[str]) -> list[str]:
-    """The keys of ``ladder_replay_v9`` for a call: scratch keys, then the staging copies."""
+    """The keys of ``ladder_replay_v10`` for a call: scratch keys, then the staging copies."""
     staged = [keys.staged(board_id, key) for key in call_keys[WRITE_OWN_KEYS:]]
     return keys.replay_scratch(board_id) + staged
 
@@ -291,7 +294,7 @@ def finish_keys(
     others: Sequence[str],
     records: Sequence[str],
 ) -> list[str]:
-    """The keys of ``ladder_rebuild_finish_v9``: flag, journal, the replay's scratch keys, the
+    """The keys of ``ladder_rebuild_finish_v10``: flag, journal, the replay's scratch keys, the
     records of the journal's events, then each live key the rebuild replaces with its staging
     copy, the event counters first."""
     pairs = [k for key in (*counters, *others) for k in (key, keys.staged(board_id, key))]

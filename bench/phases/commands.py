@@ -1,4 +1,4 @@
-"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v9`` call runs, by
+"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v10`` call runs, by
 board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
 else talks to; and what the aggregator's derive step (``ladder_derive_v3``, in batches of
 ``DERIVE_BATCH``) then runs per event for the views the write leaves to it. A count, not a

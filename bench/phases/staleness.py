@@ -72,8 +72,7 @@ async def fill_backlog(redis: Redis, keys: Keys) -> None:
                 pipe.sadd(keys.regions(board.board_id, w.period, w.period_id), region)
                 marks = [dirty_member(w.period, w.period_id, region, u) for u in ids]
                 pipe.sadd(keys.dirty(board.board_id), *marks)
-            for user in ids:
-                pipe.sadd(keys.user_regions(board.board_id, user), region)
+            pipe.hset(keys.user_regions(board.board_id), mapping=dict.fromkeys(ids, region))
             await pipe.execute()
 
 

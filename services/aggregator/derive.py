@@ -5,7 +5,7 @@ boards' distinct-score sets where dense reads asked for them (docs/architecture.
 on demand"): each pair an event's entry took or left is synced to whether the view still holds
 it, which is right in any order and on any redelivery.
 
-One ``ladder_derive_v4`` call per board and up to ``CHUNK`` events of a batch
+One ``ladder_derive_v5`` call per board and up to ``CHUNK`` events of a batch
 (shared/lua/derive.lua), the events in the order the stream delivered them (the order the write
 accepted them: the outbox's), applies each event whose record still has its derive-pending bit
 and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice.
@@ -84,12 +84,13 @@ class Derive:
     def call(
         self, board: Board, events: list[ScoreAccepted], as_of: str
     ) -> tuple[list[str], list[str | int]]:
-        """``ladder_derive_v4``'s keys and arguments for ``events`` of ``board``, in the order
+        """``ladder_derive_v5``'s keys and arguments for ``events`` of ``board``, in the order
         they were accepted: each period's keys once, and each event naming its periods by
         number."""
         keys, bid = self._keys, board.board_id
         sums_teams = board.operator == "incr"
         call_keys: list[str] = [keys.feed(bid), keys.user_team(bid), keys.as_of(bid)]
+        call_keys.append(keys.user_regions(bid))
         args: list[str | int] = [self._feed_length, as_of]
         args += ["1" if sums_teams else "0", "1" if board.descending else "0", MAX_SCORE]
         views = self._changed_pairs(board, events)
@@ -111,7 +112,7 @@ class Derive:
             event_keys += [
                 keys.idempotency(bid, event.event_id, event.user_id),
                 keys.legacy_idempotency(bid, event.event_id),
-                keys.user_regions(bid, event.user_id),
+                keys.legacy_user_regions(bid, event.user_id),
             ]
             # The tie key the write gave the event (shared/submit.py): its team reached its sum
             # then.

@@ -3,9 +3,9 @@
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v3``, shared/lua/merge.lua) that reads each one's current record in
-each region it played in (its regions set and its marks: the cost follows the users and their
-regions, not the board's count of regions), writes the user's global entry and takes its marks
+function (``ladder_merge_v5``, shared/lua/merge.lua) that reads each one's current record in
+each region it played in (its field of the board's users' regions hash, and its marks: the cost
+follows the users and their regions, not the board's count of regions), writes the user's global entry and takes its marks
 out of the merging set in the same step (:mod:`services.aggregator.combine` says what that entry
 is, and is the reference the tests hold the function to).
 
@@ -355,12 +355,13 @@ class Merger:
             keys.dense(bid),
             keys.hidden(bid),
             keys.merge_lease(bid),
+            keys.user_regions(bid),
         ]
         head = [
             expiry or 0,
             board.operator,
             *_ends(keys.ties(keys.region_view(bid, period, period_id, _SLOT))),
-            *_ends(keys.user_regions(bid, _SLOT)),
+            *_ends(keys.legacy_user_regions(bid, _SLOT)),
             *_ends(dirty_member(period, period_id, _SLOT, "")),
             GLOBAL,
             self.lease.token(bid),

@@ -52,7 +52,7 @@ from shared.erasure import (
     uncount,
 )
 from shared.functions import ERASE_USER_FUNCTION
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys, dirty_member, regions_of
 from shared.live_maths import HOT_WINDOWS
 from shared.periods import previous_window, window_at
 
@@ -194,17 +194,19 @@ class Eraser:
         keys, bid = self._keys, board.board_id
         windows = self._windows(board)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(keys.user_regions(bid, user_id))
+            pipe.smembers(keys.legacy_user_regions(bid, user_id))
             pipe.hget(keys.user_team(bid), user_id)
+            pipe.hget(keys.user_regions(bid), user_id)
             for period, period_id in windows:
                 pipe.smembers(keys.regions(bid, period, period_id))
                 pipe.hget(keys.member_team(bid, period, period_id), user_id)
             found: list[Any] = await pipe.execute()
-        regions: set[str] = set(found[0]) | set(board.regions or ()) | seen
+        regions: set[str] = set(found[0]) | set(regions_of(found[2]))
+        regions |= set(board.regions or ()) | seen
         teams: set[str] = {found[1]} if found[1] else set()
         for i in range(len(windows)):
-            regions |= set(found[2 + 2 * i])
-            latest_team = found[3 + 2 * i]
+            regions |= set(found[3 + 2 * i])
+            latest_team = found[4 + 2 * i]
             if latest_team:
                 teams.add(latest_team.partition("|")[2])
         call_keys: list[str] = [
@@ -212,7 +214,7 @@ class Eraser:
             keys.user_team(bid),
             keys.feed(bid),
             keys.badges(bid, user_id),
-            keys.user_regions(bid, user_id),
+            keys.legacy_user_regions(bid, user_id),
             keys.hot_events(bid),
             keys.newest_event(bid),
             keys.rate_bucket(bid, "user", user_id),
@@ -229,7 +231,7 @@ class Eraser:
                 marks.append(dirty_member(period, period_id, region, user_id) if region else "")
                 if region:
                     tops.append(keys.last_top(bid, period, period_id, scope))
-        hashes = [keys.member_team(bid, p, pid) for p, pid in windows]
+        hashes = [keys.user_regions(bid)] + [keys.member_team(bid, p, pid) for p, pid in windows]
         hot = [key for w in HOT_WINDOWS for key in (keys.hot_window(bid, w), keys.hot_rank(bid, w))]
         members = [
             keys.team_members(bid, p, pid, team) for p, pid in windows for team in sorted(teams)

@@ -10,7 +10,7 @@ every view dirty, so the aggregator merges the global views again through its ow
 regional view's distinct-score set (kept on demand by the aggregator) is dropped, and built
 again by the aggregator from the rebuilt view where the board is still read densely there.
 
-Each event is replayed, in the order the event log stored it, through ``ladder_replay_v9``:
+Each event is replayed, in the order the event log stored it, through ``ladder_replay_v10``:
 the very ``submit()`` of the write path, then the aggregator's derive step (feed, counts,
 regions, users' regions and teams), aimed at staging keys, leaving no idempotency answer and no
 outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
@@ -32,7 +32,7 @@ Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuil
    key (memory stays bounded by a page), replaying each onto staging
    (:mod:`services.rebuild.event_log`, :mod:`services.rebuild.staging`).
 4. In the same snapshot, look up which journaled events it held.
-5. ``ladder_rebuild_finish_v9``, one atomic step: replay the other journaled events onto staging,
+5. ``ladder_rebuild_finish_v10``, one atomic step: replay the other journaled events onto staging,
    check that no live event counter is ahead of its staged one (an event applied before the flag
    that MySQL did not hold yet: then all is thrown away and the board read again), rename
    staging over the live keys, clear the journaled events' derive-pending bits (staging holds

@@ -26,7 +26,7 @@ async def finish(
     live: set[str],
     known: Iterable[str],
 ) -> tuple[str, str, int]:
-    """``ladder_rebuild_finish_v9``: replay the journaled events MySQL did not hold (those not in
+    """``ladder_rebuild_finish_v10``: replay the journaled events MySQL did not hold (those not in
     ``known``) onto staging, check the event counters, rename staging over the live keys (and
     delete the ``live`` keys the rebuild did not make again), clear the journaled events'
     derive-pending bits (staging holds their derived views), drop flag and journal. The

@@ -24,7 +24,7 @@ from shared.keys import PERIOD_ID_IN_KEY, Keys
 _REBUILT = re.compile(
     rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:(region:[^:]+|teams)(:distinct|:distinct:building|:ties|:counts)?"
     rf"|(regions|players|events):[a-z]+:{PERIOD_ID_IN_KEY}"
-    r"|user:.+:regions|names|feed|user-team|hidden"
+    r"|user:.+:regions|user-regions|names|feed|user-team|hidden"
 )
 _REGION_VIEW = re.compile(rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:region:[^:]+")
 _GLOBAL_VIEW = re.compile(rf"lb:[a-z]+:{PERIOD_ID_IN_KEY}:global")

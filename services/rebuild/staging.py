@@ -1,5 +1,5 @@
 """Stored events replayed onto a board's staging keys, through the write path's own ``submit()``
-(``ladder_replay_v9``), so that the rebuilt keys are made by the very calls that made the live
+(``ladder_replay_v10``), so that the rebuilt keys are made by the very calls that made the live
 ones."""
 
 from __future__ import annotations

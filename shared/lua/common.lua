@@ -95,6 +95,17 @@ end
 -- signed score, so that equal scores order by subscore part (for dense ranks).
 local function distinct_member(signed, sub) return sub .. fmt(signed) end
 
+-- A user's regions as a field of the board's user-regions hash holds them (shared/keys.py
+-- user_regions): the names, each once, joined by single spaces (a name holds none); {} for no
+-- field. Most users have one region: their field is the name.
+local function regions_in(field)
+  if not field then return {} end
+  if not string.find(field, ' ', 1, true) then return {field} end
+  local list = {}
+  for name in string.gmatch(field, '[^ ]+') do list[#list + 1] = name end
+  return list
+end
+
 -- A view's keys: the sorted set, its distinct-score set (nil where the caller keeps none: a
 -- regional view's is the aggregator's derive step's, derive.lua), its hash of records.
 local function view_of(view, distinct, ties)

@@ -13,8 +13,8 @@ Once per event: the write leaves the event's record with its derive-pending bit 
 is cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
 without the bit (written by the write of the layout before, which applied these views itself;
 or expired, the event older than the idempotency TTL) derives nothing. The sets, the
-HyperLogLog and the team hash are idempotent by nature; the counter, the team sums and the feed
-are not, and the bit guards them.
+HyperLogLog, the team hash and the users' regions are idempotent by nature; the counter, the
+team sums and the feed are not, and the bit guards them.
 ]]
 
 -- Whether an event's record (its key: record_of_event() of live.lua) still waits for its
@@ -63,21 +63,63 @@ local function put_teams(sums)
   end
 end
 
+-- The batch's regions added to the board's user-regions hash (k.user_regions; shared/keys.py):
+-- each user's field gets the regions it lacks, kept sorted (so that batches applied in any order
+-- leave the same field), in one HMGET and one HSET. A user with no field yet may have the set of
+-- the layout before (k.legacy[i], the key of event i; none on a replay onto staging): its
+-- regions are taken in, and the set goes.
+local function add_regions(k, evs)
+  local users, wanted, legacy = {}, {}, {}
+  for i, ev in ipairs(evs) do
+    local list = wanted[ev.user]
+    if list == nil then
+      list = {}
+      wanted[ev.user] = list
+      users[#users + 1] = ev.user
+      legacy[#users] = k.legacy and k.legacy[i]
+    end
+    list[#list + 1] = ev.region
+  end
+  local fields, changed, gone = redis.call('HMGET', k.user_regions, unpack(users)), {}, {}
+  for j, user in ipairs(users) do
+    local field, list = fields[j], nil
+    if field then
+      list = regions_in(field)
+    else
+      list = legacy[j] and redis.call('SMEMBERS', legacy[j]) or {}
+      if #list > 0 then gone[#gone + 1] = legacy[j] end
+    end
+    local has, before = {}, #list
+    for _, name in ipairs(list) do has[name] = true end
+    for _, name in ipairs(wanted[user]) do
+      if not has[name] then
+        has[name] = true
+        list[#list + 1] = name
+      end
+    end
+    if #list > before or not field then
+      table.sort(list)
+      changed[#changed + 1] = user
+      changed[#changed + 1] = table.concat(list, ' ')
+    end
+  end
+  if #changed > 0 then redis.call('HSET', k.user_regions, unpack(changed)) end
+  if #gone > 0 then redis.call('DEL', unpack(gone)) end
+end
+
 -- A batch of events' derived views, each event applied in turn as if alone, but with one
--- command per key (and team): k: {feed, user_team, user_regions = {key...}, periods =
--- {{regions, players, events, expire, teams (view_of(), or nil)}...}}, one user_regions and
--- periods entry per event, the periods' keys the same for every event of one period; evs:
+-- command per key (and team): k: {feed, user_team, user_regions (the hash), legacy = {key...}
+-- (add_regions(), or nil), periods = {{regions, players, events, expire, teams (view_of(), or
+-- nil)}...}}, one legacy and periods entry per event, the periods' keys the same for every
+-- event of one period; evs:
 -- {entry (the feed's JSON), user, region, team ('': none), value, tie}..., in the order they
 -- were accepted; b: {sign (1 descending, -1 ascending), max, refused}.
 local function derive_events(k, evs, feed_length, b)
   if #evs == 0 then return end
-  local entries, teams, regions_of, periods, sums = {}, {}, {}, {}, {}
+  local entries, teams, periods, sums = {}, {}, {}, {}
   for i, ev in ipairs(evs) do
     entries[i] = ev.entry
     if ev.team ~= '' then teams[#teams + 1] = ev.user; teams[#teams + 1] = ev.team end
-    local key = k.user_regions[i]
-    regions_of[key] = regions_of[key] or {}
-    regions_of[key][#regions_of[key] + 1] = ev.region
     for _, p in ipairs(k.periods[i]) do
       local seen = periods[p.events]
       if seen == nil then
@@ -96,7 +138,7 @@ local function derive_events(k, evs, feed_length, b)
     redis.call('LTRIM', k.feed, 0, feed_length - 1)
   end
   if #teams > 0 then redis.call('HSET', k.user_team, unpack(teams)) end
-  for key, regions in pairs(regions_of) do redis.call('SADD', key, unpack(regions)) end
+  add_regions(k, evs)
   for _, seen in ipairs(periods) do
     local p = seen.p
     expire_made(redis.call('SADD', p.regions, unpack(seen.regions)) > 0, {p.regions}, p.expire)
@@ -144,12 +186,14 @@ derive: a batch of one board's events, in the order of acceptance (the outbox's 
 the stream keeps), so that the feed is newest first and each team reached its sum when the
 write would have; at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
-KEYS: feed, user team, the board's as_of hash; then three per regional board whose entries the
-      batch changed: the board, its distinct set, the set being built; then six per period of
+KEYS: feed, user team, the board's as_of hash, its user-regions hash; then three per regional
+      board whose entries the batch changed: the board, its distinct set, the set being built;
+      then six per period of
       the batch (each period id once, however many events name it): regions set, players,
       event count, team board, its distinct set, its tie keys; then three per event: its
       record, the record of the layout before (its board and id alone: an event accepted before
-      ids were scoped to users waits there, live.lua's record_of_event()), the user's regions.
+      ids were scoped to users waits there, live.lua's record_of_event()), the user's regions
+      set of the layout before (add_regions()).
 ARGV: feed length, as_of (RFC 3339), '1' if the board sums teams (incr), '1' descending / '0'
       ascending, the largest score held exactly, how many regional boards; then per regional
       board: how many pairs, then each pair's signed score and subscore part (sync_pairs());
@@ -177,7 +221,7 @@ local function derived_periods(keys, args, ki, ai, sums_teams)
 end
 
 local function derive(keys, args)
-  local ki, ai = 4, 7
+  local ki, ai = 5, 7
   for _ = 1, tonumber(args[6]) do
     local n = tonumber(args[ai])
     sync_pairs(keys[ki], keys[ki + 1], keys[ki + 2], args, ai + 1, n)
@@ -187,7 +231,9 @@ local function derive(keys, args)
   local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
   local batch_periods
   batch_periods, ki, ai = derived_periods(keys, args, ki, ai, sums_teams)
-  local k, evs = {feed = keys[1], user_team = keys[2], user_regions = {}, periods = {}}, {}
+  local k = {feed = keys[1], user_team = keys[2], user_regions = keys[4], legacy = {},
+             periods = {}}
+  local evs = {}
   while ai <= #args do
     local count, record = tonumber(args[ai]), record_of_event(keys[ki], keys[ki + 1])
     local periods = {}
@@ -195,14 +241,14 @@ local function derive(keys, args)
     ai = ai + 1 + count
     local ev = {entry = args[ai], user = args[ai + 1], region = args[ai + 2],
                 team = args[ai + 3], value = tonumber(args[ai + 4]), tie = args[ai + 5]}
-    local user_regions = keys[ki + 2]
+    local legacy = keys[ki + 2]
     ki, ai = ki + 3, ai + 6
     -- Only events still pending, each once: a redelivered event, or one twice in the batch,
     -- finds its bit cleared.
     if pending(record) then
       clear_pending(record)
       evs[#evs + 1] = ev
-      k.user_regions[#evs], k.periods[#evs] = user_regions, periods
+      k.legacy[#evs], k.periods[#evs] = legacy, periods
     end
   end
   derive_events(k, evs, tonumber(args[1]), b)

@@ -10,7 +10,8 @@ Each view the user left is marked dirty (its mark given by the caller), so that 
 recomputes the user's global entry (none now) and pushes the views whose top 10 changed; each
 period whose contributions changed is marked for the MVP view.
 
-KEYS: names, user team, feed, badges, user regions, hot events, newest event, the user's rate
+KEYS: names, user team, feed, badges, the user's regions set (the layout before; the users'
+      regions hash is among the hashes below), hot events, newest event, the user's rate
       bucket, dirty set, MVP dirty set; then three per view (the view, its distinct-score set,
       its hash of records); then the hashes holding the user as a field (HDEL); then two per
       hot view window: its hash ("s:<user>", "c:<user>") and its ranking (live.lua); then the

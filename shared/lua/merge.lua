@@ -35,9 +35,11 @@ put in the global view.
 
 KEYS: global view, its distinct set, its records, the set the marks are taken out of (the merging
 set, or the dirty set for a round of fresh marks), the distinct set being built,
-the board's dense marker, the board's hidden users, the board's merge lease (shared/keys.py).
+the board's dense marker, the board's hidden users, the board's merge lease, the board's
+users' regions (shared/keys.py).
 ARGV: expire-at (0: never), operator, the two ends of a region view's records key (prefix,
-suffix: the key is prefix .. region .. suffix), the two ends of a user's regions key, the two
+suffix: the key is prefix .. region .. suffix), the two ends of a user's regions set of the
+layout before (read for a user the users' regions hash has no field for yet), the two
 parts of a dirty mark (prefix, separator: the mark is prefix .. region .. separator .. id), the
 marker's member for this scope ('global'), the token the caller holds the lease with (lease.lua),
 then the marks, as the merging set holds them. An error (FENCED) if the lease is not held with
@@ -49,10 +51,10 @@ if it has one; else, if the marker names the scope, the set of a new view from i
 or the one the aggregator is building (dense_build below) for a view that has members.
 
 This function builds key names, against common.lua's rule, from templates that shared/keys.py
-made: which regions a user played in is read here (its regions set, with its marks' regions),
-so the region keys are known only inside the call; passing them as KEYS would take another
-round trip and a key per user and region. Every such key carries the board's hash tag, the
-call stays in one slot.
+made: which regions a user played in is read here (its field of the users' regions hash, with
+its marks' regions), so the region keys are known only inside the call; passing them as KEYS
+would take another round trip and a key per user and region. Every such key carries the
+board's hash tag, the call stays in one slot.
 
 Most users of a chunk played in one region and most records do not change: the function works
 on records as the strings the hashes hold (tie|score|metadata, shared/ranking.py), so that a
@@ -149,10 +151,13 @@ end
 
 -- Each user's regional records, as stored: c.first[i] (the first found, with its region in
 -- c.first_region[i]) and c.others[i] (a list of {rec, region} for the rest, if any), from the
--- regions it played in: those of its regions set and those its marks name (so a mark is merged
--- even if the set trailed). One HMGET a region of the chunk, of the chunk's users who played
--- there; a region without a record of the user (never in this period, or its view expired) adds
--- nothing.
+-- regions it played in: those of its field of the users' regions hash (one HMGET for the
+-- chunk; for a user with no field yet, its set of the layout before) and those its marks name
+-- (so a mark is merged even if the derive step trailed). One HMGET a region of the chunk, of
+-- the chunk's users who played there; a region without a record of the user (never in this
+-- period, or its view expired) adds nothing.
+local NONE = {}
+
 local function read_records(t, c)
   local by_region, order = {}, {}
   local function add(r, i)
@@ -164,11 +169,19 @@ local function read_records(t, c)
     end
     at[#at + 1] = i
   end
+  local fields = redis.call('HMGET', t.users_regions, unpack(c.ids))
   for i, id in ipairs(c.ids) do
-    local listed = redis.call('SMEMBERS', t.user_prefix .. id .. t.user_suffix)
-    local mine, more = c.marked[i], c.more[i]
+    local field, mine, more = fields[i], c.marked[i], c.more[i]
+    local listed = NONE
+    if field == mine and more == nil then
+      -- the common case: one region, marked and listed
+    elseif field then
+      listed = regions_in(field)
+    else
+      listed = redis.call('SMEMBERS', t.user_prefix .. id .. t.user_suffix)
+    end
     if more == nil and (#listed == 0 or (#listed == 1 and listed[1] == mine)) then
-      add(mine, i) -- the common case: one region, marked and listed
+      add(mine, i)
     else
       local seen = {[mine] = true}
       add(mine, i)
@@ -314,7 +327,7 @@ local function merge(keys, args)
   if not holds(keys[8], args[10]) then return fenced() end
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
-             user_suffix = args[6]}
+             user_suffix = args[6], users_regions = keys[9]}
   if #args < FIRST_MARK then return {{}, {}, {}, 0} end
   local c = users_of(args)
   read_records(t, c)

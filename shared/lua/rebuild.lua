@@ -66,7 +66,7 @@ local function derived_of(keys, args)
                   expire = tonumber(args[ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD + 3])}
     if teams then periods[i].teams = view_of(keys[base + 5], keys[base + 6], keys[base + 7]) end
   end
-  local k = {feed = keys[8], user_regions = {keys[9]}, user_team = keys[10], periods = {periods}}
+  local k = {feed = keys[8], user_regions = keys[9], user_team = keys[10], periods = {periods}}
   local ev = {entry = args[7] .. '}', user = args[4], region = args[5], team = args[14],
               value = tonumber(args[3]), tie = args[15]}
   return k, ev, {sign = args[12] == '1' and 1 or -1, max = tonumber(args[16]), refused = 0}

@@ -19,7 +19,7 @@ step: rebuild.lua) onto staging, and the rebuild replaces each of them.
 
 KEYS: the event's record (its board, user and id), the record of the layout before (its board
       and id alone), outbox, rebuild flag, rebuild journal, newest event (the write's own keys:
-      a replay gets scratch keys for them), names, feed, user regions, user team; then nine per
+      a replay gets scratch keys for them), names, feed, users' regions, user team; then nine per
       period:
       regional board, its distinct set, its tie keys, regions set, team board, its distinct set,
       its tie keys, players (HyperLogLog), event count. shared/submit.py builds them. Last, the

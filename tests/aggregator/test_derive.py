@@ -58,7 +58,7 @@ async def derived(
         "feed": [orjson_id(entry) for entry in await redis.lrange(keys.feed(bid), 0, -1)],
         "teams": await read_view(redis, keys.teams_view(bid, "alltime", "all"), True),
         "user_team": await redis.hgetall(keys.user_team(bid)),
-        "user_regions": {u: await redis.smembers(keys.user_regions(bid, u)) for u in users},
+        "user_regions": {u: await redis.hget(keys.user_regions(bid), u) for u in users},
     }
     for period, period_id in (("daily", day), ("alltime", "all")):
         state[period] = (
@@ -97,7 +97,7 @@ async def test_the_write_leaves_the_derived_views_to_the_aggregator(
     assert after["feed"] == ["d-3", "d-2", "d-1", "d-0"]
     assert after["user_team"] == {"u1": "red", "u3": "red"}
     assert after["teams"] == [("red", 2 + 4)]
-    assert after["user_regions"] == {"u0": {"eu"}, "u1": {"na"}, "u2": {"eu"}, "u3": {"na"}}
+    assert after["user_regions"] == {"u0": "eu", "u1": "na", "u2": "eu", "u3": "na"}
     assert after["alltime"] == ("4", 4, {"eu", "na"})
     assert after["daily"] == after["alltime"]
     assert await redis.hget(keys.as_of(bid), "derived") is not None
@@ -119,6 +119,25 @@ async def test_a_redelivered_batch_derives_nothing_twice(
     assert state["alltime"] == ("6", 5, {"eu", "na"})
     assert state["teams"] == [("red", 2 + 4 + 6)]
     assert state["feed"] == [f"d-{i}" for i in range(5, -1, -1)]
+
+
+async def test_a_users_regions_set_of_the_layout_before_is_taken_into_the_hash(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A user whose regions the layout before kept in a set of its own: its next derived event
+    puts them in its field of the board's users' regions hash, with the event's, sorted, and the
+    set goes (until then the merge and the ranks read take the set: test_merge_function.py,
+    tests/api/test_hardening_boards.py)."""
+    bid = BOARD.board_id
+    await redis.sadd(keys.legacy_user_regions(bid, "u0"), "sa", "af")
+    await redis.sadd(keys.legacy_user_regions(bid, "u4"), "af")
+    events = await accept(redis, keys, settings, 3)  # u0 in eu, u1 in na, u2 in eu
+
+    assert await derive(redis, keys, BOARD, events, FEED) == 3
+    fields = await redis.hgetall(keys.user_regions(bid))
+    assert fields == {"u0": "af eu sa", "u1": "na", "u2": "eu"}
+    assert not await redis.exists(keys.legacy_user_regions(bid, "u0"))
+    assert await redis.smembers(keys.legacy_user_regions(bid, "u4")) == {"af"}  # not derived yet
 
 
 async def test_batches_applied_in_any_order_give_the_same_counts_and_sets(

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from services.aggregator.combine import Entry, combine
 from services.aggregator.merge import Merger
 from shared.boards import Board
-from shared.keys import Keys, dirty_member
+from shared.keys import REGIONS_SEPARATOR, Keys, dirty_member
 from shared.ranking import MAX_SCORE, member, parse_record, record, sub_part, tie_key
 from shared.redis import open_redis
 from tests.conftest import ON_CLUSTER
@@ -44,8 +44,11 @@ def regional(board: Board, raw: tuple[int, int, int, str]) -> Entry:
     return signed, tie_key(reached, sub_part(subscore, board.subscore_order)), meta
 
 
-async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, listed: dict) -> None:
-    """The regional views as ``state`` says, each user's regions set as ``listed`` says, and a
+async def write_state(
+    redis: Redis, keys: Keys, board: Board, state: dict, listed: dict, legacy: frozenset
+) -> None:
+    """The regional views as ``state`` says, each user's regions as ``listed`` says (in the
+    users' regions hash, or for the users of ``legacy`` in a set of the layout before), and a
     mark per user and region of the state."""
     bid = board.board_id
     for region in REGIONS:
@@ -59,9 +62,13 @@ async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, liste
             await redis.hset(Keys.ties(view), user, record(tie, signed, meta))
             await redis.sadd(keys.dirty(bid), dirty_member("alltime", "all", region, user))
     for user, regions in listed.items():
-        await redis.delete(keys.user_regions(bid, user))
-        if regions:
-            await redis.sadd(keys.user_regions(bid, user), *regions)
+        await redis.delete(keys.legacy_user_regions(bid, user))
+        await redis.hdel(keys.user_regions(bid), user)
+        if regions and user in legacy:
+            await redis.sadd(keys.legacy_user_regions(bid, user), *regions)
+        elif regions:
+            field = REGIONS_SEPARATOR.join(dict.fromkeys(regions))
+            await redis.hset(keys.user_regions(bid), user, field)
 
 
 def expected(board: Board, state: dict) -> dict[str, Entry]:
@@ -108,7 +115,13 @@ async def ask_dense(redis: Redis, keys: Keys, board: Board) -> None:
 
 
 async def scenario(
-    board: Board, first: dict, second: dict, listed: dict, dense: str, redis_url: str
+    board: Board,
+    first: dict,
+    second: dict,
+    listed: dict,
+    legacy: frozenset,
+    dense: str,
+    redis_url: str,
 ) -> None:
     """``dense``: "never" read densely, "always" (from before the first merge), or "later"
     (asked after the first merge: built a step before the second merge, the rest after)."""
@@ -120,15 +133,15 @@ async def scenario(
             merger.build_step = 1
             if dense == "always":
                 await ask_dense(redis, keys, board)
-            # A user's regions set lists what ``listed`` says, maybe less than it played in.
-            await write_state(redis, keys, board, first, listed)
+            # A user's regions list what ``listed`` says, maybe less than it played in.
+            await write_state(redis, keys, board, first, listed, legacy)
             await merger.merge_board(board)
             await check(redis, keys, board, expected(board, first), dense == "always")
             if dense == "later":
                 await ask_dense(redis, keys, board)
                 await merger.build_dense(board, budget=0)  # one step, then the merge
             # Then the regions change: entries move, go, appear; the global view follows.
-            await write_state(redis, keys, board, second, listed)
+            await write_state(redis, keys, board, second, listed, legacy)
             for user in (u for u in first if not second.get(u)):  # in no region now: marked
                 mark = dirty_member("alltime", "all", REGIONS[0], user)
                 await redis.sadd(keys.dirty(board.board_id), mark)
@@ -153,6 +166,7 @@ async def scenario(
     listed=st.dictionaries(
         st.sampled_from(USERS), st.lists(st.sampled_from([*REGIONS, "gone"]), max_size=3)
     ),
+    legacy=st.frozensets(st.sampled_from(USERS)),
     dense=st.sampled_from(["never", "always", "later"]),
 )
 def test_the_function_merges_as_combine_does(
@@ -162,6 +176,7 @@ def test_the_function_merges_as_combine_does(
     first: dict,
     second: dict,
     listed: dict,
+    legacy: frozenset,
     dense: str,
     redis_url: str,
 ) -> None:
@@ -175,4 +190,4 @@ def test_the_function_merges_as_combine_does(
         min_value=-MAX_SCORE,
         max_value=MAX_SCORE,
     )
-    asyncio.run(scenario(board, first, second, listed, dense, redis_url))
+    asyncio.run(scenario(board, first, second, listed, legacy, dense, redis_url))

@@ -101,6 +101,10 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
             ],
         )
 
+        # The users' regions as the derive step keeps them, and as the layout before did.
+        await redis.hset(keys.user_regions("main"), mapping={"u-1": "eu na", "u-2": "eu"})
+        await redis.sadd(keys.legacy_user_regions("main", "u-1"), "eu")
+
         answer = await client.delete("/v1/users/u-1", headers=ADMIN)
         assert answer.status_code == 202, answer.text
         assert answer.json()["status"] == "pending"
@@ -130,6 +134,8 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
         assert_problem(standing, 404)
         assert (await client.get("/v1/users/u-2/friends", headers=SERVER)).json()["friends"] == []
         assert not await redis.hexists(keys.names("main"), "u-1")
+        assert await redis.hgetall(keys.user_regions("main")) == {"u-2": "eu"}
+        assert not await redis.exists(keys.legacy_user_regions("main", "u-1"))
         assert await user_events(engine, "main", "u-1", 10, None) == ([], None)
         assert len((await user_events(engine, "main", "u-2", 10, None))[0]) == 1
         shot = await snapshot_at(engine, "main", "global", "alltime", T0)

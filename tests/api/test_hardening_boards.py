@@ -28,7 +28,7 @@ from services.aggregator.live_tracker import RecordLive
 from services.api.app import create_app
 from shared.boards import BOARD_CACHE_SIZE, MAX_REGIONS, Board, BoardCatalog
 from shared.events import ScoreAccepted
-from shared.keys import Keys
+from shared.keys import Keys, regions_of
 from shared.live_maths import MVP_TEAMS
 from shared.settings import MIN_SECRET_BYTES, LadderSettings
 from tests.api.helpers import add_board, assert_problem, score
@@ -222,7 +222,7 @@ async def test_ranks_walk_only_declared_regions(
     assert {"region:eu", "region:xx"} <= scopes.keys()
     scopes = narrow.json()["periods"]["alltime"]["scopes"]
     assert "region:eu" in scopes and "region:xx" not in scopes
-    assert await redis.sismember(keys.user_regions("decl", "u-1"), "xx")
+    assert "xx" in regions_of(await redis.hget(keys.user_regions("decl"), "u-1"))
     assert_problem(refused, 422)
 
 
@@ -246,12 +246,39 @@ async def test_ranks_walk_at_most_max_regions_of_a_board_without_declared_region
         )
         ranks = await client.get("/v1/boards/wide/users/u-1/ranks")
 
-    assert await redis.scard(keys.user_regions("wide", "u-1")) == len(regions)
+    assert len(regions_of(await redis.hget(keys.user_regions("wide"), "u-1"))) == len(regions)
     assert ranks.status_code == 200, ranks.text
     scopes = ranks.json()["periods"]["alltime"]["scopes"]
     shown = [s for s in scopes if s.startswith("region:")]
     assert len(shown) == MAX_REGIONS
     assert set(shown) <= {f"region:{r}" for r in regions}
+
+
+@pytest.mark.parametrize("declared", [("eu", "na"), None])
+async def test_ranks_read_a_users_regions_from_its_set_of_the_layout_before(
+    quiet: LadderSettings, redis: Redis, keys: Keys, declared: tuple[str, ...] | None
+) -> None:
+    """A user derived before the board's users' regions hash kept its regions in a set of its
+    own: a ranks read walks them (bounded as the hash's are) until the derive step takes the set
+    into the hash."""
+    definition = {"regions": list(declared)} if declared else {}
+    async with api_client(quiet) as client:
+        await put_board(client, "old", definition)
+        for region in ("eu", "na"):
+            response = await client.post(
+                "/v1/boards/old/scores", json=score(region=region), headers=SERVER
+            )
+            assert response.status_code == 200, response.text
+        board = Board(board_id="old", regions=declared)
+        await derive_outbox(redis, keys, board, quiet.feed_length)
+        assert await redis.hget(keys.user_regions("old"), "u-1") == "eu na"
+        await redis.hdel(keys.user_regions("old"), "u-1")
+        await redis.sadd(keys.legacy_user_regions("old", "u-1"), "eu", "na")
+        ranks = await client.get("/v1/boards/old/users/u-1/ranks")
+
+    assert ranks.status_code == 200, ranks.text
+    scopes = ranks.json()["periods"]["alltime"]["scopes"]
+    assert {"region:eu", "region:na"} <= scopes.keys()
 
 
 async def test_mvps_read_a_bounded_number_of_teams(

@@ -20,7 +20,7 @@ from services.api.reads.friends import MAX_FRIENDS, queue_entries, rank_locally
 from services.api.reads.styles import RankStyle, counted, walk_ranks, walked, want_dense
 from shared.boards import MAX_REGIONS, Board
 from shared.functions import PLACE_FUNCTION
-from shared.keys import DERIVED_FIELD, Keys
+from shared.keys import DERIVED_FIELD, Keys, regions_of
 from shared.periods import Period, PeriodWindow
 from shared.ranking import id_of, score_of, sub_of
 
@@ -104,31 +104,42 @@ async def _memberships(
     bid = board.board_id
     declared = list(board.regions) if board.regions is not None else None
     async with redis.pipeline(transaction=False) as pipe:
-        # Bounded whatever the user's regions set holds (docs/security.md, "Invented regions and
+        # The user's field of the users' regions hash, or, where it has none yet, its set of the
+        # layout before, bounded however many it holds (docs/security.md, "Invented regions and
         # teams"): the declared regions it holds, or at most MAX_REGIONS of its members.
+        pipe.hget(keys.user_regions(bid), user_id)
+        legacy = keys.legacy_user_regions(bid, user_id)
         if declared is not None:
-            pipe.smismember(keys.user_regions(bid, user_id), declared)
+            pipe.smismember(legacy, declared)
         else:
-            pipe.srandmember(keys.user_regions(bid, user_id), MAX_REGIONS)
+            pipe.srandmember(legacy, MAX_REGIONS)
         pipe.hget(keys.user_team(bid), user_id)
         pipe.hget(keys.as_of(bid), DERIVED_FIELD)
         pipe.smembers(keys.hidden(bid))
         if with_friends:
             pipe.smembers(keys.friends(user_id))
         learned = await pipe.execute()
-    hidden: set[str] = learned[3]
+    field, legacy_read, team_of, as_of, hidden = learned[:5]
     if user_id in hidden and not own:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
-    regions: list[str] = (
-        sorted(learned[0])
-        if declared is None
-        else sorted(r for r, held in zip(declared, learned[0], strict=True) if held)
-    )
+    regions = _regions(declared, field, legacy_read)
     if not regions:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
-    team: str | None = learned[1] if board.operator == "incr" else None
-    friends = sorted(set(learned[4]) - {user_id} - hidden)[:MAX_FRIENDS] if with_friends else []
-    return regions, team, friends, learned[2]
+    team: str | None = team_of if board.operator == "incr" else None
+    friends = sorted(set(learned[5]) - {user_id} - hidden)[:MAX_FRIENDS] if with_friends else []
+    return regions, team, friends, as_of
+
+
+def _regions(declared: list[str] | None, field: str | None, legacy: list[Any]) -> list[str]:
+    """The user's regions, sorted: those of its field of the users' regions hash (the declared
+    ones, or the first ``MAX_REGIONS``), or else of its set of the layout before (``legacy``:
+    ``SMISMEMBER`` of the declared regions, or ``SRANDMEMBER`` of ``MAX_REGIONS``)."""
+    if field is not None:
+        held = regions_of(field)
+        return sorted(set(held) & set(declared) if declared is not None else held[:MAX_REGIONS])
+    if declared is None:
+        return sorted(legacy)
+    return sorted(r for r, held in zip(declared, legacy, strict=True) if held)
 
 
 def _probes(

@@ -1,8 +1,8 @@
 """The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v9``: the rate limits of docs/api.md section 9a checked and
+A client's write runs as ``ladder_write_v10``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
-pipeline) and a refused one writes nothing. ``ladder_submit_v9`` is the write alone.
+pipeline) and a refused one writes nothing. ``ladder_submit_v10`` is the write alone.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One prepared ``ladder_submit_v9`` call, or the answer already known without one."""
+    """One prepared ``ladder_submit_v10`` call, or the answer already known without one."""
 
     event_id: str
     user_id: str
