@@ -350,7 +350,11 @@ local function merge(keys, args)
   end
   write_batch(v, w)
   -- The marks go in the step that merged them: a crash leaves them, never loses them.
-  batched('SREM', keys[4], {unpack(args, FIRST_MARK)})
+  if #args - FIRST_MARK < 4000 then
+    redis.call('SREM', keys[4], unpack(args, FIRST_MARK))
+  else
+    batched('SREM', keys[4], {unpack(args, FIRST_MARK)})
+  end
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
   expire(made, tonumber(args[1]))
