@@ -104,3 +104,27 @@ async def test_a_global_view_of_bare_tie_keys_is_dropped_and_merged_again(
     assert not await redis.exists(glob, keys.ties(glob), keys.distinct(glob))
     dirty = await redis.smembers(keys.dirty("main"))
     assert {"alltime|all|eu|ana", "alltime|all|eu|zed"} <= dirty
+
+
+async def test_a_rebuild_puts_the_users_regions_hash_in_place_of_sets_of_the_layout_before(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """Users' regions kept as the layout before kept them, a set a user (one of a user MySQL
+    does not know among them): the rebuild makes the board's users' regions hash from the
+    history, and no set of a user is left."""
+    board = BOARDS[0]
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+    at = datetime.now(UTC).replace(microsecond=0).isoformat()
+    await write(redis, keys, settings, board, **eu("e1", "ana", 5, at, team_id="red"))
+    await write(redis, keys, settings, board, **eu("e2", "bob", 3, at))
+    await relay(redis, keys, db, board)
+    await redis.delete(keys.user_regions("main"))
+    for user, regions in (("ana", ["eu"]), ("bob", ["eu", "na"]), ("ghost", ["eu"])):
+        await redis.sadd(keys.legacy_user_regions("main", user), *regions)
+
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).run()
+
+    assert await redis.hgetall(keys.user_regions("main")) == {"ana": "eu", "bob": "eu"}
+    for user in ("ana", "bob", "ghost"):
+        assert not await redis.exists(keys.legacy_user_regions("main", user))
