@@ -5,9 +5,10 @@ Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
 function (``ladder_merge_v5``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its field of the board's users' regions hash, and its marks: the cost
-follows the users and their regions, not the board's count of regions), writes the user's global entry and takes its marks
-out of the merging set in the same step (:mod:`services.aggregator.combine` says what that entry
-is, and is the reference the tests hold the function to).
+follows the users and their regions, not the board's count of regions), writes the user's
+global entry and takes its marks out of the merging set in the same step
+(:mod:`services.aggregator.combine` says what that entry is, and is the reference the tests hold
+the function to).
 
 An entry carries its metadata along (shared/ranking.py). A pass is bounded (``budget``): what it
 leaves stays in the merging set for the next pass, so that a backlog drains while the aggregator's
