@@ -238,27 +238,36 @@ end
 -- One user's change to the global view, added to the batch w: its old record (as stored, nil
 -- for none) out, its new one in (nil: none). Called only where the two differ.
 local function plan_user(w, id, old_rec, rec)
-  local old = parsed(old_rec, id)
   if rec == nil then
+    local old = parsed(old_rec, id)
     w.removed[#w.removed + 1] = old.member
     w.dropped[#w.dropped + 1] = id
     if w.distinct then w.left[#w.left + 1] = old end
     return
   end
+  -- Member and score compared as the strings the records hold, not parsed: tonumber() is libc's
+  -- strtod, a good part of an entry's cost. Every record writes its score with fmt(), so equal
+  -- scores are equal strings; were one not, the entry would only be written again as it is.
   local a = string.find(rec, '|', 1, true)
   local b = string.find(rec, '|', a + 1, true)
   local tie, score = string.sub(rec, 1, a - 1), string.sub(rec, a + 1, b - 1)
-  local member, signed = tie .. id, tonumber(score)
-  if old == nil or old.member ~= member or old.signed ~= signed then
+  local member, old_member, old_score = tie .. id, nil, nil
+  if old_rec then
+    local oa = string.find(old_rec, '|', 1, true)
+    local ob = string.find(old_rec, '|', oa + 1, true)
+    old_member = string.sub(old_rec, 1, oa - 1) .. id
+    old_score = string.sub(old_rec, oa + 1, ob - 1)
+  end
+  if old_member ~= member or old_score ~= score then
     local added = w.added
     added[#added + 1] = score
     added[#added + 1] = member
-    if old ~= nil and old.member ~= member then w.removed[#w.removed + 1] = old.member end
+    if old_member and old_member ~= member then w.removed[#w.removed + 1] = old_member end
   end
   w.records[#w.records + 1] = id
   w.records[#w.records + 1] = rec
   if w.distinct then
-    local sub = sub_of(tie)
+    local old, signed, sub = parsed(old_rec, id), tonumber(score), sub_of(tie)
     if old == nil or old.signed ~= signed or old.sub ~= sub then
       w.pairs[#w.pairs + 1] = fmt(signed)
       w.pairs[#w.pairs + 1] = distinct_member(signed, sub)
