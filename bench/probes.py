@@ -23,13 +23,11 @@ from redis.exceptions import ResponseError
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import make_url
 
-from services.aggregator.merge import Merger
 from services.history.handlers import HistoryHandler
 from services.history.migrate import migrate
-from shared.boards import Board
 from shared.db import open_engine
 from shared.events import ScoreAccepted, rfc3339
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys
 from shared.ranking import member, record, tie_key
 from shared.settings import LadderSettings
 
@@ -41,8 +39,6 @@ CONSUMERS = {
 }
 # How long the push probe waits for a push before counting it missed.
 PUSH_WAIT_SECONDS = 5.0
-# Regions of the board the merge is measured on: a few, and as many as a day of test runs left.
-MERGE_REGIONS = (8, 300)
 
 
 @dataclass
@@ -281,45 +277,6 @@ async def memory_of(redis: Redis, key: str) -> int:
 async def used_memory(redis: Redis) -> int:
     info = await redis.info("memory")
     return int(info["used_memory"])
-
-
-# --- the aggregator's merge --------------------------------------------------------------------
-
-
-async def merge_time(redis: Redis, prefix: str, members: int, regions: int = 8) -> float:
-    """Seconds the aggregator's merge takes to recompute a global board of ``members`` users
-    spread over ``regions`` regions (each user in one, the users' regions hash saying so, as the
-    derive step leaves it), every one of them dirty (the worst case: all moved since the last
-    merge), on a bench-only key prefix. The regional boards are filled first, not timed."""
-    keys = Keys(prefix)
-    board = Board(board_id="merge", periods=["alltime"], notify_top=[1, 10, 100])
-    rng = random.Random(3)
-    chunk = 1000
-    for start in range(0, members, chunk * 20):
-        async with redis.pipeline(transaction=False) as pipe:
-            for offset in range(start, min(members, start + chunk * 20), chunk):
-                users = range(offset, min(members, offset + chunk))
-                by_region: dict[str, list[str]] = {}
-                for i in users:
-                    by_region.setdefault(f"r{i % regions}", []).append(f"u{i}")
-                for region, ids in by_region.items():
-                    mapping, ties = layout_entries(rng, ids)
-                    view = keys.region_view("merge", "alltime", "all", region)
-                    pipe.zadd(view, mapping)
-                    pipe.hset(Keys.ties(view), mapping=ties)
-                    pipe.sadd(
-                        keys.dirty("merge"),
-                        *(dirty_member("alltime", "all", region, u) for u in ids),
-                    )
-                    pipe.hset(keys.user_regions("merge"), mapping=dict.fromkeys(ids, region))
-            await pipe.execute()
-    await redis.sadd(keys.regions("merge", "alltime", "all"), *(f"r{r}" for r in range(regions)))
-    started = time.monotonic()
-    written = await Merger(redis, keys).merge_board(board)
-    elapsed = time.monotonic() - started
-    if written != members:
-        raise RuntimeError(f"the merge wrote {written} entries, not {members}")
-    return elapsed
 
 
 # --- MySQL bytes per event -----------------------------------------------------------------------

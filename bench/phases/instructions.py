@@ -1,7 +1,9 @@
 """What one write costs the Redis process, in instructions: a private ``redis-server`` run under
 valgrind's callgrind, its counters zeroed after a first pass over the users and read after the
 measured writes, by board shape (the shapes of :mod:`bench.phases.commands`), beside one
-submission of the bare loop R (its FCALL and two ``EXPIRE NX``, bench/load.py) counted alike.
+submission of the bare loop R (its FCALL and two ``EXPIRE NX``, bench/load.py) counted alike;
+and what the aggregator's merge costs it a member, over 8 and over 300 regions, the members new
+to the global view and then each one's score changed (bench/phases/merge.py fills the board).
 
 A count of instructions, unlike a time, does not move with the machine's load (two runs of the
 same code agree within about 0.1 %): it is the measure for work on the write's Lua, whose gains
@@ -27,6 +29,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from bench.load import BASELINE_SOURCE
+from bench.phases import merge
 from bench.phases.commands import SHAPES, event, redis_server, write
 from bench.report import Line, Note, Row
 from shared.keys import Keys
@@ -35,6 +38,8 @@ from shared.keys import Keys
 # that the boards are encoded as a large board's are), then the writes counted.
 USERS = 1000
 WRITES = 1000
+# Members of the board a merge is counted on, every one dirty (bench/phases/merge.py).
+MERGED = 10_000
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,21 @@ async def per_baseline(counted: Counted, users: int = USERS, writes: int = WRITE
     return total / writes
 
 
+async def per_merged_member(
+    counted: Counted, regions: int, members: int = MERGED
+) -> tuple[float, float]:
+    """Instructions the aggregator's merge costs Redis a member, ``members`` users over
+    ``regions`` regions, every one of them dirty: (each new to the global view, each one's score
+    changed since the merge before, its old entry read, compared and replaced)."""
+    redis = counted.redis
+    keys = await merge.fill_merge(redis, "ins-merge", members, regions)
+    new = await counted.instructions(lambda: merge.merge_all(redis, keys, members))
+    await merge.rescore_merge(redis, keys, regions)
+    changed = await counted.instructions(lambda: merge.merge_all(redis, keys, members))
+    await redis.flushall()
+    return new / members, changed / members
+
+
 async def measure() -> list[Line]:
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     if missing or shutil.which("redis-server") is None:
@@ -130,6 +150,16 @@ async def measure() -> list[Line]:
                     f"{count / baseline:.1f} R's",
                 )
             )
+        for regions in merge.MERGE_REGIONS:
+            new, changed = await per_merged_member(counted, regions)
+            for case, count in (("new to the global view", new), ("score changed", changed)):
+                rows.append(
+                    Row(
+                        f"Redis instructions per merged member, {regions} regions, {case}",
+                        f"{count:,.0f}",
+                        f"{count / baseline:.2f} R's",
+                    )
+                )
     return rows
 
 

@@ -1,22 +1,36 @@
 """The aggregator's merge of dirty members over 8 and over 300 regions (a board after a day of
 test runs), at 100,000 members and at the run's board size, and how its time grows with the
-members."""
+members; and the probes that fill a board for it (the instruction count of a merged member,
+bench/phases/instructions.py, fills it alike)."""
 
 from __future__ import annotations
 
-from bench import probes
+import random
+import time
+from typing import Any, cast
+
+from redis.asyncio import Redis
+
 from bench.phases import BENCH_PREFIX, Bench
+from bench.probes import layout_entries
 from bench.report import Line, Row
+from services.aggregator.merge import Merger
+from shared.boards import Board
+from shared.keys import Keys, dirty_member
+from shared.ranking import member, parse_record, record
 
 TARGET = 200_000  # members/s, with 8 regions and with 300 (issue 14)
+# Regions of the board the merge is measured on: a few, and as many as a day of test runs left.
+MERGE_REGIONS = (8, 300)
+MERGE_BOARD = Board(board_id="merge", periods=["alltime"], notify_top=[1, 10, 100])
 
 
 async def measure(bench: Bench) -> list[Line]:
     rows: list[Line] = []
-    for regions in probes.MERGE_REGIONS:
+    for regions in MERGE_REGIONS:
         merges = {}
         for n in (100_000, bench.options.members):
-            merges[n] = await probes.merge_time(bench.redis, BENCH_PREFIX, n, regions)
+            merges[n] = await merge_time(bench.redis, BENCH_PREFIX, n, regions)
             await bench.ladder.clean(BENCH_PREFIX)
             rate = n / merges[n]
             rows.append(
@@ -37,3 +51,74 @@ async def measure(bench: Bench) -> list[Line]:
                 )
             )
     return rows
+
+
+async def merge_time(redis: Redis, prefix: str, members: int, regions: int = 8) -> float:
+    """Seconds the aggregator's merge takes to recompute a global board of ``members`` users
+    spread over ``regions`` regions (:func:`fill_merge`), on a bench-only key prefix. The regional
+    boards are filled first, not timed."""
+    keys = await fill_merge(redis, prefix, members, regions)
+    started = time.monotonic()
+    await merge_all(redis, keys, members)
+    return time.monotonic() - started
+
+
+async def merge_all(redis: Redis, keys: Keys, members: int) -> None:
+    """The merge of :data:`MERGE_BOARD`, all of it; an error unless it wrote ``members``."""
+    written = await Merger(redis, keys).merge_board(MERGE_BOARD)
+    if written != members:
+        raise RuntimeError(f"the merge wrote {written} entries, not {members}")
+
+
+async def fill_merge(redis: Redis, prefix: str, members: int, regions: int) -> Keys:
+    """:data:`MERGE_BOARD`'s regional views of ``members`` users spread over ``regions``
+    regions (each user in one, the users' regions hash saying so, as the derive step leaves
+    it), every one of them dirty (the worst case: all moved since the last merge)."""
+    keys, board_id = Keys(prefix), MERGE_BOARD.board_id
+    rng = random.Random(3)
+    chunk = 1000
+    for start in range(0, members, chunk * 20):
+        async with redis.pipeline(transaction=False) as pipe:
+            for offset in range(start, min(members, start + chunk * 20), chunk):
+                users = range(offset, min(members, offset + chunk))
+                by_region: dict[str, list[str]] = {}
+                for i in users:
+                    by_region.setdefault(f"r{i % regions}", []).append(f"u{i}")
+                for region, ids in by_region.items():
+                    mapping, ties = layout_entries(rng, ids)
+                    view = keys.region_view(board_id, "alltime", "all", region)
+                    pipe.zadd(view, mapping)
+                    pipe.hset(Keys.ties(view), mapping=ties)
+                    pipe.sadd(
+                        keys.dirty(board_id),
+                        *(dirty_member("alltime", "all", region, u) for u in ids),
+                    )
+                    pipe.hset(keys.user_regions(board_id), mapping=dict.fromkeys(ids, region))
+            await pipe.execute()
+    names = (f"r{r}" for r in range(regions))
+    await redis.sadd(keys.regions(board_id, "alltime", "all"), *names)
+    return keys
+
+
+async def rescore_merge(redis: Redis, keys: Keys, regions: int) -> None:
+    """Every member of :data:`MERGE_BOARD`'s regional views (:func:`fill_merge`) with its
+    signed score one more, its record with it, and dirty again: the next merge changes every
+    global entry that the one before made (the steady state's case: an old entry read, compared
+    and replaced)."""
+    board_id = MERGE_BOARD.board_id
+    for r in range(regions):
+        region = f"r{r}"
+        view = keys.region_view(board_id, "alltime", "all", region)
+        found: dict[str, str] = cast(dict[str, str], await redis.hgetall(Keys.ties(view)))
+        records: dict[Any, str] = {}
+        scores: dict[str, float] = {}
+        for user, raw in found.items():
+            tie, signed, meta = parse_record(raw)
+            records[user] = record(tie, signed + 1, meta)
+            scores[member(tie, user)] = signed + 1
+        marks = [dirty_member("alltime", "all", region, user) for user in records]
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(view, scores)
+            pipe.hset(Keys.ties(view), mapping=records)
+            pipe.sadd(keys.dirty(board_id), *marks)
+            await pipe.execute()

@@ -27,3 +27,17 @@ async def test_a_write_costs_redis_at_most_so_many_bare_submissions() -> None:
         write = await instructions.per_write(counted, shape, USERS, WRITES)
     assert baseline > 0
     assert write / baseline <= MOST, f"{write:,.0f} instructions a write, {baseline:,.0f} for R"
+
+
+# A merged member of 5,000, 8 regions: about 0.62 R's new to the global view and 0.59 with its
+# score changed; 0.75 and 0.81 while each user's regions were a set of its own and a changed
+# record's scores were parsed to be compared.
+MERGED, MERGE_MOST = 5000, 0.66
+
+
+async def test_a_merged_member_costs_redis_at_most_so_much_of_a_bare_submission() -> None:
+    async with instructions.counted_redis() as counted:
+        baseline = await instructions.per_baseline(counted, USERS, WRITES)
+        new, changed = await instructions.per_merged_member(counted, 8, MERGED)
+    for count in (new, changed):
+        assert count / baseline <= MERGE_MOST, f"{count:,.0f} instructions, {baseline:,.0f} for R"
