@@ -154,8 +154,8 @@ class Keys:
         return f"{self.tag(board_id)}:events:{period}:{period_id}"
 
     def user_regions(self, board_id: str) -> str:
-        """``{P:B}:user-regions`` (hash): user_id -> the regions it scored in, each once, sorted,
-        joined by :data:`REGIONS_SEPARATOR`."""
+        """``{P:B}:user-regions`` (hash): user_id -> the regions it scored in, each once, sorted
+        byte by byte, joined by :data:`REGIONS_SEPARATOR`."""
         return f"{self.tag(board_id)}:user-regions"
 
     def legacy_user_regions(self, board_id: str, user_id: str) -> str:

@@ -64,8 +64,8 @@ local function put_teams(sums)
 end
 
 -- The batch's regions added to the board's user-regions hash (k.user_regions; shared/keys.py):
--- each user's field gets the regions it lacks, kept sorted (so that batches applied in any order
--- leave the same field), in one HMGET and one HSET. A user with no field yet may have the set of
+-- each user's field gets the regions it lacks, kept sorted byte by byte (so that batches applied
+-- in any order leave the same field), in one HMGET and one HSET. A user with no field yet may have the set of
 -- the layout before (k.legacy[i], the key of event i; none on a replay onto staging): its
 -- regions are taken in, and the set goes.
 local function add_regions(k, evs)
@@ -98,7 +98,7 @@ local function add_regions(k, evs)
       end
     end
     if #list > before or not field then
-      table.sort(list)
+      table.sort(list, bytes_less)
       changed[#changed + 1] = user
       changed[#changed + 1] = table.concat(list, ' ')
     end

@@ -1,6 +1,7 @@
-"""The merge function (``ladder_merge_v3``, shared/lua/merge.lua) against :func:`combine`, the
+"""The merge function (``ladder_merge_v5``, shared/lua/merge.lua) against :func:`combine`, the
 reference: random boards, operators, orders, subscores, metadata, scores at the range's ends,
-regions missing from a user's set or holding no record, and a second merge over the first. The
+regions missing from a user's listing (its field of the users' regions hash, or its set of the
+layout before) or holding no record, and a second merge over the first. The
 global distinct-score set: none on a board not read densely; exact on one read densely from the
 start, and on one whose set is built (a step at a time, around the second merge) once a dense
 read asks for it."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,18 +40,33 @@ states = st.dictionaries(
 )
 
 
+@dataclass(frozen=True)
+class Listing:
+    """Each user's regions as listed (maybe fewer than it played in, or one with no record), and
+    the users listed in a set of the layout before rather than in the users' regions hash."""
+
+    regions: dict[str, list[str]]
+    legacy: frozenset[str]
+
+
+listings = st.builds(
+    Listing,
+    regions=st.dictionaries(
+        st.sampled_from(USERS), st.lists(st.sampled_from([*REGIONS, "gone"]), max_size=3)
+    ),
+    legacy=st.frozensets(st.sampled_from(USERS)),
+)
+
+
 def regional(board: Board, raw: tuple[int, int, int, str]) -> Entry:
     score, reached, subscore, meta = raw
     signed = score if board.descending else -score
     return signed, tie_key(reached, sub_part(subscore, board.subscore_order)), meta
 
 
-async def write_state(
-    redis: Redis, keys: Keys, board: Board, state: dict, listed: dict, legacy: frozenset
-) -> None:
-    """The regional views as ``state`` says, each user's regions as ``listed`` says (in the
-    users' regions hash, or for the users of ``legacy`` in a set of the layout before), and a
-    mark per user and region of the state."""
+async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, listed: Listing) -> None:
+    """The regional views as ``state`` says, each user's regions as ``listed`` says, and a mark
+    per user and region of the state."""
     bid = board.board_id
     for region in REGIONS:
         view = keys.region_view(bid, "alltime", "all", region)
@@ -61,10 +78,10 @@ async def write_state(
             await redis.zadd(view, {member(tie, user): signed})
             await redis.hset(Keys.ties(view), user, record(tie, signed, meta))
             await redis.sadd(keys.dirty(bid), dirty_member("alltime", "all", region, user))
-    for user, regions in listed.items():
+    for user, regions in listed.regions.items():
         await redis.delete(keys.legacy_user_regions(bid, user))
         await redis.hdel(keys.user_regions(bid), user)
-        if regions and user in legacy:
+        if regions and user in listed.legacy:
             await redis.sadd(keys.legacy_user_regions(bid, user), *regions)
         elif regions:
             field = REGIONS_SEPARATOR.join(dict.fromkeys(regions))
@@ -115,13 +132,7 @@ async def ask_dense(redis: Redis, keys: Keys, board: Board) -> None:
 
 
 async def scenario(
-    board: Board,
-    first: dict,
-    second: dict,
-    listed: dict,
-    legacy: frozenset,
-    dense: str,
-    redis_url: str,
+    board: Board, first: dict, second: dict, listed: Listing, dense: str, redis_url: str
 ) -> None:
     """``dense``: "never" read densely, "always" (from before the first merge), or "later"
     (asked after the first merge: built a step before the second merge, the rest after)."""
@@ -134,14 +145,14 @@ async def scenario(
             if dense == "always":
                 await ask_dense(redis, keys, board)
             # A user's regions list what ``listed`` says, maybe less than it played in.
-            await write_state(redis, keys, board, first, listed, legacy)
+            await write_state(redis, keys, board, first, listed)
             await merger.merge_board(board)
             await check(redis, keys, board, expected(board, first), dense == "always")
             if dense == "later":
                 await ask_dense(redis, keys, board)
                 await merger.build_dense(board, budget=0)  # one step, then the merge
             # Then the regions change: entries move, go, appear; the global view follows.
-            await write_state(redis, keys, board, second, listed, legacy)
+            await write_state(redis, keys, board, second, listed)
             for user in (u for u in first if not second.get(u)):  # in no region now: marked
                 mark = dirty_member("alltime", "all", REGIONS[0], user)
                 await redis.sadd(keys.dirty(board.board_id), mark)
@@ -163,10 +174,7 @@ async def scenario(
     subscored=st.booleans(),
     first=states,
     second=states,
-    listed=st.dictionaries(
-        st.sampled_from(USERS), st.lists(st.sampled_from([*REGIONS, "gone"]), max_size=3)
-    ),
-    legacy=st.frozensets(st.sampled_from(USERS)),
+    listed=listings,
     dense=st.sampled_from(["never", "always", "later"]),
 )
 def test_the_function_merges_as_combine_does(
@@ -175,8 +183,7 @@ def test_the_function_merges_as_combine_does(
     subscored: bool,
     first: dict,
     second: dict,
-    listed: dict,
-    legacy: frozenset,
+    listed: Listing,
     dense: str,
     redis_url: str,
 ) -> None:
@@ -190,4 +197,4 @@ def test_the_function_merges_as_combine_does(
         min_value=-MAX_SCORE,
         max_value=MAX_SCORE,
     )
-    asyncio.run(scenario(board, first, second, listed, legacy, dense, redis_url))
+    asyncio.run(scenario(board, first, second, listed, dense, redis_url))

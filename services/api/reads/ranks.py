@@ -136,7 +136,11 @@ def _regions(declared: list[str] | None, field: str | None, legacy: list[Any]) -
     ``SMISMEMBER`` of the declared regions, or ``SRANDMEMBER`` of ``MAX_REGIONS``)."""
     if field is not None:
         held = regions_of(field)
-        return sorted(set(held) & set(declared) if declared is not None else held[:MAX_REGIONS])
+        return (
+            sorted(set(held) & set(declared))
+            if declared is not None
+            else sorted(held)[:MAX_REGIONS]
+        )
     if declared is None:
         return sorted(legacy)
     return sorted(r for r, held in zip(declared, legacy, strict=True) if held)
