@@ -132,7 +132,7 @@ async def run(settings: LadderSettings) -> None:
             redis,
             settings,
             port=settings.aggregator_port,
-            companions=(ticker, closing, relay.run),
+            companions=(ticker, closing, relay.relay_until),
         )
 
 

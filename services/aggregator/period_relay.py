@@ -6,7 +6,8 @@ the same atomic step as its claim. Every aggregator process is a consumer of the
 publisher confirm awaited, and only then acknowledged and deleted. A broker that is down, or
 that routes the message to no queue (nobody has bound one to ``ladder.periods`` yet), leaves the
 entry where it is, to be published again; an entry left pending by a process that died is
-claimed by another after ``LADDER_RELAY_CLAIM_IDLE_MS``. Only a process that dies between the
+claimed by another after ``LADDER_RELAY_CLAIM_IDLE_MS`` (the connection, the group and the reads
+are shared/relaying.py's). Only a process that dies between the
 broker's confirm and the acknowledgement publishes a message twice: the copies carry the same
 ``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
 """
@@ -15,24 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-from typing import Any, cast
 
 import aio_pika
 import orjson
 import structlog
-from aio_pika.abc import AbstractExchange, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractExchange
 from prometheus_client import Counter
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
-from shared import amqp
 from shared.boards import BoardCatalog
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.redis import ensure_group
+from shared.relaying import StreamRelay
 from shared.settings import LadderSettings
-from shared.topology import Topology, client_properties
 
 log = structlog.get_logger(__name__)
 
@@ -49,55 +44,17 @@ def message_id(body: str) -> str:
     return f"{fields['board_id']}:{fields['period']}:{fields['period_id']}"
 
 
-class PeriodRelay:
+class PeriodRelay(StreamRelay):
+    """Every board's period outbox to ``ladder.periods``, until the ``stop`` of
+    ``relay_until(stop)``."""
+
     def __init__(
         self, redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings
     ) -> None:
-        self._redis = redis
-        self._keys = keys
-        self._catalog = catalog
-        self._settings = settings
-        self._topology = Topology(settings.broker_prefix, settings.delivery_limit)
-        self._consumer = f"{socket.gethostname()}-{os.getpid()}"
-        self._connection: AbstractRobustConnection | None = None
-        self._exchange: AbstractExchange | None = None
-        self._groups: set[str] = set()
+        super().__init__(redis, keys, catalog, settings, ("aggregator", "period-relay"))
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Relay until ``stop``, reconnecting to the broker as long as it takes."""
-        backoff = 0.5
-        while not stop.is_set():
-            try:
-                await self._connect()
-                backoff = 0.5
-                await self._pump(stop)
-            except Exception as exc:
-                log.warning(
-                    "period relay: broker or redis unavailable; outbox holds messages",
-                    error=repr(exc),
-                )
-            finally:
-                await self._disconnect()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    async def _connect(self) -> None:
-        self._connection = await amqp.connect_robust(
-            self._settings.amqp_urls,
-            reconnect_interval=1.0,
-            client_properties=client_properties("aggregator", "period-relay"),
-        )
-        # A message routed to no queue comes back: publish raises, and the entry waits.
-        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
-        self._exchange = await self._topology.declare_periods_exchange(channel)
-
-    async def _disconnect(self) -> None:
-        self._exchange = None
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                await self._connection.close()
-            self._connection = None
+    async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
+        return await self._topology.declare_periods_exchange(channel)
 
     async def _pump(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -111,39 +68,16 @@ class PeriodRelay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)
 
-    async def _ensure_group(self, stream: str) -> None:
-        if stream in self._groups:
-            return
-        await ensure_group(self._redis, stream, OUTBOX_GROUP)
-        self._groups.add(stream)
-
     async def relay_board(self, board_id: str, claim: bool) -> int:
         """Publish the board's waiting messages (ours pending first); how many were confirmed."""
         stream = self._keys.periods_outbox(board_id)
-        await self._ensure_group(stream)
         if claim:
-            await self._redis.xautoclaim(
-                stream,
-                OUTBOX_GROUP,
-                self._consumer,
-                min_idle_time=self._settings.relay_claim_idle_ms,
-                start_id="0-0",
-                count=READ,
-            )
+            await self._claim(stream, READ)
         done = 0
         for start in ("0", ">"):
-            try:
-                reply = await self._redis.xreadgroup(
-                    OUTBOX_GROUP, self._consumer, {stream: start}, count=READ
-                )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                self._groups.discard(stream)
-                return done
-            replies = cast(list[Any], reply)
-            for entry_id, fields in replies[0][1] if replies else []:
-                if fields and fields.get("m"):
+            entries = await self._read(stream, start, READ)
+            for entry_id, fields in entries or []:
+                if fields.get("m"):
                     try:
                         await self._publish(fields["m"])
                     except (orjson.JSONDecodeError, KeyError, TypeError):
@@ -157,6 +91,8 @@ class PeriodRelay:
                     pipe.xdel(stream, entry_id)
                     await pipe.execute()
                 done += 1
+            if entries is None:
+                return done
         return done
 
     async def _publish(self, body: str) -> None:

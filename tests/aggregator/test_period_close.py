@@ -104,7 +104,7 @@ async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_i
     await redis.xadd(keys.periods_outbox("cup"), {"m": body})
     relay = PeriodRelay(redis, keys, catalog, settings)
     stop = asyncio.Event()
-    running = asyncio.create_task(relay.run(stop))
+    running = asyncio.create_task(relay.relay_until(stop))
     try:
         connection = await connect_broker(settings.amqp_urls)
         async with connection:

@@ -22,28 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, cast
 
 import aio_pika
 import orjson
 import structlog
-from aio_pika.abc import AbstractExchange, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractExchange
 from aio_pika.exceptions import PublishError
 from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
 
-from shared import amqp
 from shared.boards import BoardCatalog
 from shared.events import message_body
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.redis import ensure_group
+from shared.relaying import Entry, StreamRelay
 from shared.settings import LadderSettings
-from shared.topology import Topology, client_properties
 
 log = structlog.get_logger(__name__)
 
@@ -102,21 +96,16 @@ async def unroutable_boards(
     return found
 
 
-class Relay:
+class Relay(StreamRelay):
+    """Every board's outbox to ``ladder.scores``: :meth:`run` until :meth:`stop`, woken by
+    :meth:`wake` after a write."""
+
     def __init__(
         self, redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings
     ) -> None:
-        self._redis = redis
-        self._keys = keys
-        self._catalog = catalog
-        self._settings = settings
-        self._topology = Topology(settings.broker_prefix, settings.delivery_limit)
-        self._consumer = f"{socket.gethostname()}-{os.getpid()}"
+        super().__init__(redis, keys, catalog, settings, ("api", "relay"))
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._connection: AbstractRobustConnection | None = None
-        self._exchange: AbstractExchange | None = None
-        self._groups: set[str] = set()
         # Streams known to hold no entry pending for this consumer (read, not yet confirmed).
         self._settled: set[str] = set()
         self._written: set[str] = set()
@@ -144,55 +133,18 @@ class Relay:
         self._wake.set()
 
     async def run(self) -> None:
-        """Relay until :meth:`stop`, reconnecting to the broker as long as it takes."""
-        backoff = 0.5
-        while not self._stopping.is_set():
-            try:
-                await self._connect()
-                backoff = 0.5
-                await self._pump()
-            except RedisError as exc:
-                log.warning("redis unavailable to the relay", error=repr(exc))
-            except Exception as exc:
-                # Whatever the broker client raised, the outbox keeps the events.
-                log.warning("broker unavailable; outbox holds events", error=repr(exc))
-            finally:
-                await self._disconnect()
-            if not self._stopping.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(backoff * 2, 5.0)
+        await self.relay_until(self._stopping)
 
-    async def _connect(self) -> None:
-        connection = await amqp.connect_robust(
-            self._settings.amqp_urls,
-            reconnect_interval=1.0,
-            client_properties=client_properties("api", "relay"),
-        )
-        self._connection = connection
-        # A returned message fails its publish (PublishError) instead of passing as confirmed.
-        channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+    async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
         self._settled.clear()
         await self._topology.declare(channel)
-        self._exchange = await self._topology.declare_exchange(channel)
-        log.info(
-            "relay connected",
-            exchange=self._topology.scores_exchange,
-            node=connection.node,
-        )
+        return await self._topology.declare_exchange(channel)
 
-    async def _disconnect(self) -> None:
-        self._exchange = None
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                await self._connection.close()
-            self._connection = None
-
-    async def _pump(self) -> None:
+    async def _pump(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         boards: list[str] = []
         boards_at = claim_at = 0.0
-        while not self._stopping.is_set():
+        while not stop.is_set():
             now = loop.time()
             if now >= boards_at:
                 boards = [b.board_id for b in await self._catalog.all()]
@@ -215,47 +167,18 @@ class Relay:
             while await self._relay_board(board_id, False):
                 pass
 
-    async def _ensure_group(self, stream: str) -> None:
-        if stream in self._groups:
-            return
-        await ensure_group(self._redis, stream, OUTBOX_GROUP)
-        self._groups.add(stream)
-
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         retry_at = self._retry_at.get(board_id)
         if retry_at is not None and asyncio.get_running_loop().time() < retry_at:
             return 0
         stream = self._keys.outbox(board_id)
-        await self._ensure_group(stream)
-        if claim:
-            claimed = await self._redis.xautoclaim(
-                stream,
-                OUTBOX_GROUP,
-                self._consumer,
-                min_idle_time=self._settings.relay_claim_idle_ms,
-                start_id="0-0",
-                count=self._settings.relay_batch,
-            )
-            if claimed and claimed[1]:
-                self._settled.discard(stream)
+        if claim and await self._claim(stream, self._settings.relay_batch):
+            self._settled.discard(stream)
         # Our own pending entries first (a read not yet confirmed), then new ones.
         for start in (">",) if stream in self._settled else ("0", ">"):
-            try:
-                reply = await self._redis.xreadgroup(
-                    OUTBOX_GROUP,
-                    self._consumer,
-                    {stream: start},
-                    count=self._settings.relay_batch * IN_FLIGHT,
-                )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                # The stream went away (its board was deleted): make the group again next time.
-                self._groups.discard(stream)
-                return 0
-            replies = cast(list[Any], reply)
-            read: list[tuple[str, dict[str, str] | None]] = replies[0][1] if replies else []
-            entries = [(eid, fields) for eid, fields in read if fields]
+            entries = await self._read(stream, start, self._settings.relay_batch * IN_FLIGHT)
+            if entries is None:
+                return 0  # the group is made again at the next read
             if entries:
                 self._settled.discard(stream)
                 if not await self._publish(board_id, stream, entries):
@@ -270,9 +193,7 @@ class Relay:
         UNROUTABLE.labels(board_id).set(0)
         return 0
 
-    async def _publish(
-        self, board_id: str, stream: str, entries: list[tuple[str, dict[str, str]]]
-    ) -> bool:
+    async def _publish(self, board_id: str, stream: str, entries: list[Entry]) -> bool:
         """Publish ``entries`` and remove those the broker confirmed and routed; whether all
         were. Returned ones stay pending for this consumer, to be published again."""
         exchange = self._exchange
@@ -332,7 +253,7 @@ class Relay:
         return False
 
     async def _publish_batch(
-        self, exchange: AbstractExchange, board_id: str, batch: list[tuple[str, dict[str, str]]]
+        self, exchange: AbstractExchange, board_id: str, batch: list[Entry]
     ) -> PublishError | None:
         """One message of ``batch``, confirmed: ``None``, or the return if no queue took it."""
         message = aio_pika.Message(
