@@ -293,10 +293,11 @@ local function plan_hidden(w, id, old_rec, rec)
   end
 end
 
--- A command on a key with a long flat list of arguments, in calls of at most 4,000 (Lua's
--- unpack() stops near 8,000); 4,000 keeps pairs whole.
-local function batched(command, key, items)
-  for s = 1, #items, 4000 do
+-- A command on a key with a long flat list of arguments (items from items[first], the first
+-- if not given), in calls of at most 4,000 (Lua's unpack() stops near 8,000); 4,000 keeps pairs
+-- whole.
+local function batched(command, key, items, first)
+  for s = first or 1, #items, 4000 do
     redis.call(command, key, unpack(items, s, math.min(s + 3999, #items)))
   end
 end
@@ -359,11 +360,7 @@ local function merge(keys, args)
   end
   write_batch(v, w)
   -- The marks go in the step that merged them: a crash leaves them, never loses them.
-  if #args - FIRST_MARK < 4000 then
-    redis.call('SREM', keys[4], unpack(args, FIRST_MARK))
-  else
-    batched('SREM', keys[4], {unpack(args, FIRST_MARK)})
-  end
+  batched('SREM', keys[4], args, FIRST_MARK)
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
   expire(made, tonumber(args[1]))
