@@ -76,16 +76,18 @@ times a second in two runs a day apart on machines of this kind.
 - **Batch ingest is bound by Redis**, one core, and now also by the aggregator. The write
   keeps only the boards, ranks, brackets, names, the idempotency record and the outbox entry;
   the team boards, feed, counters, HyperLogLogs and regions went to the aggregator's derive
-  step, about 3 commands an event in batches (the rows "Redis commands per ..."). The write
-  itself still runs about 40 commands on a board like `main`, and its time in Redis is mostly
-  not those commands: measured with `INFO commandstats` under batch load with the aggregator
-  stopped, a write's `FCALL` took about 260 µs of which its inner commands were about 85 µs;
-  the rest is the call and the Lua around the commands. The rows "Redis instructions per
-  steady-state write" count it exactly (callgrind): about 11 R's a write, after the outbox
-  entry's JSON became a string built in place and integers were printed as integers (14 %
-  fewer than before); of what is left, a little more than half is the write's own Lua (tables,
-  fields, strings), a quarter its `redis.call`s with the commands they run, a tenth reading its
-  77 keys and arguments. What would move it: fewer keys a call (31 name the derived views, for
+  step, about 3 commands an event in batches (the rows "Redis commands per ..."). The write,
+  counted as the API sends it (behind its two rate limits), runs about 43 commands on a board
+  like `main`, and its time in Redis is mostly not those commands: measured with
+  `INFO commandstats` under batch load with the aggregator stopped, a write's `FCALL` took
+  about 260 µs of which its inner commands were about 85 µs; the rest is the call and the Lua
+  around the commands. The rows "Redis instructions per steady-state write" count it exactly
+  (callgrind): about 11.5 R's a write, 12.3 before each rate bucket became a string read with
+  the other in one `MGET` (three commands a write where six were) and before the write's Lua
+  stopped making tables of keys and fields it never reads (the write alone: 10.9 R's, then
+  10.3). Of what is left, a little more than half is the write's own Lua (tables, fields,
+  strings), a quarter its `redis.call`s with the commands they run, a tenth reading its
+  84 keys and arguments. What would move it: fewer keys a call (31 name the derived views, for
   the rebuild's replay), fewer tables a call, several events a call for the batch endpoint,
   boards with fewer periods; past one Redis, boards spread over cluster shards (their keys
   share one hash tag per board already).

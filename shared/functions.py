@@ -45,8 +45,9 @@ SUBMIT_FUNCTION = "ladder_submit_v10"
 """One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. (v9: a
 last key, the board's hidden users, whose entries stay records alone, out of every view. v10:
 its ninth key is the board's users' regions hash, for the replay's derive step.)"""
-WRITE_FUNCTION = "ladder_write_v10"
-"""``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step."""
+WRITE_FUNCTION = "ladder_write_v11"
+"""``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step.
+(v11: each bucket a string, no longer a hash: both read in one MGET.)"""
 
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"

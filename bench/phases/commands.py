@@ -1,7 +1,8 @@
-"""What one write asks of Redis: the commands a steady-state ``ladder_submit_v10`` call runs, by
-board shape, counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing
-else talks to; and what the aggregator's derive step (``ladder_derive_v3``, in batches of
-``DERIVE_BATCH``) then runs per event for the views the write leaves to it. A count, not a
+"""What one write asks of Redis: the commands a steady-state write runs, by board shape, as the API
+sends it (``ladder_write_v11``: the write behind the user's and the credential's rate limits),
+counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing else talks to;
+and what the aggregator's derive step (``ladder_derive_v5``, in batches of ``DERIVE_BATCH``) then
+runs per event for the views the write leaves to it. A count, not a
 time: it does not vary with the machine or its load, so that a change of the write's layout
 shows here as the same figure on every run.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -24,9 +26,11 @@ from redis.asyncio import Redis
 from bench.ports import consecutive_free
 from bench.report import Line, Note, Row
 from services.aggregator.derive import Derive
+from services.api.write.limits import Quota
+from services.api.write.submit import Call
 from shared.boards import Board
 from shared.events import ScoreAccepted
-from shared.functions import DERIVE_FUNCTION, SUBMIT_FUNCTION
+from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
 from shared.redis import open_redis
 from shared.submit import SubmitEvent, submit_call
@@ -109,7 +113,8 @@ def event(
 
 
 async def write(redis: Redis, keys: Keys, board: Board, submitted: SubmitEvent) -> None:
-    """One write of ``submitted`` through the submit function, as the API makes it."""
+    """One write of ``submitted`` as the API makes it: the call of services/api/write/submit.py,
+    under rate limits no write of the bench reaches (they cost the same taken as refused)."""
     call_keys, args = submit_call(
         keys,
         board,
@@ -119,7 +124,12 @@ async def write(redis: Redis, keys: Keys, board: Board, submitted: SubmitEvent) 
         outbox_max=1_000_000,
         feed_length=100,
     )
-    await redis.fcall(SUBMIT_FUNCTION, len(call_keys), *call_keys, *args)
+    call = Call(submitted.event_id, submitted.user_id, call_keys, args)
+    quota = Quota(keys, board.board_id, "key:bench", user_rate=1e9, key_rate=1e9)
+    now_ms = int(time.time() * 1000)
+    answer = await redis.execute_command("FCALL", *call.command(quota, now_ms))  # type: ignore[no-untyped-call]
+    if answer[0] != "ok":
+        raise RuntimeError(f"the bench's write was refused: {answer}")
 
 
 async def _counted_calls(redis: Redis) -> int:

@@ -79,7 +79,8 @@ local function next_pair(view, signed, sub)
       local hi = past
       while lo < hi do
         local mid = math.floor((lo + hi) / 2)
-        if sub_of(redis.call('ZREVRANGE', view, mid, mid)[1]) >= sub then lo = mid + 1 else hi = mid end
+        local at = sub_of(redis.call('ZREVRANGE', view, mid, mid)[1])
+        if at >= sub then lo = mid + 1 else hi = mid end
       end
       if lo < past then rows = redis.call('ZREVRANGE', view, lo, lo, 'WITHSCORES') end
     end

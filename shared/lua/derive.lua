@@ -65,9 +65,9 @@ end
 
 -- The batch's regions added to the board's user-regions hash (k.user_regions; shared/keys.py):
 -- each user's field gets the regions it lacks, kept sorted byte by byte (so that batches applied
--- in any order leave the same field), in one HMGET and one HSET. A user with no field yet may have the set of
--- the layout before (k.legacy[i], the key of event i; none on a replay onto staging): its
--- regions are taken in, and the set goes.
+-- in any order leave the same field), in one HMGET and one HSET. A user with no field yet may
+-- have the set of the layout before (k.legacy[i], the key of event i; none on a replay onto
+-- staging): its regions are taken in, and the set goes.
 local function add_regions(k, evs)
   local users, wanted, legacy = {}, {}, {}
   for i, ev in ipairs(evs) do

@@ -1,20 +1,23 @@
 --[[
-Rate limits (docs/api.md section 9a): token buckets, each a hash of 'tokens' and 'at' (ms),
-refilled at `rate` a second up to `burst`, kept until a full refill (plus a second) after the
-last take.
+Rate limits (docs/api.md section 9a): token buckets, each a string "<tokens>|<at>" (at: the
+time of the last take, in ms), refilled at `rate` a second up to `burst`, kept until a full
+refill (plus a second) after the last take. The buckets of a write are read together, in one
+MGET, and each taken with one SET: three commands a write, where a hash a bucket took six.
+(MGET reads a key of another type as none: a bucket left as a hash by the code before counts as
+full once, and the next SET replaces it.)
 ]]
 
--- A token bucket's tokens at `now` (ms), refilled since its last take; writes nothing.
-local function tokens_at(bucket, rate, burst, now)
-  local state = redis.call('HMGET', bucket, 'tokens', 'at')
-  local tokens, at = tonumber(state[1]), tonumber(state[2])
-  if tokens == nil then return burst end
-  return math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+-- A token bucket's tokens at `now` (ms), refilled since its last take, from its value (nil or
+-- false: a full bucket).
+local function tokens_in(state, rate, burst, now)
+  if not state then return burst end
+  local tokens, at = string.match(state, '^([^|]*)|(.*)$')
+  return math.min(burst, tonumber(tokens) + math.max(0, now - tonumber(at)) * rate / 1000)
 end
 
 local function keep_tokens(bucket, tokens, now, rate, burst)
-  redis.call('HSET', bucket, 'tokens', tostring(tokens), 'at', tostring(now))
-  redis.call('PEXPIRE', bucket, math.ceil(burst / rate * 1000) + 1000)
+  redis.call('SET', bucket, tostring(tokens) .. '|' .. now, 'PX',
+             math.ceil(burst / rate * 1000) + 1000)
 end
 
 --[[
@@ -31,11 +34,12 @@ Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token
 ]]
 local function write(keys, args)
   local now = tonumber(args[5])
+  local states = redis.call('MGET', keys[1], keys[2])
   local limits = {{'user', keys[1], tonumber(args[1]), tonumber(args[2])},
                   {'credential', keys[2], tonumber(args[3]), tonumber(args[4])}}
   local left = {}
   for i, limit in ipairs(limits) do
-    local tokens = tokens_at(limit[2], limit[3], limit[4], now)
+    local tokens = tokens_in(states[i], limit[3], limit[4], now)
     if tokens < 1 then
       return {'limited', limit[1] .. ' ' .. math.ceil((1 - tokens) * 1000 / limit[3])}
     end
@@ -43,7 +47,9 @@ local function write(keys, args)
   end
   local result = submit({unpack(keys, 3)}, {unpack(args, 6)})
   if result[1] == 'ok' then
-    for i, limit in ipairs(limits) do keep_tokens(limit[2], left[i], now, limit[3], limit[4]) end
+    for i, limit in ipairs(limits) do
+      keep_tokens(limit[2], left[i], args[5], limit[3], limit[4])
+    end
   end
   return result
 end

@@ -183,9 +183,9 @@ end
 A user's place in one view with the entries around it and the counts of its style rank, read in
 one step (the standing read). KEYS: the view, its hash of records, the board's display names, its
 distinct-score set. ARGV: user, how many entries either side, rank style, 'self' where the
-reader is the user (a hidden user's own read answers: standing_hidden()) or ''. Returns {} if the user
-has no score in the view; else standing()'s reply, then the style_count() of the user's entry and
-of the first entry around it.
+reader is the user (a hidden user's own read answers: standing_hidden()) or ''. Returns {} if
+the user has no score in the view; else standing()'s reply, then the style_count() of the user's
+entry and of the first entry around it.
 ]]
 local function placed(keys, args)
   local found = standing(keys, args)

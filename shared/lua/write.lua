@@ -155,25 +155,25 @@ end
 
 -- What every period's write needs to know of the event and its board.
 local function event_of(args)
-  local desc = args[12] == '1'
-  local e = {op = args[2], value = tonumber(args[3]), user = args[4], region = args[5],
-             display = args[6], team = args[14], desc = desc, sign = desc and 1 or -1,
-             tie = args[15], sub = sub_of(args[15]), max = tonumber(args[16]),
-             meta = args[17], sub_order = args[18], brackets = {}}
+  -- Only what the write reads: each field of this table costs every write, as every table does.
+  local e = {op = args[2], value = tonumber(args[3]), user = args[4], display = args[6],
+             sign = args[12] == '1' and 1 or -1, tie = args[15], member = args[15] .. args[4],
+             sub = sub_of(args[15]), max = tonumber(args[16]), meta = args[17],
+             sub_order = args[18], brackets = {}}
   -- Each bracket as a number and as its digits, which name it in the answer and go to Redis as
   -- they are (a number given to redis.call() is formatted on every call).
   for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = {tonumber(t), t} end
   return e
 end
 
--- The i-th period's arguments and keys. The regional board's distinct-score set (k + 2) is not
--- the write's: the derive step keeps it, where dense reads asked for it.
+-- The i-th period's arguments and its regional board's keys, the only ones of the period the
+-- write touches (the others are named for a replay: rebuild.lua derived_of). The period is its
+-- board's view (common.lua view_of) too, with no distinct-score set: the derive step keeps the
+-- regional board's, where dense reads asked for it.
 local function period_of(keys, args, i)
   local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
   return {name = args[a + 1], id = args[a + 2], expire = tonumber(args[a + 3]),
-          board = view_of(keys[k + 1], nil, keys[k + 3]), regions = keys[k + 4],
-          teams = view_of(keys[k + 5], keys[k + 6], keys[k + 7]), players = keys[k + 8],
-          events = keys[k + 9]}
+          view = keys[k + 1], ties = keys[k + 3]}
 end
 
 -- Whether the event's (value, subscore part) beats an entry's: a better score, or an equal one
@@ -208,7 +208,7 @@ end
 -- First pass, for one period: its new scores, before anything is written. Returns a refusal if
 -- one would leave the range of exact scores, else nil.
 local function plan_period(e, p)
-  p.old = entry_in(p.board, e.user)
+  p.old = entry_in(p, e.user)
   p.score, p.changed = new_score(e, p.old)
   return out_of_range(e, p, ' score', p.score)
 end
@@ -227,11 +227,11 @@ local function pushed_out(e, board, rank, prev)
   return pushed
 end
 
--- put_entry() into the period's board, reached now.
-local function put_in_period(e, p, v, id, score, old, meta)
-  put_entry(v, id, old, score * e.sign, e.tie, meta)
-  -- An id new to the view may be its first: then the view's keys were just made.
-  expire_made(old == nil and redis.call('ZCARD', v.view) == 1, {v.view, v.ties}, p.expire)
+-- put_entry() of the user's new score into the period's board, reached now.
+local function put_in_period(e, p)
+  put_entry(p, e.user, p.old, p.score * e.sign, e.tie, e.meta)
+  -- A user new to the board may be its first: then the board's keys were just made.
+  expire_made(p.old == nil and redis.call('ZCARD', p.view) == 1, {p.view, p.ties}, p.expire)
 end
 
 -- The subscore a subscore part (shared/ranking.py sub_part: 's', then 14 hex digits of the
@@ -262,27 +262,27 @@ end
 local function write_period(e, p)
   local prev = false
   if p.old and e.hidden then
-    redis.call('ZADD', p.board.view, fmt(p.old.signed), p.old.member)
+    redis.call('ZADD', p.view, fmt(p.old.signed), p.old.member)
   end
-  if p.old then prev = redis.call('ZREVRANK', p.board.view, p.old.member) end
+  if p.old then prev = redis.call('ZREVRANK', p.view, p.old.member) end
   local rank
   if p.changed then
-    put_in_period(e, p, p.board, e.user, p.score, p.old, e.meta)
-    rank = redis.call('ZREVRANK', p.board.view, e.tie .. e.user) + 1
+    put_in_period(e, p)
+    rank = redis.call('ZREVRANK', p.view, e.member) + 1
   else
     rank = prev + 1
     -- An unchanged entry keeps its place; on set and incr boards it takes the write's metadata.
     if e.op ~= 'best' and p.old.meta ~= e.meta then
-      redis.call('HSET', p.board.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
+      redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
     end
   end
   local result = {period_id = p.id, score = p.score, rank = rank,
                   previous_rank = prev and prev + 1, improved = p.changed,
-                  pushed_out = pushed_out(e, p.board.view, rank, prev)}
+                  pushed_out = pushed_out(e, p.view, rank, prev)}
   if e.hidden then
     local now = p.old
-    if p.changed then now = entry_in(p.board, e.user) end
-    redis.call('ZREM', p.board.view, now.member)
+    if p.changed then now = entry_in(p, e.user) end
+    redis.call('ZREM', p.view, now.member)
   end
   previous_of(e, p, result)
   return result

@@ -206,10 +206,12 @@ async def test_the_write_runs_fewer_redis_commands() -> None:
     on an incr board with teams and four periods ran 89.8 commands with the derived views and
     team boards in it (a count, the same on every run); without them 50.8, and 38.8 without
     the regional distinct-score sets too (a ZADD, a ZCOUNT and a ZREM a period); 39.8 with the
-    check of the board's hidden users (one SISMEMBER a write, shared/lua/write.lua)."""
+    check of the board's hidden users (one SISMEMBER a write, shared/lua/write.lua). Counted as
+    the API sends it, behind its rate limits: 42.8, the two token buckets read in one MGET and
+    each taken with one SET (45.8 while each bucket was a hash: HMGET, HSET and PEXPIRE)."""
     board, extra = SHAPES["incr, 4 periods, with teams (like main)"]
     async with private_redis() as redis:
-        assert await commands_per_write(redis, board, extra) <= 40.0
+        assert await commands_per_write(redis, board, extra) <= 43.0
 
 
 async def test_a_batch_longer_than_a_call_goes_in_calls_in_order(

@@ -1,6 +1,6 @@
 """The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v10``: the rate limits of docs/api.md section 9a checked and
+A client's write runs as ``ladder_write_v11``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
 pipeline) and a refused one writes nothing. ``ladder_submit_v10`` is the write alone.
 """
