@@ -75,7 +75,7 @@ async def test_a_bucket_left_as_a_hash_counts_as_full_and_is_replaced(
     await submit(redis, keys, settings, BOARD, score(5), "e-0", quota(keys))
 
     assert await redis.type(bucket) == "string"
-    value: str = await redis.get(bucket) or ""
+    value = str(await redis.get(bucket))
     tokens, _, at = value.partition("|")
     assert float(tokens) == 1.0 and int(at) > 0
     assert 0 < await redis.pttl(bucket) <= 3000
