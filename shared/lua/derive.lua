@@ -17,10 +17,9 @@ HyperLogLog, the team hash and the users' regions are idempotent by nature; the 
 team sums and the feed are not, and the bit guards them.
 ]]
 
--- Whether an event's record (its key: record_of_event() of live.lua) still waits for its
--- derived views.
-local function pending(record)
-  local marks = marks_of(record)
+-- Whether an event's record, by its first byte (record_of_event() of live.lua; nil: none),
+-- still waits for its derived views.
+local function pending(marks)
   return marks ~= nil and is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0
 end
 
@@ -235,7 +234,8 @@ local function derive(keys, args)
              periods = {}}
   local evs = {}
   while ai <= #args do
-    local count, record = tonumber(args[ai]), record_of_event(keys[ki], keys[ki + 1])
+    local count = tonumber(args[ai])
+    local record, marks = record_of_event(keys[ki], keys[ki + 1])
     local periods = {}
     for i = 1, count do periods[i] = batch_periods[tonumber(args[ai + i])] end
     ai = ai + 1 + count
@@ -245,7 +245,7 @@ local function derive(keys, args)
     ki, ai = ki + 3, ai + 6
     -- Only events still pending, each once: a redelivered event, or one twice in the batch,
     -- finds its bit cleared.
-    if pending(record) then
+    if pending(marks) then
       clear_pending(record)
       evs[#evs + 1] = ev
       k.legacy[#evs], k.periods[#evs] = legacy, periods

@@ -228,20 +228,24 @@ local function is_marks(byte) return byte >= 64 and byte < 72 end
 
 local function mask_of(consumer) return 2 ^ (7 - SEEN_BITS[consumer]) end
 
--- The record that holds an event's marks: its own; or, while it has none, the one of the layout
--- before under its id alone (an event accepted before the upgrade has only that one). An event
--- accepted since has its own record from its write on, so it takes the other only once its own
--- expired, beyond the window in which a redelivery is known.
+-- The record that holds an event's marks, and its marks byte (nil: the event has no record):
+-- its own; or, while it has none, the one of the layout before under its id alone (an event
+-- accepted before the upgrade has only that one). An event accepted since has its own record
+-- from its write on, so it takes the other only once its own expired, beyond the window in
+-- which a redelivery is known. No record is empty, so one GETRANGE tells whether the event's
+-- own is there and reads its first byte.
 local function record_of_event(record, legacy)
-  if redis.call('EXISTS', record) == 0 and redis.call('EXISTS', legacy) == 1 then return legacy end
-  return record
+  local first = redis.call('GETRANGE', record, 0, 0)
+  if first ~= '' then return record, string.byte(first) end
+  first = redis.call('GETRANGE', legacy, 0, 0)
+  if first ~= '' then return legacy, string.byte(first) end
+  return record, nil
 end
 
 -- Whether the consumer marked the event: its record key, the record of the layout before, the
 -- old seen key, the consumer.
 local function was_seen(record, legacy, old, consumer)
-  record = record_of_event(record, legacy)
-  local marks = marks_of(record)
+  local _, marks = record_of_event(record, legacy)
   if marks == nil then return false end
   if not is_marks(marks) then return redis.call('EXISTS', old) == 1 end
   return bit.band(marks, mask_of(consumer)) ~= 0
@@ -250,8 +254,9 @@ end
 -- Mark the event handled by the consumer (keys as was_seen's); returns whether it was marked
 -- already.
 local function mark_seen(record, legacy, old, consumer, ttl)
-  record = record_of_event(record, legacy)
-  local marks, mask = marks_of(record), mask_of(consumer)
+  local marks, mask
+  record, marks = record_of_event(record, legacy)
+  mask = mask_of(consumer)
   if marks == nil then
     redis.call('SET', record, string.char(64 + mask), 'EX', ttl)
     return false

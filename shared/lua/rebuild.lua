@@ -186,7 +186,7 @@ local function rebuild_finish(keys, args)
   end
   for set in pairs(dropped) do redis.call('DEL', set) end
   for record in pairs(records) do
-    if pending(record) then clear_pending(record) end
+    if pending(marks_of(record)) then clear_pending(record) end
   end
   redis.call('DEL', keys[1], keys[2])
   return {'ok', #calls}
