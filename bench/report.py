@@ -76,7 +76,7 @@ times a second in two runs a day apart on machines of this kind.
 - **Batch ingest is bound by Redis**, one core, and now also by the aggregator. The write
   keeps only the boards, ranks, brackets, names, the idempotency record and the outbox entry;
   the team boards, feed, counters, HyperLogLogs and regions went to the aggregator's derive
-  step, about 3 commands an event in batches (the rows "Redis commands per ..."). The write,
+  step, 2 to 3 commands an event in batches (the rows "Redis commands per ..."). The write,
   counted as the API sends it (behind its two rate limits), runs about 43 commands on a board
   like `main`, and its time in Redis is mostly not those commands: measured with
   `INFO commandstats` under batch load with the aggregator stopped, a write's `FCALL` took
