@@ -31,7 +31,8 @@ the newest event key and the rebuild name events as ``<event_id>:<user_id>``. v1
 replay and rebuild finish, v5 of derive and merge: the users' regions are one hash a board
 (``{P:B}:user-regions``) in place of a set a user: the write's ninth key names it, the derive
 step takes it as its fourth key (and each event's set of the layout before, to fold it in), the
-merge as its ninth.)
+merge as its ninth. v12 of the write: the lean layout, the keys the write touches alone; the
+journaled layout keeps the names v10 and v11.)
 """
 
 from __future__ import annotations
@@ -41,13 +42,21 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v10"
-"""One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. (v9: a
+SUBMIT_FUNCTION = "ladder_submit_v12"
+"""One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. Given
+only the keys it touches (the lean layout, shared/submit.py): while the board is being rebuilt it
+writes nothing and answers ``rebuilding``, and the caller sends the journaled call instead.
+(v12: the lean layout; the journaled one keeps its name.)"""
+WRITE_FUNCTION = "ladder_write_v12"
+"""``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step.
+(v11: each bucket a string, no longer a hash: both read in one MGET. v12: the lean layout.)"""
+JOURNALED_SUBMIT_FUNCTION = "ladder_submit_v10"
+"""``SUBMIT_FUNCTION`` given every key a replay of the call writes (the journaled layout), so
+that it is journaled whole while the board is being rebuilt (shared/lua/rebuild.lua). (v9: a
 last key, the board's hidden users, whose entries stay records alone, out of every view. v10:
 its ninth key is the board's users' regions hash, for the replay's derive step.)"""
-WRITE_FUNCTION = "ladder_write_v11"
-"""``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step.
-(v11: each bucket a string, no longer a hash: both read in one MGET.)"""
+JOURNALED_WRITE_FUNCTION = "ladder_write_v11"
+"""``JOURNALED_SUBMIT_FUNCTION`` behind the token buckets, as ``WRITE_FUNCTION``."""
 
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
@@ -151,6 +160,8 @@ UNCOUNT_FUNCTION = "ladder_uncount_v1"
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
     "write": WRITE_FUNCTION,
+    "submit_journaled": JOURNALED_SUBMIT_FUNCTION,
+    "write_journaled": JOURNALED_WRITE_FUNCTION,
     "put": PUT_FUNCTION,
     "merge": MERGE_FUNCTION,
     "dense_build": DENSE_BUILD_FUNCTION,

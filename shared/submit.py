@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -30,14 +30,15 @@ from shared.periods import (
 )
 from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 
-# The layout of submit()'s keys (the same names in shared/lua/write.lua and rebuild.lua): ten
-# keys of the event, the first six the write's own (idempotency record, the record of the layout
-# before, outbox, rebuild flag, journal and newest event), then nine a period, the period's
-# event counter last, then the board's hidden users (a replay reads its staging copy, which
-# the rebuild fills from MySQL). The derived
-# views' keys (feed, user regions and team, each period's regions, players and event count)
-# are named though the write does not touch them: a journaled call is replayed whole, the write
-# then the derive step (shared/lua/rebuild.lua).
+# The journaled layout of submit()'s keys (the same names in shared/lua/write.lua and
+# rebuild.lua): ten keys of the event, the first six the write's own (idempotency record, the
+# record of the layout before, outbox, rebuild flag, journal and newest event), then nine a
+# period, the period's event counter last, then the board's hidden users (a replay reads its
+# staging copy, which the rebuild fills from MySQL). The derived views' keys (feed, user regions
+# and team, each period's regions, players and event count) are named though the write does not
+# touch them: a journaled call is replayed whole, the write then the derive step
+# (shared/lua/rebuild.lua). The lean layout, which the API sends first, names only the keys the
+# write touches (write.lua); it is refused while the board is being rebuilt.
 WRITE_OWN_KEYS = 6
 KEYS_BEFORE = 10
 KEYS_PER_PERIOD = 9
@@ -124,7 +125,7 @@ def board_period_expiry(board: Board, period: Period, period_id: str) -> int:
 @functools.lru_cache(maxsize=256)
 def _board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str, str, str, str, str]:
     """Outbox, rebuild flag, rebuild journal, newest event, names, feed, users' regions,
-    user-team: in submit()'s order."""
+    user-team: in a journaled submit()'s order."""
     return (
         keys.outbox(board_id),
         keys.rebuilding(board_id),
@@ -155,6 +156,26 @@ def _period_keys(
         keys.players(board_id, period, period_id),
         keys.event_count(board_id, period, period_id),
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _lean_board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str]:
+    """Outbox, rebuild flag, newest event, names: in a lean submit()'s order."""
+    return (
+        keys.outbox(board_id),
+        keys.rebuilding(board_id),
+        keys.newest_event(board_id),
+        keys.names(board_id),
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _lean_period_keys(
+    keys: Keys, board_id: str, period: Period, period_id: str, region: str
+) -> tuple[str, str]:
+    """The two keys of one period of a lean write: the regional board and its tie keys."""
+    view = keys.region_view(board_id, period, period_id, region)
+    return view, keys.ties(view)
 
 
 def _record(board_id: str, event: SubmitEvent) -> dict[str, object]:
@@ -208,29 +229,26 @@ def submit_call(
     idempotency_ttl: int,
     outbox_max: int,
     feed_length: int,
+    journaled: bool = True,
 ) -> tuple[list[str], list[str | int]]:
-    """The keys and arguments of ``submit()`` for ``event`` on ``board``."""
+    """The keys and arguments of ``submit()`` for ``event`` on ``board``: its keys in the
+    journaled layout, or in the lean one (``journaled=False``); the arguments are the same."""
     record = _record(board.board_id, event)
     bid = board.board_id
-    outbox, rebuilding, journal, newest, names, feed, user_regions, user_team = _board_keys(
-        keys, bid
-    )
     call_keys = [
         keys.idempotency(bid, event.event_id, event.user_id),
         keys.legacy_idempotency(bid, event.event_id),
-        outbox,
-        rebuilding,
-        journal,
-        newest,
-        names,
-        feed,
-        user_regions,
-        user_team,
     ]
+    period_keys: Callable[[Keys, str, Period, str, str], tuple[str, ...]] = _period_keys
+    if journaled:
+        call_keys += _board_keys(keys, bid)
+    else:
+        call_keys += _lean_board_keys(keys, bid)
+        period_keys = _lean_period_keys
     period_args: list[str | int] = []
     for period in board.periods:
         window = current_window(period, event.occurred_at, board.timezone, board.schedule)
-        call_keys += _period_keys(keys, bid, period, window.period_id, event.region)
+        call_keys += period_keys(keys, bid, period, window.period_id, event.region)
         period_args += [
             period,
             window.period_id,

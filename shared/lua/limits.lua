@@ -27,12 +27,13 @@ one token from each. A refusal by either bucket returns before anything is read 
 does every other refusal of submit(), which leaves the buckets as they were. Both buckets are
 the board's own ({P:B}:rate:...), so that the whole call stays in the board's hash slot.
 
-KEYS: the user's bucket, the credential's bucket, then submit()'s keys.
+KEYS: the user's bucket, the credential's bucket, then submit()'s keys, lean (write) or
+      journaled (write_journaled): write.lua.
 ARGV: user rate a second, user burst, credential rate, credential burst, now in ms, then
       submit()'s arguments.
 Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token is there>'}.
 ]]
-local function write(keys, args)
+local function limited(keys, args, layout)
   local now = tonumber(args[5])
   local states = redis.call('MGET', keys[1], keys[2])
   local limits = {{'user', keys[1], tonumber(args[1]), tonumber(args[2])},
@@ -45,7 +46,7 @@ local function write(keys, args)
     end
     left[i] = tokens - 1
   end
-  local result = submit({unpack(keys, 3)}, {unpack(args, 6)})
+  local result = submit({unpack(keys, 3)}, {unpack(args, 6)}, layout)
   if result[1] == 'ok' then
     for i, limit in ipairs(limits) do
       keep_tokens(limit[2], left[i], args[5], limit[3], limit[4])
@@ -54,4 +55,8 @@ local function write(keys, args)
   return result
 end
 
+local function write(keys, args) return limited(keys, args, LEAN) end
+local function write_journaled(keys, args) return limited(keys, args, JOURNALED) end
+
 redis.register_function(FUNCTIONS.write, write)
+redis.register_function(FUNCTIONS.write_journaled, write_journaled)

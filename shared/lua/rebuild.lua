@@ -2,8 +2,9 @@
 Rebuild of one board from the history database (services/rebuild/; the design and its
 argument are in docs/reliability.md). A board is built into staging keys, which share the
 board's hash tag and so its slot (shared/keys.py names them). While the board's flag key is set,
-submit() journals every call it applies; rebuild_finish replays the journal's events the
-database did not hold yet onto staging and puts staging in place of the live keys, in one step.
+submit() journals every call it applies (a journaled call: a lean one is refused, write.lua);
+rebuild_finish replays the journal's events the database did not hold yet onto staging and puts
+staging in place of the live keys, in one step.
 ]]
 
 -- submit()'s first keys: where a write answers (and the record of the layout before it reads),
@@ -80,7 +81,7 @@ journaled; the record of the layout before never written, so nothing answers fro
 Returns submit()'s status.
 ]]
 local function replay(keys, args)
-  local answer = submit(keys, args)
+  local answer = submit(keys, args, JOURNALED)
   if answer[1] == 'ok' then
     local k, ev, b = derived_of(keys, args)
     derive_events(k, {ev}, tonumber(args[13]), b)

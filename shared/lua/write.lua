@@ -17,13 +17,21 @@ reads asked for them) is the aggregator's: derive.lua applies it from the event 
 still names those keys, so that a journaled call is replayed whole (the write, then the derive
 step: rebuild.lua) onto staging, and the rebuild replaces each of them.
 
-KEYS: the event's record (its board, user and id), the record of the layout before (its board
-      and id alone), outbox, rebuild flag, rebuild journal, newest event (the write's own keys:
-      a replay gets scratch keys for them), names, feed, users' regions, user team; then nine per
-      period:
-      regional board, its distinct set, its tie keys, regions set, team board, its distinct set,
-      its tie keys, players (HyperLogLog), event count. shared/submit.py builds them. Last, the
-      board's hidden users (absent from a journaled call of the version before: none hidden).
+KEYS, in one of two layouts (shared/submit.py builds both):
+  journaled: the event's record (its board, user and id), the record of the layout before (its
+      board and id alone), outbox, rebuild flag, rebuild journal, newest event (the write's own
+      keys: a replay gets scratch keys for them), names, feed, users' regions, user team; then
+      nine per period: regional board, its distinct set, its tie keys, regions set, team board,
+      its distinct set, its tie keys, players (HyperLogLog), event count. Last, the board's
+      hidden users (absent from a journaled call of the version before: none hidden).
+  lean: the keys the write touches, and no others: the event's record, the record of the layout
+      before, outbox, rebuild flag, newest event, names; then two per period: regional board,
+      its tie keys; last, the board's hidden users. A lean call cannot be journaled (a replay
+      writes the derived views, which it does not name): while the board is being rebuilt it
+      writes nothing and returns {'rebuilding', ''}, and the caller sends the journaled call.
+      Every key a function is given costs Redis about as much as a command (its argument read,
+      made an object, then a Lua string); the lean call is given 15 where the journaled one is
+      given 47, on a board of four periods.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
       10 outbox max, 11 brackets (comma-separated), 12 '1' descending / '0' ascending,
@@ -31,10 +39,19 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
       its time), 16 the largest score held exactly, 17 the metadata as JSON ('' for none),
       18 the board's subscore order ('desc', 'asc', '' for none), then three per period: name,
       id, expire-at (0: never).
-Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full.
+Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full,
+rebuilding (a lean call only).
 ]]
 
 local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 10, 9, 18, 3
+
+-- The two layouts of KEYS (above): the keys before the periods', the keys of a period, where
+-- among them the regional board's tie keys are, and where the names, the newest event and (a
+-- journaled call only) the journal are. Both start with the record, the record of the layout
+-- before, the outbox and the rebuild flag.
+local JOURNALED = {before = KEYS_BEFORE, per = KEYS_PER_PERIOD, ties = 3, names = 7, newest = 6,
+                   journal = 5}
+local LEAN = {before = 6, per = 2, ties = 2, names = 6, newest = 5}
 
 -- The event's record under its user and id (docs/architecture.md, "Idempotency"): a marks
 -- byte (the consumers' seen bits, live.lua), the body hash, then the first answer, compactly:
@@ -167,13 +184,13 @@ local function event_of(args)
 end
 
 -- The i-th period's arguments and its regional board's keys, the only ones of the period the
--- write touches (the others are named for a replay: rebuild.lua derived_of). The period is its
--- board's view (common.lua view_of) too, with no distinct-score set: the derive step keeps the
--- regional board's, where dense reads asked for it.
-local function period_of(keys, args, i)
-  local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, KEYS_BEFORE + (i - 1) * KEYS_PER_PERIOD
+-- write touches (a journaled call names the others for a replay: rebuild.lua derived_of). The
+-- period is its board's view (common.lua view_of) too, with no distinct-score set: the derive
+-- step keeps the regional board's, where dense reads asked for it.
+local function period_of(keys, args, i, layout)
+  local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, layout.before + (i - 1) * layout.per
   return {name = args[a + 1], id = args[a + 2], expire = tonumber(args[a + 3]),
-          view = keys[k + 1], ties = keys[k + 3]}
+          view = keys[k + 1], ties = keys[k + layout.ties]}
 end
 
 -- Whether the event's (value, subscore part) beats an entry's: a better score, or an equal one
@@ -299,37 +316,50 @@ local function event_ref(json, user) return event_id_of(json) .. ':' .. user end
 -- one HSET, and the rebuild restores it as it restores the boards), the answer under the event's
 -- user and id, the event's identity as the board's newest (the rebuild waits for it:
 -- rebuild.lua) and the outbox entry (returned); and, while a rebuild of the board runs
--- (rebuild.lua), the call itself in the journal.
-local function record(keys, args, e, periods)
-  if e.display ~= '' then redis.call('HSET', keys[7], e.user, e.display) end
+-- (rebuild.lua), the call itself in the journal (a journaled call: a lean one returned before).
+local function record(keys, args, e, periods, layout)
+  if e.display ~= '' then redis.call('HSET', keys[layout.names], e.user, e.display) end
   local entry = args[7] .. ',"periods":' .. periods_json(periods) .. '}'
   redis.call('SET', keys[1], MARKS_NEW .. args[1] .. compact_answer(periods), 'EX', args[9])
-  redis.call('SET', keys[6], event_ref(args[7], e.user))
+  redis.call('SET', keys[layout.newest], event_ref(args[7], e.user))
   redis.call('XADD', keys[3], '*', 'e', entry)
-  if redis.call('EXISTS', keys[4]) == 1 then
-    redis.call('RPUSH', keys[5], cjson.encode({keys = keys, args = args}))
+  if layout.journal and redis.call('EXISTS', keys[4]) == 1 then
+    redis.call('RPUSH', keys[layout.journal], cjson.encode({keys = keys, args = args}))
   end
   return entry
 end
 
-local function submit(keys, args)
+-- submit() of a call in `layout` (JOURNALED or LEAN).
+local function submit(keys, args, layout)
+  local named = layout.before + tonumber(args[8]) * layout.per
+  -- Keys of the other layout would be read as this one's, and the wrong keys written. (A
+  -- journaled call of the version before names no hidden users' key.)
+  if #keys ~= named + 1 and not (layout.journal and #keys == named) then
+    return redis.error_reply('ERR submit() given ' .. #keys .. ' keys, not those of its layout')
+  end
   local refused = refusal(keys, args)
   if refused then return refused end
+  -- The one check of the rebuild flag a lean call makes; a journaled call makes it in record().
+  if not layout.journal and redis.call('EXISTS', keys[4]) == 1 then return {'rebuilding', ''} end
   local e = event_of(args)
-  local hidden = keys[KEYS_BEFORE + tonumber(args[8]) * KEYS_PER_PERIOD + 1]
+  local hidden = keys[named + 1]
   if hidden and redis.call('SISMEMBER', hidden, e.user) == 1 then
     e.hidden, e.brackets = true, {}
   end
   -- Every period is planned before any is written: a refusal writes nothing.
   local plan = {}
   for i = 1, tonumber(args[8]) do
-    plan[i] = period_of(keys, args, i)
+    plan[i] = period_of(keys, args, i, layout)
     refused = plan_period(e, plan[i])
     if refused then return refused end
   end
   local periods = {}
   for _, p in ipairs(plan) do periods[p.name] = write_period(e, p) end
-  return {'ok', record(keys, args, e, periods)}
+  return {'ok', record(keys, args, e, periods, layout)}
 end
 
-redis.register_function(FUNCTIONS.submit, submit)
+local function submit_journaled(keys, args) return submit(keys, args, JOURNALED) end
+local function submit_lean(keys, args) return submit(keys, args, LEAN) end
+
+redis.register_function(FUNCTIONS.submit_journaled, submit_journaled)
+redis.register_function(FUNCTIONS.submit, submit_lean)

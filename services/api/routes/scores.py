@@ -21,6 +21,7 @@ from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_bo
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
 from services.api.write.submit import (
+    REBUILDING,
     Call,
     answer,
     prepare,
@@ -149,6 +150,10 @@ async def post_score(request: Request) -> Response:
             # In one round trip with the other single writes of this process (write/group.py).
             command = call.command(quota, int(time.time() * 1000))
             status, payload = await state.writes.write(command)
+            if status == REBUILDING:
+                # The board is being rebuilt: again, in the layout that is journaled whole.
+                command = call.command(quota, int(time.time() * 1000), journaled=True)
+                status, payload = await state.writes.write(command)
             result = answer(status, payload, call)
             state.relay.wake(board.board_id)
         else:

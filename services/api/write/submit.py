@@ -1,8 +1,12 @@
 """The score write: validate, then one Redis Function call (docs/api.md section 4).
 
-A client's write runs as ``ladder_write_v11``: the rate limits of docs/api.md section 9a checked and
+A client's write runs as ``WRITE_FUNCTION``: the rate limits of docs/api.md section 9a checked and
 taken in the same atomic call as the write, so a score costs one Redis round trip (a batch one
-pipeline) and a refused one writes nothing. ``ladder_submit_v10`` is the write alone.
+pipeline) and a refused one writes nothing. ``SUBMIT_FUNCTION`` is the write alone. Both are sent
+in the lean layout, naming only the keys the write touches; while the board is being rebuilt
+that call answers ``rebuilding`` having written nothing, and the write goes again in the
+journaled layout (``JOURNALED_*``), which names every key a replay of it writes (shared/submit.py,
+shared/lua/write.lua): one round trip more a write, during a rebuild only.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +27,12 @@ from services.api.write.durable import Durability
 from services.api.write.limits import Quota, refusal
 from services.api.write.models import ScoreIn, metadata_text
 from shared.boards import Board
-from shared.functions import SUBMIT_FUNCTION, WRITE_FUNCTION
+from shared.functions import (
+    JOURNALED_SUBMIT_FUNCTION,
+    JOURNALED_WRITE_FUNCTION,
+    SUBMIT_FUNCTION,
+    WRITE_FUNCTION,
+)
 from shared.keys import Keys
 from shared.periods import PERIODS, Period
 from shared.settings import LadderSettings
@@ -151,9 +161,14 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     }
 
 
+# What the lean write answers while its board is being rebuilt, having written nothing.
+REBUILDING = "rebuilding"
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One prepared ``ladder_submit_v10`` call, or the answer already known without one."""
+    """One prepared write (its keys in the lean layout, and how to name them in the journaled
+    one), or the answer already known without one."""
 
     event_id: str
     user_id: str
@@ -162,17 +177,24 @@ class Call:
     known: dict[str, Any] | None = None
     board_id: str = ""
     region: str = ""
+    journaled_keys: Callable[[], list[str]] | None = None
 
-    def command(self, quota: Quota | None, now_ms: int) -> list[Any]:
-        """The FCALL arguments: the write under ``quota``'s limits, or the bare write."""
+    def command(self, quota: Quota | None, now_ms: int, *, journaled: bool = False) -> list[Any]:
+        """The FCALL arguments: the write under ``quota``'s limits, or the bare write; in the
+        lean layout, or in the journaled one (to send again after a ``rebuilding`` answer)."""
+        call_keys = self.keys
+        if journaled:
+            assert self.journaled_keys is not None, "a call without keys has no journaled form"
+            call_keys = self.journaled_keys()
         if quota is None:
-            return [SUBMIT_FUNCTION, len(self.keys), *self.keys, *self.args]
+            function = JOURNALED_SUBMIT_FUNCTION if journaled else SUBMIT_FUNCTION
+            return [function, len(call_keys), *call_keys, *self.args]
         limit_keys, limit_args = quota.call(self.user_id, now_ms)
         return [
-            WRITE_FUNCTION,
-            len(limit_keys) + len(self.keys),
+            JOURNALED_WRITE_FUNCTION if journaled else WRITE_FUNCTION,
+            len(limit_keys) + len(call_keys),
             *limit_keys,
-            *self.keys,
+            *call_keys,
             *limit_args,
             *self.args,
         ]
@@ -225,16 +247,30 @@ async def prepare(
         score.subscore,
         metadata_text(score.metadata) if score.metadata is not None else None,
     )
-    call_keys, args = submit_call(
-        keys,
-        board,
-        event,
-        body_hash=digest,
-        idempotency_ttl=settings.idempotency_ttl_seconds,
-        outbox_max=settings.outbox_max,
-        feed_length=settings.feed_length,
+
+    def call_of(journaled: bool) -> tuple[list[str], list[str | int]]:
+        return submit_call(
+            keys,
+            board,
+            event,
+            body_hash=digest,
+            idempotency_ttl=settings.idempotency_ttl_seconds,
+            outbox_max=settings.outbox_max,
+            feed_length=settings.feed_length,
+            journaled=journaled,
+        )
+
+    call_keys, args = call_of(False)
+    return Call(
+        event_id,
+        score.user_id,
+        call_keys,
+        args,
+        None,
+        board.board_id,
+        score.region,
+        lambda: call_of(True)[0],
     )
-    return Call(event_id, score.user_id, call_keys, args, None, board.board_id, score.region)
 
 
 def _first_answer(stored: str | None) -> tuple[str, str] | None:
@@ -279,10 +315,13 @@ async def submit(
     call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
     if call.known is not None:
         return call.known
-    # Straight to execute_command: fcall()'s deprecation wrapper costs more than the call.
-    status, payload = await redis.execute_command(  # type: ignore[no-untyped-call]
-        "FCALL", *call.command(quota, int(time.time() * 1000))
-    )
+    for journaled in (False, True):
+        # Straight to execute_command: fcall()'s deprecation wrapper costs more than the call.
+        status, payload = await redis.execute_command(  # type: ignore[no-untyped-call]
+            "FCALL", *call.command(quota, int(time.time() * 1000), journaled=journaled)
+        )
+        if status != REBUILDING:
+            break
     return answer(status, payload, call)
 
 
@@ -303,15 +342,30 @@ async def submit_many(
         return []
     now_ms = int(time.time() * 1000)
     durability = durability or Durability(0, 1)
+    out = await _pipelined(redis, [call.command(quota, now_ms) for call in calls], durability)
+    # Those a rebuild of the board refused, again in order, journaled.
+    again = [i for i, (status, _) in enumerate(out) if status == REBUILDING]
+    if again:
+        commands = [calls[i].command(quota, now_ms, journaled=True) for i in again]
+        replies = await _pipelined(redis, commands, durability)
+        for i, reply in zip(again, replies, strict=True):
+            out[i] = reply
+    return out
+
+
+async def _pipelined(
+    redis: Redis, commands: list[list[Any]], durability: Durability
+) -> list[tuple[str, str]]:
+    """``FCALL`` each command in one pipeline (ended by ``durability``'s ``WAIT``)."""
     async with redis.pipeline(transaction=False) as pipe:
-        for call in calls:
-            pipe.execute_command("FCALL", *call.command(quota, now_ms))
+        for command in commands:
+            pipe.execute_command("FCALL", *command)
         await durability.queue(pipe)
         started = time.perf_counter()
         replies: list[Any] = await pipe.execute(raise_on_error=False)
-    short = durability.shortfall(pipe, replies[len(calls) :], started)
+    short = durability.shortfall(pipe, replies[len(commands) :], started)
     out = []
-    for reply in replies[: len(calls)]:
+    for reply in replies[: len(commands)]:
         if isinstance(reply, Exception):
             raise reply
         out.append((str(reply[0]), str(reply[1])))
