@@ -82,16 +82,18 @@ times a second in two runs a day apart on machines of this kind.
   `INFO commandstats` under batch load with the aggregator stopped, a write's `FCALL` took
   about 260 µs of which its inner commands were about 85 µs; the rest is the call and the Lua
   around the commands. The rows "Redis instructions per steady-state write" count it exactly
-  (callgrind): about 11.0 R's a write. It was 12.3 before each rate bucket became a string read
+  (callgrind): about 9.7 R's a write. It was 12.3 before each rate bucket became a string read
   with the other in one `MGET` (three commands a write where six were) and before the write's
   Lua stopped making tables of keys and fields it never reads (the write alone: 10.9 R's, then
-  10.3), and 11.5 before the API's call named only the keys the write touches (the lean layout:
-  15 keys where 47 were, half the bytes). Of what is left, a little more than half is the
-  write's own Lua (tables, fields, strings), a quarter its `redis.call`s with the commands they
-  run, a twelfth reading its 52 keys and arguments. What would move it: fewer tables a call,
-  fewer arguments (each costs Redis about 1,100 instructions, a key 1,800), several events a
-  call for the batch endpoint,
-  boards with fewer periods; past one Redis, boards spread over cluster shards (their keys
+  10.3); 11.5 before the API's call named only the keys the write touches (the lean layout: 15
+  keys where 47 were, half the bytes); 11.0 before each period's result went straight to its
+  JSON text and compact answer, with no table for it, its brackets or its buckets. Before
+  those two steps (callgrind on a build with symbols), a little more than half was the write's
+  own Lua (tables, fields, strings), a quarter its `redis.call`s with the commands they run, a
+  tenth reading its 84 keys and arguments (52 now). What would move it: fewer tables a call
+  (one a period is left, and one for its old entry), fewer arguments (each costs Redis about
+  1,100 instructions, a key 1,800), several events a call for the batch endpoint, boards with
+  fewer periods; past one Redis, boards spread over cluster shards (their keys
   share one hash tag per board already).
 - **The merge** runs in Redis, a chunk of 60 dirty marks a call. The rows "Redis instructions
   per merged member" count it (callgrind): about 0.6 R's a member over 8 regions and 0.8 over

@@ -33,24 +33,25 @@ ARGV: user rate a second, user burst, credential rate, credential burst, now in 
       submit()'s arguments.
 Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token is there>'}.
 ]]
+-- The refusal of a bucket short of a token (`who` names it), nil if it has one.
+local function short(who, tokens, rate)
+  if tokens >= 1 then return nil end
+  return {'limited', who .. ' ' .. math.ceil((1 - tokens) * 1000 / rate)}
+end
+
 local function limited(keys, args, layout)
   local now = tonumber(args[5])
   local states = redis.call('MGET', keys[1], keys[2])
-  local limits = {{'user', keys[1], tonumber(args[1]), tonumber(args[2])},
-                  {'credential', keys[2], tonumber(args[3]), tonumber(args[4])}}
-  local left = {}
-  for i, limit in ipairs(limits) do
-    local tokens = tokens_in(states[i], limit[3], limit[4], now)
-    if tokens < 1 then
-      return {'limited', limit[1] .. ' ' .. math.ceil((1 - tokens) * 1000 / limit[3])}
-    end
-    left[i] = tokens - 1
-  end
+  local user_rate, user_burst = tonumber(args[1]), tonumber(args[2])
+  local key_rate, key_burst = tonumber(args[3]), tonumber(args[4])
+  local user = tokens_in(states[1], user_rate, user_burst, now)
+  local credential = tokens_in(states[2], key_rate, key_burst, now)
+  local refused = short('user', user, user_rate) or short('credential', credential, key_rate)
+  if refused then return refused end
   local result = submit({unpack(keys, 3)}, {unpack(args, 6)}, layout)
   if result[1] == 'ok' then
-    for i, limit in ipairs(limits) do
-      keep_tokens(limit[2], left[i], args[5], limit[3], limit[4])
-    end
+    keep_tokens(keys[1], user - 1, args[5], user_rate, user_burst)
+    keep_tokens(keys[2], credential - 1, args[5], key_rate, key_burst)
   end
   return result
 end

@@ -96,17 +96,12 @@ local function base36(n)
   return table.concat(out)
 end
 
-local function compact_answer(periods)
-  local parts = {}
-  for name, a in pairs(periods) do
-    local code = string.sub(name, 1, 1)
-    if a.improved then code = string.upper(code) end
-    local previous = ''
-    if a.previous_rank then previous = base36(a.previous_rank) end
-    parts[#parts + 1] = code .. a.period_id .. ' ' .. base36(a.score) .. ' ' .. base36(a.rank) ..
-                        ' ' .. previous
-  end
-  return table.concat(parts, ';')
+-- One period's part of the compact answer (above).
+local function compact_part(name, id, improved, score, rank, prev)
+  local code = string.sub(name, 1, 1)
+  if improved then code = string.upper(code) end
+  return code .. id .. ' ' .. base36(score) .. ' ' .. base36(rank) .. ' ' ..
+         (prev and base36(prev) or '')
 end
 
 -- The answer a record (its value; false: none) holds: (body hash, answer), or nil for none (no
@@ -139,35 +134,17 @@ local function refusal(keys, args)
   return nil
 end
 
--- The periods' results as the outbox entry's JSON object (shared/events.py PeriodResult), built
--- as a string: every number an exact integer (cjson writes 14 significant digits; a score has up
--- to 16), and every string a period name, a period id, a bracket or a user id, none of which
--- holds a character JSON escapes (shared/events.py, shared/periods.py). cjson.encode() and the
--- gsub() that put the exact scores back cost about 2 % more of a write's instructions
--- (bench/phases/instructions.py).
-local function period_json(name, r)
-  local out = {'"', name, '":{"period_id":"', r.period_id, '","score":', fmt(r.score),
-               ',"rank":', fmt(r.rank), ',"previous_rank":',
-               r.previous_rank and fmt(r.previous_rank) or 'null',
-               ',"improved":', r.improved and 'true' or 'false', ',"pushed_out":{'}
-  local first = true
-  for bracket, user in pairs(r.pushed_out) do
-    out[#out + 1] = (first and '"' or ',"') .. bracket .. '":"' .. user .. '"'
-    first = false
-  end
-  out[#out + 1] = '}'
-  if r.previous_score then out[#out + 1] = ',"previous_score":' .. fmt(r.previous_score) end
-  if r.previous_subscore then
-    out[#out + 1] = ',"previous_subscore":' .. fmt(r.previous_subscore)
-  end
-  out[#out + 1] = '}'
-  return table.concat(out)
-end
-
-local function periods_json(periods)
-  local parts = {}
-  for name, r in pairs(periods) do parts[#parts + 1] = period_json(name, r) end
-  return '{' .. table.concat(parts, ',') .. '}'
+-- One period's result as a member of the outbox entry's JSON object "periods" (shared/events.py
+-- PeriodResult), built as a string, in one concatenation: every number an exact integer (cjson
+-- writes 14 significant digits; a score has up to 16), and every string a period name, a period
+-- id, a bracket or a user id, none of which holds a character JSON escapes (shared/events.py,
+-- shared/periods.py). cjson.encode() and the gsub() that put the exact scores back cost about
+-- 2 % more of a write's instructions (bench/phases/instructions.py). `pushed` and `previous`
+-- are JSON already (pushed_out(), previous_json()).
+local function period_json(name, id, score, rank, prev, improved, pushed, previous)
+  return '"' .. name .. '":{"period_id":"' .. id .. '","score":' .. fmt(score) .. ',"rank":' ..
+         fmt(rank) .. ',"previous_rank":' .. (prev and fmt(prev) or 'null') .. ',"improved":' ..
+         (improved and 'true' or 'false') .. ',"pushed_out":{' .. pushed .. '}' .. previous .. '}'
 end
 
 -- What every period's write needs to know of the event and its board.
@@ -177,9 +154,13 @@ local function event_of(args)
              sign = args[12] == '1' and 1 or -1, tie = args[15], member = args[15] .. args[4],
              sub = sub_of(args[15]), max = tonumber(args[16]), meta = args[17],
              sub_order = args[18], brackets = {}}
-  -- Each bracket as a number and as its digits, which name it in the answer and go to Redis as
-  -- they are (a number given to redis.call() is formatted on every call).
-  for t in string.gmatch(args[11], '%d+') do e.brackets[#e.brackets + 1] = {tonumber(t), t} end
+  -- Each bracket as a number then as its digits, which name it in the answer and go to Redis as
+  -- they are (a number given to redis.call() is formatted on every call): one flat list.
+  local brackets = e.brackets
+  for t in string.gmatch(args[11], '%d+') do
+    brackets[#brackets + 1] = tonumber(t)
+    brackets[#brackets + 1] = t
+  end
   return e
 end
 
@@ -231,14 +212,18 @@ local function plan_period(e, p)
 end
 
 -- The ids whose rank a move from prev (0-based, false: absent) to rank (1-based) pushed below
--- each bracket it crossed, by bracket.
+-- each bracket it crossed, as the members of the outbox result's JSON object "pushed_out" (the
+-- bracket's digits, the id), '' for none.
 local function pushed_out(e, board, rank, prev)
-  local pushed = {}
-  for _, bracket in ipairs(e.brackets) do
-    local t, name = bracket[1], bracket[2]
+  local pushed, brackets = '', e.brackets
+  for i = 1, #brackets, 2 do
+    local t, name = brackets[i], brackets[i + 1]
     if rank <= t and (prev == false or prev + 1 > t) then
       local out = redis.call('ZREVRANGE', board, name, name)
-      if out[1] then pushed[name] = string.sub(out[1], #e.tie + 1) end
+      if out[1] then
+        pushed = pushed .. (pushed == '' and '"' or ',"') .. name .. '":"' ..
+                 string.sub(out[1], #e.tie + 1) .. '"'
+      end
     end
   end
   return pushed
@@ -263,16 +248,19 @@ local function subscore_of(part, order)
 end
 
 -- What a period's outbox result says of the entry before a write that changed it: its score
--- and subscore (the derive step keeps the distinct-score set by both pairs, derive.lua).
-local function previous_of(e, p, result)
-  if not (p.changed and p.old) then return end
-  result.previous_score = p.old.signed * e.sign
+-- and subscore (the derive step keeps the distinct-score set by both pairs, derive.lua), as
+-- members of the result's JSON object ('' for none).
+local function previous_json(e, p)
+  if not (p.changed and p.old) then return '' end
+  local previous = ',"previous_score":' .. fmt(p.old.signed * e.sign)
   if p.old.sub ~= '' then
-    result.previous_subscore = subscore_of(p.old.sub, e.sub_order)
+    previous = previous .. ',"previous_subscore":' .. fmt(subscore_of(p.old.sub, e.sub_order))
   end
+  return previous
 end
 
--- Second pass, for one period: write, and read what the write did. A hidden user's entry
+-- Second pass, for one period: write, and read what the write did; returns the period's result
+-- as JSON (period_json()) and as its part of the compact answer. A hidden user's entry
 -- (shared/lua/hide.lua) is its record alone: its member is put in the view for the length of
 -- this atomic call, so that its answer holds the rank it would have, then taken out again; it
 -- pushes nobody out of a bracket (e.brackets is empty).
@@ -293,16 +281,15 @@ local function write_period(e, p)
       redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
     end
   end
-  local result = {period_id = p.id, score = p.score, rank = rank,
-                  previous_rank = prev and prev + 1, improved = p.changed,
-                  pushed_out = pushed_out(e, p.view, rank, prev)}
+  local pushed = pushed_out(e, p.view, rank, prev)
   if e.hidden then
     local now = p.old
     if p.changed then now = entry_in(p, e.user) end
     redis.call('ZREM', p.view, now.member)
   end
-  previous_of(e, p, result)
-  return result
+  prev = prev and prev + 1
+  return period_json(p.name, p.id, p.score, rank, prev, p.changed, pushed, previous_json(e, p)),
+         compact_part(p.name, p.id, p.changed, p.score, rank, prev)
 end
 
 -- The event id that the event's JSON (shared/submit.py) starts with; ids hold no '"'.
@@ -317,10 +304,11 @@ local function event_ref(json, user) return event_id_of(json) .. ':' .. user end
 -- user and id, the event's identity as the board's newest (the rebuild waits for it:
 -- rebuild.lua) and the outbox entry (returned); and, while a rebuild of the board runs
 -- (rebuild.lua), the call itself in the journal (a journaled call: a lean one returned before).
-local function record(keys, args, e, periods, layout)
+-- `results` and `answers` hold each period's JSON and compact answer (write_period()).
+local function record(keys, args, e, results, answers, layout)
   if e.display ~= '' then redis.call('HSET', keys[layout.names], e.user, e.display) end
-  local entry = args[7] .. ',"periods":' .. periods_json(periods) .. '}'
-  redis.call('SET', keys[1], MARKS_NEW .. args[1] .. compact_answer(periods), 'EX', args[9])
+  local entry = args[7] .. ',"periods":{' .. table.concat(results, ',') .. '}}'
+  redis.call('SET', keys[1], MARKS_NEW .. args[1] .. table.concat(answers, ';'), 'EX', args[9])
   redis.call('SET', keys[layout.newest], event_ref(args[7], e.user))
   redis.call('XADD', keys[3], '*', 'e', entry)
   if layout.journal and redis.call('EXISTS', keys[4]) == 1 then
@@ -353,9 +341,9 @@ local function submit(keys, args, layout)
     refused = plan_period(e, plan[i])
     if refused then return refused end
   end
-  local periods = {}
-  for _, p in ipairs(plan) do periods[p.name] = write_period(e, p) end
-  return {'ok', record(keys, args, e, periods, layout)}
+  local results, answers = {}, {}
+  for i, p in ipairs(plan) do results[i], answers[i] = write_period(e, p) end
+  return {'ok', record(keys, args, e, results, answers, layout)}
 end
 
 local function submit_journaled(keys, args) return submit(keys, args, JOURNALED) end
