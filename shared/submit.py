@@ -160,22 +160,20 @@ def _period_keys(
 
 @functools.lru_cache(maxsize=256)
 def _lean_board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str]:
-    """Outbox, rebuild flag, newest event, names: in a lean submit()'s order."""
-    return (
-        keys.outbox(board_id),
-        keys.rebuilding(board_id),
-        keys.newest_event(board_id),
-        keys.names(board_id),
-    )
+    """Those of :func:`_board_keys` a lean submit() is given: outbox, rebuild flag, newest event,
+    names."""
+    outbox, rebuilding, _, newest, names, *_ = _board_keys(keys, board_id)
+    return outbox, rebuilding, newest, names
 
 
 @functools.lru_cache(maxsize=4096)
 def _lean_period_keys(
     keys: Keys, board_id: str, period: Period, period_id: str, region: str
 ) -> tuple[str, str]:
-    """The two keys of one period of a lean write: the regional board and its tie keys."""
-    view = keys.region_view(board_id, period, period_id, region)
-    return view, keys.ties(view)
+    """Those of :func:`_period_keys` a lean write is given: the regional board and its tie
+    keys."""
+    view, _, ties, *_ = _period_keys(keys, board_id, period, period_id, region)
+    return view, ties
 
 
 def _record(board_id: str, event: SubmitEvent) -> dict[str, object]:
