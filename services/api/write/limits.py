@@ -36,7 +36,7 @@ def _credential_id(principal: Principal, credential: str) -> str:
 class Quota:
     """The rate limits one request's score writes are held to (docs/api.md section 9a).
 
-    The limits are checked and taken inside the write itself (``ladder_write_v11``), so a score
+    The limits are checked and taken inside the write itself (``WRITE_FUNCTION``), so a score
     costs one Redis round trip and a refused one writes nothing at all. Both buckets live under
     the board's hash tag: a Redis Function may touch keys of one hash slot only, and the write's
     keys are the board's. So a user's and a credential's rates hold per board, across every API
