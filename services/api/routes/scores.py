@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -21,12 +20,12 @@ from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_bo
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
 from services.api.write.submit import (
-    REBUILDING,
     Call,
     answer,
     prepare,
     resolve_event_id,
     submit_many,
+    write_one,
 )
 from shared.events import EVENT_ID_PATTERN
 
@@ -148,12 +147,7 @@ async def post_score(request: Request) -> Response:
         )
         if call.known is None:
             # In one round trip with the other single writes of this process (write/group.py).
-            command = call.command(quota, int(time.time() * 1000))
-            status, payload = await state.writes.write(command)
-            if status == REBUILDING:
-                # The board is being rebuilt: again, in the layout that is journaled whole.
-                command = call.command(quota, int(time.time() * 1000), journaled=True)
-                status, payload = await state.writes.write(command)
+            status, payload = await write_one(state.writes.write, call, quota)
             result = answer(status, payload, call)
             state.relay.wake(board.board_id)
         else:

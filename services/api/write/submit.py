@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -315,14 +315,25 @@ async def submit(
     call = await prepare(redis, keys, settings, board, score, event_id, datetime.now(UTC))
     if call.known is not None:
         return call.known
-    for journaled in (False, True):
+
+    async def fcall(command: list[Any]) -> tuple[str, str]:
         # Straight to execute_command: fcall()'s deprecation wrapper costs more than the call.
-        status, payload = await redis.execute_command(  # type: ignore[no-untyped-call]
-            "FCALL", *call.command(quota, int(time.time() * 1000), journaled=journaled)
-        )
-        if status != REBUILDING:
-            break
+        status, payload = await redis.execute_command("FCALL", *command)  # type: ignore[no-untyped-call]
+        return status, payload
+
+    status, payload = await write_one(fcall, call, quota)
     return answer(status, payload, call)
+
+
+async def write_one(
+    send: Callable[[list[Any]], Awaitable[tuple[str, str]]], call: Call, quota: Quota | None
+) -> tuple[str, str]:
+    """``send`` the call's ``FCALL`` arguments, lean; while the board is being rebuilt (the answer
+    ``rebuilding``), once more, journaled. The write function's ``(status, payload)``."""
+    status, payload = await send(call.command(quota, int(time.time() * 1000)))
+    if status == REBUILDING:
+        status, payload = await send(call.command(quota, int(time.time() * 1000), journaled=True))
+    return status, payload
 
 
 async def submit_many(
