@@ -3,7 +3,7 @@
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v5``, shared/lua/merge.lua) that reads each one's current record in
+function (``ladder_merge_v6``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its field of the board's users' regions hash, and its marks: the cost
 follows the users and their regions, not the board's count of regions), writes the user's
 global entry and takes its marks out of the merging set in the same step
@@ -38,7 +38,7 @@ from redis.exceptions import ResponseError
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from services.aggregator.lease import LeaseLost, MergeLease, lost
-from services.aggregator.marks import by_user
+from services.aggregator.marks import by_user, in_runs
 from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
@@ -372,7 +372,7 @@ class Merger:
         def took(reply: Any) -> None:
             nonlocal merged
             moved, refused, regions, users = reply
-            touched.changed.update(moved)
+            touched.changed.update(moved.split("|") if moved else ())
             touched.regions.update(regions)
             merged += int(users)
             for user in refused:
@@ -384,7 +384,9 @@ class Merger:
         try:
             for chunk in by_user(marks, CHUNK):
                 calls.append(
-                    asyncio.create_task(self._call(MERGE_FUNCTION, view_keys, *head, *chunk))
+                    asyncio.create_task(
+                        self._call(MERGE_FUNCTION, view_keys, *head, *in_runs(chunk))
+                    )
                 )
                 if len(calls) >= IN_FLIGHT:
                     took(await calls.popleft())
