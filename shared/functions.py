@@ -72,7 +72,8 @@ that lost the lease writes nothing. v5: the board's users' regions hash as a nin
 for the chunk in one ``HMGET``; the ends of the set of the layout before stay, for a user with
 no field yet. v6: the marks come in runs of one region, each run's region and count of marks
 given, and how many users they name, before them: the function cuts each mark's id at a known
-place and tells a user's marks apart by id only where a user has several.)"""
+place and tells a user's marks apart by id only where a user has several; the reply's changed
+ids come joined in one string, and the marks' regions, which the caller knows, no longer.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v2"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads. (v2: under the board's merge lease, as the merge.)"""

@@ -47,7 +47,7 @@ how many runs, each run's region, each run's count of marks, then the marks, as 
 holds them, run by run, each of its run's region (a region may have several runs, a user
 marks in several). An error (FENCED) if the lease is not held with that token: nothing is
 written. Returns {the ids whose global entry changed, joined by '|' (which no id holds), ids
-whose sum was out of range, the regions the marks name, how many users were merged}.
+whose sum was out of range, how many users were merged}.
 
 The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
 if it has one; else, if the marker names the scope, the set of a new view from its first member,
@@ -125,19 +125,19 @@ end
 -- The chunk's users from its runs of marks (mark j the j-th mark): c.ids (each user once, in
 -- order of its first mark), c.user[j] (mark j's user, an index of c.ids; nil where each mark
 -- names a user of its own: user j) and c.mark_ids[j] (its id), c.marked[i] (the first region a
--- mark of user i names), c.more[i] (a list of the others, if any), c.regions (each region the
--- runs name, once), the runs (run k: marks c.starts[k] to c.starts[k + 1] - 1, of region
--- c.run_regions[k]) and c.first_mark (mark 1's place in ARGV). A run's region says where its
--- marks' ids start (no find, and no region cut out, a mark); a table of ids tells a user's
--- second mark only where there are fewer users than marks.
+-- mark of user i names), c.more[i] (a list of the others, if any), the runs (run k: marks
+-- c.starts[k] to c.starts[k + 1] - 1, of region c.run_regions[k]) and c.first_mark (mark 1's
+-- place in ARGV). A run's region says where its marks' ids start (no find, and no region cut
+-- out, a mark); a table of ids tells a user's second mark only where there are fewer users
+-- than marks.
 local USERS, RUNS = 11, 12 -- merge()'s counts of users and of runs among its arguments
 
 local function users_of(args)
   local sub, plen, seplen, runs = string.sub, #args[7], #args[8], tonumber(args[RUNS])
   local first_mark = RUNS + 2 * runs + 1
-  local c = {ids = {}, marked = {}, more = {}, regions = {}, starts = {}, run_regions = {},
+  local c = {ids = {}, marked = {}, more = {}, starts = {}, run_regions = {},
              first_mark = first_mark}
-  local ids, marked, starts, named, n, m = c.ids, c.marked, c.starts, {}, 0, 0
+  local ids, marked, starts, n, m = c.ids, c.marked, c.starts, 0, 0
   local index, user, mark_ids = nil, nil, ids
   if tonumber(args[USERS]) < #args - first_mark + 1 then
     index, user, mark_ids = {}, {}, {}
@@ -149,10 +149,6 @@ local function users_of(args)
     -- The run's count is a string: arithmetic reads it as a number without tonumber()'s call.
     local cut, last = plen + #region + seplen + 1, m + args[RUNS + runs + k]
     starts[k], c.run_regions[k] = m + 1, region
-    if not named[region] then
-      named[region] = true
-      c.regions[#c.regions + 1] = region
-    end
     for j = m + 1, last do
       local id = sub(args[first_mark + j - 1], cut)
       local i = index and index[id]
@@ -171,8 +167,9 @@ local function users_of(args)
   return c
 end
 
--- Record rec of user i, found in region r: c.first[i] (the first found, its region in
--- c.first_region[i]) or, past the first, one of the list c.others[i] of {rec, region}.
+-- Record rec of user i, found in region r: c.first[i] (the first found; its region is
+-- c.first_region[i], or c.marked[i] where that is nil) or, past the first, one of the list
+-- c.others[i] of {rec, region}.
 local function add_record(c, i, rec, r)
   if c.first[i] == nil then
     c.first[i], c.first_region[i] = rec, r
@@ -217,7 +214,12 @@ local function read_records(t, c)
     for j = s, e do
       local rec, i = recs[j - s + 1], user and user[j] or j
       if rec then
-        if first[i] == nil then first[i], first_region[i] = rec, r else add_record(c, i, rec, r) end
+        if first[i] ~= nil then
+          add_record(c, i, rec, r)
+        else -- (a user of one mark, most, finds its first record in its run: c.marked[i])
+          first[i] = rec
+          if user then first_region[i] = r end
+        end
       end
     end
   end
@@ -225,12 +227,8 @@ local function read_records(t, c)
   for i = 1, #ids do
     if fields[i] ~= marked[i] or more[i] then
       for _, r in ipairs(unmarked(t, c, i, fields[i])) do
-        local at = by_region[r]
-        if not at then
-          at = {}
-          by_region[r], order[#order + 1] = at, r
-        end
-        at[#at + 1] = i
+        if not by_region[r] then by_region[r], order[#order + 1] = {}, r end
+        by_region[r][#by_region[r] + 1] = i
       end
     end
   end
@@ -248,7 +246,8 @@ end
 -- c.others[i]); nil for a sum out of range.
 local function combined_record(op, c, i)
   local entries = {}
-  for _, found in ipairs({{c.first[i], c.first_region[i]}, unpack(c.others[i])}) do
+  local first = {c.first[i], c.first_region[i] or c.marked[i]}
+  for _, found in ipairs({first, unpack(c.others[i])}) do
     local e = parsed(found[1], c.ids[i])
     e.region, e.time = found[2], tonumber(string.sub(e.tie, -12), 16)
     entries[#entries + 1] = e
@@ -356,7 +355,7 @@ local function merge(keys, args)
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
              user_suffix = args[6], users_regions = keys[9]}
-  if #args < RUNS + 3 then return {'', {}, {}, 0} end -- no marks
+  if #args < RUNS + 3 then return {'', {}, 0} end -- no marks
   local c = users_of(args)
   read_records(t, c)
   local olds = redis.call('HMGET', v.ties, unpack(c.ids))
@@ -394,7 +393,7 @@ local function merge(keys, args)
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
   expire(made, tonumber(args[1]))
-  return {table.concat(ids, '|', 1, changed), refused, c.regions, #ids}
+  return {table.concat(ids, '|', 1, changed), refused, #ids}
 end
 
 redis.register_function(FUNCTIONS.merge, merge)
