@@ -96,15 +96,18 @@ times a second in two runs a day apart on machines of this kind.
   fewer periods; past one Redis, boards spread over cluster shards (their keys
   share one hash tag per board already).
 - **The merge** runs in Redis, a chunk of 60 dirty marks a call. The rows "Redis instructions
-  per merged member" count it (callgrind): about 0.6 R's a member over 8 regions and 0.8 over
-  300, since each user's regions became one field of a hash a board, read for a whole chunk in
-  one `HMGET` (a `SMEMBERS` a user before), and records are compared as strings (20 % and 27 %
-  fewer for new and for changed members, 20,000 of them). Of what is left, a quarter is
-  reading the records, a quarter the Lua that plans the writes, a sixth the `ZADD`s and
-  `HSET`s. 200,000 members a second leaves about 5 µs a member, about what one insertion into
-  a million-member sorted set costs here alone. What would move it: a board's regions spread
-  over several Redis processes, or a global view built by `ZUNIONSTORE` where every user is in
-  one region (docs/architecture.md, "What bounds it").
+  per merged member" count it (callgrind): about 0.43 R's a member over 8 regions and 0.6 over
+  300. It was 0.6 and 0.8 before `ladder_merge_v6` (26 % and 22 % fewer since: a call's marks
+  come in runs of one region, so that a mark's id is cut at a known place and a run's records
+  are read with one `HMGET`, and the writes are planned with fewer strings and tables), and
+  more again before each user's regions became one field of a hash a board, read for a whole
+  chunk in one `HMGET` (a `SMEMBERS` a user before), and records were compared as strings. Of
+  what is left, a fifth is reading the records, a quarter the Lua that plans the writes, more
+  than a quarter the `ZADD`s and `HSET`s with the reply. 200,000 members a second leaves about
+  5 µs a member, about what one insertion into a million-member sorted set costs here alone.
+  What would move it: a board's regions spread over several Redis processes, or a global view
+  built by `ZUNIONSTORE` where every user is in one region (docs/architecture.md, "What bounds
+  it").
 - **The aggregator's share of Redis.** With `SLOWLOG` logging every command while one
   aggregator drained a backlog of 14,000 batch-ingested events of board `main` (the commands a
   function runs are logged too, which makes every figure somewhat high), its calls took about

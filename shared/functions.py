@@ -61,7 +61,7 @@ JOURNALED_WRITE_FUNCTION = "ladder_write_v11"
 # -- the aggregator ----------------------------------------------------------------------------
 PUT_FUNCTION = "ladder_put_v3"
 """Replace entries of a merged (global) view with its distinct-score set."""
-MERGE_FUNCTION = "ladder_merge_v5"
+MERGE_FUNCTION = "ladder_merge_v6"
 """Combine a chunk of dirty users' regional records into the global view, in Redis, reading
 each user's regions only, and take their dirty marks out of the merging set. (v2: the distinct
 set being built and the board's dense marker come in as keys, the marker's member as an
@@ -70,7 +70,10 @@ board's hidden users as a seventh key: their records are kept without their memb
 board's merge lease as an eighth key and the caller's lease token before the marks: a caller
 that lost the lease writes nothing. v5: the board's users' regions hash as a ninth key, read
 for the chunk in one ``HMGET``; the ends of the set of the layout before stay, for a user with
-no field yet.)"""
+no field yet. v6: the marks come in runs of one region, each run's region and count of marks
+given, and how many users they name, before them: the function cuts each mark's id at a known
+place and tells a user's marks apart by id only where a user has several; the reply's changed
+ids come joined in one string, and the marks' regions, which the caller knows, no longer.)"""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v2"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads. (v2: under the board's merge lease, as the merge.)"""

@@ -1,5 +1,5 @@
 """A user's global entry from its regional ones, as the merge makes it in Redis
-(``ladder_merge_v3``, shared/lua/merge.lua): the reference the tests hold that function to.
+(``ladder_merge_v6``, shared/lua/merge.lua): the reference the tests hold that function to.
 
 - ``incr``: the sum of the regional scores, reached when the latest of them was, with the
   metadata of that latest;

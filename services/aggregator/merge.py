@@ -3,7 +3,7 @@
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
 ``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
 crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v5``, shared/lua/merge.lua) that reads each one's current record in
+function (``ladder_merge_v6``, shared/lua/merge.lua) that reads each one's current record in
 each region it played in (its field of the board's users' regions hash, and its marks: the cost
 follows the users and their regions, not the board's count of regions), writes the user's
 global entry and takes its marks out of the merging set in the same step
@@ -38,12 +38,12 @@ from redis.exceptions import ResponseError
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from services.aggregator.lease import LeaseLost, MergeLease, lost
-from services.aggregator.marks import by_user
+from services.aggregator.marks import by_user, in_runs
 from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys, dirty_member, parse_dirty_member
 from shared.periods import Period
 from shared.submit import board_period_expiry
 
@@ -371,20 +371,24 @@ class Merger:
 
         def took(reply: Any) -> None:
             nonlocal merged
-            moved, refused, regions, users = reply
-            touched.changed.update(moved)
-            touched.regions.update(regions)
+            moved, refused, users = reply
+            touched.changed.update(moved.split("|") if moved else ())
             merged += int(users)
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
 
+        # The regions the marks name, whose views' tops the pass pushes (named here, not by the
+        # function's reply, which then holds a list the fewer).
+        touched.regions.update(parse_dirty_member(mark)[2] for mark in marks)
         # IN_FLIGHT calls at a time, each on a connection of its own: while Redis runs one, this
         # process packs the next and reads the last one's reply.
         calls: deque[asyncio.Task[Any]] = deque()
         try:
             for chunk in by_user(marks, CHUNK):
                 calls.append(
-                    asyncio.create_task(self._call(MERGE_FUNCTION, view_keys, *head, *chunk))
+                    asyncio.create_task(
+                        self._call(MERGE_FUNCTION, view_keys, *head, *in_runs(chunk))
+                    )
                 )
                 if len(calls) >= IN_FLIGHT:
                     took(await calls.popleft())

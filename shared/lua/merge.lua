@@ -42,9 +42,12 @@ suffix: the key is prefix .. region .. suffix), the two ends of a user's regions
 layout before (read for a user the users' regions hash has no field for yet), the two
 parts of a dirty mark (prefix, separator: the mark is prefix .. region .. separator .. id), the
 marker's member for this scope ('global'), the token the caller holds the lease with (lease.lua),
-then the marks, as the merging set holds them. An error (FENCED) if the lease is not held with
-that token: nothing is written. Returns {ids whose global entry changed, ids whose sum was out of
-range, the regions the marks name, how many users were merged}.
+how many users the marks name, then the marks in runs (services/aggregator/marks.py in_runs()):
+how many runs, each run's region, each run's count of marks, then the marks, as the merging set
+holds them, run by run, each of its run's region (a region may have several runs, a user
+marks in several). An error (FENCED) if the lease is not held with that token: nothing is
+written. Returns {the ids whose global entry changed, joined by '|' (which no id holds), ids
+whose sum was out of range, how many users were merged}.
 
 The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
 if it has one; else, if the marker names the scope, the set of a new view from its first member,
@@ -119,120 +122,137 @@ local function parsed(rec, id)
           meta = string.sub(rec, b + 1), sub = sub_of(tie)}
 end
 
--- The chunk's users from its marks (ARGV from 10): c.ids (in order of their first mark),
--- c.marked[i] (the first region a mark of user i names), c.more[i] (a list of the others, if
--- any), and c.regions (each region the marks name, once).
-local FIRST_MARK = 11 -- merge()'s first mark among its arguments
+-- The chunk's users from its runs of marks (mark j the j-th mark): c.ids (each user once, in
+-- order of its first mark), c.user[j] (mark j's user, an index of c.ids; nil where each mark
+-- names a user of its own: user j) and c.mark_ids[j] (its id), c.marked[i] (the first region a
+-- mark of user i names), c.more[i] (a list of the others, if any), the runs (run k: marks
+-- c.starts[k] to c.starts[k + 1] - 1, of region c.run_regions[k]) and c.first_mark (mark 1's
+-- place in ARGV). A run's region says where its marks' ids start (no find, and no region cut
+-- out, a mark); a table of ids tells a user's second mark only where there are fewer users
+-- than marks.
+local USERS, RUNS = 11, 12 -- merge()'s counts of users and of runs among its arguments
 
 local function users_of(args)
-  local plen, sep = #args[7], args[8]
-  local c = {ids = {}, marked = {}, more = {}, regions = {}}
-  local index, named, n = {}, {}, 0
-  for j = FIRST_MARK, #args do
-    local mark = args[j]
-    local at = string.find(mark, sep, plen + 1, true)
-    local region, id = string.sub(mark, plen + 1, at - 1), string.sub(mark, at + #sep)
-    if not named[region] then
-      named[region] = true
-      c.regions[#c.regions + 1] = region
-    end
-    local i = index[id]
-    if i == nil then
-      n = n + 1
-      index[id], c.ids[n], c.marked[n] = n, id, region
-    elseif c.marked[i] ~= region then
-      local more = c.more[i] or {}
-      more[#more + 1] = region
-      c.more[i] = more
-    end
+  local sub, plen, seplen, runs = string.sub, #args[7], #args[8], tonumber(args[RUNS])
+  local first_mark = RUNS + 2 * runs + 1
+  local c = {ids = {}, marked = {}, more = {}, starts = {}, run_regions = {},
+             first_mark = first_mark}
+  local ids, marked, starts, n, m = c.ids, c.marked, c.starts, 0, 0
+  local index, user, mark_ids = nil, nil, ids
+  if tonumber(args[USERS]) < #args - first_mark + 1 then
+    index, user, mark_ids = {}, {}, {}
+    c.user = user
   end
+  c.mark_ids = mark_ids
+  for k = 1, runs do
+    local region = args[RUNS + k]
+    -- The run's count is a string: arithmetic reads it as a number without tonumber()'s call.
+    local cut, last = plen + #region + seplen + 1, m + args[RUNS + runs + k]
+    starts[k], c.run_regions[k] = m + 1, region
+    for j = m + 1, last do
+      local id = sub(args[first_mark + j - 1], cut)
+      local i = index and index[id]
+      if not i then
+        n = n + 1
+        ids[n], marked[n], i = id, region, n
+      else
+        c.more[i] = c.more[i] or {}
+        c.more[i][#c.more[i] + 1] = region
+      end
+      if index then index[id], user[j], mark_ids[j] = i, i, id end
+    end
+    m = last
+  end
+  starts[runs + 1] = m + 1
   return c
 end
 
--- Each user's regional records, as stored: c.first[i] (the first found, with its region in
--- c.first_region[i]) and c.others[i] (a list of {rec, region} for the rest, if any), from the
--- regions it played in: those of its field of the users' regions hash (one HMGET for the
--- chunk; for a user with no field yet, its set of the layout before) and those its marks name
--- (so a mark is merged even if the derive step trailed). One HMGET a region of the chunk, of
--- the chunk's users who played there; a region without a record of the user (never in this
--- period, or its view expired) adds nothing.
-local NONE = {}
+-- Record rec of user i, found in region r: c.first[i] (the first found; its region is
+-- c.first_region[i], or c.marked[i] where that is nil) or, past the first, one of the list
+-- c.others[i] of {rec, region}.
+local function add_record(c, i, rec, r)
+  if c.first[i] == nil then
+    c.first[i], c.first_region[i] = rec, r
+  else
+    c.others[i] = c.others[i] or {}
+    c.others[i][#c.others[i] + 1] = {rec, r}
+  end
+end
 
+-- The regions user i played in beyond those its marks name: those of its field of the users'
+-- regions hash, or for a user with no field yet, of its set of the layout before.
+local function unmarked(t, c, i, field)
+  local listed = field and regions_in(field) or
+                 redis.call('SMEMBERS', t.user_prefix .. c.ids[i] .. t.user_suffix)
+  local seen, extra = {[c.marked[i]] = true}, {}
+  for _, r in ipairs(c.more[i] or {}) do seen[r] = true end
+  for _, r in ipairs(listed) do
+    if not seen[r] then seen[r], extra[#extra + 1] = true, r end
+  end
+  return extra
+end
+
+-- Each user's regional records, as stored (add_record() says where), from the regions it played
+-- in: those its marks name (so a mark is merged even if the derive step trailed), one HMGET a run
+-- of marks, and those of its field of the users' regions hash (one HMGET for the chunk) that
+-- its marks do not, one HMGET a region of such users. A region without a record of the user
+-- (never in this period, or its view expired) adds nothing. Most users played in the one
+-- region their mark names, which is their field as it is: nothing more to read.
 local function read_records(t, c)
-  local by_region, order = {}, {}
-  local function add(r, i)
-    local at = by_region[r]
-    if not at then
-      at = {}
-      by_region[r] = at
-      order[#order + 1] = r
-    end
-    at[#at + 1] = i
-  end
-  local fields = redis.call('HMGET', t.users_regions, unpack(c.ids))
-  for i, id in ipairs(c.ids) do
-    local field, mine, more = fields[i], c.marked[i], c.more[i]
-    local listed = NONE
-    if field == mine and more == nil then
-      -- the common case: one region, marked and listed
-    elseif field then
-      listed = regions_in(field)
-    else
-      listed = redis.call('SMEMBERS', t.user_prefix .. id .. t.user_suffix)
-    end
-    if more == nil and (#listed == 0 or (#listed == 1 and listed[1] == mine)) then
-      add(mine, i)
-    else
-      local seen = {[mine] = true}
-      add(mine, i)
-      for _, r in ipairs(listed) do
-        if not seen[r] then
-          seen[r] = true
-          add(r, i)
-        end
-      end
-      for _, r in ipairs(more or {}) do
-        if not seen[r] then
-          seen[r] = true
-          add(r, i)
-        end
-      end
-    end
-  end
-  c.first, c.first_region, c.others = {}, {}, {}
-  for _, r in ipairs(order) do
-    local at, ids = by_region[r], {}
-    for k, i in ipairs(at) do ids[k] = c.ids[i] end
-    local recs = redis.call('HMGET', t.region_prefix .. r .. t.region_suffix, unpack(ids))
-    for k, i in ipairs(at) do
-      local rec = recs[k]
+  local ids, mark_ids, user, starts, marked, more = c.ids, c.mark_ids, c.user, c.starts,
+                                                    c.marked, c.more
+  local first, first_region = {}, {}
+  c.first, c.first_region, c.others = first, first_region, {}
+  local fields = redis.call('HMGET', t.users_regions, unpack(ids))
+  for k = 1, #c.run_regions do
+    local r, s, e = c.run_regions[k], starts[k], starts[k + 1] - 1
+    local recs = redis.call('HMGET', t.region_prefix .. r .. t.region_suffix,
+                            unpack(mark_ids, s, e))
+    for j = s, e do
+      local rec, i = recs[j - s + 1], user and user[j] or j
       if rec then
-        if c.first[i] == nil then
-          c.first[i], c.first_region[i] = rec, r
+        if first[i] ~= nil then
+          add_record(c, i, rec, r)
         else
-          local others = c.others[i] or {}
-          others[#others + 1] = {rec, r}
-          c.others[i] = others
+          -- A user of one mark (most) finds its first record in that mark's run, of region
+          -- c.marked[i]: the region is kept only where some user has several marks.
+          first[i] = rec
+          if user then first_region[i] = r end
         end
       end
+    end
+  end
+  local by_region, order = {}, {}
+  for i = 1, #ids do
+    if fields[i] ~= marked[i] or more[i] then
+      for _, r in ipairs(unmarked(t, c, i, fields[i])) do
+        if not by_region[r] then by_region[r], order[#order + 1] = {}, r end
+        by_region[r][#by_region[r] + 1] = i
+      end
+    end
+  end
+  for _, r in ipairs(order) do
+    local at, wanted = by_region[r], {}
+    for k, i in ipairs(at) do wanted[k] = ids[i] end
+    local recs = redis.call('HMGET', t.region_prefix .. r .. t.region_suffix, unpack(wanted))
+    for k, i in ipairs(at) do
+      if recs[k] then add_record(c, i, recs[k], r) end
     end
   end
 end
 
--- User i's global record from its regional ones: the one as it is, or combined (nil: none, or
--- a sum out of range; refused says which).
-local function new_record(op, c, i)
-  local first = c.first[i]
-  if first == nil or c.others[i] == nil then return first, false end
-  local entries = {}
-  for _, found in ipairs({{first, c.first_region[i]}, unpack(c.others[i])}) do
+-- User i's global record combined from its regional ones (two or more: c.first[i] and
+-- c.others[i]); nil for a sum out of range.
+local function combined_record(op, c, i)
+  local entries, first = {}, {c.first[i], c.first_region[i] or c.marked[i]}
+  for _, found in ipairs({first, unpack(c.others[i])}) do
     local e = parsed(found[1], c.ids[i])
     e.region, e.time = found[2], tonumber(string.sub(e.tie, -12), 16)
     entries[#entries + 1] = e
   end
   local signed, tie, meta = combined(op, entries)
-  if signed == nil then return nil, true end
-  return record_of(tie, signed, meta), false
+  if signed == nil then return nil end
+  return record_of(tie, signed, meta)
 end
 
 -- One user's change to the global view, added to the batch w: its old record (as stored, nil
@@ -245,27 +265,22 @@ local function plan_user(w, id, old_rec, rec)
     if w.distinct then w.left[#w.left + 1] = old end
     return
   end
-  -- Member and score compared as the strings the records hold, not parsed: tonumber() is libc's
+  -- Tie key and score compared as the strings the records hold, not parsed: tonumber() is libc's
   -- strtod, a good part of an entry's cost. Every record writes its score with fmt(), so equal
-  -- scores are equal strings; were one not, the entry would only be written again as it is.
-  local a = string.find(rec, '|', 1, true)
-  local b = string.find(rec, '|', a + 1, true)
-  local tie, score = string.sub(rec, 1, a - 1), string.sub(rec, a + 1, b - 1)
-  local member, old_member, old_score = tie .. id, nil, nil
-  if old_rec then
-    local oa = string.find(old_rec, '|', 1, true)
-    local ob = string.find(old_rec, '|', oa + 1, true)
-    old_member = string.sub(old_rec, 1, oa - 1) .. id
-    old_score = string.sub(old_rec, oa + 1, ob - 1)
+  -- scores are equal strings; were one not, the entry would only be written again as it is. Both
+  -- cut out by one match (here cheaper than two finds and two cuts, counted), and a member (the
+  -- tie key then the id) made only where it goes in or out.
+  local match = string.match
+  local tie, score = match(rec, '^([^|]*)|([^|]*)')
+  local old_tie, old_score = nil, nil
+  if old_rec then old_tie, old_score = match(old_rec, '^([^|]*)|([^|]*)') end
+  if old_tie ~= tie or old_score ~= score then
+    local added, n = w.added, #w.added
+    added[n + 1], added[n + 2] = score, tie .. id
+    if old_tie and old_tie ~= tie then w.removed[#w.removed + 1] = old_tie .. id end
   end
-  if old_member ~= member or old_score ~= score then
-    local added = w.added
-    added[#added + 1] = score
-    added[#added + 1] = member
-    if old_member and old_member ~= member then w.removed[#w.removed + 1] = old_member end
-  end
-  w.records[#w.records + 1] = id
-  w.records[#w.records + 1] = rec
+  local records, n = w.records, #w.records
+  records[n + 1], records[n + 2] = id, rec
   if w.distinct then
     local old, signed, sub = parsed(old_rec, id), tonumber(score), sub_of(tie)
     if old == nil or old.signed ~= signed or old.sub ~= sub then
@@ -338,33 +353,45 @@ local function merge(keys, args)
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
              user_suffix = args[6], users_regions = keys[9]}
-  if #args < FIRST_MARK then return {{}, {}, {}, 0} end
+  if #args < RUNS + 3 then return {'', {}, 0} end -- no marks
   local c = users_of(args)
   read_records(t, c)
   local olds = redis.call('HMGET', v.ties, unpack(c.ids))
   local w = {added = {}, pairs = {}, removed = {}, records = {}, dropped = {}, left = {},
              distinct = kept_distinct(keys, args[9])}
-  local hidden = redis.call('SMISMEMBER', keys[7], unpack(c.ids))
-  local changed, refused, op = {}, {}, args[2]
-  for i, id in ipairs(c.ids) do
-    local rec, out_of_range = new_record(op, c, i)
-    if out_of_range then refused[#refused + 1] = id end
+  -- Most boards hide nobody: asking whether the set is there costs less than asking for each id.
+  local hidden = {}
+  if redis.call('EXISTS', keys[7]) == 1 then
+    hidden = redis.call('SMISMEMBER', keys[7], unpack(c.ids))
+  end
+  -- The ids whose entry changed are gathered at the front of ids as the loop walks it (each id
+  -- read before its place is written): no table of them to grow, and one string to reply.
+  local ids, refused, op, first, others, changed = c.ids, {}, args[2], c.first, c.others, 0
+  for i = 1, #ids do -- (a numeric loop: ipairs() is a call from Lua a step)
+    local id = ids[i]
+    -- A user with one record (most) takes it as it is.
+    local rec = first[i]
+    if others[i] then
+      rec = combined_record(op, c, i)
+      if rec == nil then refused[#refused + 1] = id end
+    end
     if rec ~= olds[i] and (rec ~= nil or olds[i]) then
       if hidden[i] == 1 then
         plan_hidden(w, id, olds[i] or nil, rec)
       else
         plan_user(w, id, olds[i] or nil, rec)
-        changed[#changed + 1] = id
+        changed = changed + 1
+        ids[changed] = id
       end
     end
   end
   write_batch(v, w)
   -- The marks go in the step that merged them: a crash leaves them, never loses them.
-  batched('SREM', keys[4], args, FIRST_MARK)
+  batched('SREM', keys[4], args, c.first_mark)
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
   expire(made, tonumber(args[1]))
-  return {changed, refused, c.regions, #c.ids}
+  return {table.concat(ids, '|', 1, changed), refused, #ids}
 end
 
 redis.register_function(FUNCTIONS.merge, merge)

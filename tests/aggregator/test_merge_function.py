@@ -1,4 +1,4 @@
-"""The merge function (``ladder_merge_v5``, shared/lua/merge.lua) against :func:`combine`, the
+"""The merge function (``ladder_merge_v6``, shared/lua/merge.lua) against :func:`combine`, the
 reference: random boards, operators, orders, subscores, metadata, scores at the range's ends,
 regions missing from a user's listing (its field of the users' regions hash, or its set of the
 layout before) or holding no record, and a second merge over the first. The

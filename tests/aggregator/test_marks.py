@@ -1,0 +1,33 @@
+"""How the merge's marks go to the merge function: by user into calls, each call's in runs of
+one region (services/aggregator/marks.py)."""
+
+from services.aggregator.marks import by_user, in_runs
+from shared.keys import dirty_member
+
+
+def mark(region: str, user: str) -> str:
+    return dirty_member("alltime", "all", region, user)
+
+
+def test_a_call_takes_its_marks_in_runs_of_a_region_with_its_count_of_users() -> None:
+    chunk = [mark("na", "b"), mark("eu", "c"), mark("na", "a"), mark("eu", "a")]
+    assert in_runs(chunk) == [
+        3,
+        2,
+        "eu",
+        "na",
+        2,
+        2,
+        mark("eu", "a"),
+        mark("eu", "c"),
+        mark("na", "a"),
+        mark("na", "b"),
+    ]
+
+
+def test_a_user_s_marks_stay_in_one_call() -> None:
+    marks = [mark(region, user) for user in "abcd" for region in ("eu", "na", "ap")]
+    calls = list(by_user(marks, 4))
+    assert sorted(m for call in calls for m in call) == sorted(marks)
+    for user in "abcd":
+        assert sum(any(m.endswith(f"|{user}") for m in call) for call in calls) == 1
