@@ -43,7 +43,7 @@ from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
-from shared.keys import Keys, dirty_member, parse_dirty_member
+from shared.keys import Keys, dirty_member
 from shared.periods import Period
 from shared.submit import board_period_expiry
 
@@ -377,18 +377,17 @@ class Merger:
             for user in refused:
                 log.warning("global score out of range", user_id=user, period=period)
 
-        # The regions the marks name, whose views' tops the pass pushes (named here, not by the
-        # function's reply, which then holds a list the fewer).
-        touched.regions.update(parse_dirty_member(mark)[2] for mark in marks)
         # IN_FLIGHT calls at a time, each on a connection of its own: while Redis runs one, this
         # process packs the next and reads the last one's reply.
         calls: deque[asyncio.Task[Any]] = deque()
         try:
             for chunk in by_user(marks, CHUNK):
+                args, regions = in_runs(chunk)
+                # The regions the marks name, whose views' tops the pass pushes (named here, not
+                # by the function's reply, which then holds a list the fewer).
+                touched.regions.update(regions)
                 calls.append(
-                    asyncio.create_task(
-                        self._call(MERGE_FUNCTION, view_keys, *head, *in_runs(chunk))
-                    )
+                    asyncio.create_task(self._call(MERGE_FUNCTION, view_keys, *head, *args))
                 )
                 if len(calls) >= IN_FLIGHT:
                     took(await calls.popleft())

@@ -10,24 +10,27 @@ def mark(region: str, user: str) -> str:
 
 
 def test_a_call_takes_its_marks_in_runs_of_a_region_with_its_count_of_users() -> None:
-    chunk = [mark("na", "b"), mark("eu", "c"), mark("na", "a"), mark("eu", "a")]
-    assert in_runs(chunk) == [
-        3,
-        2,
-        "eu",
-        "na",
-        2,
-        2,
-        mark("eu", "a"),
-        mark("eu", "c"),
-        mark("na", "a"),
-        mark("na", "b"),
-    ]
+    marks = [mark("na", "b"), mark("eu", "c"), mark("na", "a"), mark("eu", "a")]
+    (chunk,) = by_user(marks, 10)
+    args, regions = in_runs(chunk)
+    users, count = args[:2]
+    assert (users, count) == (3, 2)
+    assert args[2 : 2 + count] == regions and sorted(regions) == ["eu", "na"]
+    sizes, rest = args[2 + count : 2 + 2 * count], args[2 + 2 * count :]
+    runs, at = {}, 0
+    for region, size in zip(regions, sizes, strict=True):
+        assert isinstance(size, int)
+        runs[region], at = rest[at : at + size], at + size
+    # Each run's marks in order of user.
+    assert runs == {
+        "eu": [mark("eu", "a"), mark("eu", "c")],
+        "na": [mark("na", "a"), mark("na", "b")],
+    }
 
 
 def test_a_user_s_marks_stay_in_one_call() -> None:
     marks = [mark(region, user) for user in "abcd" for region in ("eu", "na", "ap")]
     calls = list(by_user(marks, 4))
-    assert sorted(m for call in calls for m in call) == sorted(marks)
+    assert sorted(m for call in calls for _, _, m in call) == sorted(marks)
     for user in "abcd":
-        assert sum(any(m.endswith(f"|{user}") for m in call) for call in calls) == 1
+        assert sum(any(u == user for u, _, _ in call) for call in calls) == 1
