@@ -44,8 +44,8 @@ parts of a dirty mark (prefix, separator: the mark is prefix .. region .. separa
 marker's member for this scope ('global'), the token the caller holds the lease with (lease.lua),
 how many users the marks name, then the marks in runs (services/aggregator/marks.py in_runs()):
 how many runs, each run's region, each run's count of marks, then the marks, as the merging set
-holds them, run by run, each of its run's region (a region may have several runs, a user
-marks in several). An error (FENCED) if the lease is not held with that token: nothing is
+holds them, run by run, a run the marks of its region (a user with marks in several regions has
+one in each of their runs). An error (FENCED) if the lease is not held with that token: nothing is
 written. Returns {the ids whose global entry changed, joined by '|' (which no id holds), ids
 whose sum was out of range, how many users were merged}.
 
