@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from itertools import chain
 from operator import itemgetter
 
+from shared.keys import parse_dirty_member
+
 # A mark split: (user, region, the mark as the set holds it).
 Split = tuple[str, str, str]
 
@@ -16,7 +18,7 @@ _USER = itemgetter(0)
 
 def _split(marks: list[str]) -> list[Split]:
     """``marks`` split, in order of user."""
-    split = [(user, region, mark) for mark in marks for _, _, region, user in (mark.split("|", 3),)]
+    split = [(u, r, mark) for mark in marks for _, _, r, u in (parse_dirty_member(mark),)]
     split.sort(key=_USER)
     return split
 

@@ -383,8 +383,8 @@ class Merger:
         try:
             for chunk in by_user(marks, CHUNK):
                 args, regions = in_runs(chunk)
-                # The regions the marks name, whose views' tops the pass pushes (named here, not
-                # by the function's reply, which then holds a list the fewer).
+                # The regions the marks name, whose views' tops the pass pushes (the function's
+                # reply does not list them: the caller has them already).
                 touched.regions.update(regions)
                 calls.append(
                     asyncio.create_task(self._call(MERGE_FUNCTION, view_keys, *head, *args))
