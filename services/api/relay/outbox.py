@@ -7,7 +7,12 @@ message (see :mod:`shared.events`), all of them published at once with their pub
 awaited together; only once the broker has confirmed every one are the entries acknowledged and
 deleted, in one round trip. Under load the outbox fills between two reads and the messages fill
 up: the broker, which tops out at a few thousand persistent messages a second to the three
-quorum queues, sees a few hundred events in each. A read that could not be confirmed stays
+quorum queues, sees a few hundred events in each.
+
+A write wakes a read of its own board's outbox, read again as long as it finds entries; every
+board's outbox is read only on a sweep, every ``_SWEEP_SECONDS`` (for entries another process
+wrote and could not relay), so that a write costs Redis reads of the boards it was written to,
+not of every board. A read that could not be confirmed stays
 pending for this consumer and is published again; entries left pending by a crashed process are
 claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
 ``event_id``, so a batch published twice has one effect.
@@ -57,6 +62,10 @@ RETURNED = Counter(
 
 _BOARDS_REFRESH_SECONDS = 2.0
 _CLAIM_EVERY_SECONDS = 5.0
+# How often every board's outbox is read, written to by this process or not: the longest an
+# entry that another process wrote waits when that process cannot relay it (it died after its
+# write), beyond the claim of what it had read.
+_SWEEP_SECONDS = 0.25
 # Messages awaiting their confirms at once, a read.
 IN_FLIGHT = 8
 # Seconds between two publishes of entries the broker returned: from the first to the last.
@@ -143,25 +152,36 @@ class Relay(StreamRelay):
     async def _pump(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         boards: list[str] = []
-        boards_at = claim_at = 0.0
+        boards_at = claim_at = sweep_at = 0.0
+        # Boards whose last read found entries: read again at once, as more may be waiting.
+        busy: set[str] = set()
         while not stop.is_set():
             now = loop.time()
             if now >= boards_at:
                 boards = [b.board_id for b in await self._catalog.all()]
                 boards_at = now + _BOARDS_REFRESH_SECONDS
-            if not self._written.issubset(boards):
-                boards = sorted({*boards, *self._written})
-            self._written.clear()
+            written, self._written = self._written, set()
+            if not written.issubset(boards):
+                boards = sorted({*boards, *written})
             claim = now >= claim_at
             if claim:
                 claim_at = now + _CLAIM_EVERY_SECONDS
-            moved = 0
-            for board_id in boards:
-                moved += await self._relay_board(board_id, claim)
-            if moved == 0:
+            # A pass reads the boards this process wrote to and those still busy; every board
+            # only on a sweep, for entries that another process wrote and left (it died).
+            sweep = claim or now >= sweep_at
+            if sweep:
+                sweep_at = now + _SWEEP_SECONDS
+            targets = boards if sweep else sorted(written | busy)
+            busy = set()
+            for board_id in targets:
+                if await self._relay_board(board_id, claim):
+                    busy.add(board_id)
+            if busy:
+                continue
+            if not self._written:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.25)
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, sweep_at - loop.time()))
         # Drain what is already in the outbox before going, within the grace period.
         for board_id in boards:
             while await self._relay_board(board_id, False):
