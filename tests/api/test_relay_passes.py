@@ -1,10 +1,12 @@
 """Which outboxes the relay reads, and when (services/api/relay/outbox.py): a write wakes a read
-of its own board's outbox, not of every board's, read again while it finds entries; every
-board's outbox is read on a sweep, so that entries another process wrote and left are relayed;
-and every board's is drained on the way out.
+of its own board's outbox, not of every board's, read again while it finds entries; a sweep
+reads every outbox that holds entries, so that entries another process wrote and left are
+relayed, and no outbox that holds none; every outbox that holds entries is drained on the way
+out.
 
-The broker is not needed to tell which outbox is read when: each read is recorded and takes what
-the test put in that board's outbox (``Relay._relay_board`` is the one step that reads one)."""
+The outboxes are real streams; the broker is not needed to tell which is read when: each read
+(``Relay._relay_board``, the one step that reads an outbox) is recorded and takes every entry of
+its board's outbox."""
 
 from __future__ import annotations
 
@@ -33,16 +35,28 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 class Recording(Relay):
-    """A relay whose reads are recorded; a read of a board takes the entries left for it."""
+    """A relay whose reads are recorded; a read of a board takes its outbox's entries."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self.reads: list[str] = []
-        self.waiting: dict[str, int] = {}
+        self.sweeps = 0
+
+    async def _holding_entries(self, boards: list[str]) -> set[str]:
+        self.sweeps += 1
+        return await super()._holding_entries(boards)
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         self.reads.append(board_id)
-        return self.waiting.pop(board_id, 0)
+        stream = self._keys.outbox(board_id)
+        entries = int(await self._redis.xlen(stream))
+        await self._redis.delete(stream)
+        return entries
+
+
+async def write(redis: Redis, keys: Keys, board_id: str, entries: int) -> None:
+    for i in range(entries):
+        await redis.xadd(keys.outbox(board_id), {"e": str(i)})
 
 
 @contextlib.asynccontextmanager
@@ -56,8 +70,7 @@ async def pumping(
     stop = asyncio.Event()
     task = asyncio.create_task(relay._pump(stop))
     try:
-        # The first pass reads every board.
-        await until(lambda: set(BOARDS) <= set(relay.reads))
+        await until(lambda: relay.sweeps > 0)
         yield relay, stop
     finally:
         stop.set()
@@ -77,7 +90,7 @@ async def test_a_write_wakes_a_read_of_its_board_alone_until_it_finds_nothing(
 ) -> None:
     async with pumping(redis, keys, settings) as (relay, _):
         relay.reads.clear()
-        relay.waiting["b07"] = 5
+        await write(redis, keys, "b07", 5)
         relay.wake("b07")
         await until(lambda: relay.reads.count("b07") >= 2)
         await asyncio.sleep(0.1)
@@ -86,26 +99,32 @@ async def test_a_write_wakes_a_read_of_its_board_alone_until_it_finds_nothing(
         assert relay.reads == ["b07", "b07"]
 
 
-async def test_a_sweep_reads_the_outbox_of_a_board_no_write_woke(
+async def test_a_sweep_reads_the_outboxes_holding_entries_and_no_other(
     redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.05)
+    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.02)
     async with pumping(redis, keys, settings) as (relay, _):
-        # Written by another process, which died before its relay read them.
-        relay.waiting["b13"] = 3
+        swept = relay.sweeps
+        await until(lambda: relay.sweeps >= swept + 5)
+        assert relay.reads == []
 
-        await until(lambda: "b13" not in relay.waiting)
+        # Written by another process, which died before its relay read them.
+        await write(redis, keys, "b13", 3)
+        await until(lambda: "b13" in relay.reads)
+        assert set(relay.reads) == {"b13"}
+        assert await redis.xlen(keys.outbox("b13")) == 0
 
 
 @pytest.mark.usefixtures("no_sweep")
-async def test_every_outbox_is_drained_on_the_way_out(
+async def test_every_outbox_holding_entries_is_drained_on_the_way_out(
     redis: Redis, keys: Keys, settings: LadderSettings
 ) -> None:
     async with pumping(redis, keys, settings) as (relay, stop):
-        relay.waiting.update({"b03": 2, "b19": 4})
-        relay.reads.clear()
+        await write(redis, keys, "b03", 2)
+        await write(redis, keys, "b19", 4)
         stop.set()
         relay.wake("b00")
-        await until(lambda: not relay.waiting)
+        await until(lambda: {"b03", "b19"} <= set(relay.reads))
 
-    assert set(BOARDS) <= set(relay.reads)
+    for board_id in ("b03", "b19"):
+        assert await redis.xlen(keys.outbox(board_id)) == 0

@@ -9,10 +9,11 @@ deleted, in one round trip. Under load the outbox fills between two reads and th
 up: the broker, which tops out at a few thousand persistent messages a second to the three
 quorum queues, sees a few hundred events in each.
 
-A write wakes a read of its own board's outbox, read again as long as it finds entries; every
-board's outbox is read only on a sweep, every ``_SWEEP_SECONDS`` (for entries another process
-wrote and could not relay), so that a write costs Redis reads of the boards it was written to,
-not of every board. A read that could not be confirmed stays
+A write wakes a read of its own board's outbox, read again as long as it finds entries. Every
+``_SWEEP_SECONDS`` a sweep also reads each outbox that holds entries (another process wrote them
+and could not relay them, or left them unconfirmed), found with one pipelined ``XLEN`` for all
+boards: so a write costs Redis reads of the boards it was written to, and an idle relay one
+round trip a sweep, however many boards there are. A read that could not be confirmed stays
 pending for this consumer and is published again; entries left pending by a crashed process are
 claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
 ``event_id``, so a batch published twice has one effect.
@@ -118,6 +119,8 @@ class Relay(StreamRelay):
         # Streams known to hold no entry pending for this consumer (read, not yet confirmed).
         self._settled: set[str] = set()
         self._written: set[str] = set()
+        # Boards whose gauges were last set above 0.
+        self._gauged: set[str] = set()
         # Boards whose messages came back unroutable: when to publish them again, and the wait
         # after that.
         self._retry_at: dict[str, float] = {}
@@ -166,14 +169,14 @@ class Relay(StreamRelay):
             claim = now >= claim_at
             if claim:
                 claim_at = now + _CLAIM_EVERY_SECONDS
-            # A pass reads the boards this process wrote to and those still busy; every board
-            # only on a sweep, for entries that another process wrote and left (it died).
-            sweep = claim or now >= sweep_at
-            if sweep:
+            # A pass reads the boards this process wrote to and those still busy; on a sweep,
+            # every board's outbox that holds entries (another process wrote them and left).
+            targets = written | busy
+            if claim or now >= sweep_at:
                 sweep_at = now + _SWEEP_SECONDS
-            targets = boards if sweep else sorted(written | busy)
+                targets |= await self._holding_entries(boards)
             busy = set()
-            for board_id in targets:
+            for board_id in sorted(targets):
                 if await self._relay_board(board_id, claim):
                     busy.add(board_id)
             if busy:
@@ -183,9 +186,23 @@ class Relay(StreamRelay):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), max(0.0, sweep_at - loop.time()))
         # Drain what is already in the outbox before going, within the grace period.
-        for board_id in boards:
+        for board_id in sorted(await self._holding_entries(boards)):
             while await self._relay_board(board_id, False):
                 pass
+
+    async def _holding_entries(self, boards: list[str]) -> set[str]:
+        """Those of ``boards`` whose outbox holds entries, read or not (an entry stays until its
+        message is confirmed), in one round trip; the others' gauges are set to 0."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for board_id in boards:
+                pipe.xlen(self._keys.outbox(board_id))
+            lengths = await pipe.execute()
+        holding = {board_id for board_id, n in zip(boards, lengths, strict=True) if n}
+        for board_id in self._gauged - holding:
+            BACKLOG.labels(board_id).set(0)
+            UNROUTABLE.labels(board_id).set(0)
+        self._gauged &= holding
+        return holding
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         retry_at = self._retry_at.get(board_id)
@@ -211,6 +228,7 @@ class Relay(StreamRelay):
                 self._settled.add(stream)
         BACKLOG.labels(board_id).set(0)
         UNROUTABLE.labels(board_id).set(0)
+        self._gauged.discard(board_id)
         return 0
 
     async def _publish(self, board_id: str, stream: str, entries: list[Entry]) -> bool:
@@ -245,6 +263,8 @@ class Relay(StreamRelay):
             *_, backlog = await pipe.execute()
         BACKLOG.labels(board_id).set(backlog)
         UNROUTABLE.labels(board_id).set(backlog if returned else 0)
+        if backlog:
+            self._gauged.add(board_id)
         RELAYED.inc(len(routed))
         MESSAGES.inc(len(batches) - len(returned))
         if not returned:
