@@ -184,6 +184,8 @@ class BoardCatalog:
         self._redis = redis
         self._keys = keys
         self._cache: TTLCache[str, Board] = TTLCache(maxsize=maxsize, ttl=ttl)
+        # What all() parsed, by stored text.
+        self._parsed: dict[str, Board] = {}
 
     @property
     def cached(self) -> int:
@@ -242,7 +244,12 @@ class BoardCatalog:
         return board
 
     async def all(self) -> list[Board]:
+        """Every stored definition, by board id. Each is parsed once while its stored text
+        stays the same: the tickers that go over every board ask for all of them each tick."""
         raw = await self._redis.hgetall(self._keys.boards)
-        return sorted(
-            (Board.model_validate_json(v) for v in raw.values()), key=lambda b: b.board_id
-        )
+        known, self._parsed = self._parsed, {}
+        for value in raw.values():
+            text = str(value)  # the client decodes replies
+            board = known.get(text)
+            self._parsed[text] = board if board is not None else Board.model_validate_json(text)
+        return sorted(self._parsed.values(), key=lambda b: b.board_id)

@@ -18,6 +18,7 @@ import contextlib
 import os
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, cast
 
 import structlog
@@ -113,6 +114,16 @@ class StreamRelay(ABC):
             with contextlib.suppress(Exception):
                 await self._connection.close()
             self._connection = None
+
+    async def _holding(self, boards: list[str], stream_of: Callable[[str], str]) -> set[str]:
+        """Those of ``boards`` whose stream (``stream_of(board_id)``) holds entries, read or
+        not (an entry stays until its message is confirmed): one pipelined ``XLEN`` for all, so
+        that a pass over many idle boards costs one round trip, not a read each."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for board_id in boards:
+                pipe.xlen(stream_of(board_id))
+            lengths = await pipe.execute()
+        return {board_id for board_id, n in zip(boards, lengths, strict=True) if n}
 
     async def _claim(self, stream: str, count: int) -> bool:
         """Take over up to ``count`` entries another consumer left pending longer than

@@ -78,18 +78,35 @@ class Closer:
         self._keys = keys
         self._delay = timedelta(seconds=lateness + merge_interval + CLOSE_GRACE)
         self._size = size
+        # Boards found with nothing due: the definition looked at, and when its earliest
+        # current period becomes due.
+        self._quiet: dict[str, tuple[Board, datetime]] = {}
 
     async def close_board(self, board: Board, now: datetime | None = None) -> int:
-        """Take each due period of ``board`` a step further; how many this call closed."""
+        """Take each due period of ``board`` a step further; how many this call closed.
+
+        A board found with nothing due is not looked at again (no Redis round trip) until the
+        earliest of its current periods becomes due, as long as its definition stays the same."""
         moment = now or datetime.now(UTC)
-        closed = 0
+        quiet = self._quiet.get(board.board_id)
+        if quiet is not None and quiet[0] == board and moment < quiet[1]:
+            return 0
+        closed, any_due = 0, False
+        next_due: datetime | None = None
         for period in board.periods:
             if period == "alltime":
                 continue
-            for window in await self._due(
-                board, window_at(period, moment - self._delay, board.timezone, board.schedule)
-            ):
+            current = window_at(period, moment - self._delay, board.timezone, board.schedule)
+            if current.end is not None:
+                due_at = current.end + self._delay
+                next_due = due_at if next_due is None else min(next_due, due_at)
+            for window in await self._due(board, current):
+                any_due = True
                 closed += await self._close(board, window, moment)
+        if any_due or next_due is None:
+            self._quiet.pop(board.board_id, None)
+        else:
+            self._quiet[board.board_id] = (board, next_due)
         return closed
 
     async def _due(self, board: Board, current: PeriodWindow) -> list[PeriodWindow]:

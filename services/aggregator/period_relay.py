@@ -7,7 +7,8 @@ publisher confirm awaited, and only then acknowledged and deleted. A broker that
 that routes the message to no queue (nobody has bound one to ``ladder.periods`` yet), leaves the
 entry where it is, to be published again; an entry left pending by a process that died is
 claimed by another after ``LADDER_RELAY_CLAIM_IDLE_MS`` (the connection, the group and the reads
-are shared/relaying.py's). Only a process that dies between the
+are shared/relaying.py's). Each poll finds the outboxes that hold entries with one pipelined
+``XLEN`` for all boards and reads those alone. Only a process that dies between the
 broker's confirm and the acknowledgement publishes a message twice: the copies carry the same
 ``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
 """
@@ -63,8 +64,9 @@ class PeriodRelay(StreamRelay):
             claim = loop.time() >= claim_at
             if claim:
                 claim_at = loop.time() + CLAIM_EVERY_SECONDS
-            for board in await self._catalog.all():
-                await self.relay_board(board.board_id, claim)
+            boards = [board.board_id for board in await self._catalog.all()]
+            for board_id in sorted(await self._holding(boards, self._keys.periods_outbox)):
+                await self.relay_board(board_id, claim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)
 

@@ -191,13 +191,9 @@ class Relay(StreamRelay):
                 pass
 
     async def _holding_entries(self, boards: list[str]) -> set[str]:
-        """Those of ``boards`` whose outbox holds entries, read or not (an entry stays until its
-        message is confirmed), in one round trip; the others' gauges are set to 0."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for board_id in boards:
-                pipe.xlen(self._keys.outbox(board_id))
-            lengths = await pipe.execute()
-        holding = {board_id for board_id, n in zip(boards, lengths, strict=True) if n}
+        """Those of ``boards`` whose outbox holds entries (``_holding``); the others' gauges are
+        set to 0."""
+        holding = await self._holding(boards, self._keys.outbox)
         for board_id in self._gauged - holding:
             BACKLOG.labels(board_id).set(0)
             UNROUTABLE.labels(board_id).set(0)
