@@ -25,6 +25,7 @@ from bench.phases import (
     batch,
     cluster,
     commands,
+    idle,
     instructions,
     merge,
     push,
@@ -81,6 +82,8 @@ async def measure(bench: Bench, report: Report) -> None:
     report.take(await sizes.mysql(bench))
     print("one Redis primary against a cluster of three, and WAIT (private servers)", flush=True)
     report.take(await cluster.measure(bench.seconds))
+    print(f"idle, then with {idle.IDLE_BOARDS:,} more boards", flush=True)
+    report.take(await idle.measure(bench))
 
 
 async def main(options: BenchSettings) -> int:

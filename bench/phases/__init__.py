@@ -2,7 +2,8 @@
 ingest (and the write path's memory and Redis commands), POST-to-push latency, reads on a board
 of a million members, the aggregator's merge, the global view's staleness after a start with a
 merge backlog (on a private stack of its own), MySQL's sizes, then one Redis primary against a
-Redis Cluster of three, with and without ``WAIT`` (on private servers of its own). Each is a
+Redis Cluster of three, with and without ``WAIT`` (on private servers of its own), and last what
+Ladder spends idle, with the bench's boards and with a thousand more. Each is a
 function of the running Ladder that returns its rows; ``bench/__main__.py`` runs them and
 :mod:`bench.report` keeps what they found.
 """

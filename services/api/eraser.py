@@ -15,8 +15,8 @@ event records naming it, found by one ``SCAN`` of the keyspace; its friend sets,
 directions; then in MySQL its events (accepted by the cut-off), friendships, friend requests
 both ways, and its entries in stored snapshots (rewritten without them).
 
-A board's pass: every key of its hash tag (``SCAN`` on the tag, ``UNLINK`` in batches), and
-with ``purge`` its events and snapshots in MySQL up to the cut-off.
+A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
+``UNLINK`` in batches), and with ``purge`` its events and snapshots in MySQL up to the cut-off.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class Eraser:
                 await conn.commit()
 
     async def _work(self) -> int:
-        finished = 0
+        finished, done = 0, self._first_pass_done
         now = datetime.now(UTC)
         for erasure in await pending_erasures(self._engine):
             if erasure.user_id is None:
@@ -136,12 +136,14 @@ class Eraser:
                 self._first_pass_done.discard(marker)
                 log.info("user erased", user_hash=erasure.user_hash)
                 finished += 1
-        for deletion in await pending_board_deletions(self._engine):
-            second = now > deletion.cutoff + SECOND_PASS_MARGIN
+        due = [
+            (deletion, now > deletion.cutoff + SECOND_PASS_MARGIN)
+            for deletion in await pending_board_deletions(self._engine)
+        ]
+        due = [(d, second) for d, second in due if second or (d.board_id, d.cutoff) not in done]
+        await self.delete_boards([deletion for deletion, _ in due])
+        for deletion, second in due:
             marker = (deletion.board_id, deletion.cutoff)
-            if marker in self._first_pass_done and not second:
-                continue
-            await self.delete_board(deletion)
             self._first_pass_done.add(marker)
             if second:
                 await finish_board_deletion(self._engine, deletion)
@@ -352,22 +354,29 @@ class Eraser:
 
     # -- a board -----------------------------------------------------------------------------
 
-    async def delete_board(self, deletion: BoardDeletion) -> int:
-        """One pass of a board's deletion (idempotent): its definition in Redis, every key of
-        its hash tag, and with ``purge`` its history up to the cut-off. Returns keys unlinked."""
-        bid = deletion.board_id
-        await self._redis.hdel(self._keys.boards, bid)
-        gone = 0
-        batch: list[str] = []
-        async for key in self._redis.scan_iter(match=self._keys.board_match(bid), count=SCAN_COUNT):
-            batch.append(key)
+    async def delete_boards(self, deletions: list[BoardDeletion]) -> int:
+        """One pass of each board deletion (idempotent): its definition in Redis, every key of
+        its hash tag, and with ``purge`` its history up to the cut-off. One ``SCAN`` finds the
+        keys of them all (a board's own pattern for one, every board's for several: a thousand
+        deletions do not scan the keyspace a thousand times). Returns keys unlinked."""
+        if not deletions:
+            return 0
+        tags = {self._keys.tag(d.board_id): d.board_id for d in deletions}
+        await self._redis.hdel(self._keys.boards, *tags.values())
+        one = self._keys.board_match(deletions[0].board_id)
+        match = one if len(tags) == 1 else self._keys.boards_match()
+        gone, batch = 0, []
+        async for key in self._redis.scan_iter(match=match, count=SCAN_COUNT):
+            if key[: key.find("}") + 1] in tags:
+                batch.append(key)
             if len(batch) >= UNLINK_BATCH:
                 gone += await self._redis.unlink(*batch)
                 batch = []
         if batch:
             gone += await self._redis.unlink(*batch)
-        if deletion.purge:
-            await self._purge(bid, deletion.cutoff)
+        for deletion in deletions:
+            if deletion.purge:
+                await self._purge(deletion.board_id, deletion.cutoff)
         return gone
 
     async def _purge(self, board_id: str, cutoff: datetime) -> None:

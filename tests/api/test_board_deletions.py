@@ -1,0 +1,96 @@
+"""Boards deleted together (docs/api.md section 8b): each one's keys go, a board whose id starts
+like a deleted one's keeps every key, and the deletions a worker round takes find their keys
+with one ``SCAN`` of the keyspace rather than one each."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from services.api.eraser import Eraser
+from shared.boards import BoardCatalog
+from shared.erasure import BoardDeletion
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from tests.api.helpers import post, score
+from tests.helpers import ADMIN, api_client, eventually
+
+GONE = ["cup", "cup-2", "league"]
+KEPT = "cup2"
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+async def keys_of(redis: Redis, keys: Keys, board_id: str) -> list[str]:
+    """The board's keys but its rate buckets, which expire within seconds of their last take."""
+    found = [k async for k in redis.scan_iter(match=keys.board_match(board_id))]
+    return [k for k in found if ":rate:" not in k]
+
+
+async def test_boards_deleted_together_lose_their_keys_and_no_other_board_does(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client:
+        for board_id in [*GONE, KEPT]:
+            answer = await client.put(f"/v1/boards/{board_id}", json={}, headers=ADMIN)
+            assert answer.status_code == 201, answer.text
+            await post(client, score(user_id="u-1", value=7), board=board_id)
+        kept = sorted(await keys_of(redis, keys, KEPT))
+        assert kept
+        for board_id in GONE:
+            answer = await client.delete(f"/v1/boards/{board_id}", headers=ADMIN)
+            assert answer.status_code == 202, answer.text
+
+        async def all_done() -> bool:
+            for board_id in GONE:
+                status = await client.get(f"/v1/board-deletions/{board_id}", headers=ADMIN)
+                if status.json()["status"] != "done":
+                    return False
+            return True
+
+        await eventually(all_done, within=20)
+        for board_id in GONE:
+            assert await keys_of(redis, keys, board_id) == []
+        assert sorted(await keys_of(redis, keys, KEPT)) == kept
+        page = await client.get(f"/v1/boards/{KEPT}/leaderboard", params={"scope": "region:eu"})
+        assert [e["user_id"] for e in page.json()["entries"]] == ["u-1"]
+
+
+class CountingScans:
+    """The Redis client, counting the ``SCAN`` walks asked of it."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self.walks: list[str] = []
+
+    def scan_iter(self, match: str, **kwargs: Any) -> AsyncIterator[Any]:
+        self.walks.append(match)
+        return self._redis.scan_iter(match=match, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+
+async def test_a_round_s_deletions_walk_the_keyspace_once(redis: Redis, keys: Keys) -> None:
+    for board_id in [*GONE, KEPT]:
+        await redis.set(f"{keys.tag(board_id)}:newest", "e:u")
+    counting = CountingScans(redis)
+    eraser = Eraser(None, counting, keys, BoardCatalog(redis, keys), 5.0)  # type: ignore[arg-type]
+    now = datetime.now(UTC)
+
+    gone = await eraser.delete_boards([BoardDeletion(b, now, False, None) for b in GONE])
+
+    assert gone == len(GONE)
+    assert counting.walks == [keys.boards_match()]
+    assert await redis.exists(f"{keys.tag(KEPT)}:newest")
+    # A deletion alone walks its own board's keys.
+    assert await eraser.delete_boards([BoardDeletion(KEPT, now, False, None)]) == 1
+    assert counting.walks[-1] == keys.board_match(KEPT)
