@@ -63,7 +63,7 @@ RETURNED = Counter(
 
 _BOARDS_REFRESH_SECONDS = 2.0
 _CLAIM_EVERY_SECONDS = 5.0
-# How often every board's outbox is read, written to by this process or not: the longest an
+# How often the outboxes that hold entries are looked for, whoever wrote them: the longest an
 # entry that another process wrote waits when that process cannot relay it (it died after its
 # write), beyond the claim of what it had read.
 _SWEEP_SECONDS = 0.25
