@@ -1,8 +1,8 @@
 """Which outboxes the relay reads, and when (services/api/relay/outbox.py): a write wakes a read
 of its own board's outbox, not of every board's, read again while it finds entries; a sweep
 reads every outbox that holds entries, so that entries another process wrote and left are
-relayed, and no outbox that holds none; every outbox that holds entries is drained on the way
-out.
+relayed, and no outbox that holds none; after a read of less than a message's worth the next
+waits as long as eight reads take; every outbox that holds entries is drained on the way out.
 
 The outboxes are real streams; the broker is not needed to tell which is read when: each read
 (``Relay._relay_board``, the one step that reads an outbox) is recorded and takes every entry of
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -40,7 +41,10 @@ class Recording(Relay):
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
         self.reads: list[str] = []
+        self.read_at: list[float] = []
         self.sweeps = 0
+        # Seconds each read is taken to last (the relay paces its reads by it).
+        self.took = 0.0
 
     async def _holding_entries(self, boards: list[str]) -> set[str]:
         self.sweeps += 1
@@ -48,6 +52,8 @@ class Recording(Relay):
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         self.reads.append(board_id)
+        self.read_at.append(time.monotonic())
+        self._read_took = self.took
         stream = self._keys.outbox(board_id)
         entries = int(await self._redis.xlen(stream))
         await self._redis.delete(stream)
@@ -128,3 +134,22 @@ async def test_every_outbox_holding_entries_is_drained_on_the_way_out(
 
     for board_id in ("b03", "b19"):
         assert await redis.xlen(keys.outbox(board_id)) == 0
+
+
+@pytest.mark.usefixtures("no_sweep")
+async def test_after_less_than_a_message_the_next_read_waits_as_long_as_eight_reads_take(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    async with pumping(redis, keys, settings) as (relay, _):
+        relay.took = 0.005
+        for entries in (5, settings.relay_batch):
+            relay.reads.clear()
+            relay.read_at.clear()
+            await write(redis, keys, "b07", entries)
+            relay.wake("b07")
+            await until(lambda: len(relay.reads) >= 2)
+            waited = relay.read_at[1] - relay.read_at[0]
+            if entries < settings.relay_batch:
+                assert waited >= 0.04  # eight reads of 5 ms
+            else:
+                assert waited < 0.04  # a message's worth: read again at once

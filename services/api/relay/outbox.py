@@ -13,7 +13,11 @@ A write wakes a read of its own board's outbox, read again as long as it finds e
 ``_SWEEP_SECONDS`` a sweep also reads each outbox that holds entries (another process wrote them
 and could not relay them, or left them unconfirmed), found with one pipelined ``XLEN`` for all
 boards: so a write costs Redis reads of the boards it was written to, and an idle relay one
-round trip a sweep, however many boards there are. A read that could not be confirmed stays
+round trip a sweep, however many boards there are. After a read that found less than a
+message's worth, the relay waits as long as a few reads take before the next: under load a
+read waits its turn in a busy Redis for milliseconds, and the next message gathers what was
+written meanwhile; idle, the wait is a fraction of a millisecond, and a lone event has gone
+out before it. A read that could not be confirmed stays
 pending for this consumer and is published again; entries left pending by a crashed process are
 claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
 ``event_id``, so a batch published twice has one effect.
@@ -67,6 +71,10 @@ _CLAIM_EVERY_SECONDS = 5.0
 # entry that another process wrote waits when that process cannot relay it (it died after its
 # write), beyond the claim of what it had read.
 _SWEEP_SECONDS = 0.25
+# After a read that found less than a message's worth, the relay waits as long as this many
+# reads took (the last one's time), at most _GATHER_MOST seconds.
+_GATHER_READS = 8
+_GATHER_MOST = 0.05
 # Messages awaiting their confirms at once, a read.
 IN_FLIGHT = 8
 # Seconds between two publishes of entries the broker returned: from the first to the last.
@@ -121,6 +129,8 @@ class Relay(StreamRelay):
         self._written: set[str] = set()
         # Boards whose gauges were last set above 0.
         self._gauged: set[str] = set()
+        # Seconds the last read of an outbox took.
+        self._read_took = 0.0
         # Boards whose messages came back unroutable: when to publish them again, and the wait
         # after that.
         self._retry_at: dict[str, float] = {}
@@ -175,11 +185,20 @@ class Relay(StreamRelay):
             if claim or now >= sweep_at:
                 sweep_at = now + _SWEEP_SECONDS
                 targets |= await self._holding_entries(boards)
-            busy = set()
+            busy, most = set(), 0
             for board_id in sorted(targets):
-                if await self._relay_board(board_id, claim):
+                moved = await self._relay_board(board_id, claim)
+                if moved:
                     busy.add(board_id)
+                    most = max(most, moved)
             if busy:
+                if most < self._settings.relay_batch:
+                    # Less than a message's worth: wait as long as a few reads take, so that
+                    # the next message gathers what is written meanwhile. Under load a read
+                    # waits its turn in a busy Redis for milliseconds; idle, it takes a tenth.
+                    wait = min(_GATHER_MOST, _GATHER_READS * self._read_took)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
                 continue
             if not self._written:
                 self._wake.clear()
@@ -209,7 +228,9 @@ class Relay(StreamRelay):
             self._settled.discard(stream)
         # Our own pending entries first (a read not yet confirmed), then new ones.
         for start in (">",) if stream in self._settled else ("0", ">"):
+            started = time.perf_counter()
             entries = await self._read(stream, start, self._settings.relay_batch * IN_FLIGHT)
+            self._read_took = time.perf_counter() - started
             if entries is None:
                 return 0  # the group is made again at the next read
             if entries:
