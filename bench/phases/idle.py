@@ -32,9 +32,9 @@ async def measure(bench: Bench) -> list[Line]:
     finally:
         left = await remove(bench, names)
     rows: list[Line] = [
-        Row(f"idle CPU with {before} boards, share of a core", described(alone)),
+        Row(f"idle CPU with {boards(before)} defined, share of a core", described(alone)),
         Row(
-            f"idle CPU with {before + IDLE_BOARDS:,} boards, share of a core",
+            f"idle CPU with {boards(before + IDLE_BOARDS)} defined, share of a core",
             described(many),
             f"{total(many) / max(total(alone), 1e-9):.1f} times",
         ),
@@ -49,6 +49,10 @@ async def shares(seconds: float) -> dict[str, float]:
     before = cpu.snapshot()
     await asyncio.sleep(seconds)
     return {name: spent / seconds for name, spent in cpu.spent(before, cpu.snapshot()).items()}
+
+
+def boards(count: int) -> str:
+    return f"{count:,} board" if count == 1 else f"{count:,} boards"
 
 
 def total(found: dict[str, float]) -> float:
