@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import Awaitable, Callable
 
 import structlog
-from redis.asyncio import Redis
 
 from services.aggregator import closer as closes
 from services.aggregator.closer import Closer
@@ -42,40 +39,28 @@ log = structlog.get_logger(__name__)
 MERGE_BUDGET = 0.25
 
 
-async def with_work(redis: Redis, keys: Keys, boards: list[str]) -> set[str]:
-    """Those of ``boards`` with users to merge (dirty, or a merging set left partway) or dense
-    builds asked for: one pipelined ``EXISTS`` a board, so that a pass over many idle boards
-    costs one round trip rather than two a board."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for bid in boards:
-            pipe.exists(keys.dirty(bid), keys.dirty_merging(bid), keys.dense_build(bid))
-        found = await pipe.execute()
-    return {bid for bid, n in zip(boards, found, strict=True) if n}
-
-
 async def merges(
     merger: Merger,
     catalog: BoardCatalog,
     interval: float,
     stop: asyncio.Event,
     fresh: FreshRegions | None = None,
-    probe: Callable[[list[str]], Awaitable[set[str]]] | None = None,
 ) -> None:
     """Merge every board, a bounded pass each, until ``stop``: again at once while a board is
     behind, else after ``interval``; one last pass on the way. Before each pass, the top-10
     pushes of the regional views that events changed (``fresh``), which do not wait for the
-    merge; after it, a bounded step of the dense builds that reads asked for. ``probe`` (see
-    :func:`with_work`) names the boards a pass merges; without it, every board. A pass that
-    fails is logged and retried: its work waits in Redis."""
+    merge; after it, a bounded step of the dense builds that reads asked for, of the boards
+    that have either to do (one round trip for all: :meth:`Merger.with_work`). A pass that fails
+    is logged and retried: its work waits in Redis."""
     while True:
         stopping = stop.is_set()
         try:
             boards = await catalog.all()
-            busy = await probe([b.board_id for b in boards]) if probe is not None else None
+            busy = await merger.with_work([b.board_id for b in boards])
             for board in boards:
                 if fresh is not None:
                     await merger.push_fresh(board, fresh)
-                if busy is not None and board.board_id not in busy:
+                if board.board_id not in busy:
                     continue
                 await merger.merge_board(board, MERGE_BUDGET)
                 await merger.build_dense(board, MERGE_BUDGET)
@@ -97,11 +82,10 @@ async def tick(
     interval: float,
     stop: asyncio.Event,
     fresh: FreshRegions | None = None,
-    probe: Callable[[list[str]], Awaitable[set[str]]] | None = None,
 ) -> None:
     """The merge and the live views, apart, each every ``interval`` seconds until ``stop``."""
     await asyncio.gather(
-        merges(merger, catalog, interval, stop, fresh, probe),
+        merges(merger, catalog, interval, stop, fresh),
         service.every_board(catalog, interval, stop, live.tick_board),
     )
 
@@ -133,8 +117,7 @@ async def run(settings: LadderSettings) -> None:
         )
 
         async def ticker(stop: asyncio.Event) -> None:
-            probe = functools.partial(with_work, redis, keys)
-            await tick(merger, live, catalog, settings.merge_interval, stop, fresh, probe)
+            await tick(merger, live, catalog, settings.merge_interval, stop, fresh)
 
         # Period ends (docs/api.md section 8b): closed here, relayed to ladder.periods.
         closer = Closer(

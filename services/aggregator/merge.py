@@ -1,23 +1,21 @@
 """The global view: recomputed from the regional boards, never from message deltas.
 
 Consumed events only mark ``(period, period_id, region, user)`` dirty. Every
-``LADDER_MERGE_INTERVAL`` the merger takes the dirty set (renamed to a "merging" set so that a
-crash mid-merge leaves it to be merged again) and sends its users, a chunk a call, to a Redis
-function (``ladder_merge_v6``, shared/lua/merge.lua) that reads each one's current record in
-each region it played in (its field of the board's users' regions hash, and its marks: the cost
-follows the users and their regions, not the board's count of regions), writes the user's
-global entry and takes its marks out of the merging set in the same step
-(:mod:`services.aggregator.combine` says what that entry is, and is the reference the tests hold
-the function to).
+``LADDER_MERGE_INTERVAL`` the merger renames the dirty set to a "merging" set (a crash mid-merge
+leaves it to be merged again) and sends its users, a chunk a call, to a Redis function
+(``ladder_merge_v6``, shared/lua/merge.lua). It reads each user's current record in each region
+they played in (their field of the board's users' regions hash, and their marks: the cost follows
+the users and their regions, not the board's count of regions), writes the global entry and takes
+the user's marks out of the merging set in one step (:mod:`services.aggregator.combine` says what
+that entry is, and is the reference the tests hold the function to). An entry carries its
+metadata along (shared/ranking.py).
 
-An entry carries its metadata along (shared/ranking.py). A pass is bounded (``budget``): what it
-leaves stays in the merging set for the next pass, so that a backlog drains while the aggregator's
-live views keep their cadence (main.py runs them apart). While a backlog drains, each pass first
-merges a round of the marks made since, straight from the dirty set, so that fresh scores do not
-wait behind it. Because it reads current state, lost, late, doubled or reordered messages cannot
-skew it: the next merge that sees the user makes the entry right. After each pass every touched view
-whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose global entry
-changed and crossed a bracket of the global scope get ``rank`` messages
+A pass is bounded (``budget``): what it leaves stays in the merging set, so that a backlog drains
+while the live views keep their cadence (main.py runs them apart), and each pass of a backlog first
+merges a round of the marks made since, so that fresh scores do not wait behind it. Reading
+current state, lost, late, doubled or reordered messages cannot skew it. After each pass every
+touched view whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose
+global entry crossed a bracket of the global scope get ``rank`` messages
 (:mod:`services.aggregator.global_brackets`).
 """
 
@@ -52,10 +50,9 @@ log = structlog.get_logger(__name__)
 MERGED = Counter("ladder_aggregator_merged_users_total", "User entries merged into global")
 MERGE_SECONDS = Histogram("ladder_aggregator_merge_seconds", "Time of one board's merge")
 
-# Users a merge call takes: one Redis function call, 1 to 3 ms of Redis under load, during which
-# every other client waits (a score write, a publish on the way to a push). Calls of 250 held
-# Redis 7.5 ms at the median (docs/architecture.md, "Latency": with the derive and live calls
-# as large, the POSTs' p99 at 435 a second was 26 to 30 ms, against 16 now).
+# Users a merge call takes: 1 to 3 ms of Redis under load, when every other client waits. Calls
+# of 250 held Redis 7.5 ms at the median (docs/architecture.md, "Latency": with the derive and
+# live calls as large, the POSTs' p99 at 435 a second was 26 to 30 ms, against 16 now).
 CHUNK = 60
 # Merge calls sent before the first of them is answered. Two keep Redis busy while this process
 # works between calls; each is a call of its own, so others' commands still run between them.
@@ -83,8 +80,7 @@ def _ends(template: str) -> tuple[str, str]:
 
 @dataclass(slots=True)
 class Touched:
-    """What one pass did to one period: the global top before it, who changed, in which
-    regions."""
+    """What one pass did to one period: the global top before it, who changed, where."""
 
     before: Standing | None = None
     read: bool = False
@@ -125,17 +121,22 @@ class Merger:
         self._partway: set[str] = set()
         """Boards whose merging set a pass of this merger left partway, under its lease."""
 
+    async def with_work(self, boards: list[str]) -> set[str]:
+        """Those of ``boards`` with marks, a merging set or dense builds asked for: one round trip
+        for all (an ``EXISTS`` a board, pipelined), the only cost of an idle board's pass."""
+        keys = self._keys
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for bid in boards:
+                pipe.exists(keys.dirty(bid), keys.dirty_merging(bid), keys.dense_build(bid))
+            found = await pipe.execute()
+        return {bid for bid, n in zip(boards, found, strict=True) if n}
+
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
         """Merge what is dirty of ``board``, for at most ``budget`` seconds (``None``: all of it);
         returns how many users were merged. What the budget leaves stays in the merging set, and
         the board's merge lease with this aggregator; once drained, the lease is given up. A board
         whose lease another aggregator holds is left to it (0)."""
         bid = board.board_id
-        keys = self._keys
-        # An idle board (most, on most ticks) costs one EXISTS and no lease round trips.
-        if not await self._redis.exists(keys.dirty(bid), keys.dirty_merging(bid)):
-            self.behind.discard(bid)
-            return 0
         if not await self.lease.hold(bid):
             self.behind.discard(bid)
             return 0

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from services.aggregator.closer import Closer
-from services.aggregator.main import with_work
+from services.aggregator.merge import Merger
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.periods import PeriodWindow, window_at
@@ -25,8 +25,9 @@ async def test_the_merge_probe_names_the_boards_with_work_and_no_other(
     await redis.sadd(keys.dirty_merging("b11"), "alltime|all|eu|u-2")
     await redis.sadd(keys.dense_build("b27"), "alltime|all|global")
 
-    assert await with_work(redis, keys, boards) == {"b03", "b11", "b27"}
-    assert await with_work(redis, keys, []) == set()
+    merger = Merger(redis, keys)
+    assert await merger.with_work(boards) == {"b03", "b11", "b27"}
+    assert await merger.with_work([]) == set()
 
 
 class Counting(Closer):
