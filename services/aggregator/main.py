@@ -56,14 +56,14 @@ async def merges(
         stopping = stop.is_set()
         try:
             boards = await catalog.all()
-            busy = await merger.with_work([b.board_id for b in boards])
+            merging, building = await merger.with_work([b.board_id for b in boards])
             for board in boards:
                 if fresh is not None:
                     await merger.push_fresh(board, fresh)
-                if board.board_id not in busy:
-                    continue
-                await merger.merge_board(board, MERGE_BUDGET)
-                await merger.build_dense(board, MERGE_BUDGET)
+                if board.board_id in merging:
+                    await merger.merge_board(board, MERGE_BUDGET)
+                if board.board_id in building:
+                    await merger.build_dense(board, MERGE_BUDGET)
         except Exception:
             log.exception("merge pass failed; retrying next tick")
         if stopping:

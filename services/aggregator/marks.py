@@ -1,6 +1,6 @@
 """A merge's marks (``shared.keys.dirty_member``: ``<period>|<period_id>|<region>|<user_id>``)
-in calls of the merge function. Each mark is split once here: on a backlog, every mark of it
-passes through."""
+in calls of the merge function, and what a call names besides them (:func:`call_head`). Each
+mark is split once here: on a backlog, every mark of it passes through."""
 
 from __future__ import annotations
 
@@ -8,10 +8,18 @@ from collections.abc import Iterator
 from itertools import chain
 from operator import itemgetter
 
-from shared.keys import parse_dirty_member
+from shared.boards import Board
+from shared.keys import Keys, dirty_member, parse_dirty_member
+from shared.periods import Period
+from shared.submit import board_period_expiry
 
 # A mark split: (user, region, the mark as the set holds it).
 Split = tuple[str, str, str]
+# The scope of the global view, as the dense marker names it (shared/keys.py ``dense``).
+GLOBAL = "global"
+# A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
+# stays the only place that spells them. NUL is in no id.
+_SLOT = "\0"
 
 _USER = itemgetter(0)
 
@@ -53,3 +61,40 @@ def in_runs(call: list[Split]) -> tuple[list[str | int], list[str]]:
     regions = list(runs)
     counts = (len(marks) for marks in runs.values())
     return [users, len(runs), *regions, *counts, *chain(*runs.values())], regions
+
+
+def _ends(template: str) -> tuple[str, str]:
+    """The two ends of a key or mark built around ``_SLOT``."""
+    prefix, suffix = template.split(_SLOT)
+    return prefix, suffix
+
+
+def call_head(
+    keys: Keys, board: Board, period: Period, period_id: str, marks_set: str, token: str
+) -> tuple[list[str], list[str | int]]:
+    """The keys of a merge call of one period of ``board`` (its marks taken out of
+    ``marks_set``), and the arguments before its marks, under the lease held with ``token``
+    (shared/lua/merge.lua says what each is)."""
+    bid = board.board_id
+    global_key = keys.global_view(bid, period, period_id)
+    view_keys = [
+        global_key,
+        keys.distinct(global_key),
+        keys.ties(global_key),
+        marks_set,
+        keys.distinct_building(global_key),
+        keys.dense(bid),
+        keys.hidden(bid),
+        keys.merge_lease(bid),
+        keys.user_regions(bid),
+    ]
+    head: list[str | int] = [
+        board_period_expiry(board, period, period_id) or 0,
+        board.operator,
+        *_ends(keys.ties(keys.region_view(bid, period, period_id, _SLOT))),
+        *_ends(keys.legacy_user_regions(bid, _SLOT)),
+        *_ends(dirty_member(period, period_id, _SLOT, "")),
+        GLOBAL,
+        token,
+    ]
+    return view_keys, head

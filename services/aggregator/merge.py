@@ -36,12 +36,12 @@ from redis.exceptions import ResponseError
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
 from services.aggregator.lease import LeaseLost, MergeLease, lost
-from services.aggregator.marks import by_user, in_runs
+from services.aggregator.marks import GLOBAL, by_user, call_head, in_runs
 from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
-from shared.keys import Keys, dirty_member
+from shared.keys import Keys
 from shared.periods import Period
 from shared.submit import board_period_expiry
 
@@ -61,21 +61,11 @@ IN_FLIGHT = 2
 # Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
-# The scope of the global view, as the dense marker names it (shared/keys.py ``dense``), and
-# the start of a regional view's scope in the build set ("region:<region>").
-GLOBAL = "global"
+# The start of a regional view's scope in the build set ("region:<region>"); the global view's
+# is marks.GLOBAL.
 REGION = "region:"
 # Members a step of a dense build takes (ladder_dense_build_v2): about a millisecond of Redis.
 BUILD_STEP = 2000
-# A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
-# stays the only place that spells them. NUL is in no id.
-_SLOT = "\0"
-
-
-def _ends(template: str) -> tuple[str, str]:
-    """The two ends of a key or mark built around ``_SLOT``."""
-    prefix, suffix = template.split(_SLOT)
-    return prefix, suffix
 
 
 @dataclass(slots=True)
@@ -121,15 +111,21 @@ class Merger:
         self._partway: set[str] = set()
         """Boards whose merging set a pass of this merger left partway, under its lease."""
 
-    async def with_work(self, boards: list[str]) -> set[str]:
-        """Those of ``boards`` with marks, a merging set or dense builds asked for: one round trip
-        for all (an ``EXISTS`` a board, pipelined), the only cost of an idle board's pass."""
+    async def with_work(self, boards: list[str]) -> tuple[set[str], set[str]]:
+        """Those of ``boards`` with marks or a merging set, and those with dense builds asked
+        for: one round trip for all (pipelined ``EXISTS``), the only cost of an idle board's
+        pass. A board with neither is behind no more (another aggregator finished it)."""
         keys = self._keys
         async with self._redis.pipeline(transaction=False) as pipe:
             for bid in boards:
-                pipe.exists(keys.dirty(bid), keys.dirty_merging(bid), keys.dense_build(bid))
+                pipe.exists(keys.dirty(bid), keys.dirty_merging(bid))
+                pipe.exists(keys.dense_build(bid))
             found = await pipe.execute()
-        return {bid for bid, n in zip(boards, found, strict=True) if n}
+        merging = {bid for bid, n in zip(boards, found[::2], strict=True) if n}
+        building = {bid for bid, n in zip(boards, found[1::2], strict=True) if n}
+        self.behind &= merging | building
+        self._partway &= merging
+        return merging, building
 
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
         """Merge what is dirty of ``board``, for at most ``budget`` seconds (``None``: all of it);
@@ -248,6 +244,7 @@ class Merger:
             log.warning("merge lease taken over; the board's dense builds stop", board_id=bid)
             return done
         if bid not in self._partway:  # no merge pass left partway either
+            self.behind.discard(bid)
             await self.lease.release(bid)
         return done
 
@@ -347,27 +344,8 @@ class Merger:
         ``touched`` the users whose global entry changed and the regions the marks name; returns
         how many users were merged (a user whose marks two rounds of the scan share counts in
         each)."""
-        keys, bid = self._keys, board.board_id
-        expiry = board_period_expiry(board, period, period_id)
-        global_key = keys.global_view(bid, period, period_id)
-        view_keys = [global_key, keys.distinct(global_key), keys.ties(global_key)]
-        view_keys += [
-            marks_set,
-            keys.distinct_building(global_key),
-            keys.dense(bid),
-            keys.hidden(bid),
-            keys.merge_lease(bid),
-            keys.user_regions(bid),
-        ]
-        head = [
-            expiry or 0,
-            board.operator,
-            *_ends(keys.ties(keys.region_view(bid, period, period_id, _SLOT))),
-            *_ends(keys.legacy_user_regions(bid, _SLOT)),
-            *_ends(dirty_member(period, period_id, _SLOT, "")),
-            GLOBAL,
-            self.lease.token(bid),
-        ]
+        token = self.lease.token(board.board_id)
+        view_keys, head = call_head(self._keys, board, period, period_id, marks_set, token)
         merged = 0
 
         def took(reply: Any) -> None:

@@ -1,8 +1,9 @@
 """What the aggregator's tickers cost for a board with nothing to do, against real Redis: the
-merge pass probes every board in one round trip and merges only those with marks, a merging set
-or a dense build; the closer, having found nothing due on a board, looks at it again only when
-the earliest of its current periods comes due, or once its definition changes; and the board
-catalog parses a definition once while its stored text stays the same."""
+merge pass probes every board in one round trip, merges only those with marks or a merging set
+and builds only those with a dense build asked for; the closer, having found nothing due on a
+board, looks at it again only when the earliest of its current periods comes due, or once its
+definition changes; and the board catalog parses a definition once while its stored text stays
+the same."""
 
 from __future__ import annotations
 
@@ -26,8 +27,20 @@ async def test_the_merge_probe_names_the_boards_with_work_and_no_other(
     await redis.sadd(keys.dense_build("b27"), "alltime|all|global")
 
     merger = Merger(redis, keys)
-    assert await merger.with_work(boards) == {"b03", "b11", "b27"}
-    assert await merger.with_work([]) == set()
+    assert await merger.with_work(boards) == ({"b03", "b11"}, {"b27"})
+    assert await merger.with_work([]) == (set(), set())
+
+
+async def test_a_board_finished_elsewhere_is_behind_no_more(redis: Redis, keys: Keys) -> None:
+    """A pass that left a board partway marks it behind, and the ticker goes again at once while
+    any board is; if another aggregator (having taken the lease) drains it meanwhile, the probe
+    that finds nothing there takes it off, or the ticker would spin."""
+    merger = Merger(redis, keys)
+    merger.behind.update({"b01", "b02"})
+    await redis.sadd(keys.dirty_merging("b02"), "alltime|all|eu|u-2")
+
+    assert await merger.with_work(["b01", "b02"]) == ({"b02"}, set())
+    assert merger.behind == {"b02"}
 
 
 class Counting(Closer):
