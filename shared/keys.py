@@ -193,6 +193,11 @@ class Keys:
     def hot_view(self, board_id: str, window: int) -> str:
         return f"{self.tag(board_id)}:hot:{window}"
 
+    def live_quiet(self) -> str:
+        """When an aggregator last found every board whose hot view it did not recompute (an
+        empty one, with no hot event since) still without a hot event (RFC 3339; expiring)."""
+        return f"{self.prefix}:live:quiet"
+
     def team_members(self, board_id: str, period: str, period_id: str, team_id: str) -> str:
         return f"{self.tag(board_id)}:mvp:{period}:{period_id}:team:{team_id}"
 

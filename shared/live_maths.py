@@ -31,6 +31,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, cast
 
+import orjson
 from redis.asyncio import Redis
 
 from shared.boards import Board
@@ -62,6 +63,33 @@ def hot_member(event: ScoreAccepted) -> str:
     """The event's member of the hot set: the same for every delivery of one event.
     ``|`` cannot occur in an event id or a user id."""
     return f"{event.event_id}|{event.user_id}|{event.value}"
+
+
+def hot_message(
+    board_id: str, window: int, as_of: str | None, entries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A hot view as the aggregator stores and pushes it, and a new subscriber is sent it."""
+    return {
+        "type": "leaderboard",
+        "view": "hot",
+        "board_id": board_id,
+        "scope": "hot",
+        "window": window,
+        "as_of": as_of,
+        "entries": entries,
+    }
+
+
+def hot_current(board_id: str, window: int, stored: Any, quiet: Any) -> dict[str, Any]:
+    """The hot view to answer with, from the one the aggregator stored (its JSON, or None once
+    it expired) and ``quiet`` (:meth:`shared.keys.Keys.live_quiet`, or None): a view without
+    entries is so as of the later of the two times, since the aggregator stops recomputing the
+    empty view of a board without hot events until one comes (RFC 3339 times in one format
+    order as text)."""
+    view = orjson.loads(stored) if stored is not None else hot_message(board_id, window, None, [])
+    if not view.get("entries") and quiet is not None:
+        view["as_of"] = max(view.get("as_of") or "", str(quiet))
+    return view
 
 
 def hot_entries(top: list[str]) -> list[dict[str, Any]]:

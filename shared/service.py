@@ -134,14 +134,29 @@ async def every_board(
     stop: asyncio.Event,
     work: Callable[[Board], Awaitable[object]],
 ) -> None:
-    """Run ``work`` on every board every ``interval`` seconds until ``stop``, with one last pass
-    on the way out. A pass that fails (Redis or MySQL away) is logged and retried next tick: the
-    work it had to do waits in Redis."""
+    """Run ``work`` on every board every ``interval`` seconds until ``stop`` (as
+    :func:`every_pass`)."""
+
+    async def each(boards: list[Board]) -> None:
+        for board in boards:
+            await work(board)
+
+    await every_pass(catalog, interval, stop, each)
+
+
+async def every_pass(
+    catalog: BoardCatalog,
+    interval: float,
+    stop: asyncio.Event,
+    work: Callable[[list[Board]], Awaitable[object]],
+) -> None:
+    """Run ``work`` on all the boards every ``interval`` seconds until ``stop``, with one last
+    pass on the way out. A pass that fails (Redis or MySQL away) is logged and retried next
+    tick: the work it had to do waits in Redis."""
     while True:
         stopping = stop.is_set()
         try:
-            for board in await catalog.all():
-                await work(board)
+            await work(await catalog.all())
         except Exception:
             log.exception("periodic pass failed; retrying next tick")
         if stopping:

@@ -12,13 +12,17 @@ Consumed events are recorded in Redis, idempotently and with no regard to order:
   ``CONTRIBUTE_STEP`` events of a batch: each event's mark in its record, shared/lua/live.lua,
   and the summed increments in one atomic step).
 
-On the ticker each window's start moves up to the clock (``ladder_hot_trim_v2`` takes the
-events it leaves out of its sums, so a tick costs what arrived and left since the last one plus
-one read per window of its users' sums), and the MVPs of each
-current period whose contributions changed (or, at least every ``FULL_PASS_SECONDS``, all of
-them). Each result is swapped into its view key with ``SET ... GET``; it is pushed only when its
-entries differ from those it replaced, so several aggregators computing the same view push it
-once. State lives in Redis only: a restarted aggregator carries on where the last one was.
+On the ticker (:meth:`LiveViews.tick`, a pass over every board) each window's start moves up to
+the clock (``ladder_hot_trim_v2`` takes the events it leaves out of its sums, so a tick costs
+what arrived and left since the last one plus one read per window of its users' sums), and the
+MVPs of each current period whose contributions changed (or, at least every
+``FULL_PASS_SECONDS``, all of them). Each result is swapped into its view key with
+``SET ... GET``; it is pushed only when its entries differ from those it replaced, so several
+aggregators computing the same view push it once. A board with no hot event whose hot view was
+empty when last computed is left as it is (one pipelined ``EXISTS`` a pass finds them), the
+pass's time stored for the API to answer for them (``Keys.live_quiet``). State lives in Redis
+only: a restarted aggregator carries on where the last one was (computing each board once
+before it leaves the quiet ones alone).
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 from shared.keys import Keys, seen_keys
-from shared.live_maths import HOT_SPAN_MS, HOT_WINDOWS, TOP, hot_entries, hot_member, mvp_entries
+from shared.live_maths import (
+    HOT_SPAN_MS,
+    HOT_WINDOWS,
+    TOP,
+    hot_entries,
+    hot_member,
+    hot_message,
+    mvp_entries,
+)
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period, expire_at, window_at
 from shared.submit import board_period_expiry
@@ -196,6 +208,29 @@ class LiveViews:
         self._redis = redis
         self._keys = keys
         self._full_pass_at: dict[str, float] = {}
+        self._settled: set[str] = set()
+        """Boards whose hot view this process last computed empty."""
+
+    async def tick(self, boards: list[Board]) -> int:
+        """Recompute the live views of ``boards``; returns how many were pushed. A board with no
+        hot event (one pipelined ``EXISTS`` for all) whose hot view was empty when last computed
+        is not computed again: its view is empty still, and ``Keys.live_quiet`` says as of when
+        (the API reads it beside the stored view: shared/live_maths.py ``hot_current``). So an
+        idle board costs the pass that round trip's share, not three calls of its own."""
+        probed = rfc3339(datetime.now(UTC))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for board in boards:
+                pipe.exists(self._keys.hot_events(board.board_id))
+            found = await pipe.execute()
+        pushed = 0
+        for board, events in zip(boards, found, strict=True):
+            if events or board.board_id not in self._settled:
+                pushed += await self.hot(board)
+            pushed += await self.mvps(board)
+        # After the views of boards with events are stored: a reader who sees this time finds
+        # them as of it or later.
+        await self._redis.set(self._keys.live_quiet(), probed, ex=HOT_VIEW_TTL_SECONDS)
+        return pushed
 
     async def tick_board(self, board: Board) -> int:
         """Recompute ``board``'s live views; returns how many were pushed."""
@@ -215,16 +250,13 @@ class LiveViews:
             if int(reply[0]):
                 break
         pushed = 0
-        for window, top in zip(HOT_WINDOWS, reply[1:], strict=True):
-            message = {
-                "type": "leaderboard",
-                "view": "hot",
-                "board_id": board.board_id,
-                "scope": "hot",
-                "window": window,
-                "as_of": rfc3339(now),
-                "entries": hot_entries(top),
-            }
+        tops = reply[1:]
+        if any(tops):
+            self._settled.discard(bid)
+        else:
+            self._settled.add(bid)
+        for window, top in zip(HOT_WINDOWS, tops, strict=True):
+            message = hot_message(bid, window, rfc3339(now), hot_entries(top))
             channel = self._keys.board_channel(board.board_id, "hot", str(window))
             key = self._keys.hot_view(board.board_id, window)
             pushed += await self._swap(key, channel, message, HOT_VIEW_TTL_SECONDS, None)

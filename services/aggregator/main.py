@@ -86,7 +86,7 @@ async def tick(
     """The merge and the live views, apart, each every ``interval`` seconds until ``stop``."""
     await asyncio.gather(
         merges(merger, catalog, interval, stop, fresh),
-        service.every_board(catalog, interval, stop, live.tick_board),
+        service.every_pass(catalog, interval, stop, live.tick),
     )
 
 

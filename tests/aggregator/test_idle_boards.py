@@ -2,20 +2,29 @@
 merge pass probes every board in one round trip, merges only those with marks or a merging set
 and builds only those with a dense build asked for; the closer, having found nothing due on a
 board, looks at it again only when the earliest of its current periods comes due, or once its
-definition changes; and the board catalog parses a definition once while its stored text stays
-the same."""
+definition changes; the board catalog parses a definition once while its stored text stays the
+same; and the live views' pass computes a hot view that was empty again only once its board
+has a hot event, the API answering for the others as of the pass."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
+import orjson
+import websockets
 from redis.asyncio import Redis
 
 from services.aggregator.closer import Closer
+from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
-from shared.boards import Board, BoardCatalog
+from shared.boards import MAIN_BOARD, Board, BoardCatalog
 from shared.keys import Keys
+from shared.live_maths import hot_current, hot_message
 from shared.periods import PeriodWindow, window_at
+from shared.settings import DEV_SERVER_KEY, LadderSettings
+from tests.aggregator.test_live_views import subscribe
+from tests.helpers import made, serve
 
 
 async def test_the_merge_probe_names_the_boards_with_work_and_no_other(
@@ -95,3 +104,78 @@ async def test_the_catalog_parses_a_definition_once_while_it_stays_the_same(
     changed = await catalog.all()
     assert changed[0] is first[0]
     assert changed[1].operator == "incr"
+
+
+class CountingHot(LiveViews):
+    """Live views that note each board whose hot view they compute (a trim call, then a
+    ``SET ... GET`` a window)."""
+
+    computed: list[str]
+
+    async def hot(self, board: Board, now: datetime | None = None) -> int:
+        self.computed.append(board.board_id)
+        return await super().hot(board, now)
+
+
+async def test_a_board_without_hot_events_is_computed_once_then_left_until_one_comes(
+    redis: Redis, keys: Keys
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    await catalog.ensure_defaults()
+    other = Board(board_id="other", periods=("alltime",))
+    live = CountingHot(redis, keys)
+    live.computed = []
+
+    # Both views are computed empty once; then neither, while no event comes.
+    await live.tick([MAIN_BOARD, other])
+    await live.tick([MAIN_BOARD, other])
+    assert live.computed == [MAIN_BOARD.board_id, other.board_id]
+    # An event on main: its view is computed again each pass while the event is in its windows.
+    await RecordLive(redis, keys, catalog)([made("u-1", 5, datetime.now(UTC))])
+    await live.tick([MAIN_BOARD, other])
+    await live.tick([MAIN_BOARD, other])
+    assert live.computed == [MAIN_BOARD.board_id, other.board_id, "main", "main"]
+    stored = await redis.get(keys.hot_view("main", 60))
+    assert [e["user_id"] for e in orjson.loads(stored)["entries"]] == ["u-1"]
+
+    # The pass's time is when the boards left alone were last found quiet: the answer for
+    # `other` (its stored view gone, as after two minutes) is empty as of then.
+    quiet = await redis.get(keys.live_quiet())
+    assert quiet is not None and 0 < await redis.ttl(keys.live_quiet()) <= 120
+    await redis.delete(keys.hot_view("other", 60))
+    assert hot_current("other", 60, None, quiet) == hot_message("other", 60, quiet, [])
+
+
+async def test_the_hot_read_and_a_new_subscriber_see_a_quiet_board_as_of_the_last_pass(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    hot, topic = "/v1/boards/main/hot", "leaderboard:main:hot:10"
+    before, after = "2026-12-04T16:00:00.000Z", "2026-12-04T16:00:04.000Z"
+    entry = {"rank": 1, "user_id": "u-1", "score": 5.0}
+    async with serve(quiet) as url, websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as ws:
+        api = url.replace("ws://", "http://").removesuffix("/v1/ws")
+        async with httpx.AsyncClient(base_url=api) as client:
+            # No aggregator yet: no time, no entries, nothing sent on subscribing.
+            nothing = (await client.get(hot, params={"window": 10})).json()
+            assert await subscribe(ws, topic) == []
+            # A pass found main without events after its empty view was stored.
+            await redis.set(
+                keys.hot_view("main", 10), orjson.dumps(hot_message("main", 10, before, []))
+            )
+            await redis.set(keys.live_quiet(), after)
+            empty = (await client.get(hot, params={"window": 10})).json()
+            await ws.send(orjson.dumps({"op": "unsubscribe", "topic": topic}).decode())
+            [sent] = await subscribe(ws, topic)
+            # The stored view gone (two minutes on): the same answer.
+            await redis.delete(keys.hot_view("main", 10))
+            gone = (await client.get(hot, params={"window": 10})).json()
+            # A view with entries is as of when it was computed, whatever the pass's time.
+            await redis.set(
+                keys.hot_view("main", 10), orjson.dumps(hot_message("main", 10, before, [entry]))
+            )
+            full = (await client.get(hot, params={"window": 10})).json()
+    assert (nothing["as_of"], nothing["entries"]) == (None, [])
+    assert (empty["as_of"], empty["entries"]) == (after, [])
+    assert sent == hot_message("main", 10, after, [])
+    assert (gone["as_of"], gone["entries"]) == (after, [])
+    assert (full["as_of"], full["entries"]) == (before, [entry])

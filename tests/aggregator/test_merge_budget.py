@@ -40,9 +40,9 @@ class TimedLive(LiveViews):
 
     starts: list[float]
 
-    async def tick_board(self, board: Board) -> int:
+    async def tick(self, boards: list[Board]) -> int:
         self.starts.append(time.monotonic())
-        return await super().tick_board(board)
+        return await super().tick(boards)
 
 
 async def fill(redis: Redis, keys: Keys, bid: str) -> None:

@@ -40,7 +40,7 @@ from services.api.push.admission import TooManySockets
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN, Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
-from shared.live_maths import HOT_WINDOWS
+from shared.live_maths import HOT_WINDOWS, hot_current
 from shared.periods import PERIODS
 
 log = structlog.get_logger(__name__)
@@ -128,13 +128,22 @@ class Client:
             raise TopicError(f"there is no board {board_id!r}")
         return board
 
-    def view_key_of(self, topic: str) -> str | None:
-        """The key holding a live view's current state, sent to a new subscriber."""
+    async def current_view(self, topic: str) -> str | None:
+        """A live view's current state, sent to a new subscriber (None: none, or no live topic).
+        A hot view is read as the API's read answers it (shared/live_maths.py ``hot_current``),
+        the time the aggregator last found the boards it did not recompute still quiet first."""
         if (m := _LIVE_TOPIC.match(topic)) is None:
             return None
-        if m["window"] is not None:
-            return self.state.keys.hot_view(m["board"], int(m["window"]))
-        return self.state.keys.mvp_view(m["board"], m["period"])
+        redis, keys = self.state.redis, self.state.keys
+        if m["window"] is None:
+            stored: Any = await redis.get(keys.mvp_view(m["board"], m["period"]))
+            return None if stored is None else str(stored)
+        board, window = m["board"], int(m["window"])
+        quiet = await redis.get(keys.live_quiet())
+        stored = await redis.get(keys.hot_view(board, window))
+        if stored is None and quiet is None:
+            return None
+        return orjson.dumps(hot_current(board, window, stored, quiet)).decode()
 
     async def subscribe(self, topic: str) -> None:
         if topic in self.topics:
@@ -144,11 +153,9 @@ class Client:
         channel = await self.channel_of(topic)
         self.topics[topic] = channel
         await self.state.hub.subscribe(channel, self)
-        if (key := self.view_key_of(topic)) is not None:
-            # Read once the channel is live: any later change arrives as a push after it.
-            current: Any = await self.state.redis.get(key)
-            if current is not None:
-                self.deliver(current)
+        # Read once the channel is live: any later change arrives as a push after it.
+        if (current := await self.current_view(topic)) is not None:
+            self.deliver(current)
 
     def unsubscribe(self, topic: str) -> None:
         channel = self.topics.pop(topic, None)

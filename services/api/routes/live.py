@@ -1,6 +1,8 @@
 """The live views of play (docs/api.md section 8a): hot streaks and team MVPs.
 
-The hot view is the one the aggregator computed on its last tick (``as_of`` says when); the MVP
+The hot view is the one the aggregator computed on its last tick (``as_of`` says when; an empty
+view is not computed again until its board has an event, and is as of the aggregator's last
+pass: shared/live_maths.py ``hot_current``); the MVP
 view is computed at the read from the teams board and the aggregator's member contributions, so
 that any retained period can be read. The rules of both are in :mod:`shared.live_maths`.
 """
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import Query
 from fastapi.routing import APIRouter
 from pydantic import BaseModel, Field
@@ -18,7 +19,7 @@ from services.api.errors import Invalid, problems
 from services.api.reads import views
 from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
-from shared.live_maths import mvp_entries
+from shared.live_maths import hot_current, mvp_entries
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["live views"])
@@ -46,8 +47,10 @@ class HotOut(BaseModel):
     board_id: str
     window: Literal[10, 60] = Field(description="Seconds of event time")
     as_of: str | None = Field(
-        description="When the aggregator computed the view (RFC 3339); null if no aggregator "
-        "has computed it in the last two minutes (the view is then empty)"
+        description="When the aggregator computed the view (RFC 3339); for an empty view, the "
+        "later of that and the last time an aggregator found the board still without an event "
+        "in its windows; null if no aggregator did either in the last two minutes (the view is "
+        "then empty)"
     )
     entries: list[HotEntry] = Field(description="At most 10, the highest average first")
 
@@ -93,8 +96,11 @@ async def hot(
 ) -> dict[str, Any]:
     if window not in (10, 60):
         raise Invalid("window must be 10 or 60 (seconds).", loc=("query", "window"))
+    # The time the aggregator last found the boards it did not recompute still quiet, then the
+    # view: a view stored before that time is read after it (shared/live_maths.py hot_current).
+    quiet = await state.redis.get(state.keys.live_quiet())
     stored = await state.redis.get(state.keys.hot_view(board.board_id, window))
-    view = orjson.loads(stored) if stored is not None else {}
+    view = hot_current(board.board_id, window, stored, quiet)
     return {
         "board_id": board.board_id,
         "window": window,
