@@ -215,18 +215,21 @@ class LiveViews:
         """Recompute the live views of ``boards``; returns how many were pushed. A board with no
         hot event (one pipelined ``EXISTS`` for all) whose hot view was empty when last computed
         is not computed again: its view is empty still, and ``Keys.live_quiet`` says as of when
-        (the API reads it beside the stored view: shared/live_maths.py ``hot_current``). So an
-        idle board costs the pass that round trip's share, not three calls of its own."""
+        (the API reads it beside the stored view: shared/live_maths.py ``hot_current``); its MVPs
+        are computed where contributions marked them, or when all are due. So an idle board costs
+        the pass that round trip's share, not four calls of its own."""
         probed = rfc3339(datetime.now(UTC))
         async with self._redis.pipeline(transaction=False) as pipe:
             for board in boards:
                 pipe.exists(self._keys.hot_events(board.board_id))
+                pipe.exists(self._keys.mvp_dirty(board.board_id))
             found = await pipe.execute()
         pushed = 0
-        for board, events in zip(boards, found, strict=True):
+        for board, events, dirty in zip(boards, found[::2], found[1::2], strict=True):
             if events or board.board_id not in self._settled:
                 pushed += await self.hot(board)
-            pushed += await self.mvps(board)
+            if dirty or self._full_due(board.board_id):
+                pushed += await self.mvps(board)
         # After the views of boards with events are stored: a reader who sees this time finds
         # them as of it or later.
         await self._redis.set(self._keys.live_quiet(), probed, ex=HOT_VIEW_TTL_SECONDS)
@@ -268,7 +271,7 @@ class LiveViews:
             return 0
         keys, bid = self._keys, board.board_id
         now = now or datetime.now(UTC)
-        full = time.monotonic() - self._full_pass_at.get(bid, float("-inf")) >= FULL_PASS_SECONDS
+        full = self._full_due(bid)
         dirty: set[Any] = await self._redis.smembers(keys.mvp_dirty(bid))
         if dirty:
             # Taken before computing: a contribution recorded meanwhile marks it again.
@@ -294,6 +297,11 @@ class LiveViews:
             pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
         PUSHES.labels("mvps").inc(pushed)
         return pushed
+
+    def _full_due(self, board_id: str) -> bool:
+        """Whether the board's MVPs are due to be computed all (every ``FULL_PASS_SECONDS``)."""
+        since = time.monotonic() - self._full_pass_at.get(board_id, float("-inf"))
+        return since >= FULL_PASS_SECONDS
 
     async def _swap(
         self,

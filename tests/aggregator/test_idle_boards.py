@@ -108,13 +108,18 @@ async def test_the_catalog_parses_a_definition_once_while_it_stays_the_same(
 
 class CountingHot(LiveViews):
     """Live views that note each board whose hot view they compute (a trim call, then a
-    ``SET ... GET`` a window)."""
+    ``SET ... GET`` a window), and each whose MVPs they look at."""
 
     computed: list[str]
+    looked: list[str]
 
     async def hot(self, board: Board, now: datetime | None = None) -> int:
         self.computed.append(board.board_id)
         return await super().hot(board, now)
+
+    async def mvps(self, board: Board, now: datetime | None = None) -> int:
+        self.looked.append(board.board_id)
+        return await super().mvps(board, now)
 
 
 async def test_a_board_without_hot_events_is_computed_once_then_left_until_one_comes(
@@ -124,7 +129,7 @@ async def test_a_board_without_hot_events_is_computed_once_then_left_until_one_c
     await catalog.ensure_defaults()
     other = Board(board_id="other", periods=("alltime",))
     live = CountingHot(redis, keys)
-    live.computed = []
+    live.computed, live.looked = [], []
 
     # Both views are computed empty once; then neither, while no event comes.
     await live.tick([MAIN_BOARD, other])
@@ -179,3 +184,17 @@ async def test_the_hot_read_and_a_new_subscriber_see_a_quiet_board_as_of_the_las
     assert sent == hot_message("main", 10, after, [])
     assert (gone["as_of"], gone["entries"]) == (after, [])
     assert (full["as_of"], full["entries"]) == (before, [entry])
+
+
+async def test_mvps_are_looked_at_where_contributions_marked_them_or_when_all_are_due(
+    redis: Redis, keys: Keys
+) -> None:
+    live = CountingHot(redis, keys)
+    live.computed, live.looked = [], []
+    boards = [MAIN_BOARD, Board(board_id="other", periods=("alltime",))]
+
+    await live.tick(boards)  # the first pass computes all of every incr board's
+    await live.tick(boards)  # nothing marked, none due
+    await redis.sadd(keys.mvp_dirty("other"), "alltime|all")
+    await live.tick(boards)
+    assert live.looked == ["main", "other", "other"]
