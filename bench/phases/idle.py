@@ -12,10 +12,12 @@ from bench.phases import Bench
 from bench.report import Line, Note, Row
 
 IDLE_BOARDS = 1000
-# Seconds each share is measured over: several of every ticker's periods (0.25 to 2 s).
-WINDOW = 10.0
-# Seconds for every process to see the boards defined (the catalog is read again every 2 s).
-SETTLE = 4.0
+# Seconds each share is measured over: several of every ticker's periods (0.25 to 2 s) and one
+# of the live views' pass over all MVPs (30 s).
+WINDOW = 30.0
+# Seconds for every process to see the boards defined (the catalog is read again every 2 s) and
+# for the aggregator's first passes over them (each new board's views computed once) to end.
+SETTLE = 40.0
 PREFIX = "bench-idle-"
 
 
