@@ -53,8 +53,8 @@ TEAMS = ("red", "blue", "gold", "teal")
 # period closes' claims and marks (a period that ended is closed again, at a new time:
 # docs/operations.md, "Seasons and period ends") and the merge lease's fence (a counter).
 NOT_REBUILT = re.compile(
-    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|badges|hot|mvp|rate|rebuild|rebuilding"
-    r"|closed|closing|merge)(:|$)"
+    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|badges|hot|mvp|live|rate|rebuild"
+    r"|rebuilding|closed|closing|merge)(:|$)"
 )
 
 # Two more boards beside ``main`` (incr): every operator and both orders, daily and all-time.
