@@ -37,10 +37,11 @@ from starlette.websockets import WebSocketState
 from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
 from services.api.errors import Unauthorized, problem_response
 from services.api.push.admission import TooManySockets
+from services.api.reads.hot import current_hot
 from services.api.state import ApiState
 from shared.boards import BOARD_ID_PATTERN, Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
-from shared.live_maths import HOT_WINDOWS, hot_current
+from shared.live_maths import HOT_WINDOWS
 from shared.periods import PERIODS
 
 log = structlog.get_logger(__name__)
@@ -130,20 +131,15 @@ class Client:
 
     async def current_view(self, topic: str) -> str | None:
         """A live view's current state, sent to a new subscriber (None: none, or no live topic).
-        A hot view is read as the API's read answers it (shared/live_maths.py ``hot_current``),
-        the time the aggregator last found the boards it did not recompute still quiet first."""
+        A hot view is the one the API's read answers (services/api/reads/hot.py)."""
         if (m := _LIVE_TOPIC.match(topic)) is None:
             return None
         redis, keys = self.state.redis, self.state.keys
         if m["window"] is None:
             stored: Any = await redis.get(keys.mvp_view(m["board"], m["period"]))
             return None if stored is None else str(stored)
-        board, window = m["board"], int(m["window"])
-        quiet = await redis.get(keys.live_quiet())
-        stored = await redis.get(keys.hot_view(board, window))
-        if stored is None and quiet is None:
-            return None
-        return orjson.dumps(hot_current(board, window, stored, quiet)).decode()
+        view = await current_hot(redis, keys, m["board"], int(m["window"]))
+        return None if view is None else orjson.dumps(view).decode()
 
     async def subscribe(self, topic: str) -> None:
         if topic in self.topics:

@@ -2,7 +2,7 @@
 
 The hot view is the one the aggregator computed on its last tick (``as_of`` says when; an empty
 view is not computed again until its board has an event, and is as of the aggregator's last
-pass: shared/live_maths.py ``hot_current``); the MVP
+pass: services/api/reads/hot.py); the MVP
 view is computed at the read from the teams board and the aggregator's member contributions, so
 that any retained period can be read. The rules of both are in :mod:`shared.live_maths`.
 """
@@ -17,9 +17,10 @@ from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
 from services.api.reads import views
+from services.api.reads.hot import current_hot
 from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
-from shared.live_maths import hot_current, mvp_entries
+from shared.live_maths import mvp_entries
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["live views"])
@@ -96,11 +97,7 @@ async def hot(
 ) -> dict[str, Any]:
     if window not in (10, 60):
         raise Invalid("window must be 10 or 60 (seconds).", loc=("query", "window"))
-    # The time the aggregator last found the boards it did not recompute still quiet, then the
-    # view: a view stored before that time is read after it (shared/live_maths.py hot_current).
-    quiet = await state.redis.get(state.keys.live_quiet())
-    stored = await state.redis.get(state.keys.hot_view(board.board_id, window))
-    view = hot_current(board.board_id, window, stored, quiet)
+    view = await current_hot(state.redis, state.keys, board.board_id, window) or {}
     return {
         "board_id": board.board_id,
         "window": window,
