@@ -38,6 +38,14 @@ log = structlog.get_logger(__name__)
 Entry = tuple[str, dict[str, str]]
 """A stream entry: its id and its fields."""
 
+# A sweep (``_holding`` over the boards of ``_next_sweep``) asks about this many boards' streams
+# at most; the next sweep goes on from where it stopped. An idle relay then costs the same
+# however many boards are defined, and what a sweep alone finds (entries another process wrote
+# and left) waits longer where there are more boards: len(boards) / SWEEP_MOST sweeps at most.
+# The claim of entries a dead process left pending asks about every board, in pipelines of this
+# many (the event loop is held one pipeline at a time), every few seconds.
+SWEEP_MOST = 250
+
 
 class StreamRelay(ABC):
     """A relay's connection and stream reads; a subclass declares what it publishes to
@@ -61,6 +69,8 @@ class StreamRelay(ABC):
         self._connection: AbstractRobustConnection | None = None
         self._exchange: AbstractExchange | None = None
         self._groups: set[str] = set()
+        # Where the next sweep starts among the boards, by id (``_next_sweep``).
+        self._sweep_from = 0
 
     async def relay_until(self, stop: asyncio.Event) -> None:
         """Relay until ``stop``, connecting to the broker again as long as it takes. Whatever
@@ -115,15 +125,30 @@ class StreamRelay(ABC):
                 await self._connection.close()
             self._connection = None
 
+    def _next_sweep(self, boards: list[str]) -> list[str]:
+        """The boards (sorted by id) a sweep asks about: all of them where there are at most
+        ``SWEEP_MOST``, else the next ``SWEEP_MOST`` in turn from where the last sweep stopped
+        (a board defined or deleted meanwhile shifts the turn by one, at most a sweep late)."""
+        if len(boards) <= SWEEP_MOST:
+            return boards
+        start = self._sweep_from % len(boards)
+        self._sweep_from = start + SWEEP_MOST
+        return (boards[start:] + boards[:start])[:SWEEP_MOST]
+
     async def _holding(self, boards: list[str], stream_of: Callable[[str], str]) -> set[str]:
         """Those of ``boards`` whose stream (``stream_of(board_id)``) holds entries, read or
-        not (an entry stays until its message is confirmed): one pipelined ``XLEN`` for all, so
-        that a pass over many idle boards costs one round trip, not a read each."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for board_id in boards:
-                pipe.xlen(stream_of(board_id))
-            lengths = await pipe.execute()
-        return {board_id for board_id, n in zip(boards, lengths, strict=True) if n}
+        not (an entry stays until its message is confirmed): one pipelined ``XLEN`` for every
+        ``SWEEP_MOST`` of them, so that a pass over many idle boards costs a round trip for
+        each ``SWEEP_MOST``, not a read each."""
+        found: set[str] = set()
+        for at in range(0, len(boards), SWEEP_MOST):
+            chunk = boards[at : at + SWEEP_MOST]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for board_id in chunk:
+                    pipe.xlen(stream_of(board_id))
+                lengths = await pipe.execute()
+            found.update(board_id for board_id, n in zip(chunk, lengths, strict=True) if n)
+        return found
 
     async def _claim(self, stream: str, count: int) -> bool:
         """Take over up to ``count`` entries another consumer left pending longer than

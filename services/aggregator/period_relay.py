@@ -8,7 +8,8 @@ that routes the message to no queue (nobody has bound one to ``ladder.periods`` 
 entry where it is, to be published again; an entry left pending by a process that died is
 claimed by another after ``LADDER_RELAY_CLAIM_IDLE_MS`` (the connection, the group and the reads
 are shared/relaying.py's). Each poll finds the outboxes that hold entries with one pipelined
-``XLEN`` for all boards and reads those alone. Only a process that dies between the
+``XLEN`` for up to ``SWEEP_MOST`` boards, the next ones at the next poll (every board at a
+claim, every ``CLAIM_EVERY_SECONDS``), and reads those alone. Only a process that dies between the
 broker's confirm and the acknowledgement publishes a message twice: the copies carry the same
 ``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
 """
@@ -65,7 +66,8 @@ class PeriodRelay(StreamRelay):
             if claim:
                 claim_at = loop.time() + CLAIM_EVERY_SECONDS
             boards = [board.board_id for board in await self._catalog.all()]
-            for board_id in sorted(await self._holding(boards, self._keys.periods_outbox)):
+            swept = boards if claim else self._next_sweep(boards)
+            for board_id in sorted(await self._holding(swept, self._keys.periods_outbox)):
                 await self.relay_board(board_id, claim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)

@@ -1,7 +1,8 @@
 """Which outboxes the relay reads, and when (services/api/relay/outbox.py): a write wakes a read
 of its own board's outbox, not of every board's, read again while it finds entries; a sweep
 reads every outbox that holds entries, so that entries another process wrote and left are
-relayed, and no outbox that holds none; after a read of less than a message's worth the next
+relayed, and no outbox that holds none (a sweep asks about ``SWEEP_MOST`` boards at most, in
+turn; a claim about every board); after a read of less than a message's worth the next
 waits as long as eight reads take; every outbox that holds entries is drained on the way out.
 
 The outboxes are real streams; the broker is not needed to tell which is read when: each read
@@ -20,6 +21,7 @@ from redis.asyncio import Redis
 
 from services.api.relay import outbox
 from services.api.relay.outbox import Relay
+from shared import relaying
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -43,11 +45,14 @@ class Recording(Relay):
         self.reads: list[str] = []
         self.read_at: list[float] = []
         self.sweeps = 0
+        # The boards each sweep asked about.
+        self.swept: list[list[str]] = []
         # Seconds each read is taken to last (the relay paces its reads by it).
         self.took = 0.0
 
     async def _holding_entries(self, boards: list[str]) -> set[str]:
         self.sweeps += 1
+        self.swept.append(list(boards))
         return await super()._holding_entries(boards)
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
@@ -153,3 +158,46 @@ async def test_after_less_than_a_message_the_next_read_waits_as_long_as_eight_re
                 assert waited >= 0.04  # eight reads of 5 ms
             else:
                 assert waited < 0.04  # a message's worth: read again at once
+
+
+async def test_a_sweep_asks_about_a_bounded_turn_of_the_boards_and_finds_entries_in_any(
+    redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relaying, "SWEEP_MOST", 6)
+    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.02)
+    monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", 60.0)
+    async with pumping(redis, keys, settings) as (relay, _):
+        # The first pass claims, and a claim asks about every board.
+        assert relay.swept[0] == BOARDS
+        await until(lambda: len(relay.swept) >= 9)
+        turns = relay.swept[1:9]
+        assert all(len(turn) == 6 for turn in turns)
+        # Four sweeps in a row ask about every board (20 of them, 6 a sweep), in order.
+        for first in range(len(turns) - 3):
+            assert set().union(*turns[first : first + 4]) == set(BOARDS)
+        assert turns[0] + turns[1] + turns[2] + turns[3][:2] == BOARDS
+
+        # Written by another process, which died before its relay read them, on boards in
+        # different turns.
+        await write(redis, keys, "b01", 2)
+        await write(redis, keys, "b17", 2)
+        await until(lambda: {"b01", "b17"} <= set(relay.reads))
+        assert await redis.xlen(keys.outbox("b01")) == 0
+        assert await redis.xlen(keys.outbox("b17")) == 0
+
+
+async def test_a_claim_asks_about_every_board_in_pipelines_of_a_turn_each(
+    redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relaying, "SWEEP_MOST", 6)
+    # Every sweep comes when a claim is due: each is a claim.
+    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.03)
+    monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", 0.01)
+    async with pumping(redis, keys, settings) as (relay, _):
+        await until(lambda: len(relay.swept) >= 3)
+        assert all(turn == BOARDS for turn in relay.swept)
+
+        # In the first pipeline and in the last (of four).
+        await write(redis, keys, "b00", 1)
+        await write(redis, keys, "b19", 1)
+        await until(lambda: {"b00", "b19"} <= set(relay.reads))

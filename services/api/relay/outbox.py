@@ -11,9 +11,11 @@ quorum queues, sees a few hundred events in each.
 
 A write wakes a read of its own board's outbox, read again as long as it finds entries. Every
 ``_SWEEP_SECONDS`` a sweep also reads each outbox that holds entries (another process wrote them
-and could not relay them, or left them unconfirmed), found with one pipelined ``XLEN`` for all
-boards: so a write costs Redis reads of the boards it was written to, and an idle relay one
-round trip a sweep, however many boards there are. After a read that found less than a
+and could not relay them, or left them unconfirmed), found with one pipelined ``XLEN`` for up to
+``SWEEP_MOST`` boards, the next ones at the next sweep (shared/relaying.py), and every board at
+each claim (every ``_CLAIM_EVERY_SECONDS``): so a write costs Redis reads of the boards it was
+written to, and an idle relay one round trip of a bounded size a sweep, however many boards
+there are. After a read that found less than a
 message's worth, the relay waits as long as a few reads take before the next: under load a
 read waits its turn in a busy Redis for milliseconds, and the next message gathers what was
 written meanwhile; idle, the wait is a fraction of a millisecond, and a lone event has gone
@@ -184,7 +186,10 @@ class Relay(StreamRelay):
             targets = written | busy
             if claim or now >= sweep_at:
                 sweep_at = now + _SWEEP_SECONDS
-                targets |= await self._holding_entries(boards)
+                # A claim looks at every board: one a dead process left entries pending on may
+                # be anywhere in the sweeps' turn.
+                swept = boards if claim else self._next_sweep(boards)
+                targets |= await self._holding_entries(swept)
             busy, most = set(), 0
             for board_id in sorted(targets):
                 moved = await self._relay_board(board_id, claim)
@@ -213,10 +218,11 @@ class Relay(StreamRelay):
         """Those of ``boards`` whose outbox holds entries (``_holding``); the others' gauges are
         set to 0."""
         holding = await self._holding(boards, self._keys.outbox)
-        for board_id in self._gauged - holding:
+        emptied = self._gauged.intersection(boards) - holding
+        for board_id in emptied:
             BACKLOG.labels(board_id).set(0)
             UNROUTABLE.labels(board_id).set(0)
-        self._gauged &= holding
+        self._gauged -= emptied
         return holding
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
