@@ -9,9 +9,9 @@ entry where it is, to be published again; an entry left pending by a process tha
 claimed by another after ``LADDER_RELAY_CLAIM_IDLE_MS`` (the connection, the group and the reads
 are shared/relaying.py's). Each poll finds the outboxes that hold entries with one pipelined
 ``XLEN`` for up to ``SWEEP_MOST`` boards, the next ones at the next poll (every board at a
-claim, every ``CLAIM_EVERY_SECONDS``), and reads those alone. Only a process that dies between the
-broker's confirm and the acknowledgement publishes a message twice: the copies carry the same
-``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
+claim, every ``CLAIM_EVERY_SECONDS``), and reads those alone. Only a process that dies between
+the broker's confirm and the acknowledgement publishes a message twice: the copies carry the
+same ``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
 """
 
 from __future__ import annotations
