@@ -18,10 +18,10 @@ written to, and an idle relay one round trip of a bounded size a sweep, however 
 there are. After a read that found less than a message's worth, the relay waits as long as a
 few reads take before the next: under load a read waits its turn in a busy Redis for
 milliseconds, and the next message gathers what was written meanwhile; idle, the wait is a
-fraction of a millisecond, and a lone event has gone out before it. A read that could not be confirmed stays
-pending for this consumer and is published again; entries left pending by a crashed process are
-claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are idempotent on
-``event_id``, so a batch published twice has one effect.
+fraction of a millisecond, and a lone event has gone out before it. A read that could not be
+confirmed stays pending for this consumer and is published again; entries left pending by a
+crashed process are claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are
+idempotent on ``event_id``, so a batch published twice has one effect.
 
 Every message is published ``mandatory``: a message that no queue is bound to receive comes back
 (``Basic.Return``) ahead of its confirm, and a confirm alone does not remove it. Its entries stay
