@@ -152,6 +152,16 @@ times a second in two runs a day apart on machines of this kind.
   merge, derive and live calls are cut to 1 to 3 ms of Redis each and sent one after another,
   not pipelined (Redis runs a client's pipeline back to back); at about 435 POSTs a second
   that took the p99 from 26 to 30 ms down to 16 ms (docs/architecture.md, "Latency").
+  Measured again on 2026-12-04 (19:47 UTC, `make up`, wrk at a fixed rate, 15 s, twice each):
+  at about 830 POSTs a second a relay message carried 7 events, and Ladder spent about
+  1,600 µs an event (API 520, Redis 350 to 480, RabbitMQ 170, notifier 160, aggregator 180,
+  history 130) against 693 µs at saturation. The relay waits at least 5 or 10 ms before its
+  next read: 9 and 10 events a message, the CPU an event within the noise (1,560 to 1,610 µs),
+  so it was not kept (a lone event still goes out at once; those after it would wait that
+  long). A py-spy profile of an API worker at that rate: 44 % of its samples in the event loop's
+  own C code (uvloop: socket reads and writes, polling), 16 % in a request's way through
+  Starlette and FastAPI, 8 % the relay, 5 % the group commit. What would move it: fewer,
+  larger requests (the batch endpoint), or a rate high enough to fill the batches.
 - **Reads on the million-member board.** Each read validates its query in one step and
   answers with one Redis Function call (O(log n): `ZREVRANK`, `ZREVRANGE`); the friends scope
   takes two (the friend set is a key of the user). In the run of 2026-12-02 16:18 UTC (load
