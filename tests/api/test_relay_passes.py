@@ -89,10 +89,25 @@ async def pumping(
         await asyncio.wait_for(task, 5)
 
 
+def pace(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    sweep: float,
+    claim: float | None = None,
+    turn: int | None = None,
+) -> None:
+    """Sweep every ``sweep`` seconds; claim every ``claim``, ``turn`` boards a sweep, where
+    given (else as the relay does)."""
+    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", sweep)
+    if claim is not None:
+        monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", claim)
+    if turn is not None:
+        monkeypatch.setattr(relaying, "SWEEP_MOST", turn)
+
+
 @pytest.fixture
 def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 60.0)
-    monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", 60.0)
+    pace(monkeypatch, sweep=60.0, claim=60.0)
 
 
 @pytest.mark.usefixtures("no_sweep")
@@ -113,7 +128,7 @@ async def test_a_write_wakes_a_read_of_its_board_alone_until_it_finds_nothing(
 async def test_a_sweep_reads_the_outboxes_holding_entries_and_no_other(
     redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.02)
+    pace(monkeypatch, sweep=0.02)
     async with pumping(redis, keys, settings) as (relay, _):
         swept = relay.sweeps
         await until(lambda: relay.sweeps >= swept + 5)
@@ -163,9 +178,7 @@ async def test_after_less_than_a_message_the_next_read_waits_as_long_as_eight_re
 async def test_a_sweep_asks_about_a_bounded_turn_of_the_boards_and_finds_entries_in_any(
     redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relaying, "SWEEP_MOST", 6)
-    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.02)
-    monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", 60.0)
+    pace(monkeypatch, sweep=0.02, claim=60.0, turn=6)
     async with pumping(redis, keys, settings) as (relay, _):
         # The first pass claims, and a claim asks about every board.
         assert relay.swept[0] == BOARDS
@@ -189,10 +202,8 @@ async def test_a_sweep_asks_about_a_bounded_turn_of_the_boards_and_finds_entries
 async def test_a_claim_asks_about_every_board_in_pipelines_of_a_turn_each(
     redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(relaying, "SWEEP_MOST", 6)
     # Every sweep comes when a claim is due: each is a claim.
-    monkeypatch.setattr(outbox, "_SWEEP_SECONDS", 0.03)
-    monkeypatch.setattr(outbox, "_CLAIM_EVERY_SECONDS", 0.01)
+    pace(monkeypatch, sweep=0.03, claim=0.01, turn=6)
     async with pumping(redis, keys, settings) as (relay, _):
         await until(lambda: len(relay.swept) >= 3)
         assert all(turn == BOARDS for turn in relay.swept)
