@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 from services.aggregator.derive import Derive
 from services.api.app import create_app
 from services.api.serving.uvicorn_server import Server, build_server
-from shared.boards import Board
+from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
@@ -232,6 +232,14 @@ async def server_statement(server_url: str, statement: str) -> None:
             await conn.execute(text(statement))
     finally:
         await engine.dispose()
+
+
+async def catalog_of(redis: Redis, keys: Keys, board_ids: list[str]) -> BoardCatalog:
+    """A board catalog that holds a default definition of each of ``board_ids``."""
+    catalog = BoardCatalog(redis, keys)
+    for board_id in board_ids:
+        await catalog.put(Board(board_id=board_id))
+    return catalog
 
 
 async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 10.0) -> T:

@@ -19,10 +19,9 @@ from redis.asyncio import Redis
 from services.aggregator import period_relay
 from services.aggregator.period_relay import PeriodRelay
 from shared import relaying
-from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import eventually
+from tests.helpers import catalog_of, eventually
 
 BOARDS = [f"b{i:02}" for i in range(20)]
 
@@ -58,10 +57,7 @@ async def polling(
     monkeypatch.setattr(relaying, "SWEEP_MOST", 6)
     monkeypatch.setattr(period_relay, "POLL_SECONDS", 0.02)
     monkeypatch.setattr(period_relay, "CLAIM_EVERY_SECONDS", claim)
-    catalog = BoardCatalog(redis, keys)
-    for board_id in BOARDS:
-        await catalog.put(Board(board_id=board_id))
-    relay = Recording(redis, keys, catalog, settings)
+    relay = Recording(redis, keys, await catalog_of(redis, keys, BOARDS), settings)
     stop = asyncio.Event()
     task = asyncio.create_task(relay._pump(stop))
     try:

@@ -22,10 +22,9 @@ from redis.asyncio import Redis
 from services.api.relay import outbox
 from services.api.relay.outbox import Relay
 from shared import relaying
-from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.helpers import eventually
+from tests.helpers import catalog_of, eventually
 
 BOARDS = [f"b{i:02}" for i in range(20)]
 
@@ -84,10 +83,7 @@ async def write(redis: Redis, keys: Keys, board_id: str, entries: int) -> None:
 async def pumping(
     redis: Redis, keys: Keys, settings: LadderSettings
 ) -> AsyncIterator[tuple[Recording, asyncio.Event]]:
-    catalog = BoardCatalog(redis, keys)
-    for board_id in BOARDS:
-        await catalog.put(Board(board_id=board_id))
-    relay = Recording(redis, keys, catalog, settings)
+    relay = Recording(redis, keys, await catalog_of(redis, keys, BOARDS), settings)
     stop = asyncio.Event()
     task = asyncio.create_task(relay._pump(stop))
     try:
