@@ -82,8 +82,9 @@ LEASE_HOLD_FUNCTION = "ladder_lease_hold_v1"
 aggregator holds it."""
 LEASE_RELEASE_FUNCTION = "ladder_lease_release_v1"
 """Give a board's merge lease up, if still held with the token."""
-MERGE_TAKE_FUNCTION = "ladder_merge_take_v1"
-"""Under the merge lease: the dirty set becomes the merging set, unless one is there already."""
+MERGE_TAKE_FUNCTION = "ladder_merge_take_v2"
+"""Under the merge lease: the dirty set becomes the merging set, unless one is there already.
+(v2: a fourth key, the board's take counter, counts each rename.)"""
 HOT_ADD_FUNCTION = "ladder_hot_add_v2"
 """Add events to the hot view's event set and windows, once per event. (v2: each window's
 ranking, a sorted set, comes in as a key after its hash and is kept with it.)"""

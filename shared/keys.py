@@ -103,6 +103,10 @@ class Keys:
         """``{P:B}:merge:fence`` (counter): the fence of the board's latest merge lease."""
         return f"{self.tag(board_id)}:merge:fence"
 
+    def merge_takes(self, board_id: str) -> str:
+        """``{P:B}:merge:takes`` (counter): the dirty set's renames, each a merge batch's name."""
+        return f"{self.tag(board_id)}:merge:takes"
+
     def as_of(self, board_id: str) -> str:
         return f"{self.tag(board_id)}:asof"
 
@@ -275,7 +279,7 @@ class Keys:
         return f"{self.tag(board_id)}:closed:{period}"
 
     def period_closing(self, board_id: str, period: str, period_id: str) -> str:
-        """Set once the close of a period has marked its users for a last merge."""
+        """Set once a period's close marked its users for a last merge: the take count after."""
         return f"{self.tag(board_id)}:closing:{period}:{period_id}"
 
     def periods_outbox(self, board_id: str) -> str:

@@ -11,8 +11,11 @@ get there (a restart, an error, another aggregator):
 1. **Last merge.** Every user of each of the period's regional boards is marked dirty for the
    merge (once: ``Keys.period_closing``), so that the global board is recomputed from the final
    regional ones, whether or not the events' messages reached the aggregator (a broker down).
-2. **Drained.** The close waits until no mark of the period is left in the merge's dirty or
-   merging set: the global board is then exactly the merge of the final regional boards.
+2. **Drained.** The close waits until the merge has drained a batch of marks it took after
+   step 1 (the board's take counter, ``Keys.merge_takes``, past the count step 1 noted), or
+   until no mark waits at all: every mark of the period was in that batch or an earlier one,
+   so the global board is then exactly the merge of the final regional boards. (A mark that a
+   late message adds after step 1 merges a final regional record again: it changes nothing.)
 3. **Claim.** The top ``LADDER_SNAPSHOT_SIZE`` of every scope (global, each region, teams on
    ``incr`` boards) is read and handed to ``ladder_close_period_v1`` (shared/lua/periods.lua),
    which sets the period's claim with ``SET NX``, and only if it was not set appends the
@@ -142,11 +145,14 @@ class Closer:
         regions = await self._regions(board, window)
         closing = keys.period_closing(bid, period, pid)
         expiry = board_period_expiry(board, period, pid)
-        if not await self._redis.exists(closing):
+        since = await self._redis.get(closing)
+        if since is None:
             await self._mark_all(board, window, regions)
-            await self._redis.set(closing, "1", exat=expiry or None)
+            # Read after the marks went in: a take counted past it took every one of them.
+            takes = await self._redis.get(keys.merge_takes(bid))
+            await self._redis.set(closing, int(takes or 0), exat=expiry or None)
             return 0
-        if await self._merging(bid, period, pid):
+        if await self._merging(bid, int(since)):
             return 0
         scopes = await self._tops(board, window, regions)
         closed_at = rfc3339(now)
@@ -205,13 +211,21 @@ class Closer:
             if marks:
                 await self._redis.sadd(dirty, *marks)
 
-    async def _merging(self, bid: str, period: str, pid: str) -> bool:
-        """Whether a mark of the period still waits in the merge's dirty or merging set."""
-        pattern = f"{period}|{pid}|*"
-        for key in (self._keys.dirty(bid), self._keys.dirty_merging(bid)):
-            async for _ in self._redis.sscan_iter(key, match=pattern, count=1000):
-                return True
-        return False
+    async def _merging(self, bid: str, since: int) -> bool:
+        """Whether the merge may still hold a mark of the period, whose users were marked when
+        the board's take counter stood at ``since``: until a batch taken after that (the counter
+        past it) is drained, unless nothing waits at all. Three reads, whatever the sets hold: a
+        scan of them for the period's marks cost Redis about a millisecond for each thousand
+        marks, every tick, while a backlog of other periods drained."""
+        keys = self._keys
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.dirty_merging(bid))
+            pipe.exists(keys.dirty(bid))
+            pipe.get(keys.merge_takes(bid))
+            merging, dirty, takes = await pipe.execute()
+        if merging:
+            return True
+        return bool(dirty) and int(takes or 0) <= since
 
     async def _tops(
         self, board: Board, window: PeriodWindow, regions: list[str]

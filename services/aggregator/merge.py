@@ -110,6 +110,11 @@ class Merger:
         """Boards whose batch a pass left partway (its budget spent): more to merge now."""
         self._partway: set[str] = set()
         """Boards whose merging set a pass of this merger left partway, under its lease."""
+        self._scans: dict[str, tuple[int, int]] = {}
+        """Where the scan of each board's merging set stopped: the batch (its take count) and the
+        cursor. The next pass of the same batch goes on from there: a scan from the start would
+        walk again the part of the set the merge has emptied, which grew with every pass (a
+        backlog of 800,000 marks: about a sixth of Redis's time in the drain)."""
 
     async def with_work(self, boards: list[str]) -> tuple[set[str], set[str]]:
         """Those of ``boards`` with marks or a merging set, and those with dense builds asked
@@ -138,37 +143,46 @@ class Merger:
             return 0
         work = Pass(board)
         try:
-            if not await self._take_dirty(bid):
+            batch = await self._take_dirty(bid)
+            if batch is None:
                 self.behind.discard(bid)
                 await self.lease.release(bid)
                 return 0
             with MERGE_SECONDS.time():
-                drained = await self._drain(work, budget)
+                drained = await self._drain(work, budget, batch)
                 await self._finish(work, drained)
         except LeaseLost:
             log.warning("merge lease taken over; the board's pass stops", board_id=bid)
             self.behind.discard(bid)
             self._partway.discard(bid)
             self._merged.pop(bid, None)
+            self._scans.pop(bid, None)
         MERGED.inc(work.written)
         return work.written
 
-    async def _take_dirty(self, bid: str) -> bool:
+    async def _take_dirty(self, bid: str) -> int | None:
         """Under the lease: the dirty set renamed to the merging set, unless a merging set waits
-        already; whether there is anything to merge."""
+        already; the batch in the merging set (its take count), or ``None`` if nothing is to be
+        merged."""
         keys = self._keys
         lease_keys = [keys.merge_lease(bid), keys.dirty(bid), keys.dirty_merging(bid)]
-        return bool(await self._call(MERGE_TAKE_FUNCTION, lease_keys, self.lease.token(bid)))
+        lease_keys.append(keys.merge_takes(bid))
+        found, batch = await self._call(MERGE_TAKE_FUNCTION, lease_keys, self.lease.token(bid))
+        return int(batch) if found else None
 
-    async def _drain(self, work: Pass, budget: float | None) -> bool:
-        """Rounds of the merging set until it is drained (``True``) or ``budget`` is spent; the
-        lease is renewed before each round after the first."""
+    async def _drain(self, work: Pass, budget: float | None, batch: int) -> bool:
+        """Rounds of the merging set (``batch``) until it is drained (``True``) or ``budget`` is
+        spent, the scan going on from where the last pass of the batch left it; the lease is
+        renewed before each round after the first. Marks only leave a merging set, so a scan
+        that comes back to cursor 0 has returned every mark it held: the set is empty."""
         bid = work.board.board_id
         merging = self._keys.dirty_merging(bid)
         deadline = None if budget is None else time.monotonic() + budget
         if bid in self._partway:
             await self._fresh_round(work)
-        cursor, drained, first = 0, False, True
+        scan = self._scans.pop(bid, None)
+        cursor = scan[1] if scan is not None and scan[0] == batch else 0
+        drained, first = False, True
         while not drained:
             if not first:
                 await self.lease.renew(bid)
@@ -178,6 +192,8 @@ class Merger:
             await self._merge_round(work, merging, marks)
             if deadline is not None and time.monotonic() >= deadline:
                 break
+        if not drained:
+            self._scans[bid] = (batch, cursor)
         return drained
 
     async def _fresh_round(self, work: Pass) -> None:

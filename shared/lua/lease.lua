@@ -39,15 +39,21 @@ redis.register_function(FUNCTIONS.lease_release, lease_release)
 --[[
 Take the dirty marks of a board for a merge: the dirty set becomes the merging set, unless a
 merging set is there already (a pass left it partway, or its holder died), which is then
-merged first. KEYS: the lease, the dirty set, the merging set. ARGV: the token. Returns 1 if
-there are marks to merge, 0 if none; an error (FENCED) if the lease is not held with the token.
+merged first. Each rename counts one in the board's take counter: a close that marked a period's
+users waits for a batch taken after that (services/aggregator/closer.py), without scanning the
+sets. KEYS: the lease, the dirty set, the merging set, the take counter. ARGV: the token.
+Returns {1 if there are marks to merge (0 if none), the take count}: the count names the batch
+in the merging set (0 for one older than the counter), whose scan a merger goes on with across
+passes only while the count stays the same. An error (FENCED) if the lease is not held with the
+token.
 ]]
 local function merge_take(keys, args)
   if not holds(keys[1], args[1]) then return fenced() end
-  if redis.call('EXISTS', keys[3]) == 1 then return 1 end
-  if redis.call('EXISTS', keys[2]) == 0 then return 0 end
+  local takes = tonumber(redis.call('GET', keys[4]) or '0')
+  if redis.call('EXISTS', keys[3]) == 1 then return {1, takes} end
+  if redis.call('EXISTS', keys[2]) == 0 then return {0, takes} end
   redis.call('RENAME', keys[2], keys[3])
-  return 1
+  return {1, redis.call('INCR', keys[4])}
 end
 
 redis.register_function(FUNCTIONS.merge_take, merge_take)

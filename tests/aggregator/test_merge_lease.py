@@ -159,12 +159,17 @@ async def test_the_take_is_refused_without_the_lease(redis: Redis, keys: Keys) -
     bid = BOARD.board_id
     await redis.set(keys.merge_lease(bid), "7|someone", px=5000)
     lease_keys = [keys.merge_lease(bid), keys.dirty(bid), keys.dirty_merging(bid)]
+    lease_keys.append(keys.merge_takes(bid))
     with pytest.raises(ResponseError, match="FENCED"):
-        await redis.fcall(MERGE_TAKE_FUNCTION, 3, *lease_keys, "6|someone")
+        await redis.fcall(MERGE_TAKE_FUNCTION, 4, *lease_keys, "6|someone")
     assert await redis.scard(keys.dirty(bid)) == 10
     assert not await redis.exists(keys.dirty_merging(bid))
-    assert await redis.fcall(MERGE_TAKE_FUNCTION, 3, *lease_keys, "7|someone") == 1
+    assert not await redis.exists(keys.merge_takes(bid))
+    assert await redis.fcall(MERGE_TAKE_FUNCTION, 4, *lease_keys, "7|someone") == [1, 1]
     assert await redis.scard(keys.dirty_merging(bid)) == 10
+    # Counted once: a merging set waiting is merged first, as the same batch.
+    assert await redis.fcall(MERGE_TAKE_FUNCTION, 4, *lease_keys, "7|someone") == [1, 1]
+    assert await redis.get(keys.merge_takes(bid)) == "1"
     # A merger finds the board taken and leaves it alone.
     assert await merger(redis, keys, 1.0).merge_board(BOARD) == 0
     assert await redis.scard(keys.dirty_merging(bid)) == 10

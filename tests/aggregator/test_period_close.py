@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import aio_pika
 import orjson
@@ -21,7 +22,7 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
-from shared.keys import Keys
+from shared.keys import REGIONS_SEPARATOR, Keys
 from shared.periods import window_at
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -83,6 +84,54 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     # Again, later, by either: nothing more.
     assert await close_until_done(closers, Merger(redis, keys), after + timedelta(seconds=30)) == 0
     assert await redis.xlen(keys.periods_outbox("cup")) == 1
+
+
+class NoScans:
+    """The closer's Redis, which refuses to scan a set: its wait must not cost Redis a pass over
+    the dirty and merging sets."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("sscan", "sscan_iter"):
+            raise AssertionError(f"the close scanned a set ({name})")
+        return getattr(self._redis, name)
+
+
+async def test_the_close_waits_for_a_batch_taken_after_its_marks_without_scanning(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    now = datetime.now(UTC)
+    season = window_at("season", now, "UTC", BOARD.schedule)
+    assert season.end is not None
+    claim = keys.period_closed("cup", "season", season.period_id)
+    await write(redis, keys, settings.model_copy(update={"allowed_lateness": 60.0}), now)
+    # A backlog of another period's marks, as a restart leaves it, and the users' regions that
+    # the derive step (not run here) keeps: a user's marks may fall in different rounds.
+    backlog = [f"alltime|all|eu|x{i}" for i in range(12_000)]
+    await redis.sadd(keys.dirty("cup"), *backlog)
+    played = {"a": ["eu", "na"], "b": ["eu"], "c": ["na"]}
+    mapping = {user: REGIONS_SEPARATOR.join(regions) for user, regions in played.items()}
+    await redis.hset(keys.user_regions("cup"), mapping=mapping)
+    closer = Closer(cast(Redis, NoScans(redis)), keys, lateness=2, merge_interval=0.2, size=100)
+    merger, after = Merger(redis, keys), season.end + timedelta(seconds=5)
+
+    await closer.close_board(BOARD, after)  # marks the season's users, notes the take count
+    assert await redis.sismember(keys.dirty("cup"), f"season|{season.period_id}|eu|a")
+    await closer.close_board(BOARD, after)  # nothing taken since: waits
+    assert not await redis.exists(claim)
+    await merger.merge_board(BOARD, budget=0)  # a batch taken, a round of it merged
+    assert await redis.exists(keys.dirty_merging("cup"))
+    await closer.close_board(BOARD, after)  # the batch is not drained: waits
+    assert not await redis.exists(claim)
+
+    await merger.merge_board(BOARD)
+    await closer.close_board(BOARD, after)
+    body = orjson.loads((await redis.xrange(keys.periods_outbox("cup")))[0][1]["m"])
+    assert body["period_id"] == season.period_id
+    ranked = [(e["user_id"], e["score"]) for e in body["scopes"]["global"]]
+    assert ranked == [("a", 35), ("c", 20), ("b", 10)]
 
 
 async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_it_once(
