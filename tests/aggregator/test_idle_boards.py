@@ -74,12 +74,15 @@ async def test_the_closer_looks_at_a_quiet_board_again_only_once_a_period_comes_
         await closer.close_board(board, now)
     looked = closer.looks
 
-    # Nothing is due now: later ticks make no round trip, until the day ends.
-    for seconds in (1, 60, 3600):
-        assert await closer.close_board(board, now + timedelta(seconds=seconds)) == 0
-    assert closer.looks == looked
+    # Nothing is due now: later ticks make no round trip, until the day (the closer's current
+    # one, 3.2 s behind) ends and its 3.2 s pass. (Ticks at fixed offsets would reach the next
+    # day when the test runs near midnight.)
     day = window_at("daily", now - timedelta(seconds=3.2), "UTC")
     assert day.end is not None
+    quiet = day.end + timedelta(seconds=3.2) - now
+    for share in (0.01, 0.5, 0.99):
+        assert await closer.close_board(board, now + quiet * share) == 0
+    assert closer.looks == looked
     await closer.close_board(board, day.end + timedelta(seconds=4))
     assert closer.looks > looked
 
