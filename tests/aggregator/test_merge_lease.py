@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from bench.probes import layout_entries
 from services.aggregator.lease import MergeLease
 from services.aggregator.main import merges
-from services.aggregator.merge import Merger
+from services.aggregator.merge import IN_FLIGHT, Merger
 from shared.boards import Board
 from shared.functions import MERGE_TAKE_FUNCTION
 from shared.keys import Keys, dirty_member
@@ -113,13 +113,13 @@ class Paused(Merger):
     rounds: int
     first: int  # users the first round merged
 
-    async def _merge_round(self, work, merging, marks):  # type: ignore[no-untyped-def]
+    async def _merge_round(self, work, merging, marks, depth=IN_FLIGHT):  # type: ignore[no-untyped-def]
         self.rounds += 1
         if self.rounds == 2:
             self.first = work.written
             self.paused.set()
             await self.resume.wait()
-        await super()._merge_round(work, merging, marks)
+        await super()._merge_round(work, merging, marks, depth)
 
 
 async def test_a_paused_owner_is_taken_over_and_then_writes_nothing(
