@@ -131,6 +131,7 @@ class Merger:
         building = {bid for bid, n in zip(boards, found[1::2], strict=True) if n}
         self.behind &= merging | building
         self._partway &= merging
+        self._scans = {bid: scan for bid, scan in self._scans.items() if bid in merging}
         return merging, building
 
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
@@ -162,9 +163,8 @@ class Merger:
         return work.written
 
     async def _take_dirty(self, bid: str) -> int | None:
-        """Under the lease: the dirty set renamed to the merging set, unless a merging set waits
-        already; the batch in the merging set (its take count), or ``None`` if nothing is to be
-        merged."""
+        """Under the lease: the dirty set renamed to the merging set, unless one waits already;
+        the batch in the merging set (its take count), or ``None`` with nothing to merge."""
         keys = self._keys
         lease_keys = [keys.merge_lease(bid), keys.dirty(bid), keys.dirty_merging(bid)]
         lease_keys.append(keys.merge_takes(bid))
