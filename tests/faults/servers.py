@@ -22,6 +22,11 @@ deletes the directory, whatever state the test left them in.
   MariaDB's root by ``unix_socket`` authentication. Grants stay on: no
   ``--skip-grant-tables``.
 
+Ports come from :func:`tests.stack.free_port`, which sees a port free only when it looks. A first
+start whose server finds one of its ports taken since (it exits saying so) is tried again on
+new ports; later starts keep theirs, which the tests' clients already hold
+(``tests/faults/test_servers.py``).
+
 Paths are kept short on purpose (``/tmp/lf-<hex>``): unix socket paths are limited to about 100
 characters, and ``mariadbd`` runs as ``mysql``, which must be able to reach its directories
 (pytest's ``tmp_path`` lives in a directory only root can enter).
@@ -57,6 +62,16 @@ PREFIX = "lf-"
 # simply runs as whoever runs the tests.
 MYSQL_OS_USER = "mysql" if os.geteuid() == 0 else getpass.getuser()
 
+# What each server writes to its log when a port it was given is taken: Redis and MariaDB the
+# system's message, RabbitMQ (Erlang) the error's atom.
+PORT_TAKEN_SIGNS = ("Address already in use", "eaddrinuse")
+PORT_ATTEMPTS = 4
+
+
+class PortTaken(RuntimeError):
+    """A server exited while starting because one of its ports was taken."""
+
+
 # Every server of this process, so that an interpreter ending without its fixtures' teardown
 # (an interrupted run) still leaves nothing running.
 _LIVE: set[PrivateServer] = set()
@@ -91,12 +106,17 @@ class PrivateServer:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.choose_ports()
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.timings: list[tuple[str, float]] = []
 
     # -- what each server defines -----------------------------------------------------------
+    def choose_ports(self) -> None:
+        """Pick the server's ports. Called again, before a new attempt, when the first start
+        finds one taken: :func:`free_port` only saw it free, and anyone may bind it since."""
+        self.port = free_port()
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -124,19 +144,51 @@ class PrivateServer:
 
     @property
     def log_path(self) -> Path:
+        """Where the process's output goes."""
         return self.root / f"{self.name}.out"
+
+    @property
+    def error_log_path(self) -> Path:
+        """Where the server writes why it could not start."""
+        return self.log_path
 
     def log_tail(self, chars: int = 3000) -> str:
         path = self.log_path
         return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
     def start(self) -> None:
+        """Start the server and wait until it answers. A first start that finds a port taken
+        tries again on new ports (a few times); a later start keeps its ports, which the tests'
+        clients already hold, and fails."""
         if self.running:
             return
         started = time.monotonic()
         if self.starts == 0:
             self.prepare()
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._launch()
+                break
+            except PortTaken:
+                if self.starts > 0 or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._reap()
+                self.choose_ports()
+                self.ports_chosen()
+        if self.starts == 0:
+            self.after_first_start()
+        self.starts += 1
+        self.timings.append(("start", time.monotonic() - started))
+
+    def ports_chosen(self) -> None:
+        """After :meth:`choose_ports` picked new ports for another attempt: rewrite whatever
+        :meth:`prepare` wrote that names them."""
+
+    def _launch(self) -> None:
+        """One attempt: start the process and wait until it answers."""
         _LIVE.add(self)
+        errors = self.error_log_path
+        errors_from = errors.stat().st_size if errors.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
@@ -152,20 +204,24 @@ class PrivateServer:
 
         def up() -> bool:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
+                message = (
                     f"{self.name} exited with {self.process.returncode} while starting:\n"
                     f"{self.log_tail()}"
                 )
+                this_attempt = ""
+                if errors.exists():
+                    with errors.open("rb") as log:
+                        log.seek(errors_from)
+                        this_attempt = log.read().decode(errors="replace")
+                if any(sign in this_attempt for sign in PORT_TAKEN_SIGNS):
+                    raise PortTaken(message)
+                raise RuntimeError(message)
             return self.ready()
 
         try:
             wait_for(f"{self.name} did not answer", up, self.start_timeout)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n{self.log_tail()}") from None
-        if self.starts == 0:
-            self.after_first_start()
-        self.starts += 1
-        self.timings.append(("start", time.monotonic() - started))
 
     def stop(self) -> None:
         """A graceful stop; the data stays for the next :meth:`start`."""
@@ -261,9 +317,13 @@ class PrivateRabbitMQ(PrivateServer):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.node = f"ladder-fault-{uuid.uuid4().hex[:8]}@localhost"
-        self.dist_port = free_port()
         self.epmd_port = free_port()
         self.epmd: subprocess.Popen[bytes] | None = None
+
+    def choose_ports(self) -> None:
+        # epmd has its own start and check (_start_epmd); these two are the node's.
+        self.port = free_port()
+        self.dist_port = free_port()
 
     @property
     def url(self) -> str:
@@ -301,7 +361,10 @@ class PrivateRabbitMQ(PrivateServer):
         # The machine's /etc/rabbitmq/* name another node and listen on 5672: none of it here.
         (r / "rabbitmq-env.conf").write_text("")
         (r / "enabled_plugins").write_text("[].\n")
-        (r / "rabbitmq.conf").write_text(
+        self.ports_chosen()
+
+    def ports_chosen(self) -> None:
+        (self.root / "rabbitmq.conf").write_text(
             f"listeners.tcp.1 = {HOST}:{self.port}\n"
             "loopback_users.guest = true\n"
             "disk_free_limit.absolute = 10MB\n"
@@ -433,8 +496,12 @@ class PrivateMariaDB(PrivateServer):
             "--max-connections=500",
         ]
 
+    @property
+    def error_log_path(self) -> Path:
+        return self.rundir / "error.log"
+
     def log_tail(self, chars: int = 3000) -> str:
-        path = self.rundir / "error.log"
+        path = self.error_log_path
         return path.read_text(errors="replace")[-chars:] if path.exists() else super().log_tail()
 
     def client(
