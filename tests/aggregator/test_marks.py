@@ -1,6 +1,8 @@
 """How the merge's marks go to the merge function: by user into calls, each call's in runs of
 one region (services/aggregator/marks.py)."""
 
+import random
+
 from services.aggregator.marks import by_user, in_runs
 from shared.keys import dirty_member
 
@@ -21,10 +23,10 @@ def test_a_call_takes_its_marks_in_runs_of_a_region_with_its_count_of_users() ->
     for region, size in zip(regions, sizes, strict=True):
         assert isinstance(size, int)
         runs[region], at = rest[at : at + size], at + size
-    # Each run's marks in order of user.
+    # Each run holds its region's marks (user a, of both regions, last: its marks together).
     assert runs == {
-        "eu": [mark("eu", "a"), mark("eu", "c")],
-        "na": [mark("na", "a"), mark("na", "b")],
+        "eu": [mark("eu", "c"), mark("eu", "a")],
+        "na": [mark("na", "b"), mark("na", "a")],
     }
 
 
@@ -34,3 +36,16 @@ def test_a_user_s_marks_stay_in_one_call() -> None:
     assert sorted(m for call in calls for _, _, m in call) == sorted(marks)
     for user in "abcd":
         assert sum(any(u == user for u, _, _ in call) for call in calls) == 1
+
+
+def test_calls_take_the_marks_region_by_region() -> None:
+    # Five regions, 40 users each, one mark a user, shuffled as a scan returns them: calls of
+    # 20 marks each name one region, so the function reads each region's records in one HMGET.
+    marks = [mark(f"r{r}", f"u{r}-{i:02}") for i in range(40) for r in range(5)]
+    random.Random(4).shuffle(marks)
+    calls = list(by_user(marks, 20))
+    assert len(calls) == 10
+    for call in calls:
+        assert len({region for _, region, _ in call}) == 1
+        users = [user for user, _, _ in call]
+        assert users == sorted(users)
