@@ -50,8 +50,8 @@ from shared.live_maths import (
     mvp_entries,
 )
 from shared.live_maths import on_time as is_on_time
-from shared.periods import Period, expire_at, window_at
-from shared.submit import board_period_expiry
+from shared.periods import Period
+from shared.submit import board_period_expiry, current_window, expiry_of
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
 RECORDED = Counter(
@@ -280,7 +280,7 @@ class LiveViews:
             self._full_pass_at[bid] = time.monotonic()
         pushed = 0
         for period in board.periods:
-            window = window_at(period, now, board.timezone, board.schedule)
+            window = current_window(period, now, board.timezone, board.schedule)
             if not full and f"{period}|{window.period_id}" not in dirty:
                 continue
             message = {
@@ -292,7 +292,10 @@ class LiveViews:
                 "period_id": window.period_id,
                 "entries": await mvp_entries(self._redis, keys, board, period, window.period_id),
             }
-            expiry = expire_at(window, board.timezone, board.retention.of(period), board.schedule)
+            # Cached: a season's expiry walks its schedule (croniter) once a period kept, and
+            # the first pass after a start computes every board's views.
+            retention = board.retention.of(period)
+            expiry = expiry_of(window, board.timezone, retention, board.schedule) or None
             channel = keys.board_channel(bid, "mvps", period)
             pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
         PUSHES.labels("mvps").inc(pushed)
