@@ -14,12 +14,13 @@ season takes the board's ``schedule``; without one a season is no period
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 Period = Literal["daily", "weekly", "monthly", "alltime", "season"]
 PERIODS: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime", "season")
@@ -42,6 +43,15 @@ SEASON_ID_FORMAT = "%Y-%m-%dT%H:%M"
 
 class PeriodIdError(ValueError):
     """A period id that does not name a period."""
+
+
+class PeriodRangeError(PeriodIdError):
+    """A walk over periods that leaves the calendar (years 1 to 9999): a retention of yearly
+    seasons in the thousands, say."""
+
+
+# What date arithmetic and croniter raise past year 9999 or before year 1.
+_OUT_OF_CALENDAR = (ValueError, OverflowError, CroniterError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,16 +192,48 @@ def _season_of(period_id: str, timezone: str, schedule: str) -> PeriodWindow:
     return window
 
 
+def windows_before(
+    window: PeriodWindow, timezone: str, count: int, schedule: str | None = None
+) -> Iterator[PeriodWindow]:
+    """The ``count`` windows before ``window``, the nearest first; fewer where the calendar
+    ends first (year 1). Seasons come from one walk of the schedule backwards: a retention of
+    10,000 minute seasons is walked in a fraction of a second."""
+    if window.period == "season":
+        tz = ZoneInfo(timezone)
+        try:
+            firings = croniter(_season(schedule), window.start.astimezone(tz))
+        except _OUT_OF_CALENDAR:
+            return
+        end = window.start
+        for _ in range(count):
+            try:
+                local: datetime = firings.get_prev(datetime)
+                start = local.astimezone(UTC)
+            except _OUT_OF_CALENDAR:
+                return
+            yield PeriodWindow("season", local.strftime(SEASON_ID_FORMAT), start, end)
+            end = start
+        return
+    current = window
+    for _ in range(count):
+        try:
+            current = window_at(
+                current.period, current.start - timedelta(seconds=1), timezone, schedule
+            )
+        except _OUT_OF_CALENDAR:
+            return
+        yield current
+
+
 def previous_window(
     window: PeriodWindow, timezone: str, count: int, schedule: str | None = None
 ) -> PeriodWindow:
-    """The window ``count`` periods before ``window`` (``count`` >= 0)."""
-    current = window
-    for _ in range(count):
-        current = window_at(
-            current.period, current.start - timedelta(seconds=1), timezone, schedule
-        )
-    return current
+    """The window ``count`` periods before ``window`` (``count`` >= 0); raises
+    :class:`PeriodRangeError` where that is before the calendar's start."""
+    found = list(windows_before(window, timezone, count, schedule))
+    if len(found) < count:
+        raise PeriodRangeError(f"{count} periods before {window.period_id} is before year 1")
+    return found[-1] if found else window
 
 
 def expire_at(
@@ -199,19 +241,55 @@ def expire_at(
 ) -> int | None:
     """Unix time at which a period's keys expire: ``retention`` periods after it ends.
 
-    ``None`` means never (all-time, or no retention set).
+    ``None`` means never (all-time, no retention set, or a retention that reaches past the
+    calendar's end, year 9999).
     """
     if window.end is None or retention is None:
         return None
     end = window.end
-    if window.period == "season":
-        # One walk of the schedule from the season's end: a season the window_at() below would
-        # build two croniters for, up to 10,000 times on a board of minute seasons (seconds of
-        # CPU at every new season, in every process).
-        firings = croniter(_season(schedule), end.astimezone(ZoneInfo(timezone)))
-        for _ in range(retention):
-            end = firings.get_next(datetime)
-        return int(end.timestamp())
-    for _ in range(retention):
-        end = window_at(window.period, end, timezone, schedule).end or end
+    try:
+        if window.period == "season":
+            # One walk of the schedule from the season's end, not a window_at() (two croniters)
+            # a season: a board of minute seasons keeps up to 10,000, worked out at every new
+            # season in every process.
+            firings = croniter(_season(schedule), end.astimezone(ZoneInfo(timezone)))
+            for _ in range(retention):
+                end = firings.get_next(datetime)
+        else:
+            for _ in range(retention):
+                end = window_at(window.period, end, timezone, schedule).end or end
+    except _OUT_OF_CALENDAR:
+        return None
     return int(end.timestamp())
+
+
+def retention_error(
+    period: Period,
+    timezone: str,
+    retention: int,
+    schedule: str | None,
+    now: datetime,
+    outlast: float,
+) -> str | None:
+    """Why a board may not keep ``retention`` periods of ``period`` after each one ends (``None``:
+    it may): the walk leaves the calendar (years 1 to 9999), or keeps a period less than
+    ``outlast`` seconds after its end (a period must outlive its close). Judged on the period
+    that runs at ``now``; a season's length is its schedule's, which may vary."""
+    current = window_at(period, now, timezone, schedule)
+    if current.end is None:
+        return None
+    expiry = expire_at(current, timezone, retention, schedule)
+    if expiry is None:
+        return f"{retention} {period} periods after the current one end after the year 9999"
+    try:
+        previous_window(current, timezone, retention, schedule)
+    except PeriodRangeError:
+        return f"{retention} {period} periods before the current one begin before the year 1"
+    kept = expiry - current.end.timestamp()
+    if kept < outlast:
+        return (
+            f"{retention} {period} periods keep a period {kept:.0f} s after its end; it must be "
+            f"kept at least {outlast:.0f} s, until its close (the allowed lateness and a merge "
+            "interval after its end) and a minute more"
+        )
+    return None

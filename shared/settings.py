@@ -30,6 +30,12 @@ class SettingsError(ValueError):
     """Settings that a service must not start with."""
 
 
+CLOSE_GRACE = 1.0
+"""Seconds past end + lateness + merge interval before a period's close starts: a write accepted
+just before the lateness ran out has reached Redis (the write is one Redis call after the
+check)."""
+
+
 def _split_csv(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -163,6 +169,12 @@ class LadderSettings(BaseSettings):
             if port == 0:
                 raise ValueError(f"{where} has a port out of 1-65535")
         return ",".join(entries)
+
+    @property
+    def close_delay(self) -> float:
+        """Seconds after a period's end before the aggregator closes it: the lateness a write
+        may have, a merge interval, and :data:`CLOSE_GRACE`."""
+        return self.allowed_lateness + self.merge_interval + CLOSE_GRACE
 
     @property
     def amqp_urls(self) -> list[str]:

@@ -2,11 +2,11 @@
 
 Every ``CLOSE_TICK`` seconds the aggregator looks at each board's periods (daily, weekly,
 monthly, season; all-time never ends). A period is due once its end plus
-``LADDER_ALLOWED_LATENESS`` plus a grace (``LADDER_MERGE_INTERVAL`` + ``CLOSE_GRACE``) has
-passed: from then on the API refuses every event that would fall in it (older than the
-lateness), so its regional boards, which the write keeps in the same step as it answers, are
-final. Its close then goes in three steps, each taken again on the next tick if this one did not
-get there (a restart, an error, another aggregator):
+``LADDER_ALLOWED_LATENESS`` plus a grace (``LADDER_MERGE_INTERVAL`` + ``CLOSE_GRACE``, both in
+``LadderSettings.close_delay``) has passed: from then on the API refuses every event that
+would fall in it (older than the lateness), so its regional boards, which the write keeps in the
+same step as it answers, are final. Its close then goes in three steps, each taken again on the
+next tick if this one did not get there (a restart, an error, another aggregator):
 
 1. **Last merge.** Every user of each of the period's regional boards is marked dirty for the
    merge (once: ``Keys.period_closing``), so that the global board is recomputed from the final
@@ -48,8 +48,9 @@ from shared.boards import Board, BoardCatalog
 from shared.events import rfc3339
 from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys, dirty_member
-from shared.periods import PeriodWindow, previous_window, window_at
+from shared.periods import PeriodWindow, window_at, windows_before
 from shared.ranking import id_of
+from shared.settings import CLOSE_GRACE
 from shared.submit import board_period_expiry
 
 log = structlog.get_logger(__name__)
@@ -57,9 +58,9 @@ log = structlog.get_logger(__name__)
 CLOSED = Counter("ladder_periods_closed_total", "Periods closed (claimed) by this process")
 
 CLOSE_TICK = 1.0
-CLOSE_GRACE = 1.0
-"""Seconds past end + lateness + merge interval before a close starts: a write accepted just
-before the lateness ran out has reached Redis (the write is one Redis call after the check)."""
+# Markers of a close (closing, closed) live at least this long from the close, whatever the
+# period's own expiry: one already past would drop the marker as it is set.
+MARK_FLOOR = 3600
 PUSH_TOP = 10
 MARK_CHUNK = 1000
 SCHEMA = 1
@@ -116,18 +117,16 @@ class Closer:
         """The periods before ``current`` that ended after the watermark, oldest first; the
         latest alone if none of this kind was closed yet."""
         tz, schedule = board.timezone, board.schedule
-        latest = previous_window(current, tz, 1, schedule)
+        earlier = windows_before(current, tz, board.retention.of(current.period) or 1, schedule)
         raw = await self._redis.get(self._keys.period_watermark(board.board_id, current.period))
         if raw is None:
-            return [latest]
+            return [latest] if (latest := next(earlier, None)) is not None else []
         mark = float(raw)
         due: list[PeriodWindow] = []
-        window = latest
-        for _ in range(board.retention.of(current.period) or 1):
+        for window in earlier:
             if window.end is None or window.end.timestamp() <= mark:
                 break
             due.append(window)
-            window = previous_window(window, tz, 1, schedule)
         return due[::-1]
 
     async def _regions(self, board: Board, window: PeriodWindow) -> list[str]:
@@ -145,6 +144,8 @@ class Closer:
         regions = await self._regions(board, window)
         closing = keys.period_closing(bid, period, pid)
         expiry = board_period_expiry(board, period, pid)
+        if expiry:
+            expiry = max(expiry, int(now.timestamp()) + MARK_FLOOR)
         since = await self._redis.get(closing)
         if since is None:
             await self._mark_all(board, window, regions)
@@ -273,9 +274,15 @@ async def tick(closer: Closer, catalog: BoardCatalog, stop: asyncio.Event) -> No
     """Close what is due on every board every ``CLOSE_TICK`` seconds until ``stop``."""
     while not stop.is_set():
         try:
-            for board in await catalog.all():
-                await closer.close_board(board)
+            boards = await catalog.all()
         except Exception:
             log.exception("period close pass failed; retrying next tick")
+            boards = []
+        for board in boards:
+            # One board's failure is its own: the boards after it still close on time.
+            try:
+                await closer.close_board(board)
+            except Exception:
+                log.exception("period close failed; retrying next tick", board_id=board.board_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), CLOSE_TICK)

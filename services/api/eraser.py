@@ -54,7 +54,7 @@ from shared.erasure import (
 from shared.functions import ERASE_USER_FUNCTION
 from shared.keys import Keys, dirty_member, regions_of
 from shared.live_maths import HOT_WINDOWS
-from shared.periods import previous_window, window_at
+from shared.periods import window_at, windows_before
 
 log = structlog.get_logger(__name__)
 
@@ -185,11 +185,12 @@ class Eraser:
         found: list[tuple[str, str]] = []
         for period in board.periods:
             window = window_at(period, latest, board.timezone, board.schedule)
-            for _ in range((board.retention.of(period) or 0) + 2):
-                found.append((period, window.period_id))
-                if window.end is None:
-                    break
-                window = previous_window(window, board.timezone, 1, board.schedule)
+            found.append((period, window.period_id))
+            if window.end is None:
+                continue
+            retention = (board.retention.of(period) or 0) + 1
+            for before in windows_before(window, board.timezone, retention, board.schedule):
+                found.append((period, before.period_id))
         return found
 
     async def _erase_from_board(self, board: Board, user_id: str, seen: set[str]) -> int:

@@ -15,15 +15,15 @@ import aio_pika
 import orjson
 from redis.asyncio import Redis
 
-from services.aggregator.closer import Closer
+from services.aggregator.closer import Closer, tick
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.amqp import connect as connect_broker
-from shared.boards import Board, BoardCatalog
+from shared.boards import Board, BoardCatalog, Retention
 from shared.keys import REGIONS_SEPARATOR, Keys
-from shared.periods import window_at
+from shared.periods import previous_window, window_at
 from shared.settings import LadderSettings
 from shared.topology import Topology
 
@@ -179,3 +179,46 @@ async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_i
     finally:
         stop.set()
         await running
+
+
+async def test_one_board_failing_its_close_does_not_hold_back_the_others(
+    redis: Redis, keys: Keys
+) -> None:
+    # A board whose close raises (its definition, or Redis, at fault), sorted before another:
+    # the other is still closed in the same pass, and the pass goes on next tick.
+    stop, tried = asyncio.Event(), []
+
+    class Failing(Closer):
+        async def close_board(self, board: Board, now: datetime | None = None) -> int:
+            tried.append(board.board_id)
+            if board.board_id == "a-broken":
+                raise ValueError("year 10000 is out of range")
+            stop.set()
+            return 0
+
+    class Catalog:
+        async def all(self) -> list[Board]:
+            return [Board(board_id="a-broken"), Board(board_id="b-fine")]
+
+    closer = Failing(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    await asyncio.wait_for(tick(closer, cast(BoardCatalog, Catalog()), stop), timeout=10)
+    assert tried == ["a-broken", "b-fine"]
+
+
+async def test_a_season_whose_keys_expired_before_its_close_is_still_closed(
+    redis: Redis, keys: Keys
+) -> None:
+    # Minute seasons kept one season after their end, closed two minutes after it (a lateness
+    # of 120 s): a definition the API now refuses, but one stored before could be so. The
+    # season's keys expire before its close; its close-in-progress marker once took that expiry
+    # and vanished as it was set, so the close began again every tick, for good.
+    board = Board(board_id="cup", schedule="* * * * *", retention=Retention(season=1))
+    closer = Closer(redis, keys, lateness=120, merge_interval=0.2, size=100)
+    now = datetime.now(UTC)
+    current = window_at("season", now - timedelta(seconds=121.2), "UTC", board.schedule)
+    season = previous_window(current, "UTC", 1, board.schedule)
+    merger = Merger(redis, keys)
+    for _ in range(5):
+        await closer.close_board(board, now)
+        await merger.merge_board(board)
+    assert await redis.exists(keys.period_closed("cup", "season", season.period_id))

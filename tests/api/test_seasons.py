@@ -6,8 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from services.api.reads.views import resolve_window
+from shared.boards import Board, Retention
 from shared.periods import window_at
 from shared.settings import LadderSettings
+from shared.submit import board_period_expiry
 from tests.helpers import ADMIN, SERVER, api_client
 
 
@@ -75,3 +78,38 @@ async def test_boards_without_a_schedule_keep_no_season(quiet: LadderSettings) -
             params={"period": "season", "period_id": "2026-12-04T18:00"},
         )
         assert by_id.status_code == 404, by_id.text
+
+
+@pytest.mark.parametrize(
+    ("definition", "why"),
+    [
+        # Yearly seasons kept 10,000 years: past the calendar's end (year 9999).
+        ({"schedule": "0 0 1 1 *", "retention": {"season": 10_000}}, "after the year 9999"),
+        # Minute seasons kept 3 minutes: gone before their close (lateness 600 s and more).
+        ({"schedule": "* * * * *", "retention": {"season": 3}}, "until its close"),
+    ],
+)
+async def test_a_retention_that_leaves_the_calendar_or_ends_before_the_close_is_refused(
+    quiet: LadderSettings, definition: dict[str, object], why: str
+) -> None:
+    async with api_client(quiet) as client:
+        refused = await client.put("/v1/boards/cup", json=definition, headers=ADMIN)
+        assert refused.status_code == 422, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["errors"][0]["loc"] == ["body", "retention", "season"]
+        assert why in refused.json()["detail"]
+        assert (await client.get("/v1/boards/cup")).status_code == 404
+        # Minute seasons kept 12 minutes outlast the close: accepted.
+        kept = {"schedule": "* * * * *", "retention": {"season": 12}}
+        assert (await client.put("/v1/boards/cup", json=kept, headers=ADMIN)).status_code == 201
+
+
+def test_a_stored_retention_past_the_calendar_keeps_forever_instead_of_failing() -> None:
+    # A definition stored before such retentions were refused: its writes expire never, and
+    # every past season is readable (none is before the oldest kept), rather than a 500.
+    board = Board(board_id="cup", schedule="0 0 1 1 *", retention=Retention(season=10_000))
+    now = datetime.now(UTC)
+    current = window_at("season", now, "UTC", board.schedule)
+    assert board_period_expiry(board, "season", current.period_id) == 0
+    past = window_at("season", now.replace(year=now.year - 3), "UTC", board.schedule)
+    assert resolve_window(board, "season", past.period_id) == past

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from shared.boards import BoardSpec
-from shared.periods import PeriodIdError, expire_at, previous_window, window_at, window_of
+from shared.periods import (
+    PeriodIdError,
+    PeriodRangeError,
+    expire_at,
+    previous_window,
+    retention_error,
+    window_at,
+    window_of,
+    windows_before,
+)
 
 FRIDAYS = "0 18 * * 5"
 
@@ -112,3 +121,50 @@ def test_a_long_retention_of_minute_seasons_costs_a_fraction_of_a_walk_season_by
     assert expire_at(season, "UTC", 10_000, "* * * * *") == int(
         datetime(2026, 12, 8, 22, 41, tzinfo=UTC).timestamp()
     )
+
+
+@pytest.mark.parametrize(
+    ("schedule", "timezone"),
+    [("30 1 * * *", "Europe/Berlin"), ("0 * * * *", "America/New_York"), (FRIDAYS, "UTC")],
+)
+def test_the_seasons_before_one_are_those_window_at_finds_step_by_step(
+    schedule: str, timezone: str
+) -> None:
+    # Through both of 2026's DST changes (Berlin: 29 March, 25 October; New York: 8 March,
+    # 1 November), back from December.
+    current = window_at("season", datetime(2026, 12, 2, 12, tzinfo=UTC), timezone, schedule)
+    walked, window = [], current
+    for _ in range(400):
+        assert window.start is not None
+        window = window_at("season", window.start - timedelta(seconds=1), timezone, schedule)
+        walked.append(window)
+    assert list(windows_before(current, timezone, 400, schedule)) == walked
+    assert previous_window(current, timezone, 400, schedule) == walked[-1]
+
+
+def test_walks_past_the_calendar_end_instead_of_failing() -> None:
+    yearly = "0 0 1 1 *"
+    current = window_at("season", datetime(2026, 12, 2, tzinfo=UTC), "UTC", yearly)
+    assert expire_at(current, "UTC", 10_000, yearly) is None  # past 9999: kept for good
+    assert len(list(windows_before(current, "UTC", 10_000, yearly))) == 2025  # back to year 1
+    with pytest.raises(PeriodRangeError):
+        previous_window(current, "UTC", 10_000, yearly)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "retention", "error"),
+    [
+        ("0 0 1 1 *", 10_000, "after the year 9999"),
+        ("0 0 1 1 *", 5_000, "before the year 1"),
+        ("* * * * *", 3, "until its close"),
+        ("* * * * *", 12, None),
+        (FRIDAYS, 12, None),
+    ],
+)
+def test_a_retention_must_stay_in_the_calendar_and_outlast_the_close(
+    schedule: str, retention: int, error: str | None
+) -> None:
+    found = retention_error(
+        "season", "UTC", retention, schedule, datetime(2026, 12, 2, tzinfo=UTC), outlast=663.0
+    )
+    assert (found is None) if error is None else (found is not None and error in found)

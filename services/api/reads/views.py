@@ -6,6 +6,7 @@ ranked on the global view (:mod:`services.api.reads.friends`).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from shared.periods import (
     PERIODS,
     Period,
     PeriodIdError,
+    PeriodRangeError,
     PeriodWindow,
     matches_id,
     previous_window,
@@ -93,12 +95,23 @@ def resolve_window(board: Board, period: Period, period_id: str | None) -> Perio
         window = window_of(period, period_id, board.timezone, board.schedule)
     except PeriodIdError as exc:
         raise Invalid(str(exc), loc=("query", "period_id")) from exc
-    oldest = previous_window(
-        current, board.timezone, board.retention.of(period) or 0, board.schedule
-    )
-    if window.start > current.start or window.start < oldest.start:
+    oldest = _oldest_kept(current, board.timezone, board.retention.of(period) or 0, board.schedule)
+    if window.start > current.start or (oldest is not None and window.start < oldest):
         raise NotFound(f"Period {period_id!r} is not kept (retention or not yet begun).")
     return window
+
+
+@functools.lru_cache(maxsize=1024)
+def _oldest_kept(
+    current: PeriodWindow, timezone: str, retention: int, schedule: str | None
+) -> datetime | None:
+    """The start of the oldest period a read may name while ``current`` runs (``None``: one
+    before the calendar's start, so every earlier id is kept). The same for every read of the
+    period: a retention of 10,000 minute seasons is a walk of 10,000 firings."""
+    try:
+        return previous_window(current, timezone, retention, schedule).start
+    except PeriodRangeError:
+        return None
 
 
 def period_of_id(board: Board, period_id: str) -> Period:

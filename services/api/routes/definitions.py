@@ -8,6 +8,7 @@ start-up restore reach Redis in the order they reached MySQL.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
@@ -28,7 +29,7 @@ from services.api.state import (
 from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
-from shared.periods import previous_window, window_at
+from shared.periods import retention_error, window_at, windows_before
 
 router = APIRouter(prefix="/v1/boards", tags=["boards"])
 
@@ -131,12 +132,15 @@ async def put_board(
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
-    scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422)."""
+    scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422). A
+    retention that reaches outside years 1 to 9999, or lets a period expire before its close
+    (the allowed lateness and a merge interval after its end, and a minute more), is 422."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")
         )
     board = Board.model_validate({**spec.model_dump(exclude={"board_id"}), "board_id": board_id})
+    await _check_retention(board, state.settings.close_delay + CLOSE_MARGIN)
     try:
         async with definitions_lock(state.engine) as conn:
             # MySQL first; a board that only Redis holds (made before definitions were kept
@@ -160,6 +164,25 @@ async def put_board(
         response.status_code = 201
         response.headers["Location"] = f"/v1/boards/{board_id}"
     return board
+
+
+# How long a period's keys must outlive its close, beyond the close's own delay.
+CLOSE_MARGIN = 60.0
+
+
+async def _check_retention(board: Board, outlast: float) -> None:
+    """422 for a retention that leaves the calendar or lets a period expire before its close. A
+    thread's work: 10,000 seasons of a minute are two walks of 10,000 firings."""
+    now = datetime.now(UTC)
+    for period in board.periods:
+        retention = board.retention.of(period)
+        if retention is None:
+            continue
+        error = await asyncio.to_thread(
+            retention_error, period, board.timezone, retention, board.schedule, now, outlast
+        )
+        if error is not None:
+            raise Invalid(f"retention.{period}: {error}.", loc=("body", "retention", period))
 
 
 async def _refuse_reranking(state: ApiState, previous: Board, board: Board) -> None:
@@ -190,12 +213,13 @@ async def has_scores(state: ApiState, board: Board) -> bool:
     names: list[str] = [keys.newest_event(bid)]
     for period in board.periods:
         window = window_at(period, latest, board.timezone, board.schedule)
+        names.append(keys.regions(bid, period, window.period_id))
+        if window.end is None:
+            continue
         # One more than retention: the period just begun may not be the current one yet.
-        for _ in range((board.retention.of(period) or 0) + 2):
-            names.append(keys.regions(bid, period, window.period_id))
-            if window.end is None:
-                break
-            window = previous_window(window, board.timezone, 1, board.schedule)
+        retention = (board.retention.of(period) or 0) + 1
+        for before in windows_before(window, board.timezone, retention, board.schedule):
+            names.append(keys.regions(bid, period, before.period_id))
     if await state.redis.exists(*names):
         return True
     return await has_events(state.engine, bid)
