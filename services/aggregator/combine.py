@@ -16,7 +16,8 @@ Entry = tuple[int, str, str]
 
 
 def combine(operator: str, entries: list[Entry]) -> Entry | None:
-    """A user's global entry from its regional ones (at least one); ``None`` if out of range."""
+    """A user's global entry from its regional ones (at least one); ``None`` if out of range,
+    where the merge leaves the user's global entry as it was (its last exact total, or none)."""
     if len(entries) == 1:
         return entries[0]
     if operator == "best":

@@ -47,7 +47,7 @@ how many runs, each run's region, each run's count of marks, then the marks, as 
 holds them, run by run, a run the marks of its region (a user with marks in several regions has
 one in each of their runs). An error (FENCED) if the lease is not held with that token: nothing is
 written. Returns {the ids whose global entry changed, joined by '|' (which no id holds), ids
-whose sum was out of range, how many users were merged}.
+whose sum was out of range (their entries left as they were), how many users were merged}.
 
 The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
 if it has one; else, if the marker names the scope, the set of a new view from its first member,
@@ -373,7 +373,12 @@ local function merge(keys, args)
     local rec = first[i]
     if others[i] then
       rec = combined_record(op, c, i)
-      if rec == nil then refused[#refused + 1] = id end
+      -- A sum past the exact range: the entry stays at its last exact total (none: none), as a
+      -- team's does, and the caller logs it.
+      if rec == nil then
+        refused[#refused + 1] = id
+        rec = olds[i] or nil
+      end
     end
     if rec ~= olds[i] and (rec ~= nil or olds[i]) then
       if hidden[i] == 1 then

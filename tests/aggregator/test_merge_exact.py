@@ -13,7 +13,7 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
-from shared.ranking import MAX_SCORE, record
+from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from tests.helpers import derive_outbox, read_view
 
@@ -73,7 +73,7 @@ async def test_the_global_view_holds_exact_scores_and_ties_to_the_millisecond(
     assert await game.merged() == expected
 
 
-async def test_a_global_sum_past_the_range_leaves_the_view(
+async def test_a_global_sum_past_the_range_stays_at_its_last_exact_total(
     settings: LadderSettings, redis: Redis
 ) -> None:
     board = Board(board_id="sum", periods=("alltime",), min_value=-MAX_SCORE, max_value=MAX_SCORE)
@@ -83,13 +83,19 @@ async def test_a_global_sum_past_the_range_leaves_the_view(
     await game.post("d", "eu", MAX_SCORE, 0)
     await game.post("e", "eu", -MAX_SCORE, 1)
     assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
-    # Each region holds d exactly; their sum would not be: d is taken out of the global view.
-    await game.post("d", "na", 1, 2)
-    assert await game.merged() == [("e", -MAX_SCORE)]
     view = game.keys.global_view("sum", "alltime", "all")
-    tie = (await redis.zrange(view, 0, 0))[0][:12]
-    assert await redis.hgetall(Keys.ties(view)) == {"e": record(tie, -MAX_SCORE)}
-    assert await redis.zrange(Keys.distinct(view), 0, -1) == [str(-MAX_SCORE)]
+    records = await redis.hgetall(Keys.ties(view))
+    # Each region holds d exactly; their sum would not be: d's global entry stays at its last
+    # exact total (as a team's does), neither dropped nor wrapped.
+    await game.post("d", "na", 1, 2)
+    assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
+    assert await redis.hgetall(Keys.ties(view)) == records
+    assert sorted(await redis.zrange(Keys.distinct(view), 0, -1)) == sorted(
+        [str(MAX_SCORE), str(-MAX_SCORE)]
+    )
+    # Back in range (na's entry taken down below 0): the sum is exact again, and merged.
+    await game.post("d", "na", -3, 3)
+    assert await game.merged() == [("d", MAX_SCORE - 2), ("e", -MAX_SCORE)]
 
 
 async def test_a_user_in_two_regions_is_merged_once_however_the_marks_fall(
