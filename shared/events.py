@@ -7,10 +7,20 @@ sent, when Ladder accepted it, and what the atomic write saw in each period of t
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 from shared.boards import BoardId
 from shared.periods import Period
@@ -37,6 +47,30 @@ def _printable(value: str) -> str:
 DisplayName = Annotated[
     str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)
 ]
+
+# RFC 3339's date-time: full date, T (or t, or a space, as section 5.6 allows), time with
+# optional fraction, and an offset (Z or +hh:mm).
+RFC3339_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
+_RFC3339 = re.compile(RFC3339_PATTERN)
+
+
+def _rfc3339(value: object) -> object:
+    """A time as a client sends it: an RFC 3339 string with an offset, not a number of seconds
+    (which pydantic's lax datetimes would take) nor another ISO 8601 form. A datetime built in
+    code passes as it is."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not _RFC3339.fullmatch(value):
+        raise ValueError("must be an RFC 3339 time with an offset, like 2026-11-29T17:00:00Z")
+    return value
+
+
+Rfc3339Time = Annotated[
+    AwareDatetime,
+    BeforeValidator(_rfc3339),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": RFC3339_PATTERN}),
+]
+"""A time a client sends (``occurred_at``, ``at``): RFC 3339 with an offset, nothing else."""
 
 
 class PeriodResult(BaseModel):

@@ -6,6 +6,7 @@ in-process against real Redis, one case per way a request can be refused.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -285,6 +286,22 @@ ERROR_CASES = [
     pytest.param(
         Case(422, body=lambda: score(occurred_at="yesterday"), loc="occurred_at"),
         id="422-occurred_at-not-a-time",
+    ),
+    pytest.param(
+        Case(422, body=lambda: score(occurred_at=int(time.time())), loc="occurred_at"),
+        id="422-occurred_at-unix-seconds",
+    ),
+    pytest.param(
+        Case(422, body=lambda: score(occurred_at=str(int(time.time()))), loc="occurred_at"),
+        id="422-occurred_at-unix-seconds-as-text",
+    ),
+    pytest.param(
+        Case(422, body=lambda: score(occurred_at=datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))),
+        id="422-occurred_at-iso-basic-format",
+    ),
+    pytest.param(
+        Case(422, **read("/v1/boards/main/snapshots", at=str(int(time.time())))),
+        id="422-snapshot-at-unix-seconds",
     ),
     pytest.param(Case(422, body=lambda: score(colour="red"), loc="colour"), id="422-extra-field"),
     pytest.param(

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import BaseModel, Field
 
 from services.api.answers import json_answer
 from services.api.errors import Invalid, NotFound, problems
@@ -18,7 +18,7 @@ from services.api.routes.params import PeriodQuery
 from services.api.routes.reads import Entry, TeamEntry
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from shared.db_boards import snapshot_at
-from shared.events import REGION_PATTERN, rfc3339
+from shared.events import REGION_PATTERN, Rfc3339Time, rfc3339
 from shared.periods import Period, PeriodIdError, window_of
 
 router = APIRouter(prefix="/v1/boards", tags=["history"])
@@ -58,7 +58,7 @@ async def snapshot(
     ] = "global",
     period: PeriodQuery = "alltime",
     at: Annotated[
-        AwareDatetime | None, Query(description="RFC 3339 with an offset; defaults to now")
+        Rfc3339Time | None, Query(description="RFC 3339 with an offset; defaults to now")
     ] = None,
     period_id: Annotated[
         str | None,

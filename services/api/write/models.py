@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from shared.events import DisplayName, EventId, Region, TeamId, UserId
+from shared.events import DisplayName, EventId, Region, Rfc3339Time, TeamId, UserId
 from shared.ranking import MAX_SCORE
 
 METADATA_MAX_BYTES = 1024
@@ -47,7 +47,9 @@ class ScoreIn(BaseModel):
     )
     team_id: TeamId | None = None
     display_name: DisplayName | None = None
-    occurred_at: AwareDatetime | None = Field(default=None, description="Defaults to now")
+    occurred_at: Rfc3339Time | None = Field(
+        default=None, description="RFC 3339 with an offset; defaults to now"
+    )
     subscore: StrictInt | None = Field(
         default=None,
         ge=-MAX_SCORE,
