@@ -13,10 +13,29 @@ management_answers() {
         head -c 12 <&3' "$HOST" "$MANAGEMENT_PORT" 2>/dev/null | grep -q '^HTTP/1\.[01] 401'
 }
 
+# A Ladder setting as the services read it: the environment first, then the checkout's .env
+# (NAME=value lines; surrounding quotes dropped). Empty if neither has it.
+ladder_setting() { # NAME
+    local name=$1 value=${!1:-}
+    if [[ -z $value && -f $ROOT/.env ]]; then
+        value=$(sed -n "s/^[[:space:]]*${name}[[:space:]]*=[[:space:]]*//p" "$ROOT/.env" | tail -n 1)
+        value=${value%\"}; value=${value#\"}; value=${value%\'}; value=${value#\'}
+    fi
+    printf '%s' "$value"
+}
+
 # Idempotent: enabling an enabled plugin, and setting the same password, tag and permissions
 # again, change nothing. The password goes through standard input, never an argument.
 ensure_rabbitmq_management() {
-    local password=${LADDER_BROKER_MONITOR_PASSWORD:-dev-monitor}
+    local password env
+    password=$(ladder_setting LADDER_BROKER_MONITOR_PASSWORD)
+    env=$(ladder_setting LADDER_ENV)
+    # As the services refuse their development secrets in prod, so does the monitor user.
+    if [[ ${env:-dev} == prod && (-z $password || $password == dev-monitor) ]]; then
+        die "LADDER_ENV=prod: set LADDER_BROKER_MONITOR_PASSWORD (not the development" \
+            "password dev-monitor) for the management UI's user $MONITOR_USER"
+    fi
+    password=${password:-dev-monitor}
     if ! as_root rabbitmq-plugins list --enabled --minimal 2>/dev/null |
         grep -qx rabbitmq_management; then
         log "enabling the RabbitMQ management plugin (UI on $HOST:$MANAGEMENT_PORT)"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +29,7 @@ from shared.settings import LadderSettings
 from shared.topology import Topology, connection_name, consumer_tag
 from tests.helpers import eventually
 
+ROOT = Path(__file__).resolve().parents[2]
 MANAGEMENT_URL = os.environ.get("LADDER_TEST_MANAGEMENT_URL", "http://127.0.0.1:15672")
 MONITOR = ("ladder-monitor", os.environ.get("LADDER_BROKER_MONITOR_PASSWORD", "dev-monitor"))
 
@@ -130,3 +133,52 @@ async def test_the_monitor_sees_queues_but_changes_nothing(
         channel = await monitor_connection.channel()
         with pytest.raises(ChannelAccessRefused):
             await channel.declare_queue(f"{broker.prefix}.monitor-made", auto_delete=True)
+
+
+HARNESS = """
+set -u
+SCRIPT_NAME=infra ROOT=$1 HOST=127.0.0.1
+source scripts/common.sh
+source scripts/infra_management.sh
+# Nothing runs on the machine's broker: each command it would run is printed instead.
+as_root() { echo "would run: $*" >&2; }
+wait_until() { :; }
+ensure_rabbitmq_management
+"""
+
+
+@pytest.mark.parametrize(
+    ("environment", "dotenv", "refused"),
+    [
+        ({"LADDER_ENV": "prod"}, "", True),
+        ({"LADDER_ENV": "prod", "LADDER_BROKER_MONITOR_PASSWORD": "dev-monitor"}, "", True),
+        ({}, "LADDER_ENV=prod\n", True),  # the services read .env too
+        ({"LADDER_ENV": "prod", "LADDER_BROKER_MONITOR_PASSWORD": "a-long-secret"}, "", False),
+        ({}, "LADDER_ENV='prod'\nLADDER_BROKER_MONITOR_PASSWORD=a-long-secret\n", False),
+        ({}, "", False),  # dev: the development password
+    ],
+)
+def test_prod_refuses_the_development_monitor_password(
+    tmp_path: Path, environment: dict[str, str], dotenv: str, refused: bool
+) -> None:
+    (tmp_path / ".env").write_text(dotenv)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LADDER_ENV", "LADDER_BROKER_MONITOR_PASSWORD")
+    }
+    done = subprocess.run(
+        ["bash", "-c", HARNESS, "harness", str(tmp_path)],
+        cwd=ROOT,
+        env=env | environment,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if refused:
+        assert done.returncode == 1
+        assert "set LADDER_BROKER_MONITOR_PASSWORD" in done.stderr
+        assert "would run" not in done.stderr  # refused before touching the broker
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "change_password ladder-monitor" in done.stderr or "add_user" in done.stderr
