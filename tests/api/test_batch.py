@@ -89,6 +89,7 @@ async def test_a_batch_answers_each_event_on_its_own(
                     {**first, "value": 6},  # the same id, another body: 409
                     {"user_id": "bo", "region": "eu", "value": 2_000_000},  # over max_value
                     {"user_id": "cy", "region": "eu", "value": 1},  # no id: one is made
+                    ["not", "an", "object"],  # refused alone, as any invalid event
                 ]
             },
             headers=SERVER,
@@ -102,6 +103,8 @@ async def test_a_batch_answers_each_event_on_its_own(
         assert results[2]["error"]["status"] == 409
         assert results[3]["error"]["status"] == 422
         assert results[4]["duplicate"] is False and results[4]["event_id"]
+        assert results[5] == {"event_id": None, "error": results[5]["error"]}
+        assert results[5]["error"]["status"] == 422
 
         # A player token may not post batches; nor may anyone without a credential.
         response = await client.post(
@@ -125,6 +128,33 @@ async def test_a_malformed_batch_is_refused_whole(
     assert response.status_code == 422
     assert response.headers["content-type"].startswith("application/problem+json")
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"events": [{"user_id": "u", "region": "eu", "value": NaN}]}',
+        b'{"events": [{"user_id": "u", "region": "eu", "value": 1, "metadata": {"a": Infinity}}]}',
+        b'{"user_id": "u", "region": "eu", "value": 1, "metadata": {"a": -Infinity}}',
+        b'{"user_id": "u", "region": "eu", "value": NaN}',
+    ],
+    ids=["batch-nan", "batch-infinity", "single-minus-infinity", "single-nan"],
+)
+async def test_nan_and_infinity_are_not_json(
+    quiet: LadderSettings, redis: Redis, content: bytes
+) -> None:
+    # Python's json and pydantic's parser take them; a metadata object kept them as null.
+    path = "/v1/boards/main/scores" + ("/batch" if content.startswith(b'{"events"') else "")
+    headers = SERVER | {"Content-Type": "application/json"}
+    async with api_client(quiet) as client:
+        response = await client.post(path, content=content, headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"].startswith("application/problem+json")
+        # Inside a string they are text, and fine.
+        text = b'{"user_id": "u", "region": "eu", "value": 1, "metadata": {"a": "NaN"}}'
+        kept = await client.post("/v1/boards/main/scores", content=text, headers=headers)
+        assert kept.status_code == 200, kept.text
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
 
 
 async def test_users_over_their_rate_are_refused_alone(

@@ -16,6 +16,7 @@ from services.api.errors import Invalid, problems
 from services.api.reads import views
 from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
+from services.api.strict_json import StrictJsonRoute
 from shared.db import EventRecord
 from shared.keys import DERIVED_FIELD
 from shared.periods import Period
@@ -23,7 +24,7 @@ from shared.periods import Period
 log = structlog.get_logger(__name__)
 
 # Mounted under /v1/boards by the reads router.
-router = APIRouter(prefix="/v1/boards", tags=["activity"])
+router = APIRouter(prefix="/v1/boards", tags=["activity"], route_class=StrictJsonRoute)
 
 FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20

@@ -10,9 +10,10 @@ from pydantic import BaseModel
 
 from services.api.errors import problems
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
+from services.api.strict_json import StrictJsonRoute
 from shared.events import USER_ID_PATTERN
 
-router = APIRouter(prefix="/v1/boards", tags=["badges"])
+router = APIRouter(prefix="/v1/boards", tags=["badges"], route_class=StrictJsonRoute)
 
 
 class BadgeOut(BaseModel):

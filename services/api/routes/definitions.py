@@ -26,12 +26,13 @@ from services.api.state import (
     Reader,
     State,
 )
+from services.api.strict_json import StrictJsonRoute
 from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
 from shared.periods import retention_error, window_at, windows_before
 
-router = APIRouter(prefix="/v1/boards", tags=["boards"])
+router = APIRouter(prefix="/v1/boards", tags=["boards"], route_class=StrictJsonRoute)
 
 # What the stored scores were ranked and bucketed by: none may change once a board has scores.
 RANKING_FIELDS = ("operator", "order", "subscore_order", "timezone")

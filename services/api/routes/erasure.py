@@ -20,6 +20,7 @@ from sqlalchemy import delete
 from services.api.errors import Conflict, NotFound, Unavailable, problems
 from services.api.routes.definitions import Admin
 from services.api.state import BoardIdPath, State
+from services.api.strict_json import StrictJsonRoute
 from shared.boards import MAIN_BOARD_ID
 from shared.db import boards
 from shared.db_boards import LockTimeout, definitions_lock, load_board
@@ -32,7 +33,7 @@ from shared.erasure import (
 )
 from shared.events import USER_ID_PATTERN, rfc3339
 
-router = APIRouter(tags=["moderation"])
+router = APIRouter(tags=["moderation"], route_class=StrictJsonRoute)
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 

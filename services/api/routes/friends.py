@@ -22,10 +22,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.api.errors import Conflict, Invalid, Unavailable, problems
 from services.api.state import Caller, State
+from services.api.strict_json import StrictJsonRoute
 from shared import friendships
 from shared.events import USER_ID_PATTERN
 
-router = APIRouter(prefix="/v1/users", tags=["friends"])
+router = APIRouter(prefix="/v1/users", tags=["friends"], route_class=StrictJsonRoute)
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 # Any user may have friends; only a path that is no route (an id with a slash) answers 404.

@@ -20,10 +20,11 @@ from services.api.reads import views
 from services.api.reads.hot import current_hot
 from services.api.routes.params import PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
+from services.api.strict_json import StrictJsonRoute
 from shared.live_maths import mvp_entries
 from shared.periods import Period
 
-router = APIRouter(prefix="/v1/boards", tags=["live views"])
+router = APIRouter(prefix="/v1/boards", tags=["live views"], route_class=StrictJsonRoute)
 
 HOT_PUSH = (
     "Pushed over the WebSocket to subscribers of `leaderboard:{board_id}:hot:{window}` as "

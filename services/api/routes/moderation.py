@@ -17,10 +17,11 @@ from fastapi import APIRouter, Depends, Path, Response
 from services.api.auth import Principal
 from services.api.errors import problems
 from services.api.state import ApiState, BoardDep, Caller, State
+from services.api.strict_json import StrictJsonRoute
 from shared import hidden
 from shared.events import USER_ID_PATTERN
 
-router = APIRouter(prefix="/v1/boards", tags=["moderation"])
+router = APIRouter(prefix="/v1/boards", tags=["moderation"], route_class=StrictJsonRoute)
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 

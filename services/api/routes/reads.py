@@ -35,13 +35,14 @@ from services.api.state import (
     get_board,
     get_reader,
 )
+from services.api.strict_json import StrictJsonRoute
 from shared.boards import Board
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import rfc3339
 from shared.keys import DERIVED_FIELD
 from shared.periods import Period
 
-router = APIRouter(prefix="/v1/boards", tags=["reads"])
+router = APIRouter(prefix="/v1/boards", tags=["reads"], route_class=StrictJsonRoute)
 
 
 _METADATA = (

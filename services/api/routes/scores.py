@@ -5,18 +5,19 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import Counter, Histogram
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
 from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
 from services.api.routes.params import DirectRoute, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
+from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
 from services.api.write.submit import (
@@ -29,7 +30,7 @@ from services.api.write.submit import (
 )
 from shared.events import EVENT_ID_PATTERN
 
-router = APIRouter(prefix="/v1/boards/{board_id}", tags=["scores"])
+router = APIRouter(prefix="/v1/boards/{board_id}", tags=["scores"], route_class=StrictJsonRoute)
 
 SCORES = Counter("ladder_api_scores_total", "Score submissions answered", ["outcome"])
 WRITE_SECONDS = Histogram(
@@ -94,6 +95,7 @@ async def _score_of(request: Request) -> tuple[ScoreIn, str | None]:
     if not raw:
         errors.append({"type": "missing", "loc": ("body",), "msg": "Field required"})
     else:
+        refuse_non_json_numbers(raw)
         try:
             score = ScoreIn.model_validate_json(raw)
         except ValidationError as exc:
@@ -176,12 +178,20 @@ router.add_api_route(
 MAX_BATCH = 1000
 
 
+EVENT_ITEM = (
+    "A score event, an object shaped as the single score POST's body; anything else is "
+    "refused in its own result"
+)
+
+
 class BatchIn(BaseModel):
     """Each event is validated on its own: one bad event does not refuse the others."""
 
     model_config = ConfigDict(extra="forbid")
 
-    events: list[dict[str, Any]] = Field(
+    # Any JSON value, in the document too: an event that is not an object is refused on its own
+    # (its result a 422 problem), as any other invalid event is, not the whole batch.
+    events: list[Annotated[Any, WithJsonSchema({"description": EVENT_ITEM})]] = Field(
         min_length=1,
         max_length=MAX_BATCH,
         description="1 to 1000 score events, each shaped as the single score POST",
@@ -224,7 +234,7 @@ async def post_batch(
         try:
             scores[i] = ScoreIn.model_validate(raw)
         except ValidationError as exc:
-            event_id = raw.get("event_id")
+            event_id = raw.get("event_id") if isinstance(raw, dict) else None
             results[i] = {
                 "event_id": event_id if isinstance(event_id, str) else None,
                 "error": _validation_problem(exc),

@@ -17,11 +17,12 @@ from services.api.reads import views
 from services.api.routes.params import PeriodQuery
 from services.api.routes.reads import Entry, TeamEntry
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
+from services.api.strict_json import StrictJsonRoute
 from shared.db_boards import snapshot_at
 from shared.events import REGION_PATTERN, Rfc3339Time, rfc3339
 from shared.periods import Period, PeriodIdError, window_of
 
-router = APIRouter(prefix="/v1/boards", tags=["history"])
+router = APIRouter(prefix="/v1/boards", tags=["history"], route_class=StrictJsonRoute)
 
 _REGION = re.compile(REGION_PATTERN)
 # What the checks below accept, for the document; they, not a Query pattern, refuse the rest, so

@@ -1,0 +1,65 @@
+"""JSON bodies as RFC 8259 has them: ``NaN``, ``Infinity`` and ``-Infinity``, which Python's
+``json`` and pydantic's parser take (and a metadata object would then keep as ``null``), are not
+JSON, and a body holding one is a 400 like any other invalid body.
+
+FastAPI reads a route's body through ``Request.json()`` and answers a ``json.JSONDecodeError``
+as invalid JSON. Routers whose routes take a body use :class:`StrictJsonRoute`, whose request
+parses with ``json`` as before (integers of any size stay exact) but refuses those three words;
+the single score POST parses its body itself (:func:`refuse_non_json_numbers`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+
+
+def _not_json(word: str) -> Any:
+    raise ValueError(f"{word} is not a JSON number")
+
+
+def loads(body: bytes) -> Any:
+    """``json.loads`` without ``NaN`` and the infinities: a ``json.JSONDecodeError`` for them."""
+    try:
+        return json.loads(body, parse_constant=_not_json)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:
+        raise json.JSONDecodeError(str(exc), body.decode(errors="replace"), 0) from None
+
+
+class StrictJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads(await self.body())
+        return self._json
+
+
+class StrictJsonRoute(APIRoute):
+    """A route whose JSON body is read by :func:`loads` (:class:`StrictJsonRequest`)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJsonRequest(request.scope, request.receive))
+
+        return strict
+
+
+def refuse_non_json_numbers(raw: bytes) -> None:
+    """400 (invalid JSON) for a body with ``NaN`` or an infinity outside a string, which
+    pydantic's own JSON parser takes. A body without those letters is not parsed twice."""
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return
+    try:
+        loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": f"JSON decode error: {exc}"}]
+        ) from None
