@@ -373,12 +373,8 @@ local function merge(keys, args)
     local rec = first[i]
     if others[i] then
       rec = combined_record(op, c, i)
-      -- A sum past the exact range: the entry stays at its last exact total (none: none), as a
-      -- team's does, and the caller logs it.
-      if rec == nil then
-        refused[#refused + 1] = id
-        rec = olds[i] or nil
-      end
+      -- A sum past the exact range keeps its last exact entry (as a team does); the caller logs.
+      if rec == nil then refused[#refused + 1], rec = id, olds[i] or nil end
     end
     if rec ~= olds[i] and (rec ~= nil or olds[i]) then
       if hidden[i] == 1 then
