@@ -34,6 +34,10 @@ class Keys:
         """Why relays keep each board's outbox (services/api/relay/outbox.py), for /readyz."""
         return f"{self.prefix}:relay:unroutable"
 
+    def ws_address(self, address: str) -> str:
+        """A sorted set: the open WebSockets of one client address, scored by lease end."""
+        return f"{self.prefix}:ws:address:{address}"
+
     def user_channel(self, user_id: str) -> str:
         return f"{self.prefix}:push:user:{user_id}"
 
@@ -283,15 +287,13 @@ class Keys:
         return f"{self.tag(board_id)}:closing:{period}:{period_id}"
 
     def periods_outbox(self, board_id: str) -> str:
-        """``period.closed`` messages not yet confirmed by the broker (read by the consumer
-        group ``relay``)."""
+        """``period.closed`` messages the broker has not confirmed (consumer group ``relay``)."""
         return f"{self.tag(board_id)}:periods:outbox"
 
     # -- erasure and board deletion (shared/erasure.py, docs/api.md section 8b) ---------------
     @property
     def erased(self) -> str:
-        """``P:erased`` (hash): an erased user's :func:`shared.erasure.user_hash` -> the cut-off
-        (ms since the epoch) up to which its events are the erased user's."""
+        """Hash: an erased user's :func:`shared.erasure.user_hash` -> its events' cut-off (ms)."""
         return f"{self.prefix}:erased"
 
     @property
@@ -306,9 +308,8 @@ class Keys:
         return f"{self.tag(board_id)}:*"
 
     def idempotency_match(self, user_id: str) -> str:
-        """A ``SCAN`` pattern of the event records naming ``user_id`` on every board (user ids
-        hold no glob characters). It also matches a user id that ends with ``:<user_id>``:
-        :func:`record_user` tells them apart."""
+        """A ``SCAN`` pattern of the event records naming ``user_id`` on every board (no glob
+        characters in ids); :func:`record_user` tells apart an id ending ``:<user_id>``."""
         return "{" + f"{self.prefix}:*}}:idem:*:{user_id}"
 
     def boards_match(self) -> str:
@@ -316,8 +317,7 @@ class Keys:
         return "{" + f"{self.prefix}:*"
 
     def regional_view_of(self, key: str) -> tuple[str, str] | None:
-        """(board_id, region) of a regional view's key (:meth:`region_view`), None for any other
-        key (a view's distinct set or records among them: a region holds no ``:``)."""
+        """(board_id, region) of a regional view's key; None for any other (its records, say)."""
         head = "{" + f"{self.prefix}:"
         board_id, _, rest = key.removeprefix(head).partition("}:lb:")
         if not key.startswith(head) or not rest:

@@ -106,6 +106,7 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                 nodes = functools.partial(redis.node_urls, hub_url)
             hub = Hub(hub_url, f"ladder-hub-{settings.key_prefix}", nodes)
             eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
+            sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip, redis, keys)
             # The relay gets the grace period to hand what is in the outbox to the broker; the
             # group commit, last in, is drained first, so that the relay sees its writes.
             async with (
@@ -113,6 +114,7 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                 _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
                 _background(restorer.retry(), restorer.stop, 1.0),
                 _background(eraser.run(), eraser.stop, 2.0),
+                _background(sockets.run(), sockets.stop, 1.0),
                 group_commit(
                     redis,
                     window=settings.write_group_ms / 1000,
@@ -120,7 +122,6 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                     durability=Durability.of(settings),
                 ) as writes,
             ):
-                sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip)
                 state = ApiState(
                     settings, keys, redis, catalog, engine, relay, hub, writes, sockets
                 )
@@ -137,7 +138,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     settings = settings or LadderSettings()
     app = FastAPI(
         title="Ladder",
-        version="1.0.0",
+        version="1.1.0",
         description=DESCRIPTION,
         lifespan=lifespan_of(settings),
         # Bodies are JSON; see bodies.JsonBodies for bodies labelled otherwise.

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 from websockets.exceptions import InvalidStatus
 
+from services.api.push.admission import SocketSlots, TooManySockets
 from services.api.push.hub import Hub
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -93,6 +94,61 @@ async def test_the_201st_socket_from_one_address_is_refused(
 
         await eventually(admitted, within=5)
         assert (await refusal(url)).response.status_code == 429
+
+
+@pytest.mark.usefixtures("mysql_database")
+async def test_the_address_cap_holds_across_api_processes(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # Two API processes on one Redis, as `make up`'s workers are: three sockets an address in
+    # all, wherever they land.
+    capped = quiet.model_copy(update={"ws_max_per_ip": 3})
+    async with (
+        production_server(capped) as (_, one),
+        production_server(capped) as (_, two),
+        contextlib.AsyncExitStack() as stack,
+    ):
+        held = [await stack.enter_async_context(websockets.connect(one)) for _ in range(2)]
+        held.append(await stack.enter_async_context(websockets.connect(two)))
+        for url in (one, two):
+            refused = await refusal(url)
+            assert refused.response.status_code == 429
+            assert "LADDER_WS_MAX_PER_IP" in json.loads(refused.response.body)["detail"]
+        # A socket closed on one process frees a slot on the other.
+        await held.pop(0).close()
+
+        async def admitted() -> bool:
+            try:
+                held.append(await stack.enter_async_context(websockets.connect(two)))
+            except InvalidStatus:
+                return False
+            return True
+
+        await eventually(admitted, within=5)
+        assert (await refusal(one)).response.status_code == 429
+
+
+async def test_the_sockets_of_a_process_gone_stop_counting_when_their_leases_end(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    keys, address = Keys(quiet.key_prefix), "203.0.113.9"
+    key = keys.ws_address(address)
+    # A process that died without giving its slots back: one lease over, one still running.
+    await redis.zadd(key, {"gone-1": time.time() - 1, "gone-2": time.time() + 30})
+    slots = SocketSlots(10, 2, redis, keys)
+    async with slots.held(address):
+        assert await redis.zscore(key, "gone-1") is None  # pruned as the handshake counted
+        with pytest.raises(TooManySockets):
+            async with slots.held(address):
+                pass
+        # A renewal extends this process's leases only.
+        before = await redis.zrange(key, 0, -1, withscores=True)
+        await slots.renew()
+        after = dict(await redis.zrange(key, 0, -1, withscores=True))
+        assert after["gone-2"] == dict(before)["gone-2"]
+        mine = next(name for name in after if not name.startswith("gone"))
+        assert after[mine] >= dict(before)[mine]
+    assert await redis.zrange(key, 0, -1) == ["gone-2"]  # its own slot given back
 
 
 @pytest.mark.usefixtures("mysql_database")

@@ -1,33 +1,50 @@
-"""How many WebSockets an API process lets in (docs/api.md section 9).
+"""How many WebSockets the API lets in (docs/api.md section 9).
 
-A process holds at most ``LADDER_WS_MAX`` open sockets, and at most ``LADDER_WS_MAX_PER_IP`` from
-one client address. A slot is taken before anything else is looked at (Origin, credential), so
-that a handshake past a cap costs the server no more than its refusal, and given back when the
-socket ends, whichever way. Past a cap the handshake is refused and the sockets already open
-are left alone.
+A process holds at most ``LADDER_WS_MAX`` open sockets; one client address holds at most
+``LADDER_WS_MAX_PER_IP`` across every API process that shares the Redis. A slot is taken before
+anything else is looked at (Origin, credential), so that a handshake past a cap costs the server
+no more than its refusal, and given back when the socket ends, whichever way. Past a cap the
+handshake is refused and the sockets already open are left alone.
+
+The per-address count lives in Redis (:meth:`shared.keys.Keys.ws_address`): a sorted set of the
+address's sockets, each scored by the end of its lease. A process renews the leases of its open
+sockets every ``LEASE_SECONDS / 3``, so the sockets of a process that died without giving its
+slots back stop counting within ``LEASE_SECONDS``. A handshake adds its socket, then counts the
+set: every count includes the adds before it, so two processes racing for the last slot may both
+refuse, never both admit. While Redis does not answer, each process counts its own sockets
+alone (pushes need Redis anyway).
 
 The client address is the one uvicorn puts in the ASGI scope: the TCP peer's, or, when that peer
 is one of ``LADDER_FORWARDED_ALLOW_IPS`` (a proxy in front of the API), the address its
 ``X-Forwarded-For`` names.
-
-The counts are this process's own: ``LADDER_API_WORKERS`` processes on one port admit up to that
-many times the caps between them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import contextlib
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
+import structlog
 from prometheus_client import Counter
+from redis.exceptions import RedisError
 
 from services.api.errors import Problem
+from shared.keys import Keys
+
+log = structlog.get_logger(__name__)
 
 TURNED_AWAY = Counter(
     "ladder_ws_turned_away_total", "WebSocket handshakes refused past a cap", ["cap"]
 )
 
 RETRY_AFTER_SECONDS = 5
+LEASE_SECONDS = 60
 
 
 class TooManySockets(Problem):
@@ -40,41 +57,102 @@ class TooManySockets(Problem):
         super().__init__(detail, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
-class SocketSlots:
-    """The open sockets of one process, in all and by client address."""
+def _per_address_refusal(held: int) -> TooManySockets:
+    TURNED_AWAY.labels("address").inc()
+    return TooManySockets(
+        f"This address holds {held} WebSockets, the most allowed (LADDER_WS_MAX_PER_IP); "
+        "close one first."
+    )
 
-    def __init__(self, most: int, most_per_address: int) -> None:
+
+class SocketSlots:
+    """The open sockets of one process, in all and by client address, and their leases in the
+    Redis count that every process shares."""
+
+    def __init__(self, most: int, most_per_address: int, redis: Any, keys: Keys) -> None:
         self.most = most
         self.most_per_address = most_per_address
         self.open = 0
-        self._by_address: dict[str, int] = {}
+        self._redis = redis
+        self._keys = keys
+        self._names = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+        # This process's sockets by address: their names in the shared count.
+        self._mine: dict[str, set[str]] = {}
+        self._stopping = asyncio.Event()
 
     def of(self, address: str) -> int:
-        """How many sockets ``address`` holds open here."""
-        return self._by_address.get(address, 0)
+        """How many sockets ``address`` holds open in this process."""
+        return len(self._mine.get(address, ()))
 
-    @contextmanager
-    def held(self, address: str) -> Iterator[None]:
+    @asynccontextmanager
+    async def held(self, address: str) -> AsyncIterator[None]:
         """A slot for a socket from ``address`` while the block runs; :class:`TooManySockets`
         past a cap, with nothing taken."""
-        held = self._by_address.get(address, 0)
-        if held >= self.most_per_address:
-            TURNED_AWAY.labels("address").inc()
-            raise TooManySockets(
-                f"This address holds {held} WebSockets here, the most allowed "
-                "(LADDER_WS_MAX_PER_IP); close one first."
-            )
+        if self.of(address) >= self.most_per_address:
+            raise _per_address_refusal(self.of(address))
         if self.open >= self.most:
             TURNED_AWAY.labels("process").inc()
             raise TooManySockets("This server holds all the WebSockets it may; retry shortly.")
-        self._by_address[address] = held + 1
+        name = next(self._names)
+        held = await self._claim(address, name)
+        if held > self.most_per_address:
+            await self._give_back(address, name)
+            raise _per_address_refusal(held - 1)
+        self._mine.setdefault(address, set()).add(name)
         self.open += 1
         try:
             yield
         finally:
             self.open -= 1
-            left = self._by_address[address] - 1
-            if left:
-                self._by_address[address] = left
-            else:
-                del self._by_address[address]
+            names = self._mine[address]
+            names.discard(name)
+            if not names:
+                del self._mine[address]
+            await self._give_back(address, name)
+
+    async def _claim(self, address: str, name: str) -> int:
+        """Add ``name`` to the address's shared count; the count with it (this process's own,
+        with it, while Redis does not answer)."""
+        key, now = self._keys.ws_address(address), time.time()
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zremrangebyscore(key, "-inf", now)
+                pipe.zadd(key, {name: now + LEASE_SECONDS})
+                pipe.zcard(key)
+                pipe.expire(key, LEASE_SECONDS)
+                _, _, count, _ = await pipe.execute()
+            return int(count)
+        except (RedisError, OSError) as exc:
+            log.warning("socket count unavailable; counting this process's", error=str(exc))
+            return self.of(address) + 1
+
+    async def _give_back(self, address: str, name: str) -> None:
+        try:
+            await self._redis.zrem(self._keys.ws_address(address), name)
+        except (RedisError, OSError) as exc:  # its lease runs out instead
+            log.warning("socket slot not given back", error=str(exc))
+
+    async def renew(self) -> None:
+        """Extend the leases of this process's open sockets (one pipeline)."""
+        if not self._mine:
+            return
+        until = time.time() + LEASE_SECONDS
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for address, names in self._mine.items():
+                key = self._keys.ws_address(address)
+                pipe.zadd(key, dict.fromkeys(names, until), xx=True)  # none given back
+                pipe.expire(key, LEASE_SECONDS)
+            await pipe.execute()
+
+    async def run(self) -> None:
+        """:meth:`renew` every third of a lease until :meth:`stop`."""
+        while not self._stopping.is_set():
+            try:
+                await self.renew()
+            except (RedisError, OSError) as exc:
+                log.warning("socket leases not renewed", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), LEASE_SECONDS / 3)
+
+    def stop(self) -> None:
+        self._stopping.set()

@@ -247,7 +247,7 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
     state: ApiState = websocket.state.ladder
     address = websocket.client.host if websocket.client is not None else ""
     try:
-        with state.sockets.held(address):
+        async with state.sockets.held(address):
             await _serve(websocket, state)
     except TooManySockets as exc:
         await _turn_away(websocket, exc)
