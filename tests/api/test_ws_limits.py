@@ -39,6 +39,22 @@ async def refusal(url: str, **kwargs: Any) -> InvalidStatus:
     return refused.value
 
 
+async def admitted_soon(
+    stack: contextlib.AsyncExitStack, url: str, sockets: list[websockets.ClientConnection]
+) -> None:
+    """A new socket to ``url`` is let in within 5 s (a slot given back meanwhile), and kept
+    open in ``sockets`` until ``stack`` ends."""
+
+    async def admitted() -> bool:
+        try:
+            sockets.append(await stack.enter_async_context(websockets.connect(url)))
+        except InvalidStatus:
+            return False
+        return True
+
+    await eventually(admitted, within=5)
+
+
 async def all_alive(sockets: list[websockets.ClientConnection], channel: str, redis: Redis) -> None:
     """Every socket, subscribed to ``TOPIC``, receives a push and answers a ping."""
     published = {"type": "leaderboard", "probe": time.monotonic()}
@@ -85,14 +101,7 @@ async def test_the_201st_socket_from_one_address_is_refused(
         # A socket that goes gives its slot back.
         await sockets.pop().close()
 
-        async def admitted() -> bool:
-            try:
-                sockets.append(await stack.enter_async_context(websockets.connect(url)))
-            except InvalidStatus:
-                return False
-            return True
-
-        await eventually(admitted, within=5)
+        await admitted_soon(stack, url, sockets)
         assert (await refusal(url)).response.status_code == 429
 
 
@@ -117,14 +126,7 @@ async def test_the_address_cap_holds_across_api_processes(
         # A socket closed on one process frees a slot on the other.
         await held.pop(0).close()
 
-        async def admitted() -> bool:
-            try:
-                held.append(await stack.enter_async_context(websockets.connect(two)))
-            except InvalidStatus:
-                return False
-            return True
-
-        await eventually(admitted, within=5)
+        await admitted_soon(stack, two, held)
         assert (await refusal(one)).response.status_code == 429
 
 
