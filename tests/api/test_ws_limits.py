@@ -153,6 +153,35 @@ async def test_the_sockets_of_a_process_gone_stop_counting_when_their_leases_end
     assert await redis.zrange(key, 0, -1) == ["gone-2"]  # its own slot given back
 
 
+async def test_a_burst_of_handshakes_never_passes_the_caps(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    # Twenty handshakes at once, each awaiting the shared count in Redis: the process cap (3)
+    # and the address cap (5) hold for the burst as they do one handshake at a time.
+    keys = Keys(quiet.key_prefix)
+    slots = SocketSlots(3, 5, redis, keys)
+    admitted, release = [], asyncio.Event()
+
+    async def handshake(i: int) -> None:
+        with contextlib.suppress(TooManySockets):
+            async with slots.held(f"198.51.100.{i % 2}"):
+                admitted.append(i)
+                await release.wait()
+
+    tasks = [asyncio.create_task(handshake(i)) for i in range(20)]
+
+    async def refused_the_rest() -> bool:
+        return sum(task.done() for task in tasks) == 17
+
+    await eventually(refused_the_rest, within=5)
+    assert len(admitted) == 3 and slots.open == 3
+    release.set()
+    await asyncio.gather(*tasks)
+    assert slots.open == 0
+    for address in ("198.51.100.0", "198.51.100.1"):
+        assert await redis.zcard(keys.ws_address(address)) == 0
+
+
 @pytest.mark.usefixtures("mysql_database")
 async def test_past_the_process_cap_every_address_is_refused(
     quiet: LadderSettings, redis: Redis, broker: Topology

@@ -93,26 +93,27 @@ class SocketSlots:
         if self.open >= self.most:
             TURNED_AWAY.labels("process").inc()
             raise TooManySockets("This server holds all the WebSockets it may; retry shortly.")
+        # Both slots taken before the Redis count is awaited: handshakes that arrive meanwhile
+        # see them, so a burst cannot pass the process cap (or this process's own count).
         name = next(self._names)
-        held = await self._claim(address, name)
-        if held > self.most_per_address:
-            await self._give_back(address, name)
-            raise _per_address_refusal(held - 1)
         self._mine.setdefault(address, set()).add(name)
         self.open += 1
         try:
+            held = await self._claim(address, name)
+            if held > self.most_per_address:
+                raise _per_address_refusal(held - 1)
             yield
         finally:
             self.open -= 1
-            names = self._mine[address]
+            names = self._mine.get(address, set())
             names.discard(name)
             if not names:
-                del self._mine[address]
+                self._mine.pop(address, None)
             await self._give_back(address, name)
 
     async def _claim(self, address: str, name: str) -> int:
         """Add ``name`` to the address's shared count; the count with it (this process's own,
-        with it, while Redis does not answer)."""
+        which holds it already, while Redis does not answer)."""
         key, now = self._keys.ws_address(address), time.time()
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -124,7 +125,7 @@ class SocketSlots:
             return int(count)
         except (RedisError, OSError) as exc:
             log.warning("socket count unavailable; counting this process's", error=str(exc))
-            return self.of(address) + 1
+            return self.of(address)
 
     async def _give_back(self, address: str, name: str) -> None:
         try:
