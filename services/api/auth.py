@@ -83,7 +83,7 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     except jwt.InvalidTokenError as exc:
         raise Unauthorized("The credential is not a valid key or player token.") from exc
     subject = claims.get("sub")
-    if not isinstance(subject, str) or not _USER_ID.match(subject):
+    if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
         raise Unauthorized("The player token's subject is not a user id.")
     return Principal("player", subject)
 

@@ -153,6 +153,23 @@ async def test_the_sockets_of_a_process_gone_stop_counting_when_their_leases_end
     assert await redis.zrange(key, 0, -1) == ["gone-2"]  # its own slot given back
 
 
+async def test_a_renewal_counts_again_the_sockets_the_shared_count_lost(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    # The address's set gone (a Redis restarted, or out of reach past a lease): the sockets
+    # still open must count again, or the address could open the cap's worth more.
+    keys, address = Keys(quiet.key_prefix), "203.0.113.10"
+    slots = SocketSlots(10, 2, redis, keys)
+    async with slots.held(address), slots.held(address):
+        await redis.delete(keys.ws_address(address))
+        await slots.renew()
+        assert await redis.zcard(keys.ws_address(address)) == 2
+        with pytest.raises(TooManySockets):
+            async with slots.held(address):
+                pass
+    assert await redis.zcard(keys.ws_address(address)) == 0
+
+
 async def test_a_burst_of_handshakes_never_passes_the_caps(
     quiet: LadderSettings, redis: Redis
 ) -> None:

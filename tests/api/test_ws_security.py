@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import websockets
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from services.api.push.ws import MAX_SUBSCRIPTIONS
+from services.api.auth import Principal
+from services.api.push.ws import MAX_SUBSCRIPTIONS, Client
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
@@ -60,8 +62,9 @@ async def ask(ws: websockets.ClientConnection, op: dict[str, Any]) -> dict[str, 
         player_token("u-1", algorithm="none"),
         player_token(None),
         player_token("u-1", expires_in=None),
+        player_token("u-1\n"),
     ],
-    ids=["unknown-key", "expired", "forged", "unsigned", "no-sub", "no-exp"],
+    ids=["unknown-key", "expired", "forged", "unsigned", "no-sub", "no-exp", "sub-past-its-id"],
 )
 async def test_a_bad_credential_is_closed_with_1008(
     quiet: LadderSettings, redis: Redis, broker: Topology, token: str
@@ -214,19 +217,70 @@ async def test_a_topic_of_an_undeclared_region_or_a_period_not_kept_answers_an_e
 ) -> None:
     """A real board's topics are bounded too: a region it does not declare, a period it does
     not keep, answer ``error`` and make no channel."""
-    board = Board(board_id="declared", periods=("daily",), regions=("eu",))
-    await BoardCatalog(redis, Keys(quiet.key_prefix)).put(board)
+    catalog = BoardCatalog(redis, Keys(quiet.key_prefix))
+    await catalog.put(
+        Board(board_id="declared", operator="best", periods=("daily",), regions=("eu",))
+    )
+    await catalog.put(Board(board_id="counted", periods=("daily",)))  # incr, the default
     name = f"ladder-hub-{quiet.key_prefix}"
     async with serve(quiet) as url, websockets.connect(url) as ws:
         for topic, said in [
             ("leaderboard:declared:region:na:daily", "declares no region 'na'"),
             ("leaderboard:declared:global:weekly", "keeps no weekly period"),
             ("leaderboard:declared:region:eu:alltime", "keeps no alltime period"),
+            # MVPs as the mvps read keeps them: on incr boards, for the board's periods.
+            ("leaderboard:declared:mvps:daily", "keeps no MVPs"),
+            ("leaderboard:counted:mvps:weekly", "keeps no weekly period"),
+            ("leaderboard:declared:global:daily\n", "unknown topic"),
         ]:
             refused = await ask(ws, {"op": "subscribe", "topic": topic})
             assert refused["type"] == "error" and said in refused["detail"], refused
         assert await hub_connections(redis, name) == []
-        for topic in ["leaderboard:declared:region:eu:daily", "leaderboard:declared:global:daily"]:
+        for topic in [
+            "leaderboard:declared:region:eu:daily",
+            "leaderboard:declared:global:daily",
+            "leaderboard:counted:mvps:daily",
+        ]:
             assert (await ask(ws, {"op": "subscribe", "topic": topic}))["type"] == "ok"
         [hub] = await hub_connections(redis, name)
-        assert hub["sub"] == "2"
+        assert hub["sub"] == "3"
+
+
+async def test_the_frame_limit_counts_bytes(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # 3,000 characters of two bytes each: under 4,096 characters, over 4,096 bytes.
+    frame = json.dumps({"op": "ping", "pad": "é" * 3000}, ensure_ascii=False)
+    async with serve(quiet) as url, websockets.connect(url) as ws:
+        await ws.send(frame)
+        answer = json.loads(await ws.recv())
+        assert answer["type"] == "error" and "4096 bytes" in answer["detail"]
+        await ws.send(json.dumps({"op": "ping"}))
+        assert json.loads(await ws.recv()) == {"type": "pong"}
+
+
+async def test_a_subscribe_that_fails_midway_leaves_no_subscription() -> None:
+    """The hub's channel not live in time (Redis away): the answer is an error, nothing stays
+    subscribed, and a retry subscribes again rather than being taken for a repeat."""
+
+    class AwayHub:
+        def __init__(self) -> None:
+            self.wanted: set[str] = set()
+
+        async def subscribe(self, channel: str, subscriber: object) -> None:
+            self.wanted.add(channel)
+            raise TimeoutError
+
+        def unsubscribe(self, channel: str, subscriber: object) -> None:
+            self.wanted.discard(channel)
+
+    hub = AwayHub()
+    state: Any = SimpleNamespace(
+        settings=SimpleNamespace(ws_send_queue=8), hub=hub, keys=Keys("lt-ws-unit")
+    )
+    client = Client(cast(Any, None), Principal("server"), state)
+    for _ in range(2):
+        await client.handle(json.dumps({"op": "subscribe", "topic": "user:u-1"}))
+        answer = json.loads(client.queue.get_nowait())
+        assert answer["type"] == "error" and answer["detail"] == "try again", answer
+        assert client.topics == {} and hub.wanted == set()

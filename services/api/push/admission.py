@@ -134,16 +134,23 @@ class SocketSlots:
             log.warning("socket slot not given back", error=str(exc))
 
     async def renew(self) -> None:
-        """Extend the leases of this process's open sockets (one pipeline)."""
+        """Extend the leases of this process's open sockets (one pipeline), adding back any the
+        shared count lost (a Redis restarted or failed over, or out of reach past a lease)."""
         if not self._mine:
             return
         until = time.time() + LEASE_SECONDS
+        renewed = {address: set(names) for address, names in self._mine.items()}
         async with self._redis.pipeline(transaction=False) as pipe:
-            for address, names in self._mine.items():
+            for address, names in renewed.items():
                 key = self._keys.ws_address(address)
-                pipe.zadd(key, dict.fromkeys(names, until), xx=True)  # none given back
+                pipe.zadd(key, dict.fromkeys(names, until))
                 pipe.expire(key, LEASE_SECONDS)
             await pipe.execute()
+        # A socket that ended while the pipeline ran may have been given back before it was
+        # renewed, and added again: take those out once more.
+        for address, names in renewed.items():
+            for name in names - self._mine.get(address, set()):
+                await self._give_back(address, name)
 
     async def run(self) -> None:
         """:meth:`renew` every third of a lease until :meth:`stop`."""

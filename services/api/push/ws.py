@@ -99,7 +99,7 @@ class Client:
 
     async def channel_of(self, topic: str) -> str:
         keys = self.state.keys
-        if m := _LEADERBOARD_TOPIC.match(topic):
+        if m := _LEADERBOARD_TOPIC.fullmatch(topic):
             board = await self._check_board(m["board"])
             if m["period"] not in board.periods:
                 raise TopicError(f"board {board.board_id!r} keeps no {m['period']} period")
@@ -107,12 +107,17 @@ class Client:
             if region != m["scope"] and board.regions is not None and region not in board.regions:
                 raise TopicError(f"board {board.board_id!r} declares no region {region!r}")
             return keys.board_channel(m["board"], m["scope"], m["period"])
-        if m := _LIVE_TOPIC.match(topic):
-            await self._check_board(m["board"])
+        if m := _LIVE_TOPIC.fullmatch(topic):
+            board = await self._check_board(m["board"])
             if m["window"] is not None:
                 return keys.board_channel(m["board"], "hot", m["window"])
+            # As the mvps read answers: kept only on incr boards, for the board's periods.
+            if board.operator != "incr":
+                raise TopicError(f"board {board.board_id!r} keeps no MVPs (not an incr board)")
+            if m["period"] not in board.periods:
+                raise TopicError(f"board {board.board_id!r} keeps no {m['period']} period")
             return keys.board_channel(m["board"], "mvps", m["period"])
-        if m := _USER_TOPIC.match(topic):
+        if m := _USER_TOPIC.fullmatch(topic):
             if not self.principal.may_act_for(m["user"]):
                 raise TopicError("only that player or a server key may subscribe to it")
             return keys.user_channel(m["user"])
@@ -132,7 +137,7 @@ class Client:
     async def current_view(self, topic: str) -> str | None:
         """A live view's current state, sent to a new subscriber (None: none, or no live topic).
         A hot view is the one the API's read answers (services/api/reads/hot.py)."""
-        if (m := _LIVE_TOPIC.match(topic)) is None:
+        if (m := _LIVE_TOPIC.fullmatch(topic)) is None:
             return None
         redis, keys = self.state.redis, self.state.keys
         if m["window"] is None:
@@ -148,9 +153,16 @@ class Client:
             raise TopicError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
         channel = await self.channel_of(topic)
         self.topics[topic] = channel
-        await self.state.hub.subscribe(channel, self)
-        # Read once the channel is live: any later change arrives as a push after it.
-        if (current := await self.current_view(topic)) is not None:
+        try:
+            await self.state.hub.subscribe(channel, self)
+            # Read once the channel is live: any later change arrives as a push after it.
+            current = await self.current_view(topic)
+        except BaseException:
+            # Not subscribed after all: the client's retry must subscribe again, and be sent the
+            # view's current state.
+            self.unsubscribe(topic)
+            raise
+        if current is not None:
             self.deliver(current)
 
     def unsubscribe(self, topic: str) -> None:
@@ -197,7 +209,7 @@ class Client:
             if raw is None:
                 self.send({"type": "error", "detail": "frames must be text (JSON), not binary"})
                 continue
-            if len(raw) > MAX_FRAME:
+            if len(raw.encode()) > MAX_FRAME:  # bytes, not characters
                 self.send({"type": "error", "detail": f"frames are limited to {MAX_FRAME} bytes"})
                 continue
             await self.handle(raw)
@@ -275,7 +287,12 @@ async def _serve(websocket: WebSocket, state: ApiState) -> None:
     tasks: list[asyncio.Task[Any]] = []
     try:
         if principal.kind == "player" and principal.user_id is not None:
-            await client.subscribe(f"user:{principal.user_id}")
+            try:
+                await client.subscribe(f"user:{principal.user_id}")
+            except (TimeoutError, RedisError):
+                # Without its own topic the socket would miss the player's pushes unawares.
+                await _close(websocket, CLOSE_TRY_AGAIN, "pushes unavailable; try again")
+                return
         receiver = asyncio.create_task(client.receive_loop())
         sender = asyncio.create_task(client.send_loop())
         too_slow = asyncio.create_task(client.too_slow.wait())

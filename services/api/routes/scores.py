@@ -81,7 +81,7 @@ async def _score_of(request: Request) -> tuple[ScoreIn, str | None]:
     a body that is not JSON) naming every error of both, as FastAPI would."""
     errors: list[dict[str, Any]] = []
     key = request.headers.get("idempotency-key")
-    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+    if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
         errors.append(
             {
                 "type": "string_pattern_mismatch",

@@ -75,7 +75,7 @@ async def snapshot(
     the start of a period, the latest snapshot is the final one of the period before."""
     if not (
         scope in ("global", "teams")
-        or (scope.startswith("region:") and _REGION.match(scope.removeprefix("region:")))
+        or (scope.startswith("region:") and _REGION.fullmatch(scope.removeprefix("region:")))
     ):
         raise Invalid(
             "scope must be 'global', 'region:<region>' or 'teams'.", loc=("query", "scope")
