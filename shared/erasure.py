@@ -31,12 +31,12 @@ from typing import Any
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.consumer import Handler
-from shared.db import board_deletions, erasures, from_db_time, to_db_time
+from shared.db import board_deletions, erasures, from_db_time, hidden_users, to_db_time
 from shared.events import ScoreAccepted
 from shared.functions import UNCOUNT_FUNCTION
 from shared.keys import Keys
@@ -325,8 +325,11 @@ async def pending_board_deletions(engine: AsyncEngine) -> list[BoardDeletion]:
 
 
 async def finish_board_deletion(engine: AsyncEngine, deletion: BoardDeletion) -> None:
+    """Mark the deletion done, with the board's hidden users: a board made later under the name
+    is a new one (a rebuild would hide them on it)."""
     t = board_deletions.c
     async with engine.begin() as conn:
+        await conn.execute(delete(hidden_users).where(hidden_users.c.board_id == deletion.board_id))
         await conn.execute(
             update(board_deletions)
             .where(t.board_id == deletion.board_id, t.cutoff == to_db_time(deletion.cutoff))

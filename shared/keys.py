@@ -298,13 +298,11 @@ class Keys:
 
     @property
     def deleted_boards(self) -> str:
-        """``P:deleted-boards`` (hash): board_id -> the cut-off (ms) up to which its events are
-        a deleted board's, not a fresh board's of that name."""
+        """``P:deleted-boards`` (hash): board_id -> cut-off (ms); its events up to it are gone."""
         return f"{self.prefix}:deleted-boards"
 
     def board_match(self, board_id: str) -> str:
-        """A ``SCAN`` pattern of every key of a board (its hash tag; board ids hold no glob
-        characters)."""
+        """A ``SCAN`` pattern of every key of a board (board ids hold no glob characters)."""
         return f"{self.tag(board_id)}:*"
 
     def idempotency_match(self, user_id: str) -> str:
@@ -316,14 +314,19 @@ class Keys:
         """A ``SCAN`` pattern of every key of every board."""
         return "{" + f"{self.prefix}:*"
 
-    def regional_view_of(self, key: str) -> tuple[str, str] | None:
-        """(board_id, region) of a regional view's key; None for any other (its records, say)."""
+    def view_of(self, key: str) -> tuple[str, str, str, str | None] | None:
+        """(board_id, period, period_id, region or None for global) of a view's key; None for
+        any other (its records, say)."""
         head = "{" + f"{self.prefix}:"
-        board_id, _, rest = key.removeprefix(head).partition("}:lb:")
-        if not key.startswith(head) or not rest:
-            return None
-        _, found, region = rest.rpartition(":region:")
-        return (board_id, region) if found and region and ":" not in region else None
+        board_id, found, rest = key.removeprefix(head).partition("}:")
+        parsed = parse_view(rest) if key.startswith(head) and found else None
+        return None if parsed is None else (board_id, *parsed)
+
+    def team_set_of(self, key: str) -> str | None:
+        """The board id of an MVP team's member set's key (:meth:`team_members`); else None."""
+        head = "{" + f"{self.prefix}:"
+        board_id, found, rest = key.removeprefix(head).partition("}:mvp:")
+        return board_id if key.startswith(head) and found and ":team:" in rest else None
 
     def record_user(self, key: str) -> str | None:
         """The user id an event record's key names (None for a record of the layout before,
@@ -385,8 +388,7 @@ def parse_dirty_member(member: str) -> tuple[str, str, str, str]:
 
 
 PERIOD_ID_IN_KEY = r"[^:]+(?::\d\d)?"
-"""A period id inside a key name: a season's (``2026-12-04T18:00``) holds one ``:``, the others
-none."""
+"""A period id in a key name: a season's (``2026-12-04T18:00``) holds one ``:``, no other."""
 
 _VIEW = re.compile(rf"lb:([a-z]+):({PERIOD_ID_IN_KEY}):(global|region:([^:]+))")
 
@@ -395,6 +397,4 @@ def parse_view(suffix: str) -> tuple[str, str, str | None] | None:
     """(period, period_id, region or None for the global view) of a view's key without its
     ``{P:B}:`` tag (``lb:<period>:<period_id>:<scope>``); None for any other key."""
     matched = _VIEW.fullmatch(suffix)
-    if matched is None:
-        return None
-    return matched.group(1), matched.group(2), matched.group(4)
+    return None if matched is None else (matched[1], matched[2], matched[4])

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import structlog
 from redis.asyncio import Redis
-from sqlalchemy import delete, or_, select, text, update
+from sqlalchemy import delete, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.api.erased_rows import delete_user_events, erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
     friend_requests,
@@ -39,7 +40,6 @@ from shared.db import (
     from_db_time,
     hidden_users,
     score_events,
-    snapshots,
     to_db_time,
 )
 from shared.erasure import (
@@ -62,11 +62,19 @@ POLL_SECONDS = 0.5
 RETRY_MAX_SECONDS = 30.0
 SCAN_COUNT = 1000
 UNLINK_BATCH = 500
-DELETE_CHUNK = 5000  # MySQL rows a DELETE statement
-SNAPSHOT_PAGE = 200
 # Past the cut-off, before the second pass: a consumer batch that read the projections just
 # before them is stored by then.
 SECOND_PASS_MARGIN = timedelta(seconds=0.5)
+
+
+@dataclass(slots=True)
+class Found:
+    """What the keyspace holds of one board: its views' periods and regions."""
+
+    windows: set[tuple[str, str]] = field(default_factory=set)
+    regions: set[str] = field(default_factory=set)
+    # MVP teams' member sets: a user who changed teams in a period is in several.
+    team_sets: set[str] = field(default_factory=set)
 
 
 class Eraser:
@@ -120,7 +128,9 @@ class Eraser:
                 await conn.commit()
 
     async def _work(self) -> int:
-        finished, done = 0, self._first_pass_done
+        """Each pending job's pass due. A job that fails leaves the others to go on; the round
+        then fails, and is tried again after the back-off."""
+        finished, done, failed = 0, self._first_pass_done, 0
         now = datetime.now(UTC)
         for erasure in await pending_erasures(self._engine):
             if erasure.user_id is None:
@@ -129,7 +139,12 @@ class Eraser:
             marker = (erasure.user_hash, erasure.cutoff)
             if marker in self._first_pass_done and not second:
                 continue
-            await self.erase_user(erasure.user_id, erasure.cutoff)
+            try:
+                await self.erase_user(erasure.user_id, erasure.cutoff)
+            except Exception as exc:
+                log.warning("erasure failed", user_hash=erasure.user_hash, error=repr(exc))
+                failed += 1
+                continue
             self._first_pass_done.add(marker)
             if second:
                 await finish_erasure(self._engine, erasure)
@@ -150,34 +165,43 @@ class Eraser:
                 self._first_pass_done.discard(marker)
                 log.info("board deleted", board_id=deletion.board_id, purge=deletion.purge)
                 finished += 1
+        if failed:
+            raise RuntimeError(f"{failed} erasure(s) failed this round")
         return finished
 
     # -- a user ------------------------------------------------------------------------------
 
     async def erase_user(self, user_id: str, cutoff: datetime) -> None:
         """One pass of a user's erasure (idempotent)."""
-        records, regions = await self._scan(user_id)
+        records, views = await self._scan(user_id)
         boards = await self._catalog.all()
         for board in boards:
-            await self._erase_from_board(board, user_id, regions.get(board.board_id, set()))
+            await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
         await self._unlink_each(records)
         await self._erase_hidden(user_id, boards)
         await self._erase_friends(user_id)
         await self._erase_history(user_id, cutoff)
 
-    async def _scan(self, user_id: str) -> tuple[list[str], dict[str, set[str]]]:
+    async def _scan(self, user_id: str) -> tuple[list[str], dict[str, Found]]:
         """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
-        marks) naming the user, and the regions of every board's regional views, so that a
-        region the aggregator has not derived into the regions sets yet is not missed."""
+        marks) naming the user, the periods and regions of every board's views and its MVP
+        teams' member sets, so that none is missed: a region the aggregator has not derived into
+        the regions sets yet, a period the definition no longer names (kept longer before), a
+        team the user left."""
         records: list[str] = []
-        regions: dict[str, set[str]] = {}
+        views: dict[str, Found] = {}
         async for key in self._redis.scan_iter(match=self._keys.boards_match(), count=SCAN_COUNT):
             name = key.decode() if isinstance(key, bytes) else key
             if self._keys.record_user(name) == user_id:
                 records.append(name)
-            elif (view := self._keys.regional_view_of(name)) is not None:
-                regions.setdefault(view[0], set()).add(view[1])
-        return records, regions
+            elif (view := self._keys.view_of(name)) is not None:
+                found = views.setdefault(view[0], Found())
+                found.windows.add((view[1], view[2]))
+                if view[3] is not None:
+                    found.regions.add(view[3])
+            elif (board_id := self._keys.team_set_of(name)) is not None:
+                views.setdefault(board_id, Found()).team_sets.add(name)
+        return records, views
 
     def _windows(self, board: Board) -> list[tuple[str, str]]:
         """Every (period, period_id) the board may still keep, the one just begun included."""
@@ -193,9 +217,10 @@ class Eraser:
                 found.append((period, before.period_id))
         return found
 
-    async def _erase_from_board(self, board: Board, user_id: str, seen: set[str]) -> int:
+    async def _erase_from_board(self, board: Board, user_id: str, seen: Found) -> int:
         keys, bid = self._keys, board.board_id
-        windows = self._windows(board)
+        kept = set(self._windows(board))
+        windows = sorted(kept | seen.windows)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.smembers(keys.legacy_user_regions(bid, user_id))
             pipe.hget(keys.user_team(bid), user_id)
@@ -205,7 +230,7 @@ class Eraser:
                 pipe.hget(keys.member_team(bid, period, period_id), user_id)
             found: list[Any] = await pipe.execute()
         regions: set[str] = set(found[0]) | set(regions_of(found[2]))
-        regions |= set(board.regions or ()) | seen
+        regions |= set(board.regions or ()) | seen.regions
         teams: set[str] = {found[1]} if found[1] else set()
         for i in range(len(windows)):
             regions |= set(found[3 + 2 * i])
@@ -231,16 +256,19 @@ class Eraser:
             for scope, region in scopes:
                 view = keys.board_view(bid, period, period_id, scope)
                 call_keys += [view, keys.distinct(view), keys.ties(view)]
-                marks.append(dirty_member(period, period_id, region, user_id) if region else "")
+                # A period the definition no longer keeps is not merged: its entry goes, no mark.
+                merged = bool(region) and (period, period_id) in kept
+                marks.append(dirty_member(period, period_id, region, user_id) if merged else "")
                 if region:
                     tops.append(keys.last_top(bid, period, period_id, scope))
         hashes = [keys.user_regions(bid)] + [keys.member_team(bid, p, pid) for p, pid in windows]
         hot = [key for w in HOT_WINDOWS for key in (keys.hot_window(bid, w), keys.hot_rank(bid, w))]
-        members = [
-            keys.team_members(bid, p, pid, team) for p, pid in windows for team in sorted(teams)
-        ]
+        members = sorted(
+            {keys.team_members(bid, p, pid, team) for p, pid in windows for team in teams}
+            | seen.team_sets
+        )
         call_keys += hashes + hot + members
-        mvp_marks = [f"{p}|{pid}" for p, pid in windows]
+        mvp_marks = [f"{p}|{pid}" for p, pid in windows if (p, pid) in kept]
         args: list[str | int] = [user_id, len(marks), len(hashes), len(HOT_WINDOWS), len(members)]
         args += [*marks, len(mvp_marks), *mvp_marks]
         removed = int(
@@ -310,48 +338,8 @@ class Eraser:
                     per_board[named] = per_board.get(named, 0) + 1
         for board_id, per_board in counts.items():
             await uncount(self._redis, self._keys, board_id, per_board)
-        while True:
-            async with self._engine.begin() as conn:
-                result = await conn.execute(
-                    delete(score_events)
-                    .where(t.user_id == user_id, t.accepted_at <= to_db_time(cutoff))
-                    .execution_options(synchronize_session=False)
-                    .with_dialect_options(mysql_limit=DELETE_CHUNK)
-                )
-            if result.rowcount < DELETE_CHUNK:
-                break
-        await self._erase_snapshots(user_id)
-
-    async def _erase_snapshots(self, user_id: str) -> None:
-        """Stored snapshots holding the user, rewritten without its entries (the others keep
-        the ranks they were taken with). Found by a text match on the stored JSON, escaped for
-        LIKE, then checked entry by entry."""
-        t = snapshots.c
-        escaped = user_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        pattern = f'%"user_id":"{escaped}"%'
-        after = 0
-        while True:
-            async with self._engine.begin() as conn:
-                rows = (
-                    await conn.execute(
-                        select(t.id, t.entries)
-                        .where(t.id > after, t.entries.like(pattern))
-                        .order_by(t.id)
-                        .limit(SNAPSHOT_PAGE)
-                    )
-                ).all()
-                for row in rows:
-                    entries = orjson.loads(row.entries)
-                    kept = [e for e in entries if e.get("user_id") != user_id]
-                    if len(kept) != len(entries):
-                        await conn.execute(
-                            update(snapshots)
-                            .where(t.id == row.id)
-                            .values(entries=orjson.dumps(kept).decode())
-                        )
-            if len(rows) < SNAPSHOT_PAGE:
-                return
-            after = rows[-1].id
+        await delete_user_events(self._engine, user_id, cutoff)
+        await erase_from_snapshots(self._engine, user_id)
 
     # -- a board -----------------------------------------------------------------------------
 
@@ -377,24 +365,8 @@ class Eraser:
             gone += await self._redis.unlink(*batch)
         for deletion in deletions:
             if deletion.purge:
-                await self._purge(deletion.board_id, deletion.cutoff)
+                await purge_board(self._engine, deletion.board_id, deletion.cutoff)
         return gone
-
-    async def _purge(self, board_id: str, cutoff: datetime) -> None:
-        at = to_db_time(cutoff)
-        for table, column in (
-            (score_events, score_events.c.accepted_at),
-            (snapshots, snapshots.c.taken_at),
-        ):
-            while True:
-                async with self._engine.begin() as conn:
-                    result = await conn.execute(
-                        delete(table)
-                        .where(table.c.board_id == board_id, column <= at)
-                        .with_dialect_options(mysql_limit=DELETE_CHUNK)
-                    )
-                if result.rowcount < DELETE_CHUNK:
-                    break
 
 
 __all__ = ["Eraser", "Erasure"]

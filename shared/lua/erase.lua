@@ -42,8 +42,11 @@ local function erase_user(keys, args)
     ki = ki + 2
   end
   for _ = 1, nz do redis.call('ZREM', keys[ki], user); ki = ki + 1 end
+  -- In calls of 1000: a board may keep thousands of periods, past what unpack() can return.
   local marks = tonumber(args[ai])
-  if marks > 0 then redis.call('SADD', keys[10], unpack(args, ai + 1, ai + marks)) end
+  for i = ai + 1, ai + marks, 1000 do
+    redis.call('SADD', keys[10], unpack(args, i, math.min(i + 999, ai + marks)))
+  end
 
   redis.call('HDEL', keys[1], user)
   redis.call('HDEL', keys[2], user)

@@ -20,6 +20,7 @@ from shared.erasure import (
     user_hash,
 )
 from shared.keys import Keys
+from shared.ranking import tie_key
 from shared.settings import LadderSettings
 from tests.api.helpers import assert_problem, post, score
 from tests.helpers import (
@@ -159,9 +160,11 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
 async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    async with api_client(quiet) as client:
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
         assert (await client.put(f"/v1/boards/{BOARD}", json={}, headers=ADMIN)).status_code == 201
         await post(client, score(user_id="u-1", value=7), board=BOARD)
+        hide = await client.put(f"/v1/boards/{BOARD}/users/u-2/hidden", headers=ADMIN)
+        assert hide.status_code == 204, hide.text
         answer = await client.delete(f"/v1/boards/{BOARD}", headers=ADMIN)
         assert answer.status_code == 202, answer.text
         assert answer.headers["location"] == f"/v1/board-deletions/{BOARD}"
@@ -176,6 +179,9 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         assert "being deleted" in busy["detail"]
         await eventually(lambda: done(client, f"/v1/board-deletions/{BOARD}"), within=20)
         assert [k async for k in redis.scan_iter(match=keys.board_match(BOARD))] == []
+        # Its hidden users went with it: a rebuild of the new board would hide them again.
+        async with engine.connect() as conn:
+            assert (await conn.execute(select(hidden_users))).all() == []
 
         again = await client.put(f"/v1/boards/{BOARD}", json={"operator": "set"}, headers=ADMIN)
         assert again.status_code == 201, again.text
@@ -244,3 +250,48 @@ async def test_an_erasure_reaches_a_season_s_views(quiet: LadderSettings, redis:
                 "/v1/boards/seasonal/leaderboard", params={"scope": "region:eu", "period": period}
             )
             assert [e["user_id"] for e in page.json()["entries"]] == ["u-2"], period
+
+
+async def test_an_erasure_reaches_every_season_a_long_retention_keeps(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Minute seasons kept 9,000 times: more periods than one Lua call can pass on at once.
+    The erasure is done, and the user leaves a past season's view too."""
+    board = {"operator": "incr", "schedule": "* * * * *", "retention": {"season": 9000}}
+    async with api_client(quiet) as client:
+        answer = await client.put("/v1/boards/long", json=board, headers=ADMIN)
+        assert answer.status_code == 201, answer.text
+        written = await post(client, score(user_id="u-1", region="eu", value=5), board="long")
+        season = written["periods"]["season"]["period_id"]
+        assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=30)
+        for period, period_id in (("season", season), ("alltime", "all")):
+            page = await client.get(
+                "/v1/boards/long/leaderboard",
+                params={"scope": "region:eu", "period": period, "period_id": period_id},
+            )
+            assert page.json()["entries"] == [], (period, page.json())
+
+
+async def test_an_erasure_reaches_teams_the_user_left_and_periods_no_longer_kept(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """What the board's definition and the user's latest team do not name: an MVP team the user
+    played for before its latest (its contribution stays in that team's member set), and a
+    view of a period kept under a longer retention before."""
+    old = keys.region_view("main", "daily", "2020-01-01", "eu")
+    tie = tie_key(1_577_836_800_000)
+    await redis.zadd(old, {f"{tie}u-1": 7, f"{tie}u-2": 4})
+    await redis.hset(Keys.ties(old), mapping={"u-1": f"{tie}|7|", "u-2": f"{tie}|4|"})
+    teams = [keys.team_members("main", "alltime", "all", team) for team in ("red", "blue")]
+    for key in teams:
+        await redis.zincrby(key, 5, "u-1")
+        await redis.zincrby(key, 2, "u-2")
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-1", value=3, team_id="blue"))
+        assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=15)
+    assert await redis.zrange(old, 0, -1) == [f"{tie}u-2"]
+    assert await redis.hkeys(Keys.ties(old)) == ["u-2"]
+    for key in teams:
+        assert await redis.zrange(key, 0, -1) == ["u-2"], key

@@ -1,4 +1,4 @@
-"""The key layout's parsers the erasure worker relies on (shared/keys.py): a regional view's board
+"""The key layout's parsers the erasure worker relies on (shared/keys.py): a view's board, period
 and region, and the user an event record names, whatever ``:`` the ids around them hold."""
 
 from __future__ import annotations
@@ -11,20 +11,26 @@ from shared.keys import Keys, parse_view
 KEYS = Keys("p")
 
 
-def test_a_regional_view_is_told_from_its_companions_and_other_keys() -> None:
+def test_a_view_is_told_from_its_companions_and_other_keys() -> None:
     view = KEYS.region_view("arena", "season", "2026-12-04T18:00", "eu")
-    assert KEYS.regional_view_of(view) == ("arena", "eu")
-    assert KEYS.regional_view_of(KEYS.region_view("b", "alltime", "all", "na")) == ("b", "na")
+    assert KEYS.view_of(view) == ("arena", "season", "2026-12-04T18:00", "eu")
+    na = KEYS.region_view("b", "alltime", "all", "na")
+    assert KEYS.view_of(na) == ("b", "alltime", "all", "na")
+    assert KEYS.view_of(KEYS.global_view("b", "daily", "2026-12-01")) == (
+        "b",
+        "daily",
+        "2026-12-01",
+        None,
+    )
     for other in (
         Keys.ties(view),
         Keys.distinct(view),
         Keys.distinct_building(view),
-        KEYS.global_view("arena", "alltime", "all"),
         KEYS.teams_view("arena", "alltime", "all"),
         KEYS.regions("arena", "alltime", "all"),
         Keys("q").region_view("arena", "alltime", "all", "eu"),
     ):
-        assert KEYS.regional_view_of(other) is None, other
+        assert KEYS.view_of(other) is None, other
 
 
 def test_a_record_names_its_user_even_one_whose_id_holds_colons() -> None:
