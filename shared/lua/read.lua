@@ -213,6 +213,7 @@ local function friends(keys, args)
   local ids = {unpack(args, 2)}
   local as_of = false
   if args[1] ~= '' then as_of = redis.call('HGET', keys[3], args[1]) end
+  if #ids == 0 then return {{}, {}, as_of} end -- a hidden owner, read by another, alone
   return {redis.call('HMGET', keys[1], unpack(ids)), redis.call('HMGET', keys[2], unpack(ids)),
           as_of}
 end

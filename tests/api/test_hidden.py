@@ -188,6 +188,14 @@ async def test_a_hidden_user_leaves_every_view_its_own_read_answers_and_unhiding
             for path in ("/v1/boards/main/users/u-a", "/v1/boards/main/users/u-a/ranks"):
                 response = await client.get(path, params={"scope": "global"}, headers=headers)
                 assert_problem(response, 404)
+        # Its own friends scope too, read with a server key: its friends, not it.
+        own_scope = {"scope": "friends:u-a", "period": "alltime"}
+        theirs = await get_ok(client, LEADERBOARD, **own_scope)
+        assert [e["user_id"] for e in theirs["entries"]] == ["u-b"]
+        response = await client.get("/v1/boards/main/users/u-a", params=own_scope, headers=SERVER)
+        assert_problem(response, 404)
+        mine = await get_ok(client, LEADERBOARD, headers=player("u-a"), **own_scope)
+        assert [e["user_id"] for e in mine["entries"]] == ["u-a", "u-b"]
         # Its own read, with its own token, still answers: ranked as if it were shown.
         standing, scopes = await own_reads(client, "u-a")
         assert (standing["rank"], standing["score"]) == (1, 50)

@@ -38,15 +38,16 @@ async def friends_rows(redis: Redis, keys: Keys, view: View, as_of_field: str = 
     board's keys, since no Redis call
     names keys of two hash tags (docs/architecture.md, invariant 6)."""
     owner, board_id = cast(str, view.owner), view.board.board_id
-    # Friends hidden on the board are left out (docs/api.md section 8b); the owner, who reads
-    # its own scope (or a server key for it), is kept: a hidden player still sees itself.
+    # Users hidden on the board are left out (docs/api.md section 8b), the owner too unless it
+    # reads its own scope with its player token: a hidden player still sees itself.
     async with redis.pipeline(transaction=False) as pipe:
         pipe.smembers(keys.friends(owner))
         pipe.smembers(keys.hidden(board_id))
         members, hidden = cast(list[set[str]], await pipe.execute())
     group = sorted(i for i in members if i != owner and i not in hidden)
     del group[MAX_FRIENDS:]
-    group.append(owner)
+    if view.owner_reads or owner not in hidden:
+        group.append(owner)
     found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
         "FCALL_RO",
         FRIENDS_FUNCTION,

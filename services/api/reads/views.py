@@ -64,6 +64,8 @@ class View:
     owner: str | None = None
     # When the period's window ends (UTC, exclusive); None for alltime.
     ends_at: datetime | None = None
+    # A friends scope read with its owner's own player token: a hidden owner still sees itself.
+    owner_reads: bool = False
 
     def score(self, stored: float) -> int:
         """The score of a sorted-set score (shared/ranking.py)."""
@@ -182,4 +184,5 @@ def resolve_view(
         key = keys.global_view(bid, period, pid)
     else:
         key = keys.board_view(bid, period, pid, scope)
-    return View(board, scope, period, pid, key, kind, owner, window.end)
+    own = reader is not None and reader.kind == "player" and reader.user_id == owner
+    return View(board, scope, period, pid, key, kind, owner, window.end, own)
