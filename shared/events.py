@@ -50,7 +50,10 @@ DisplayName = Annotated[
 
 # RFC 3339's date-time: full date, T (or t, or a space, as section 5.6 allows), time with
 # optional fraction, and an offset (Z or +hh:mm).
-RFC3339_PATTERN = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
+RFC3339_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
 _RFC3339 = re.compile(RFC3339_PATTERN)
 
 

@@ -32,11 +32,11 @@ ALLTIME_ID = "all"
 ALLTIME_EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 
 _PATTERNS: dict[Period, re.Pattern[str]] = {
-    "daily": re.compile(r"^\d{4}-\d{2}-\d{2}$"),
-    "weekly": re.compile(r"^\d{4}-W\d{2}$"),
-    "monthly": re.compile(r"^\d{4}-\d{2}$"),
+    "daily": re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"),
+    "weekly": re.compile(r"^[0-9]{4}-W[0-9]{2}$"),
+    "monthly": re.compile(r"^[0-9]{4}-[0-9]{2}$"),
     "alltime": re.compile(r"^all$"),
-    "season": re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"),
+    "season": re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}$"),
 }
 SEASON_ID_FORMAT = "%Y-%m-%dT%H:%M"
 

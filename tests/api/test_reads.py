@@ -525,6 +525,17 @@ ERRORS = [
         id="422-a-week-past-the-calendar",
     ),
     pytest.param(422, read(RANKS, period_id="9999-12"), id="422-a-month-past-the-calendar"),
+    # Digits of another script: int() reads them, but no period id is written with them.
+    pytest.param(
+        422,
+        read("/v1/boards/main/stats", period="weekly", period_id="2026-W\uff15\uff13"),
+        id="422-a-week-in-fullwidth-digits",
+    ),
+    pytest.param(
+        422,
+        read("/v1/boards/main/stats", period="monthly", period_id="2026-\u0660\u0663"),
+        id="422-a-month-in-arabic-indic-digits",
+    ),
 ]
 
 

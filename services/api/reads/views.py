@@ -36,8 +36,10 @@ SCOPE_PATTERN = (
     r"^(global|teams|region:[a-z0-9][a-z0-9_-]{0,31}|friends:[A-Za-z0-9][A-Za-z0-9_.:-]{0,63})$"
 )
 # Daily, weekly, monthly, all-time and season ids.
+# Digits are ASCII ones: ``\d`` would take any script's.
 PERIOD_ID_PATTERN = (
-    r"^(\d{4}-\d{2}-\d{2}|\d{4}-W\d{2}|\d{4}-\d{2}|all|\d{4}-\d{2}-\d{2}T\d{2}:\d{2})$"
+    r"^([0-9]{4}-[0-9]{2}-[0-9]{2}|[0-9]{4}-W[0-9]{2}|[0-9]{4}-[0-9]{2}|all"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2})$"
 )
 
 _REGION = re.compile(REGION_PATTERN)
