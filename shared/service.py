@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
 import structlog
 import uvloop
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from typing_extensions import TypedDict, Unpack
 
 from shared.boards import Board, BoardCatalog
@@ -142,6 +144,19 @@ async def every_board(
             await work(board)
 
     await every_pass(catalog, interval, stop, each)
+
+
+@contextlib.contextmanager
+def board_step(board: Board, what: str) -> Iterator[None]:
+    """One board's step of a pass over the boards: a failure of its own is logged and the pass
+    goes on to the next board, so that a board that keeps failing holds back none sorted after
+    it. Redis out of reach fails the whole pass (one log line, not one a board)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        raise
+    except Exception:
+        log.exception(f"{what} failed; retrying next pass", board_id=board.board_id)
 
 
 async def every_pass(

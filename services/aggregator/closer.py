@@ -48,8 +48,15 @@ from shared.boards import Board, BoardCatalog
 from shared.events import rfc3339
 from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys, dirty_member
-from shared.periods import PeriodWindow, window_at, windows_before
+from shared.periods import (
+    PeriodRangeError,
+    PeriodWindow,
+    previous_window,
+    window_at,
+    windows_before,
+)
 from shared.ranking import id_of
+from shared.service import board_step
 from shared.settings import CLOSE_GRACE
 from shared.submit import board_period_expiry
 
@@ -104,9 +111,14 @@ class Closer:
             if current.end is not None:
                 due_at = current.end + self._delay
                 next_due = due_at if next_due is None else min(next_due, due_at)
+            # Oldest first, and none claimed before the ones before it: the watermark moves to a
+            # claimed period's end, so an older one claimed after it would never be looked at.
+            waiting = False
             for window in await self._due(board, current):
                 any_due = True
-                closed += await self._close(board, window, moment)
+                done = await self._close(board, window, moment, claim=not waiting)
+                closed += done is True
+                waiting = waiting or done is None
         if any_due or next_due is None:
             self._quiet.pop(board.board_id, None)
         else:
@@ -135,15 +147,20 @@ class Closer:
         found |= {str(r) for r in await self._redis.smembers(key)}
         return sorted(found)
 
-    async def _close(self, board: Board, window: PeriodWindow, now: datetime) -> int:
+    async def _close(
+        self, board: Board, window: PeriodWindow, now: datetime, *, claim: bool = True
+    ) -> bool | None:
+        """A step of one period's close: True if this call closed it, False if it was closed
+        before, None while it waits (its marks just made, their merge not done, or ``claim``
+        not set: an older period of its kind still waits)."""
         keys, bid = self._keys, board.board_id
         period, pid = window.period, window.period_id
-        claim = keys.period_closed(bid, period, pid)
-        if await self._redis.exists(claim):
-            return 0
+        claimed = keys.period_closed(bid, period, pid)
+        if await self._redis.exists(claimed):
+            return False
         regions = await self._regions(board, window)
         closing = keys.period_closing(bid, period, pid)
-        expiry = board_period_expiry(board, period, pid)
+        expiry = kept_until = board_period_expiry(board, period, pid)
         if expiry:
             expiry = max(expiry, int(now.timestamp()) + MARK_FLOOR)
         since = await self._redis.get(closing)
@@ -152,9 +169,9 @@ class Closer:
             # Read after the marks went in: a take counted past it took every one of them.
             takes = await self._redis.get(keys.merge_takes(bid))
             await self._redis.set(closing, int(takes or 0), exat=expiry or None)
-            return 0
-        if await self._merging(bid, int(since)):
-            return 0
+            return None
+        if not claim or await self._merging(bid, int(since)):
+            return None
         scopes = await self._tops(board, window, regions)
         closed_at = rfc3339(now)
         args: list[Any] = [closed_at, expiry, int(window.end.timestamp()) if window.end else 0]
@@ -182,9 +199,18 @@ class Closer:
                 args += [keys.board_channel(bid, scope, period), orjson.dumps(push).decode()]
         else:
             args.append("")  # nobody scored: claimed, no message
-        call_keys = [claim, keys.period_watermark(bid, period), keys.periods_outbox(bid)]
+            if 0 < kept_until <= now.timestamp():
+                # Closed late (the aggregator stopped for longer than the period is kept): its
+                # views are gone, and who scored in it is not known here any more.
+                log.warning(
+                    "period closed after its views expired: nothing announced",
+                    board_id=bid,
+                    period=period,
+                    period_id=pid,
+                )
+        call_keys = [claimed, keys.period_watermark(bid, period), keys.periods_outbox(bid)]
         reply = await self._redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args)
-        done = int(reply)
+        done = bool(int(reply))
         if done:
             CLOSED.inc()
             log.info(
@@ -195,7 +221,22 @@ class Closer:
                 scopes=len(scopes),
                 sent=bool(args[3]),
             )
+            await self._forget_as_of(board, window)
         return done
+
+    async def _forget_as_of(self, board: Board, window: PeriodWindow) -> None:
+        """The merge's as_of of the period whose views expired as this one ended (``retention``
+        periods before it): the board's as_of hash keeps the periods it keeps, not every period
+        ever merged (a board of minute seasons would add half a million fields a year)."""
+        retention = board.retention.of(window.period)
+        if retention is None:
+            return
+        try:
+            gone = previous_window(window, board.timezone, retention + 1, board.schedule)
+        except PeriodRangeError:
+            return
+        field = f"{window.period}:{gone.period_id}"
+        await self._redis.hdel(self._keys.as_of(board.board_id), field)
 
     async def _mark_all(self, board: Board, window: PeriodWindow, regions: list[str]) -> None:
         """Mark every user of the period's regional boards dirty for the merge."""
@@ -274,15 +315,11 @@ async def tick(closer: Closer, catalog: BoardCatalog, stop: asyncio.Event) -> No
     """Close what is due on every board every ``CLOSE_TICK`` seconds until ``stop``."""
     while not stop.is_set():
         try:
-            boards = await catalog.all()
+            for board in await catalog.all():
+                # One board's failure is its own: the boards after it still close on time.
+                with board_step(board, "period close"):
+                    await closer.close_board(board)
         except Exception:
             log.exception("period close pass failed; retrying next tick")
-            boards = []
-        for board in boards:
-            # One board's failure is its own: the boards after it still close on time.
-            try:
-                await closer.close_board(board)
-            except Exception:
-                log.exception("period close failed; retrying next tick", board_id=board.board_id)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), CLOSE_TICK)

@@ -51,6 +51,7 @@ from shared.live_maths import (
 )
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period
+from shared.service import board_step
 from shared.submit import board_period_expiry, current_window, expiry_of
 
 PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes published", ["view"])
@@ -226,10 +227,11 @@ class LiveViews:
             found = await pipe.execute()
         pushed = 0
         for board, events, dirty in zip(boards, found[::2], found[1::2], strict=True):
-            if events or board.board_id not in self._settled:
-                pushed += await self.hot(board)
-            if dirty or self._full_due(board.board_id):
-                pushed += await self.mvps(board)
+            with board_step(board, "live views"):
+                if events or board.board_id not in self._settled:
+                    pushed += await self.hot(board)
+                if dirty or self._full_due(board.board_id):
+                    pushed += await self.mvps(board)
         # After the views of boards with events are stored: a reader who sees this time finds
         # them as of it or later.
         await self._redis.set(self._keys.live_quiet(), probed, ex=HOT_VIEW_TTL_SECONDS)

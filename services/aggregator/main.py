@@ -58,12 +58,13 @@ async def merges(
             boards = await catalog.all()
             merging, building = await merger.with_work([b.board_id for b in boards])
             for board in boards:
-                if fresh is not None:
-                    await merger.push_fresh(board, fresh)
-                if board.board_id in merging:
-                    await merger.merge_board(board, MERGE_BUDGET)
-                if board.board_id in building:
-                    await merger.build_dense(board, MERGE_BUDGET)
+                with service.board_step(board, "merge"):
+                    if fresh is not None:
+                        await merger.push_fresh(board, fresh)
+                    if board.board_id in merging:
+                        await merger.merge_board(board, MERGE_BUDGET)
+                    if board.board_id in building:
+                        await merger.build_dense(board, MERGE_BUDGET)
         except Exception:
             log.exception("merge pass failed; retrying next tick")
         if stopping:

@@ -222,3 +222,55 @@ async def test_a_season_whose_keys_expired_before_its_close_is_still_closed(
         await closer.close_board(board, now)
         await merger.merge_board(board)
     assert await redis.exists(keys.period_closed("cup", "season", season.period_id))
+
+
+async def test_an_older_period_waiting_for_its_merge_is_closed_before_a_newer_one(
+    redis: Redis, keys: Keys
+) -> None:
+    """Two seasons due at once (a catch-up after a stop): the older one's merge not done yet
+    on a tick where the newer one's would be. Claiming the newer one first would move the
+    watermark past the older one, which would then never close."""
+
+    class OlderMergesLate(Closer):
+        looks = 0
+
+        async def _merging(self, bid: str, since: int) -> bool:
+            self.looks += 1
+            return self.looks == 1  # the first look, the older season's: still merging
+
+    board = Board(board_id="cup", periods=("alltime",), schedule="* * * * *")
+    closer = OlderMergesLate(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    now = datetime.now(UTC)
+    # The season under way once the close's delay (2 + 0.2 + 1 s) is taken off, and before it.
+    current = window_at("season", now - timedelta(seconds=3.2), "UTC", board.schedule)
+    latest, older, before = (previous_window(current, "UTC", n, board.schedule) for n in (1, 2, 3))
+    assert before.end is not None
+    # Closed up to the season before those two.
+    await redis.set(keys.period_watermark("cup", "season"), before.end.timestamp())
+    claimed = [keys.period_closed("cup", "season", w.period_id) for w in (older, latest)]
+    await closer.close_board(board, now)  # both marked
+    await closer.close_board(board, now)  # the older one still merging: neither claimed
+    assert [await redis.exists(key) for key in claimed] == [0, 0]
+    await closer.close_board(board, now)
+    assert [await redis.exists(key) for key in claimed] == [1, 1]
+
+
+async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
+    redis: Redis, keys: Keys
+) -> None:
+    # Minute seasons kept two seasons: when a season closes, the one three before it has no
+    # views left, and its field of the board's as_of hash goes too (the hash stays bounded).
+    board = Board(board_id="cup", periods=("alltime",), schedule="* * * * *")
+    board = board.model_copy(update={"retention": Retention(season=2)})
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    now = datetime.now(UTC)
+    current = window_at("season", now - timedelta(seconds=3.2), "UTC", board.schedule)
+    latest, kept, gone = (previous_window(current, "UTC", n, board.schedule) for n in (1, 3, 4))
+    fields = {f"season:{w.period_id}": "2026-12-05T00:00:00Z" for w in (kept, gone)}
+    await redis.hset(keys.as_of("cup"), mapping=fields)
+    merger = Merger(redis, keys)
+    for _ in range(3):
+        await closer.close_board(board, now)
+        await merger.merge_board(board)
+    assert await redis.exists(keys.period_closed("cup", "season", latest.period_id))
+    assert await redis.hkeys(keys.as_of("cup")) == [f"season:{kept.period_id}"]
