@@ -1,20 +1,25 @@
 """The regional views that consumed events changed, for their top-10 pushes (docs/
 architecture.md, the aggregator): a region's view is the write's own, current without the merge,
 so its push need not wait behind a merge backlog. :class:`~services.aggregator.handlers.MarkDirty`
-notes them; :meth:`services.aggregator.merge.Merger.push_fresh` takes them before each pass."""
+notes them; :meth:`FreshRegions.push` pushes them before each merge pass."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from redis.asyncio import Redis
+
+from services.aggregator.tops import push_tops
+from shared.boards import Board
 from shared.events import ScoreAccepted
+from shared.keys import Keys
 from shared.periods import Period
 
 
 class FreshRegions:
     """The regional views that consumed events changed since their top 10 was last looked at,
     by board: a region's view is the write's own, current without the merge, so its top-10 push
-    need not wait behind a merge backlog (``Merger.push_fresh``)."""
+    need not wait behind a merge backlog (:meth:`push`)."""
 
     def __init__(self) -> None:
         self._views: dict[str, set[tuple[Period, str, str]]] = defaultdict(set)
@@ -29,3 +34,15 @@ class FreshRegions:
 
     def take(self, board_id: str) -> set[tuple[Period, str, str]]:
         return self._views.pop(board_id, set())
+
+    async def push(self, redis: Redis, keys: Keys, board: Board) -> int:
+        """The top-10 pushes of ``board``'s regional views that events changed since the last
+        call, whatever the merge has yet to do; returns how many views were looked at."""
+        views = self.take(board.board_id)
+        by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
+        for period, period_id, region in views:
+            if period in board.periods:
+                by_period[(period, period_id)].append(f"region:{region}")
+        for (period, period_id), scopes in by_period.items():
+            await push_tops(redis, keys, board, period, period_id, sorted(scopes))
+        return len(views)

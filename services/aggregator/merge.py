@@ -106,6 +106,9 @@ class Merger:
         # Periods each board's current batch has merged so far: their ``as_of`` moves when the
         # batch is drained (lost on a restart, it then says older, never newer, than the view).
         self._merged: dict[str, set[tuple[Period, str]]] = defaultdict(set)
+        # Each board's batch (take count) and when it was taken, its as_of: a later mark waits for
+        # the next batch. One this merger did not see taken (a restart before) moves no as_of.
+        self._taken: dict[str, tuple[int, str]] = {}
         # Dense builds under way: build set member -> the cursor to go on from.
         self._building: dict[str, list[str]] = {}
         self.build_step = BUILD_STEP
@@ -152,13 +155,14 @@ class Merger:
                 return 0
             with MERGE_SECONDS.time():
                 drained = await self._drain(work, budget, batch)
-                await self._finish(work, drained)
+                await self._finish(work, drained, batch)
         except LeaseLost:
             log.warning("merge lease taken over; the board's pass stops", board_id=bid)
             self.behind.discard(bid)
             self._partway.discard(bid)
             self._merged.pop(bid, None)
             self._scans.pop(bid, None)
+            self._taken.pop(bid, None)
         MERGED.inc(work.written)
         return work.written
 
@@ -168,7 +172,12 @@ class Merger:
         keys = self._keys
         lease_keys = [keys.merge_lease(bid), keys.dirty(bid), keys.dirty_merging(bid)]
         lease_keys.append(keys.merge_takes(bid))
+        taken_at = rfc3339(datetime.now(UTC))
+        # The count before the take, read under the lease (no other merger takes meanwhile).
+        counted = int(await self._redis.get(keys.merge_takes(bid)) or 0)
         found, batch = await self._call(MERGE_TAKE_FUNCTION, lease_keys, self.lease.token(bid))
+        if int(batch) > counted:
+            self._taken[bid] = (int(batch), taken_at)
         return int(batch) if found else None
 
     async def _drain(self, work: Pass, budget: float | None, batch: int) -> bool:
@@ -219,16 +228,7 @@ class Merger:
             raise
 
     async def push_fresh(self, board: Board, fresh: FreshRegions) -> int:
-        """The top-10 pushes of the regional views that events changed since the last call
-        (``fresh``), whatever the merge has yet to do; returns how many views were looked at."""
-        views = fresh.take(board.board_id)
-        by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
-        for period, period_id, region in views:
-            if period in board.periods:
-                by_period[(period, period_id)].append(f"region:{region}")
-        for (period, period_id), scopes in by_period.items():
-            await push_tops(self._redis, self._keys, board, period, period_id, sorted(scopes))
-        return len(views)
+        return await fresh.push(self._redis, self._keys, board)
 
     async def build_dense(self, board: Board, budget: float | None = None) -> int:
         """Build the distinct-score sets that dense reads of ``board``'s global and regional
@@ -325,7 +325,7 @@ class Merger:
         if foreign:
             await self._redis.srem(marks_set, *foreign)
 
-    async def _finish(self, work: Pass, drained: bool) -> None:
+    async def _finish(self, work: Pass, drained: bool, batch: int) -> None:
         """After a pass: ``as_of`` once drained, then brackets and top-10 pushes of what it
         changed, then the lease given up if drained. ``as_of`` first: a reader that sees the
         pass's entries should find the time it was merged by, not the one before (or none, on a
@@ -336,10 +336,10 @@ class Merger:
             self.behind.discard(bid)
             self._partway.discard(bid)
             periods = self._merged.pop(bid, set())
-            if periods:
-                now = rfc3339(datetime.now(UTC))
+            taken = self._taken.pop(bid, None)
+            if periods and taken is not None and taken[0] == batch:
                 await self._redis.hset(
-                    self._keys.as_of(bid), mapping={f"{p}:{pid}": now for p, pid in periods}
+                    self._keys.as_of(bid), mapping={f"{p}:{pid}": taken[1] for p, pid in periods}
                 )
         else:
             self.behind.add(bid)
