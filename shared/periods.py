@@ -8,7 +8,10 @@ midnight in the board's timezone, so a day may last 23 or 25 hours across a DST 
 timezone by croniter): a season runs from one firing of the schedule to the next, and its id is
 its start in the board's timezone, ``2026-12-04T18:00``. Every function here that may meet a
 season takes the board's ``schedule``; without one a season is no period
-(:class:`PeriodIdError`).
+(:class:`PeriodIdError`). Where clocks go back, a schedule fires twice at the wall-clock times
+of the hour that repeats (01:30 once on summer time, again an hour later): the firings of the
+second pass start no season, so that no two seasons share an id, and the season running when
+the clocks went back lasts an hour longer.
 """
 
 from __future__ import annotations
@@ -112,11 +115,37 @@ def schedule_error(schedule: str) -> str | None:
     return None
 
 
+def _repeated(firing: datetime, tz: ZoneInfo) -> bool:
+    """Whether ``firing`` falls in the second pass of a wall-clock hour that the clocks going
+    back repeat: a firing that starts no season (the module's docstring)."""
+    return firing.astimezone(UTC).astimezone(tz).fold == 1
+
+
+def _next_start(firings: croniter, tz: ZoneInfo) -> datetime:
+    found: datetime = firings.get_next(datetime)
+    while _repeated(found, tz):
+        found = firings.get_next(datetime)
+    return found
+
+
+def _previous_start(firings: croniter, tz: ZoneInfo) -> datetime:
+    found: datetime = firings.get_prev(datetime)
+    while _repeated(found, tz):
+        found = firings.get_prev(datetime)
+    return found
+
+
 def _season_bounds(schedule: str, moment: datetime, tz: ZoneInfo) -> tuple[datetime, datetime]:
-    """The firings of ``schedule`` around ``moment``: the last at or before it, the next after."""
+    """The firings of ``schedule`` that start a season around ``moment``: the last at or before
+    it, the next after."""
     local = moment.astimezone(tz).replace(second=0, microsecond=0)
-    end: datetime = croniter(schedule, local).get_next(datetime)
-    start: datetime = croniter(schedule, end).get_prev(datetime)
+    start = _previous_start(croniter(schedule, _next_start(croniter(schedule, local), tz)), tz)
+    # Checked walking forward: croniter's backward walk may step over a firing next to a change
+    # of offset (half an hour's, on Lord Howe Island), its forward walk does not.
+    firings = croniter(schedule, start)
+    end = _next_start(firings, tz)
+    while end <= moment:
+        start, end = end, _next_start(firings, tz)
     return start.astimezone(UTC), end.astimezone(UTC)
 
 
@@ -207,12 +236,18 @@ def windows_before(
         end = window.start
         for _ in range(count):
             try:
-                local: datetime = firings.get_prev(datetime)
-                start = local.astimezone(UTC)
+                local = _previous_start(firings, tz)
+                if local.astimezone(tz).utcoffset() == end.astimezone(tz).utcoffset():
+                    season = PeriodWindow(
+                        "season", local.strftime(SEASON_ID_FORMAT), local.astimezone(UTC), end
+                    )
+                else:  # across a change of offset, the season as the forward walk finds it
+                    season = window_at("season", end - timedelta(seconds=1), timezone, schedule)
+                    firings = croniter(_season(schedule), season.start.astimezone(tz))
             except _OUT_OF_CALENDAR:
                 return
-            yield PeriodWindow("season", local.strftime(SEASON_ID_FORMAT), start, end)
-            end = start
+            yield season
+            end = season.start
         return
     current = window
     for _ in range(count):
@@ -252,9 +287,10 @@ def expire_at(
             # One walk of the schedule from the season's end, not a window_at() (two croniters)
             # a season: a board of minute seasons keeps up to 10,000, worked out at every new
             # season in every process.
-            firings = croniter(_season(schedule), end.astimezone(ZoneInfo(timezone)))
+            tz = ZoneInfo(timezone)
+            firings = croniter(_season(schedule), end.astimezone(tz))
             for _ in range(retention):
-                end = firings.get_next(datetime)
+                end = _next_start(firings, tz)
         else:
             for _ in range(retention):
                 end = window_at(window.period, end, timezone, schedule).end or end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -168,3 +169,50 @@ def test_a_retention_must_stay_in_the_calendar_and_outlast_the_close(
         "season", "UTC", retention, schedule, datetime(2026, 12, 2, tzinfo=UTC), outlast=663.0
     )
     assert (found is None) if error is None else (found is not None and error in found)
+
+
+def test_the_hour_clocks_go_back_starts_no_season_of_its_own() -> None:
+    # New York, 1 November 2026: 01:30 comes twice (05:30 and 06:30 UTC). The second firing
+    # starts no season: the season of 01:30 runs 25 hours, and no id names two seasons.
+    daily = "30 1 * * *"
+    season = window_at(
+        "season", datetime(2026, 11, 1, 6, 45, tzinfo=UTC), "America/New_York", daily
+    )
+    assert season.period_id == "2026-11-01T01:30"
+    assert season.start == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)
+    assert season.end == datetime(2026, 11, 2, 6, 30, tzinfo=UTC)
+    assert window_of("season", "2026-11-01T01:30", "America/New_York", daily) == season
+
+
+@pytest.mark.parametrize(
+    ("timezone", "schedule", "changes"),
+    [
+        # Clocks back an hour (the wall-clock hour repeats), forward an hour, and Lord Howe
+        # Island's half hour both ways; hourly, sub-hourly, daily and weekly schedules.
+        ("America/New_York", "0 * * * *", ["2026-03-08T07:00Z", "2026-11-01T06:00Z"]),
+        ("Europe/Berlin", "*/20 * * * *", ["2026-03-29T01:00Z", "2026-10-25T01:00Z"]),
+        ("America/Santiago", "45 0,1,2 * * *", ["2026-04-05T03:00Z", "2026-09-06T04:00Z"]),
+        ("Australia/Lord_Howe", "*/20 * * * *", ["2026-04-04T15:00Z", "2026-10-03T15:30Z"]),
+        ("America/New_York", "15 1 * * 0", ["2026-11-01T06:00Z"]),
+    ],
+)
+def test_seasons_tile_time_with_one_id_each_across_a_change_of_offset(
+    timezone: str, schedule: str, changes: list[str]
+) -> None:
+    for change in changes:
+        moment = datetime.fromisoformat(change.replace("Z", "+00:00"))
+        seasons = [window_at("season", moment - timedelta(hours=30), timezone, schedule)]
+        while seasons[-1].start < moment + timedelta(hours=30) or len(seasons) < 5:
+            seasons.append(window_at("season", seasons[-1].end, timezone, schedule))  # type: ignore[arg-type]
+        ids = [s.period_id for s in seasons]
+        assert ids == sorted(set(ids)), ids
+        for before, after in itertools.pairwise(seasons):
+            assert before.end == after.start
+        for season in seasons:
+            assert window_of("season", season.period_id, timezone, schedule) == season
+            assert season.end is not None
+            inside = season.start + (season.end - season.start) / 2
+            assert window_at("season", inside, timezone, schedule) == season
+        walked = list(windows_before(seasons[-1], timezone, len(seasons) - 1, schedule))
+        assert walked == seasons[-2::-1]
+        assert expire_at(seasons[0], timezone, 3, schedule) == seasons[3].end.timestamp()  # type: ignore[union-attr]
