@@ -31,6 +31,8 @@ def loads(body: bytes) -> Any:
         raise
     except ValueError as exc:
         raise json.JSONDecodeError(str(exc), body.decode(errors="replace"), 0) from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise json.JSONDecodeError("nested too deep", body.decode(errors="replace"), 0) from None
 
 
 class StrictJsonRequest(Request):

@@ -157,6 +157,33 @@ async def test_nan_and_infinity_are_not_json(
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
 
 
+@pytest.mark.parametrize(
+    ("content", "status"),
+    [
+        # A "NaN" in a string sends the body through the strict parser, which recursed past its
+        # limit on deep nesting (500): now the same 400 as any invalid body.
+        (b'{"user_id": "NaN-1", "metadata": ' + b"[" * 1200 + b"]" * 1200 + b"}", 400),
+        # A number past a double's range is an infinity once parsed, which was kept as null.
+        (b'{"user_id": "u", "region": "eu", "value": 1, "metadata": {"a": 1e400}}', 422),
+    ],
+    ids=["deep-nesting-beside-a-nan-string", "metadata-number-past-a-double"],
+)
+async def test_bodies_that_were_a_500_or_kept_wrong_are_refused(
+    quiet: LadderSettings, redis: Redis, content: bytes, status: int
+) -> None:
+    headers = SERVER | {"Content-Type": "application/json"}
+    async with api_client(quiet) as client:
+        response = await client.post("/v1/boards/main/scores", content=content, headers=headers)
+        assert response.status_code == status, response.text
+        assert response.headers["content-type"].startswith("application/problem+json")
+        batch = b'{"events": [' + content + b"]}"
+        answer = await client.post("/v1/boards/main/scores/batch", content=batch, headers=headers)
+        assert answer.status_code in (200, 400, 422), answer.text
+        if answer.status_code == 200:
+            assert answer.json()["results"][0]["error"]["status"] == 422
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
+
+
 async def test_users_over_their_rate_are_refused_alone(
     settings: LadderSettings, redis: Redis, broker: Topology
 ) -> None:

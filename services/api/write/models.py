@@ -3,6 +3,7 @@ them."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import orjson
@@ -69,15 +70,31 @@ class ScoreIn(BaseModel):
         if value is None:
             return None
         try:
-            size = len(metadata_text(value).encode())
+            text = metadata_text(value)
         except orjson.JSONEncodeError as exc:
             # Nested past orjson's depth, or an integer past 64 bits.
             raise ValueError(f"metadata cannot be kept as JSON: {exc}") from None
+        # A number past a double's range (1e400) is read as an infinity, which JSON has no
+        # word for: it would be kept as null.
+        if "null" in text and _non_finite(value):
+            raise ValueError("metadata holds a number past a double's range (about 1.8e308)")
+        size = len(text.encode())
         if size > METADATA_MAX_BYTES:
             raise ValueError(
                 f"metadata is {size} bytes as compact JSON; at most {METADATA_MAX_BYTES}"
             )
         return value
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether a parsed JSON value holds an infinity (or a NaN) anywhere."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
 
 
 class PeriodOut(BaseModel):
