@@ -22,14 +22,14 @@ local function hide(keys, args)
       local tie, score = string.match(rec, '^([^|]*)|([^|]*)|')
       local signed, sub, member = tonumber(score), sub_of(tie), tie .. user
       if showing then
-        if redis.call('ZADD', view, fmt(signed), member) == 1 then
-          changed = changed + 1
-          local ttl = redis.call('PTTL', ties)
-          if ttl > 0 and redis.call('PTTL', view) == -1 then redis.call('PEXPIRE', view, ttl) end
-          for _, set in ipairs({distinct, building}) do
-            if redis.call('EXISTS', set) == 1 then
-              redis.call('ZADD', set, fmt(signed), distinct_member(signed, sub))
-            end
+        -- The pair and the expiry too where the member is back already: a write of the user
+        -- made since it was shown puts its member back (write.lua), not its pair.
+        if redis.call('ZADD', view, fmt(signed), member) == 1 then changed = changed + 1 end
+        local ttl = redis.call('PTTL', ties)
+        if ttl > 0 and redis.call('PTTL', view) == -1 then redis.call('PEXPIRE', view, ttl) end
+        for _, set in ipairs({distinct, building}) do
+          if redis.call('EXISTS', set) == 1 then
+            redis.call('ZADD', set, fmt(signed), distinct_member(signed, sub))
           end
         end
       elseif redis.call('ZREM', view, member) == 1 then

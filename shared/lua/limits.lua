@@ -23,8 +23,9 @@ end
 --[[
 A rate-limited score write, in one call (docs/api.md sections 4 and 9a): the user's and the
 credential's token buckets are checked, then submit() runs, and only a write it accepted takes
-one token from each. A refusal by either bucket returns before anything is read or written; so
-does every other refusal of submit(), which leaves the buckets as they were. Both buckets are
+one token from each. A refusal by either bucket writes nothing (an event answered already is
+answered again first); so does every other refusal of submit(), which leaves the buckets as
+they were. Both buckets are
 the board's own ({P:B}:rate:...), so that the whole call stays in the board's hash slot.
 
 KEYS: the user's bucket, the credential's bucket, then submit()'s keys, lean (write) or
@@ -47,7 +48,9 @@ local function limited(keys, args, layout)
   local user = tokens_in(states[1], user_rate, user_burst, now)
   local credential = tokens_in(states[2], key_rate, key_burst, now)
   local refused = short('user', user, user_rate) or short('credential', credential, key_rate)
-  if refused then return refused end
+  -- A retry of an event answered already is answered again (its duplicate, or 409 for another
+  -- body) with no token to spare: a client retrying a timed-out burst learns what was stored.
+  if refused then return answered({unpack(keys, 3)}, {unpack(args, 6)}) or refused end
   local result = submit({unpack(keys, 3)}, {unpack(args, 6)}, layout)
   if result[1] == 'ok' then
     keep_tokens(keys[1], user - 1, args[5], user_rate, user_burst)

@@ -114,20 +114,25 @@ local function answer_in(stored)
   return string.sub(stored, 2, 17), string.sub(stored, 18)
 end
 
--- The answer already stored for the event, or the outbox bound; nil: the write goes on.
+-- The answer already stored for the event (its duplicate, or a conflict); nil for none.
 -- An event id belongs to its board and user: the event's record is named by both (keys[1]).
 -- A record of the layout before (keys[2]: ids per board, written before the upgrade) names no
 -- user, so while one lasts it answers as it did: the same body (whose hash covers the user) a
 -- duplicate, any other 409; a retry of an event accepted before the upgrade never counts twice.
-local function refusal(keys, args)
+local function answered(keys, args)
   -- Both in one command: the write's cost in commands stays as it was.
   local stored = redis.call('MGET', keys[1], keys[2])
   local hash, answer = answer_in(stored[1])
   if hash == nil then hash, answer = answer_in(stored[2]) end
-  if hash ~= nil then
-    if hash == args[1] then return {'duplicate', answer} end
-    return {'conflict', ''}
-  end
+  if hash == nil then return nil end
+  if hash == args[1] then return {'duplicate', answer} end
+  return {'conflict', ''}
+end
+
+-- The answer already stored, or the outbox bound; nil: the write goes on.
+local function refusal(keys, args)
+  local found = answered(keys, args)
+  if found then return found end
   if redis.call('XLEN', keys[3]) >= tonumber(args[10]) then
     return {'outbox_full', ''}
   end
@@ -266,10 +271,15 @@ end
 -- pushes nobody out of a bracket (e.brackets is empty).
 local function write_period(e, p)
   local prev = false
-  if p.old and e.hidden then
-    redis.call('ZADD', p.view, fmt(p.old.signed), p.old.member)
+  if p.old then
+    prev = redis.call('ZREVRANK', p.view, p.old.member)
+    -- A hidden user's member is kept out of the view, and a user just shown may not have its
+    -- member back yet (shared/hidden.py puts them back view by view): its record says where.
+    if not prev then
+      redis.call('ZADD', p.view, fmt(p.old.signed), p.old.member)
+      prev = redis.call('ZREVRANK', p.view, p.old.member)
+    end
   end
-  if p.old then prev = redis.call('ZREVRANK', p.view, p.old.member) end
   local rank
   if p.changed then
     put_in_period(e, p)

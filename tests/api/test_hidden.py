@@ -385,3 +385,30 @@ async def test_a_hidden_user_leaves_a_season_s_views_too(
             )
             assert [(e["user_id"], e["rank"]) for e in page["entries"]] == [("u-b", 1)], period
             assert page["total"] == 1
+
+
+async def test_a_write_made_while_a_show_puts_members_back_is_answered(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The show takes the user out of the hidden set, then puts its members back view by view:
+    a write between the two found a record with no member (a script error, answered 500). It
+    puts the member back itself, and the show's pass still restores the distinct scores."""
+    board = {"operator": "best", "periods": ["alltime"]}
+    async with api_client(quiet) as client:
+        assert (await client.put("/v1/boards/bb", json=board, headers=ADMIN)).status_code == 201
+        for user, value in (("u-a", 50), ("u-b", 30)):
+            body = {"user_id": user, "region": "eu", "value": value}
+            assert (await client.post("/v1/boards/bb/scores", json=body, headers=SERVER)).is_success
+        hide = await client.put("/v1/boards/bb/users/u-a/hidden", headers=ADMIN)
+        assert hide.status_code == 204
+        await redis.srem(keys.hidden("bb"), "u-a")  # the show's first step, alone
+        body = {"user_id": "u-a", "region": "eu", "value": 40}  # under its best: unchanged
+        answer = await client.post("/v1/boards/bb/scores", json=body, headers=SERVER)
+        assert answer.status_code == 200, answer.text
+        alltime = answer.json()["periods"]["alltime"]
+        assert (alltime["score"], alltime["rank"], alltime["previous_rank"]) == (50, 1, 1)
+        await hidden.move(redis, keys, "bb", "u-a", show=True)  # the show's second step
+        page = await get_ok(
+            client, "/v1/boards/bb/leaderboard", scope="region:eu", rank_style="dense"
+        )
+        assert [(e["user_id"], e["rank"]) for e in page["entries"]] == [("u-a", 1), ("u-b", 2)]

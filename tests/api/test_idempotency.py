@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, SCORES, assert_problem, get_ok, post, rfc, score
-from tests.helpers import SERVER, api_client
+from tests.helpers import ADMIN, SERVER, api_client
 
 # PyJWT warns on every sign and verify with a key under 32 bytes; the contract's development
 # secret, which these tests use as the API does, is 14.
@@ -97,3 +97,31 @@ async def test_a_retry_after_the_lateness_window_is_still_a_duplicate(
     assert_problem(fresh, 422)
     assert retry["duplicate"] is True
     assert retry["periods"] == first["periods"]
+
+
+@pytest.mark.usefixtures("mysql_database")
+async def test_a_retry_after_the_board_narrowed_is_still_its_duplicate(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    # The event was accepted; then an admin narrowed the board's values and regions. A retry of
+    # it is answered as stored, not judged again against the new definition (422).
+    definition = {"operator": "best", "periods": ["alltime"], "max_value": 1000}
+    async with api_client(quiet) as client:
+        put = await client.put("/v1/boards/narrow", json=definition, headers=ADMIN)
+        assert put.status_code == 201, put.text
+        body = score(user_id="u-1", region="eu", value=500, event_id="e-1")
+        first = await client.post("/v1/boards/narrow/scores", json=body, headers=SERVER)
+        assert first.status_code == 200, first.text
+        narrowed = definition | {"max_value": 100, "regions": ["na"]}
+        put = await client.put("/v1/boards/narrow", json=narrowed, headers=ADMIN)
+        assert put.status_code == 200, put.text
+        again = await client.post("/v1/boards/narrow/scores", json=body, headers=SERVER)
+        assert again.status_code == 200, again.text
+        assert again.json()["duplicate"] is True
+        assert again.json()["periods"] == first.json()["periods"]
+        # A new event is judged by the new definition.
+        fresh = score(user_id="u-1", region="eu", value=50, event_id="e-2")
+        assert_problem(
+            await client.post("/v1/boards/narrow/scores", json=fresh, headers=SERVER), 422
+        )
+    assert await redis.xlen(keys.outbox("narrow")) == 1

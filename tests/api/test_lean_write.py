@@ -11,9 +11,19 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
+from services.api.errors import Unavailable
+from services.api.write.durable import Durability
 from services.api.write.limits import Quota
 from services.api.write.models import ScoreIn
-from services.api.write.submit import REBUILDING, prepare, submit, submit_many
+from services.api.write.submit import (
+    FAILED,
+    REBUILDING,
+    _pipelined,
+    answer,
+    prepare,
+    submit,
+    submit_many,
+)
 from shared.boards import MAIN_BOARD, Board
 from shared.functions import JOURNALED_SUBMIT_FUNCTION
 from shared.keys import Keys
@@ -132,3 +142,20 @@ async def test_the_api_journals_single_and_batch_posts_during_a_rebuild(
         "p-3",
         "p-4",
     ]
+
+
+async def test_a_write_that_fails_in_redis_fails_alone_in_its_round_trip(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    # Writes of a batch share a pipeline: a script error of one (it was raised for the whole
+    # batch, the others written but unanswered) is that write's own 503.
+    now = datetime.now(UTC)
+    call = await prepare(
+        redis, keys, settings, BOARD, ScoreIn(user_id="u", region="eu", value=3), "e-1", now
+    )
+    broken = ["ladder_no_such_function", 0]
+    out = await _pipelined(redis, [call.command(None, 0), broken], Durability(0, 1))
+    assert out[0][0] == "ok" and out[1][0] == FAILED
+    assert answer(*out[0], call)["periods"]["alltime"]["score"] == 3
+    with pytest.raises(Unavailable):
+        answer(*out[1], call)

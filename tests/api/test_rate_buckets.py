@@ -79,3 +79,20 @@ async def test_a_bucket_left_as_a_hash_counts_as_full_and_is_replaced(
     tokens, _, at = value.partition("|")
     assert float(tokens) == 1.0 and int(at) > 0
     assert 0 < await redis.pttl(bucket) <= 3000
+
+
+async def test_a_retry_of_an_answered_event_is_answered_with_no_token_left(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    # The user's burst spent on two events whose answers the client never saw (a timeout): the
+    # retries get the stored answers, not 429, and another body under an id is still a 409.
+    limits = quota(keys, user_rate=1.0)
+    first = [await submit(redis, keys, settings, BOARD, score(5), f"e-{n}", limits) for n in (0, 1)]
+    for n in (0, 1):
+        again = await submit(redis, keys, settings, BOARD, score(5), f"e-{n}", limits)
+        assert again["duplicate"] and again["periods"] == first[n]["periods"]
+    with pytest.raises(Conflict):
+        await submit(redis, keys, settings, BOARD, score(6), "e-0", limits)
+    with pytest.raises(RateLimited):
+        await submit(redis, keys, settings, BOARD, score(5), "e-2", limits)
+    assert await redis.xlen(keys.outbox(BOARD.board_id)) == 2

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import structlog
 from redis.asyncio import Redis
 
 from services.api.errors import Conflict, Invalid, Unavailable
@@ -161,8 +162,12 @@ def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
     }
 
 
+log = structlog.get_logger(__name__)
+
 # What the lean write answers while its board is being rebuilt, having written nothing.
 REBUILDING = "rebuilding"
+# The status of a write whose call failed in Redis (a script error), answered 503 on its own.
+FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +219,12 @@ async def prepare(
     digest = body_hash(score)
     try:
         check_time(occurred_at, now, settings)
+        check_value(score, board)
     except Invalid:
-        # A retry of an event accepted earlier is still a duplicate, however late it comes:
-        # its record, or the record of the layout before under its id alone (write.lua's
-        # refusal() reads them in that order).
+        # A retry of an event accepted earlier is still a duplicate, however late it comes or
+        # however the board's definition changed since (its regions, its value range): its
+        # record, or the record of the layout before under its id alone (write.lua's refusal()
+        # reads them in that order).
         bid = board.board_id
         stored: list[Any] = await redis.mget(
             keys.idempotency(bid, event_id, score.user_id), keys.legacy_idempotency(bid, event_id)
@@ -234,7 +241,6 @@ async def prepare(
             answer_kept, event_id, board.board_id, score.user_id, score.region
         )
         return Call(event_id, score.user_id, [], [], known)
-    check_value(score, board)
     event = SubmitEvent(
         event_id,
         score.user_id,
@@ -298,6 +304,8 @@ def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
         raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
     if status == "limited":
         raise refusal(payload, call.user_id)
+    if status == FAILED:
+        raise Unavailable("The write failed in Redis; retry shortly.", 1)
     raise RuntimeError(f"unexpected answer from {SUBMIT_FUNCTION}: {status!r}")
 
 
@@ -378,8 +386,12 @@ async def _pipelined(
     out = []
     for reply in replies[: len(commands)]:
         if isinstance(reply, Exception):
-            raise reply
-        out.append((str(reply[0]), str(reply[1])))
+            # This write's own failure (a script error): the others of the round trip stand,
+            # and each is answered on its own.
+            log.error("score write failed in Redis", error=str(reply))
+            out.append((FAILED, str(reply)))
+        else:
+            out.append((str(reply[0]), str(reply[1])))
     if short is not None and any(status in ("ok", "duplicate") for status, _ in out):
         raise short
     return out
