@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -9,13 +10,18 @@ from importlib import resources
 from typing import Any, cast
 
 import hiredis
+import structlog
 from redis.asyncio import Connection, Redis
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
 from shared.functions import LIBRARY, REGISTERED
 from shared.redis_cluster import LadderCluster, seed_nodes
+
+log = structlog.get_logger(__name__)
 
 # The library's files in load order: common.lua first (what the others use), then each concern;
 # a file may use the local functions of those before it.
@@ -100,7 +106,7 @@ def library_source() -> str:
 
 @contextlib.asynccontextmanager
 async def open_redis(
-    url: str, *, load_functions: bool = False, cluster: bool = False
+    url: str, *, load_functions: bool = False, cluster: bool = False, wait: bool = False
 ) -> AsyncIterator[Redis]:
     """A client of ``url`` that decodes replies to ``str``, closed on exit.
 
@@ -108,7 +114,9 @@ async def open_redis(
     library atomically, so every process may do it at start-up. With ``cluster`` the client is
     a Redis Cluster's (shared/redis_cluster.py), ``url`` naming one of its nodes or several,
     comma-separated (any one that answers will do); it offers the
-    commands of ``Redis`` that Ladder uses, and is typed as one.
+    commands of ``Redis`` that Ladder uses, and is typed as one. With ``wait`` (a service
+    starting) a Redis that does not answer yet is tried again, backing off up to 5 s, rather
+    than failed at once: a service that exits is soon given up on by its process manager.
     """
     options: dict[str, Any] = {}
     if url.startswith("redis://"):
@@ -134,7 +142,17 @@ async def open_redis(
     else:
         client = Redis.from_url(url, decode_responses=True, health_check_interval=15, **options)
     try:
-        await client.ping()
+        backoff = 0.5
+        while True:
+            try:
+                await client.ping()
+                break
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                if not wait:
+                    raise
+                log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
         if load_functions:
             await client.function_load(library_source(), replace=True)
         yield client

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_SERVER_KEY = "dev-server-key"
@@ -35,6 +35,9 @@ CLOSE_GRACE = 1.0
 just before the lateness ran out has reached Redis (the write is one Redis call after the
 check)."""
 
+# The URL schemes each connection setting takes (redis-py's and SQLAlchemy's async MySQL driver).
+_SCHEMES = {"redis_url": ("redis", "rediss", "unix"), "mysql_url": ("mysql+asyncmy",)}
+
 
 def _split_csv(value: object) -> object:
     if isinstance(value, str):
@@ -53,7 +56,7 @@ class LadderSettings(BaseSettings):
     )
 
     env: Literal["dev", "prod"] = "dev"
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     # With LADDER_REDIS_CLUSTER, LADDER_REDIS_URL names one node of a Redis Cluster, or several,
@@ -69,19 +72,19 @@ class LadderSettings(BaseSettings):
     broker_prefix: str = Field(default="ladder", pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_port: int = Field(default=8000, ge=1, le=65535)
     api_workers: int = Field(
         default=2, ge=1, le=32, description="API processes sharing the port (BENCHMARKS.md)"
     )
-    aggregator_port: int = 9101
-    history_port: int = 9102
-    notifier_port: int = 9103
+    aggregator_port: int = Field(default=9101, ge=1, le=65535)
+    history_port: int = Field(default=9102, ge=1, le=65535)
+    notifier_port: int = Field(default=9103, ge=1, le=65535)
     ops_host: str = "127.0.0.1"
 
     server_keys: CsvList = Field(default_factory=list)
     admin_keys: CsvList = Field(default_factory=list)
     jwt_secret: str = ""
-    jwt_leeway_seconds: float = 5.0
+    jwt_leeway_seconds: float = Field(default=5.0, ge=0)
     public_reads: bool = True
 
     user_rate: float = Field(default=20.0, gt=0, description="score submissions a second")
@@ -89,7 +92,7 @@ class LadderSettings(BaseSettings):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
     allowed_lateness: float = Field(default=600.0, ge=0, description="seconds")
-    future_tolerance_seconds: float = 5.0
+    future_tolerance_seconds: float = Field(default=5.0, ge=0)
     merge_interval: float = Field(default=2.0, gt=0)
     snapshot_interval: float = Field(default=60.0, gt=0)
     snapshot_size: int = Field(default=100, ge=1, le=1000)
@@ -169,6 +172,20 @@ class LadderSettings(BaseSettings):
             if port == 0:
                 raise ValueError(f"{where} has a port out of 1-65535")
         return ",".join(entries)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_capitals(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("redis_url", "mysql_url")
+    @classmethod
+    def _url_schemes(cls, value: str, info: ValidationInfo) -> str:
+        schemes = _SCHEMES[info.field_name or ""]
+        for entry in value.split(","):
+            if urlsplit(entry.strip()).scheme not in schemes:
+                raise ValueError(f"must be a URL of scheme {' or '.join(schemes)}")
+        return value
 
     @property
     def close_delay(self) -> float:

@@ -95,7 +95,7 @@ async def run(settings: LadderSettings) -> None:
     """Consume and tick until a signal asks to stop (or either fails, which raises)."""
     keys = Keys(settings.key_prefix)
     async with open_redis(
-        settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+        settings.redis_url, cluster=settings.redis_cluster, load_functions=True, wait=True
     ) as redis:
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()

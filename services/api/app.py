@@ -88,7 +88,10 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
         keys = Keys(settings.key_prefix)
         async with (
             open_redis(
-                settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+                settings.redis_url,
+                cluster=settings.redis_cluster,
+                load_functions=True,
+                wait=True,
             ) as redis,
             open_engine(settings.mysql_url) as engine,
         ):

@@ -44,7 +44,9 @@ async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     async with open_engine(settings.mysql_url, changed_rows=True) as engine:
         await wait_for_schema(engine)
-        async with open_redis(settings.redis_url, cluster=settings.redis_cluster) as redis:
+        async with open_redis(
+            settings.redis_url, cluster=settings.redis_cluster, wait=True
+        ) as redis:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)
             snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)

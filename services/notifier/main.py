@@ -20,7 +20,7 @@ async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     keys = Keys(settings.key_prefix)
     async with open_redis(
-        settings.redis_url, cluster=settings.redis_cluster, load_functions=True
+        settings.redis_url, cluster=settings.redis_cluster, load_functions=True, wait=True
     ) as redis:
         tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
         handler = skipping("notifier", tombstones, Notify(redis, keys, BoardCatalog(redis, keys)))

@@ -4,6 +4,10 @@ stream whose group went away reads as ``None`` and gets its group back at the ne
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
 from redis.asyncio import Redis
 
 from services.api.relay.outbox import Relay
@@ -58,3 +62,17 @@ async def test_claims_what_another_consumer_left_pending(
 
     assert await live._claim(stream, 10)
     assert [fields for _, fields in await live._read(stream, "0", 10) or []] == [{"e": "1"}]
+
+
+async def test_a_relay_whose_connection_is_reconnecting_is_not_ready(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    # The API's /readyz names the broker down while its robust connection reconnects (open,
+    # not connected), as the consumers' do, not only once it is closed.
+    relay = Relay(redis, keys, BoardCatalog(redis, keys), settings)
+    connected = asyncio.Event()
+    relay._connection = cast(Any, SimpleNamespace(is_closed=False, connected=connected))
+    relay._exchange = cast(Any, object())
+    assert not relay.ready
+    connected.set()
+    assert relay.ready

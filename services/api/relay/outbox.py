@@ -139,9 +139,11 @@ class Relay(StreamRelay):
 
     @property
     def ready(self) -> bool:
+        """Connected now: a robust connection that is reconnecting is not ready."""
         return (
             self._connection is not None
             and not self._connection.is_closed
+            and self._connection.connected.is_set()
             and self._exchange is not None
         )
 
