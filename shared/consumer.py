@@ -193,7 +193,9 @@ class ConsumerRunner:
                     error=str(exc.errors(include_url=False)[:3]),
                 )
                 MESSAGES.labels(self.name, "poison").inc()
-                await message.reject(requeue=False)
+                # A channel lost meanwhile gives it back to the queue, to be refused again.
+                with contextlib.suppress(Exception):
+                    await message.reject(requeue=False)
         if not decoded:
             return
         kept = decoded

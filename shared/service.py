@@ -141,7 +141,8 @@ async def every_board(
 
     async def each(boards: list[Board]) -> None:
         for board in boards:
-            await work(board)
+            with board_step(board, "board pass"):
+                await work(board)
 
     await every_pass(catalog, interval, stop, each)
 

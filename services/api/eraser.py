@@ -219,6 +219,10 @@ class Eraser:
 
     async def _erase_from_board(self, board: Board, user_id: str, seen: Found) -> int:
         keys, bid = self._keys, board.board_id
+        # A rebuild under way puts its staged views, replayed from MySQL before this erasure
+        # reached it, in place of the live ones when it finishes: the pass waits for it.
+        if await self._redis.exists(keys.rebuilding(bid)):
+            raise RuntimeError(f"board {bid!r} is being rebuilt; the erasure waits for it")
         kept = set(self._windows(board))
         windows = sorted(kept | seen.windows)
         async with self._redis.pipeline(transaction=False) as pipe:

@@ -1,5 +1,6 @@
-"""A pass over the boards: one board's failure holds back none sorted after it, in the merge and
-in the live views (shared/service.py ``board_step``); Redis out of reach fails the whole pass."""
+"""A pass over the boards: one board's failure holds back none sorted after it, in the merge,
+the live views and the snapshots (shared/service.py ``board_step``); Redis out of reach fails the
+whole pass."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from services.aggregator.main import merges
 from services.aggregator.merge import Merger
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
-from shared.service import board_step
+from shared.service import board_step, every_board
 
 BOARDS = [Board(board_id="a-broken"), Board(board_id="b-fine")]
 
@@ -65,3 +66,17 @@ async def test_a_board_whose_live_views_fail_holds_back_no_other(redis: Redis, k
 def test_redis_out_of_reach_fails_the_whole_pass() -> None:
     with pytest.raises(RedisConnectionError), board_step(BOARDS[0], "merge"):
         raise RedisConnectionError("Connection refused")
+
+
+async def test_a_board_whose_snapshot_fails_holds_back_no_other() -> None:
+    # every_board, which the snapshotter's pass runs on.
+    stop, tried = asyncio.Event(), []
+
+    async def take(board: Board) -> None:
+        tried.append(board.board_id)
+        if board.board_id == "a-broken":
+            raise IndexError("a record of the layout before")
+        stop.set()
+
+    await asyncio.wait_for(every_board(cast(BoardCatalog, Catalog()), 0.05, stop, take), 10)
+    assert tried[:2] == ["a-broken", "b-fine"]

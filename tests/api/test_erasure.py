@@ -4,6 +4,8 @@ cache and the history database (the consumers' part is tests/e2e/test_erasure.py
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from redis.asyncio import Redis
@@ -295,3 +297,28 @@ async def test_an_erasure_reaches_teams_the_user_left_and_periods_no_longer_kept
     assert await redis.hkeys(Keys.ties(old)) == ["u-2"]
     for key in teams:
         assert await redis.zrange(key, 0, -1) == ["u-2"], key
+
+
+async def test_an_erasure_waits_for_a_rebuild_under_way(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A rebuild's staged views, replayed from MySQL before the erasure, would take the live
+    ones' place when it finishes: the erasure stays pending while the board's rebuild flag is
+    up, then is done; a hide meanwhile answers 503, and is done by its retry."""
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-1", value=7))
+        await post(client, score(user_id="u-2", value=5))
+        await redis.set(keys.rebuilding("main"), "1")
+        hide = await client.put("/v1/boards/main/users/u-2/hidden", headers=ADMIN)
+        assert_problem(hide, 503)
+        assert hide.headers["retry-after"] == "5"
+        assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
+        await asyncio.sleep(2)
+        assert not await done(client, "/v1/erasures/u-1")
+        await redis.delete(keys.rebuilding("main"))
+        await eventually(lambda: done(client, "/v1/erasures/u-1"), within=60)
+        assert (
+            await client.put("/v1/boards/main/users/u-2/hidden", headers=ADMIN)
+        ).status_code == 204
+        page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
+        assert page.json()["entries"] == []

@@ -4,8 +4,8 @@
 answer 204, whether or not the user has scores there, and again and again (idempotent). MySQL's
 ``hidden_users`` is written first (the truth a ``make rebuild`` keeps), then the board's Redis set,
 then the user's members are moved out of (or back into) every view that exists
-(:mod:`shared.hidden`). Should the Redis steps fail, the call answers 503 and a retry completes
-them: every step is idempotent.
+(:mod:`shared.hidden`). Should the Redis steps fail, or a rebuild of the board be under way, the
+call answers 503 and a retry completes them: every step is idempotent.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Response
 
 from services.api.auth import Principal
-from services.api.errors import problems
+from services.api.errors import Unavailable, problems
 from services.api.state import ApiState, BoardDep, Caller, State
 from services.api.strict_json import StrictJsonRoute
 from shared import hidden
@@ -40,19 +40,13 @@ OUTCOMES = problems(401, 403, 404, 422, 503)
 
 async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
     await hidden.store(state.engine, board_id, user_id, hidden=hide)
+    # A rebuild under way puts its staged views, replayed from MySQL, in place of the live ones
+    # when it finishes, and a move made now would not reach them: retried once it is done (a
+    # rebuild begun after this check reads the row stored above).
+    if await state.redis.exists(state.keys.rebuilding(board_id)):
+        raise Unavailable("A rebuild of the board is under way; retry once it is done.", 5)
     key = state.keys.hidden(board_id)
-    async with state.redis.pipeline(transaction=False) as pipe:
-        if hide:
-            pipe.sadd(key, user_id)
-        else:
-            pipe.srem(key, user_id)
-        # A rebuild under way puts its staging copy, filled from MySQL before this, in place of
-        # the set when it finishes: the change goes there too.
-        pipe.exists(state.keys.rebuilding(board_id))
-        flagged = (await pipe.execute())[1]
-    if flagged:
-        staged = state.keys.staged(board_id, key)
-        await (state.redis.sadd(staged, user_id) if hide else state.redis.srem(staged, user_id))
+    await (state.redis.sadd(key, user_id) if hide else state.redis.srem(key, user_id))
     await hidden.move(state.redis, state.keys, board_id, user_id, show=not hide)
 
 
