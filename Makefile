@@ -23,7 +23,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(VENV)/bin/pip || bash scripts/venv.sh $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
@@ -101,13 +101,18 @@ sim-set: venv ## change a running simulation: make sim-set NAME=robot_share VALU
 
 # clean: services that run are stopped first (so that nothing is recreated halfway), then started
 # again on a fresh schema and topology; with nothing running, nothing of the prefixes is left.
-clean: ## remove all Ladder made: its keys, queues, exchanges and history database
+clean: venv ## remove all Ladder made: its keys, queues, exchanges and history database
 	@running=""; \
 	if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
 		running=$$($(SUPERVISORCTL) status $(SERVICES) sim 2>/dev/null | awk '$$2 == "RUNNING" {print $$1}' | xargs); \
 		if [ -n "$$running" ]; then $(SUPERVISORCTL) stop $$running >/dev/null; fi; \
 	fi; \
-	$(PY) scripts/clean.py || exit $$?; \
+	$(PY) scripts/clean.py; rc=$$?; \
+	if [ $$rc -ne 0 ]; then \
+		echo "clean failed (status $$rc); the services it stopped are started again"; \
+		if [ -n "$$running" ]; then $(SUPERVISORCTL) start $$running >/dev/null; fi; \
+		exit $$rc; \
+	fi; \
 	if [ -n "$$running" ]; then \
 		$(PY) -m services.history.migrate && \
 		$(SUPERVISORCTL) start $$running >/dev/null && \
@@ -196,8 +201,14 @@ bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md
 	@{ command -v wrk && command -v valgrind; } >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq wrk valgrind; } \
 		|| { sudo apt-get update -qq && sudo apt-get install -y -qq wrk valgrind; }
-	@$(PY) -m bench --check || LADDER_KEY_RATE=$${LADDER_KEY_RATE:-1000000} $(MAKE) --no-print-directory up
-	$(PY) -m bench
+	@if $(PY) -m bench --check; then $(PY) -m bench; else \
+		LADDER_KEY_RATE=$${LADDER_KEY_RATE:-1000000} $(MAKE) --no-print-directory up || exit 1; \
+		$(PY) -m bench; rc=$$?; \
+		echo "stopping the Ladder services the bench started (its raised LADDER_KEY_RATE goes with them)"; \
+		$(SUPERVISORCTL) shutdown >/dev/null; \
+		for _ in $$(seq 1 300); do test -e $(LADDER_RUN_DIR)/supervisord.pid || break; sleep 0.1; done; \
+		exit $$rc; \
+	fi
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check services shared sim bench tests scripts
