@@ -44,7 +44,17 @@ up: venv infra migrate ## run Ladder: the four services under supervisord; retur
 		$(SUPERVISORD); \
 	fi
 	@$(PY) scripts/wait_ready.py
-	@echo "Ladder is up: http://$${LADDER_API_HOST:-127.0.0.1}:$${LADDER_API_PORT:-8000}/docs"
+	@# What answered must be these services: a port held by another process (a cluster-up's API,
+	@# one left by a killed supervisord) answers while ours fails to bind.
+	@for _ in $$(seq 1 40); do \
+		$(SUPERVISORCTL) status $(SERVICES) | grep -qE 'STARTING|BACKOFF' || break; sleep 0.25; \
+	done; \
+	if ! $(SUPERVISORCTL) status $(SERVICES) >/dev/null; then \
+		$(SUPERVISORCTL) status $(SERVICES); \
+		echo "not every service of make up runs: see make logs SERVICE=<name> (a port taken?)" >&2; \
+		exit 1; \
+	fi
+	@echo "Ladder is up: $$($(PY) scripts/wait_ready.py --api-url)/docs"
 
 down: ## stop what `make up` started
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
@@ -90,7 +100,7 @@ demo: up ## Ladder with the game simulation feeding it; prints the dashboard's a
 	@$(SUPERVISORCTL) start sim >/dev/null
 	@echo "The game simulation feeds board arena (make logs SERVICE=sim; make stop SERVICE=sim)."
 	@echo "Change it live: make sim-set NAME=robot_share VALUE=1.0 (make sim-set lists them all)"
-	@echo "Dashboard: http://$${LADDER_API_HOST:-127.0.0.1}:$${LADDER_API_PORT:-8000}/"
+	@echo "Dashboard: $$($(PY) scripts/wait_ready.py --api-url)/"
 
 sim: venv ## the game simulation in the foreground: make sim SIM_ARGS="--speed 10 --seed 7"
 	$(PY) -m sim $(SIM_ARGS)

@@ -2,6 +2,7 @@
 
 Ports come from the same ``LADDER_*`` settings the services read; or the URLs to wait for are
 given as arguments (``make cluster-up``, whose processes each have their own port).
+``--api-url`` prints the API's base URL from those settings instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ def ready(url: str) -> bool:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def api_url() -> str:
+    """The API's base URL from the settings (the environment, then ``.env``), as `make up` and
+    `make demo` print it."""
+    settings = load_settings()
+    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    return f"http://{host}:{settings.api_port}"
 
 
 def service_urls() -> dict[str, str]:
@@ -55,4 +64,7 @@ def main(urls: dict[str, str], deadline_seconds: float = 90.0) -> int:
 
 if __name__ == "__main__":
     given = sys.argv[1:]
+    if given == ["--api-url"]:
+        print(api_url())
+        sys.exit(0)
     sys.exit(main({url.split("/")[2]: url for url in given} if given else service_urls()))

@@ -11,10 +11,9 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from bench.probes import layout_entries
-from services.aggregator.merge import Merger, Touched
+from services.aggregator.merge import Merger, Pass
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
-from shared.periods import Period
 
 BOARD = Board(board_id="asof", periods=("alltime",))
 FIELD = "alltime:all"
@@ -36,21 +35,12 @@ async def test_as_of_is_when_the_batch_was_taken_not_when_it_drained(
     class Slow(Merger):
         """A merge whose calls take a while, and a score marked while they run."""
 
-        async def _merge_period(
-            self,
-            board: Board,
-            period: Period,
-            period_id: str,
-            marks: list[str],
-            touched: Touched,
-            marks_set: str,
-            depth: int,
-        ) -> int:
+        async def _merge_round(
+            self, work: Pass, marks_set: str, marks: list[str], depth: int = 2
+        ) -> None:
             await asyncio.sleep(0.5)
             await mark(redis, keys, ["late"])
-            return await super()._merge_period(
-                board, period, period_id, marks, touched, marks_set, depth
-            )
+            await super()._merge_round(work, marks_set, marks, depth)
 
     await mark(redis, keys, ["u-1", "u-2"])
     before = datetime.now(UTC)
