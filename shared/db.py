@@ -36,6 +36,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    text,
 )
 from sqlalchemy.dialects.mysql import DATETIME, MEDIUMTEXT
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -86,10 +87,15 @@ score_events = _table(
     # rebuild hands the write function the very text of the live write (NULL: none). TEXT, not
     # MariaDB's JSON, for the reason given at ``boards``; at most 1 KiB by the API's check.
     Column("metadata", Text, nullable=True),
+    # 0 for the board as it is; for an event a deleted board kept (a deletion without purge),
+    # the deletion's cut-off in ms (shared/erasure.py finish_board_deletion): a board made later
+    # under the name is another board, whose event ids may be the same. (Migration 0008.)
+    Column("board_epoch", BigInteger, nullable=False, server_default=text("0")),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
     # An event id belongs to its board and user (docs/api.md section 4): another user's event of
-    # the same id is another event. (Migration 0004; before it, (board_id, event_id).)
-    UniqueConstraint("board_id", "user_id", "event_id"),
+    # the same id is another event, and so is an event of a deleted board's successor.
+    # (Migrations 0004 and 0008; before them, (board_id, event_id).)
+    UniqueConstraint("board_id", "board_epoch", "user_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
     Index(None, "board_id", "user_id", "accepted_at", "id"),
 )

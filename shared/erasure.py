@@ -36,7 +36,14 @@ from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.consumer import Handler
-from shared.db import board_deletions, erasures, from_db_time, hidden_users, to_db_time
+from shared.db import (
+    board_deletions,
+    erasures,
+    from_db_time,
+    hidden_users,
+    score_events,
+    to_db_time,
+)
 from shared.events import ScoreAccepted
 from shared.functions import UNCOUNT_FUNCTION
 from shared.keys import Keys
@@ -54,6 +61,8 @@ BOARD_SETTLE_SECONDS = 6.0
 """The same for a board deletion: longer than an API process keeps a definition cached
 (:class:`shared.boards.BoardCatalog`, 5 s), so that no process accepts a write of the deleted
 board after its cut-off."""
+EPOCH_CHUNK = 5000
+"""Rows a statement sets apart as a deleted board's (finish_board_deletion)."""
 
 
 def user_hash(user_id: str, secret: str) -> str:
@@ -325,8 +334,25 @@ async def pending_board_deletions(engine: AsyncEngine) -> list[BoardDeletion]:
 
 
 async def finish_board_deletion(engine: AsyncEngine, deletion: BoardDeletion) -> None:
-    """Mark the deletion done, with the board's hidden users: a board made later under the name
-    is a new one (a rebuild would hide them on it)."""
+    """Mark the deletion done: the events the board keeps (a deletion without purge) set apart
+    by its epoch, so that a board made later under the name may use the same event ids, and its
+    hidden users dropped (a rebuild would hide them on the new board)."""
+    epoch = to_ms(deletion.cutoff)
+    e = score_events.c
+    while True:  # in statements of a bounded size, each its own transaction
+        async with engine.begin() as conn:
+            moved = await conn.execute(
+                update(score_events)
+                .where(
+                    e.board_id == deletion.board_id,
+                    e.board_epoch == 0,
+                    e.accepted_at <= to_db_time(deletion.cutoff),
+                )
+                .values(board_epoch=epoch)
+                .with_dialect_options(mysql_limit=EPOCH_CHUNK)
+            )
+        if moved.rowcount < EPOCH_CHUNK:
+            break
     t = board_deletions.c
     async with engine.begin() as conn:
         await conn.execute(delete(hidden_users).where(hidden_users.c.board_id == deletion.board_id))

@@ -326,8 +326,11 @@ class Eraser:
         counts: dict[str, dict[tuple[str, str], int]] = {}
         async with self._engine.connect() as conn:
             rows = await conn.execute(
+                # A deleted board's kept events (board_epoch set) were counted on no live board.
                 select(t.board_id, t.occurred_at).where(
-                    t.user_id == user_id, t.accepted_at <= to_db_time(cutoff)
+                    t.user_id == user_id,
+                    t.accepted_at <= to_db_time(cutoff),
+                    t.board_epoch == 0,
                 )
             )
             for row in rows:

@@ -5,6 +5,7 @@ cache and the history database (the consumers' part is tests/e2e/test_erasure.py
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -12,7 +13,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 
 from services.history.handlers import HistoryHandler
-from shared.db import erasures, hidden_users, open_engine, user_events
+from shared.db import erasures, hidden_users, open_engine, score_events, user_events
 from shared.db_boards import save_snapshots, snapshot_at
 from shared.erasure import (
     StoredTombstones,
@@ -167,6 +168,7 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         await post(client, score(user_id="u-1", value=7), board=BOARD)
         hide = await client.put(f"/v1/boards/{BOARD}/users/u-2/hidden", headers=ADMIN)
         assert hide.status_code == 204, hide.text
+        await HistoryHandler(engine)([accepted_event("m-1", board_id=BOARD, accepted_at=T0)])
         answer = await client.delete(f"/v1/boards/{BOARD}", headers=ADMIN)
         assert answer.status_code == 202, answer.text
         assert answer.headers["location"] == f"/v1/board-deletions/{BOARD}"
@@ -191,6 +193,21 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
         assert page.json()["entries"] == []
         written = await post(client, score(user_id="u-1", value=3), board=BOARD)
         assert written["periods"]["alltime"]["score"] == 3, "none of the old score"
+        # The old board's history stays (no purge), set apart by the deletion: the new board's
+        # events may use its event ids, and the history consumer stores them (it took them for
+        # redeliveries of the old ones).
+        await HistoryHandler(engine)(
+            [accepted_event("m-1", board_id=BOARD, value=9, accepted_at=datetime.now(UTC))]
+        )
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(score_events.c.value, score_events.c.board_epoch)
+                    .where(score_events.c.board_id == BOARD, score_events.c.event_id == "m-1")
+                    .order_by(score_events.c.board_epoch)
+                )
+            ).all()
+        assert [r.value for r in rows] == [9, 5] and rows[0].board_epoch == 0 < rows[1].board_epoch
 
 
 async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(

@@ -188,7 +188,9 @@ async def test_0004_makes_an_event_id_per_user_in_place_and_back_while_ids_are_n
             await check_schema(engine)
             async with engine.connect() as conn:
                 assert await conn.run_sync(_differences) == []
-                assert await conn.run_sync(_unique_keys) == [["board_id", "user_id", "event_id"]]
+                assert await conn.run_sync(_unique_keys) == [
+                    ["board_id", "board_epoch", "user_id", "event_id"]
+                ]
             later = T0 + timedelta(minutes=1)
             shared = accepted_event("e-1", user_id="u-2", value=9, accepted_at=later)
             await HistoryHandler(engine)([shared, accepted_event("e-1"), shared])
@@ -216,3 +218,42 @@ async def test_0004_makes_an_event_id_per_user_in_place_and_back_while_ids_are_n
             # And up again, as `make migrate` would.
             await migrate(url)
             await check_schema(engine)
+
+
+async def test_0008_sets_a_deleted_board_s_events_apart_and_back_while_ids_are_not_shared(
+    settings: LadderSettings,
+) -> None:
+    """0007 to 0008: the events a deleted board kept take the deletion's cut-off as their epoch,
+    so that the board made after it may store an event of a kept id (the old key took it for a
+    redelivery). The way back refuses while such ids are shared, changing nothing."""
+    async with scratch_database(settings, "epoch") as url:
+        base, _, name = url.rpartition("/")
+        await server_statement(base, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        await alembic_to(url, "upgrade", "0007")
+        async with open_engine(url, changed_rows=True) as engine:
+            await HistoryHandler(engine)([accepted_event("e-1"), accepted_event("e-2")])
+            async with engine.begin() as conn:  # main deleted (no purge) after both
+                await conn.execute(
+                    text(
+                        "INSERT INTO board_deletions VALUES "
+                        "('main', '2026-11-29 18:00:00.000000', 0, '2026-11-29 18:00:07.000000')"
+                    )
+                )
+            await migrate(url)
+            await check_schema(engine)
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_differences) == []
+                epochs = await conn.execute(text("SELECT DISTINCT board_epoch FROM score_events"))
+                assert epochs.scalars().all() == [1_795_975_200_000]  # the cut-off in ms
+            later = T0 + timedelta(days=2)
+            await HistoryHandler(engine)([accepted_event("e-1", value=9, accepted_at=later)])
+            assert await count_events(engine, "main") == 3
+
+            with pytest.raises(RuntimeError, match=r"share event ids .*main/u-1/e-1"):
+                await alembic_to(url, "downgrade", "0007")
+            async with engine.begin() as conn:
+                await conn.execute(text("DELETE FROM score_events WHERE board_epoch = 0"))
+            await alembic_to(url, "downgrade", "0007")
+            async with engine.connect() as conn:
+                assert await conn.run_sync(_unique_keys) == [["board_id", "user_id", "event_id"]]
+                assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
