@@ -311,13 +311,37 @@ up() {
         printf 'Docker engine:        export DOCKER_HOST=%s\n' "$DOCKER_HOST"
 }
 
+# An engine that answers already (the machine's, or the one this script started), with neither
+# installed nor started: 1 if none runs.
+engine_running() {
+    command -v docker >/dev/null || return 1
+    engine_answers && return 0
+    [[ -S $OUR_SOCKET ]] && DOCKER_HOST="unix://$OUR_SOCKET" engine_answers || return 1
+    export DOCKER_HOST="unix://$OUR_SOCKET"
+}
+
+# The engine this script started (on its own socket), once no container is left on it; its
+# images stay in $STATE for the next `up`.
+stop_our_engine() {
+    [[ ${DOCKER_HOST:-} == "unix://$OUR_SOCKET" && -f $STATE/dockerd.pid ]] || return 0
+    [[ -z $(docker ps -aq) ]] || return 0
+    log "stopping the Docker engine it started (images kept in $STATE)"
+    as_root kill "$(as_root cat "$STATE/dockerd.pid")" 2>/dev/null || return 0
+    local deadline=$((SECONDS + 30))
+    while engine_answers && ((SECONDS < deadline)); do sleep 1; done
+}
+
 down() {
-    ensure_engine
+    if ! engine_running; then
+        log "no Docker engine runs: no project $PROJECT to remove"
+        return 0
+    fi
     find_compose
     load_secrets 0
     known_images
     compose down --volumes --remove-orphans >&2
     log "project $PROJECT removed: its containers, networks and volumes"
+    stop_our_engine
 }
 
 main() {

@@ -13,6 +13,14 @@ management_answers() {
         head -c 12 <&3' "$HOST" "$MANAGEMENT_PORT" 2>/dev/null | grep -q '^HTTP/1\.[01] 401'
 }
 
+# Whether the management UI's port is open on every interface (ss(8) says; without ss, taken
+# to be: moving it again is harmless).
+management_on_every_interface() {
+    command -v ss >/dev/null 2>&1 || return 0
+    ss -Hltn "sport = :$MANAGEMENT_PORT" 2>/dev/null | awk '{print $4}' |
+        grep -qE '^(0\.0\.0\.0|\[::\]|\*):'
+}
+
 # A Ladder setting as the services read it: the environment first, then the checkout's .env
 # (NAME=value lines; surrounding quotes dropped). Empty if neither has it.
 ladder_setting() { # NAME
@@ -26,8 +34,27 @@ ladder_setting() { # NAME
 
 # Idempotent: enabling an enabled plugin, and setting the same password, tag and permissions
 # again, change nothing. The password goes through standard input, never an argument.
+# Whether this user can run RabbitMQ's tools as root against the local node: not where the
+# tools are not installed (a broker in a container), nor without root or password-free sudo.
+management_tools() {
+    command -v rabbitmqctl >/dev/null 2>&1 && command -v rabbitmq-plugins >/dev/null 2>&1 &&
+        { [[ $EUID -eq 0 ]] || sudo -n true 2>/dev/null; } &&
+        as_root rabbitmqctl -q status >/dev/null 2>&1
+}
+
 ensure_rabbitmq_management() {
     local password env
+    if ! management_tools; then
+        # The broker works without its UI: Ladder runs, and says what it could not set up.
+        if management_answers; then
+            log "a management UI answers on http://$HOST:$MANAGEMENT_PORT (not set up here:" \
+                "no rabbitmqctl run as root; its user $MONITOR_USER is as it was made)"
+        else
+            log "warning: the management UI is not set up (it needs rabbitmqctl and" \
+                "rabbitmq-plugins run as root, or with password-free sudo); Ladder runs without it"
+        fi
+        return 0
+    fi
     password=$(ladder_setting LADDER_BROKER_MONITOR_PASSWORD)
     env=$(ladder_setting LADDER_ENV)
     # As the services refuse their development secrets in prod, so does the monitor user.
@@ -41,6 +68,18 @@ ensure_rabbitmq_management() {
         log "enabling the RabbitMQ management plugin (UI on $HOST:$MANAGEMENT_PORT)"
         as_root rabbitmq-plugins enable rabbitmq_management >/dev/null ||
             die "rabbitmq-plugins enable rabbitmq_management failed"
+    fi
+    # On loopback only, as the broker's AMQP listener is: the plugin listens on every interface
+    # unless its configuration says otherwise. Its listener is set and started again at once,
+    # for as long as the broker runs (the next `make up` does it again after a restart).
+    wait_until 30 management_answers || true
+    if management_on_every_interface; then
+        log "moving the management UI onto $HOST:$MANAGEMENT_PORT (it listened on every interface)"
+        as_root rabbitmqctl -q eval "application:set_env(rabbitmq_management, tcp_config, \
+[{ip, \"$HOST\"}, {port, $MANAGEMENT_PORT}]), rabbit_mgmt_app:reset_dispatcher([])." \
+            >/dev/null ||
+            log "warning: the management UI could not be moved; it listens on every interface" \
+                "(set management.tcp.ip = $HOST in the broker's rabbitmq.conf)"
     fi
     if as_root rabbitmqctl -q list_users 2>/dev/null | awk '{print $1}' | grep -qx "$MONITOR_USER"; then
         printf '%s\n' "$password" | as_root rabbitmqctl -q change_password "$MONITOR_USER" \
