@@ -10,7 +10,7 @@ start-up restores the hash from MySQL, so definitions outlive a Redis that keeps
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import available_timezones
 
 from cachetools import TTLCache
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -19,6 +19,10 @@ from redis.asyncio import Redis
 from shared.keys import Keys
 from shared.periods import CALENDAR_PERIODS, Period, schedule_error
 from shared.ranking import MAX_SCORE, SubscoreOrder
+
+# The IANA zones (the tzdata package's, and the host's): not the host-only names that ZoneInfo
+# also finds on disk (localtime, posixrules) or Factory, which names no place.
+_ZONES = frozenset(available_timezones()) - {"localtime", "posixrules", "Factory"}
 
 BOARD_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 BoardId = Annotated[str, Field(pattern=BOARD_ID_PATTERN)]
@@ -123,11 +127,10 @@ class BoardSpec(BaseModel):
     @field_validator("timezone")
     @classmethod
     def _timezone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        # OSError: a name too long for a file name, which ZoneInfo looks for on disk.
-        except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-            raise ValueError(f"unknown timezone {value!r}") from exc
+        # An IANA name: not a file ZoneInfo finds on one host only (localtime, posixrules,
+        # Factory), whose periods would differ from host to host.
+        if value not in _ZONES:
+            raise ValueError(f"unknown timezone {value!r} (an IANA name, e.g. Europe/Berlin)")
         return value
 
     @model_validator(mode="after")

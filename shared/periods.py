@@ -104,8 +104,13 @@ def matches_id(period: Period, period_id: str) -> bool:
 def schedule_error(schedule: str) -> str | None:
     """Why ``schedule`` is not a schedule a board may keep (None: it is one): five fields that
     croniter reads, and a firing to come."""
-    if len(schedule.split()) != 5:
+    fields = schedule.split()
+    if len(fields) != 5:
         return "schedule must be a cron expression of 5 fields (minute hour day month weekday)"
+    # croniter's R (random) and H (hashed) pick a time anew at every reading: a season would
+    # have other bounds in every process. No month or weekday name starts with either letter.
+    if any(token.upper().startswith(("R", "H")) for field in fields for token in field.split(",")):
+        return f"schedule {schedule!r} uses R or H: a season's firings must be fixed"
     try:
         if not croniter.is_valid(schedule):
             return f"schedule {schedule!r} is not a cron expression"

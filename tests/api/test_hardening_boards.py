@@ -226,6 +226,28 @@ async def test_ranks_walk_only_declared_regions(
     assert_problem(refused, 422)
 
 
+async def test_ranks_of_a_user_whose_only_region_is_no_longer_declared(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Its scores stay readable (docs/api.md section 3): no regional scope, but its global one,
+    not a 404 as for a user who never scored; and as_of is there, null before any merge."""
+    async with api_client(quiet) as client:
+        await put_board(client, "gone", {"regions": ["eu", "xx"]})
+        response = await client.post(
+            "/v1/boards/gone/scores", json=score(region="xx"), headers=SERVER
+        )
+        assert response.status_code == 200, response.text
+        board = Board(board_id="gone", regions=("eu", "xx"))
+        await derive_outbox(redis, keys, board, quiet.feed_length)
+        await redis.hdel(keys.as_of("gone"), "derived")  # as before the aggregator's first
+        await put_board(client, "gone", {"regions": ["eu"]})
+        ranks = await client.get("/v1/boards/gone/users/u-1/ranks")
+    assert ranks.status_code == 200, ranks.text
+    body = ranks.json()
+    assert body["as_of"] is None
+    assert all(not p["scopes"] or "region:xx" not in p["scopes"] for p in body["periods"].values())
+
+
 async def test_ranks_walk_at_most_max_regions_of_a_board_without_declared_regions(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
@@ -614,3 +636,22 @@ async def test_public_reads_still_answer_anonymous_reads_and_404_for_unknown_boa
     assert_problem(unknown, 404)
     assert_problem(bad_credential, 401)
     assert health.status_code == 200
+
+
+async def test_ranks_take_one_period_id_of_each_of_five_kinds(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    # A board with a schedule keeps five kinds of period: a past id of each may be asked for.
+    async with api_client(quiet) as client:
+        await put_board(client, "five", {"schedule": "0 0 * * 1"})
+        response = await client.post("/v1/boards/five/scores", json=score(), headers=SERVER)
+        assert response.status_code == 200, response.text
+        periods = response.json()["periods"]
+        ids = [periods[p]["period_id"] for p in ("daily", "weekly", "monthly", "alltime", "season")]
+        board = Board(board_id="five", schedule="0 0 * * 1")
+        await derive_outbox(redis, keys, board, quiet.feed_length)  # the user's regions
+        ranks = await client.get("/v1/boards/five/users/u-1/ranks", params={"period_id": ids})
+    assert ranks.status_code == 200, ranks.text
+    assert {p: v["period_id"] for p, v in ranks.json()["periods"].items()} == dict(
+        zip(("daily", "weekly", "monthly", "alltime", "season"), ids, strict=True)
+    )

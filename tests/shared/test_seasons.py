@@ -74,11 +74,21 @@ def test_a_schedule_adds_the_season_period_and_bad_ones_are_refused() -> None:
     assert spec.retention.season == 12
     assert BoardSpec().schedule is None
     assert "season" not in BoardSpec().periods
-    for schedule in ("* * * *", "* * * * * *", "@daily", "61 * * * *", "0 0 31 2 *", "x"):
+    # R and H: croniter picks another time at every reading (seasons would differ by process).
+    bad = ("* * * *", "* * * * * *", "@daily", "61 * * * *", "0 0 31 2 *", "x", "R R * * *")
+    for schedule in (*bad, "0 H * * *", "0,r 12 * * *"):
         with pytest.raises(ValidationError):
             BoardSpec(schedule=schedule)
     with pytest.raises(ValidationError):
         BoardSpec(periods=("daily", "season"))
+    assert BoardSpec(schedule="0 12 * MAR,APR FRI,THU").schedule == "0 12 * MAR,APR FRI,THU"
+
+
+def test_a_timezone_is_an_iana_name_not_a_host_s_file() -> None:
+    assert BoardSpec(timezone="Pacific/Kiritimati").timezone == "Pacific/Kiritimati"
+    for name in ("localtime", "posixrules", "Factory", "Mars/Olympus"):
+        with pytest.raises(ValidationError, match="unknown timezone"):
+            BoardSpec(timezone=name)
 
 
 @pytest.mark.parametrize(

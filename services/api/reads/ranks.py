@@ -122,9 +122,11 @@ async def _memberships(
     field, legacy_read, team_of, as_of, hidden = learned[:5]
     if user_id in hidden and not own:
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
-    regions = _regions(declared, field, legacy_read)
-    if not regions:
+    # 404 for a user with no region at all; one whose regions the board no longer declares
+    # (narrowed since) keeps its global and team standings, and no regional one.
+    if not field and not any(legacy_read):
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
+    regions = _regions(declared, field, legacy_read)
     team: str | None = team_of if board.operator == "incr" else None
     friends = sorted(set(learned[5]) - {user_id} - hidden)[:MAX_FRIENDS] if with_friends else []
     return regions, team, friends, as_of

@@ -40,7 +40,7 @@ from shared.boards import Board
 from shared.db import BadCursor, EventRecord, user_events
 from shared.events import rfc3339
 from shared.keys import DERIVED_FIELD
-from shared.periods import Period
+from shared.periods import PERIODS, Period
 
 router = APIRouter(prefix="/v1/boards", tags=["reads"], route_class=StrictJsonRoute)
 
@@ -243,7 +243,6 @@ router.add_api_route(
 @router.get(
     "/{board_id}/users/{user_id}/ranks",
     response_model=RanksOut,
-    response_model_exclude_none=True,
     responses=problems(401, 404, 422, 503),
     openapi_extra=PUBLIC_READ,
 )
@@ -255,13 +254,14 @@ async def user_ranks(
     period_id: Annotated[
         list[PeriodIdItem] | None,
         Query(
-            max_length=4,
+            max_length=len(PERIODS),
             description="Past periods to read instead of the current ones, at most one of each "
-            "kind (the id names its kind: 2026-11-29, 2026-W48, 2026-11, all)",
+            "kind (the id names its kind: 2026-11-29, 2026-W48, 2026-11, all, and a season's "
+            "2026-12-04T18:00)",
         ),
     ] = None,
     rank_style: RankStyleQuery = "ordinal",
-) -> dict[str, Any]:
+) -> Response:
     """A player's profile screen in one call: for every period of the board, the user's score
     and rank in each region it scored in, in ``global``, its team's in ``teams`` (incr boards)
     and its place among its friends (``friends``: shown to the player itself and to server
@@ -282,7 +282,11 @@ async def user_ranks(
         with_friends=reader.may_act_for(user_id),
         own=reader.kind == "player" and reader.user_id == user_id,
     )
-    return {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
+    # Written as built: a scope carries team_id only in the teams scope, and as_of is there
+    # even when null (the response model is the document's).
+    return json_answer(
+        {"board_id": board.board_id, "user_id": user_id, "rank_style": rank_style, **body}
+    )
 
 
 async def get_user_caller(request: Request, caller: Caller) -> Principal:
