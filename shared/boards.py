@@ -55,7 +55,7 @@ class BoardSpec(BaseModel):
     order: Literal["desc", "asc"] = "desc"
     subscore_order: SubscoreOrder | None = None
     periods: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime")
-    timezone: str = "UTC"
+    timezone: str = Field(default="UTC", description="An IANA time zone name: Europe/Berlin")
     min_value: int = Field(default=-1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
     max_value: int = Field(default=1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
     retention: Retention = Retention()
@@ -73,8 +73,9 @@ class BoardSpec(BaseModel):
     schedule: str | None = Field(
         default=None,
         max_length=200,
-        description="A 5-field cron expression in the board's timezone: it adds the period "
-        "season, from one firing to the next (ids like 2026-12-04T18:00). null: no seasons",
+        description="A 5-field cron expression in the board's timezone (no R or H, which pick "
+        "a time anew at each reading): it adds the period season, from one firing to the next "
+        "(ids like 2026-12-04T18:00). null: no seasons",
     )
 
     @model_validator(mode="before")
