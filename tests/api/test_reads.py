@@ -512,7 +512,7 @@ ERRORS = [
         ),
         id="422-ranks-two-daily-ids",
     ),
-    pytest.param(422, read(RANKS, period_id=["all"] * 5), id="422-ranks-too-many-ids"),
+    pytest.param(422, read(RANKS, period_id=["all"] * 6), id="422-ranks-too-many-ids"),
     # Periods that end past the last instant of year 9999: out of range, not a server error.
     pytest.param(
         422,
