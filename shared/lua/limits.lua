@@ -25,8 +25,8 @@ A rate-limited score write, in one call (docs/api.md sections 4 and 9a): the use
 credential's token buckets are checked, then submit() runs, and only a write it accepted takes
 one token from each. A refusal by either bucket writes nothing (an event answered already is
 answered again first); so does every other refusal of submit(), which leaves the buckets as
-they were. Both buckets are
-the board's own ({P:B}:rate:...), so that the whole call stays in the board's hash slot.
+they were. Both buckets are the board's own ({P:B}:rate:...), so that the whole call stays in
+the board's hash slot.
 
 KEYS: the user's bucket, the credential's bucket, then submit()'s keys, lean (write) or
       journaled (write_journaled): write.lua.
