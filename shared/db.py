@@ -17,7 +17,7 @@ import base64
 import binascii
 import contextlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import orjson
@@ -258,6 +258,12 @@ def to_db_time(moment: datetime) -> datetime:
 
 def from_db_time(stored: datetime) -> datetime:
     return stored.replace(tzinfo=UTC)
+
+
+def board_epoch_of(cutoff: datetime) -> int:
+    """The ``board_epoch`` of the events a board deleted at ``cutoff`` keeps: the cut-off in
+    whole ms since 1970, as migration 0008 counts it, in integers (the same in every process)."""
+    return (to_db_time(cutoff) - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
 
 
 def _encode_cursor(accepted_at: datetime, row_id: int) -> str:

@@ -38,6 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from shared.consumer import Handler
 from shared.db import (
     board_deletions,
+    board_epoch_of,
     erasures,
     from_db_time,
     hidden_users,
@@ -337,22 +338,28 @@ async def finish_board_deletion(engine: AsyncEngine, deletion: BoardDeletion) ->
     """Mark the deletion done: the events the board keeps (a deletion without purge) set apart
     by its epoch, so that a board made later under the name may use the same event ids, and its
     hidden users dropped (a rebuild would hide them on the new board)."""
-    epoch = to_ms(deletion.cutoff)
+    epoch = board_epoch_of(deletion.cutoff)
     e = score_events.c
+    old = (
+        e.board_id == deletion.board_id,
+        e.board_epoch == 0,
+        e.accepted_at <= to_db_time(deletion.cutoff),
+    )
     while True:  # in statements of a bounded size, each its own transaction
         async with engine.begin() as conn:
             moved = await conn.execute(
                 update(score_events)
-                .where(
-                    e.board_id == deletion.board_id,
-                    e.board_epoch == 0,
-                    e.accepted_at <= to_db_time(deletion.cutoff),
-                )
+                .where(*old)
                 .values(board_epoch=epoch)
+                .prefix_with("IGNORE")
                 .with_dialect_options(mysql_limit=EPOCH_CHUNK)
             )
         if moved.rowcount < EPOCH_CHUNK:
             break
+    # What IGNORE left: events the history consumer stored again under the epoch already (a
+    # redelivery after the deletion was recorded), each a copy of a row that now has it.
+    async with engine.begin() as conn:
+        await conn.execute(delete(score_events).where(*old))
     t = board_deletions.c
     async with engine.begin() as conn:
         await conn.execute(delete(hidden_users).where(hidden_users.c.board_id == deletion.board_id))

@@ -1,20 +1,22 @@
-"""The history consumer's handlers: the event log, each (board_id, event_id) exactly once, and
-the marks of the views each event changed, for the snapshots."""
+"""The history consumer's handlers: the event log, each event (its board's life, user and id)
+exactly once, and the marks of the views each event changed, for the snapshots."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 import orjson
 import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.snapshotter import changed_views
 from shared.consumer import Handler
-from shared.db import score_events, to_db_time
+from shared.db import board_deletions, board_epoch_of, from_db_time, score_events, to_db_time
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 
@@ -46,6 +48,7 @@ COLUMNS = (
     "accepted_at",
     "subscore",
     "metadata",
+    "board_epoch",
 )
 
 # One row's statement, run with the driver's executemany: asyncmy rewrites an INSERT ... VALUES
@@ -60,7 +63,7 @@ INSERT_EVENTS = (
 )
 
 
-def _row(event: ScoreAccepted) -> tuple[Any, ...]:
+def _row(event: ScoreAccepted, epoch: int) -> tuple[Any, ...]:
     """The parameters of INSERT_EVENTS for ``event``, in the order of COLUMNS.
 
     The metadata is stored as ``orjson.dumps`` writes it: the compact text the API made of the
@@ -79,14 +82,22 @@ def _row(event: ScoreAccepted) -> tuple[Any, ...]:
         to_db_time(event.accepted_at),
         event.subscore,
         metadata,
+        epoch,
     )
+
+
+def _epoch(event: ScoreAccepted, cutoff: datetime | None) -> int:
+    if cutoff is None or event.accepted_at > cutoff:
+        return 0
+    return board_epoch_of(cutoff)
 
 
 class HistoryHandler:
     """The history consumer's handler: one multi-row upsert a batch, in one transaction.
 
-    The unique key on (board_id, event_id) makes the write idempotent, so a batch the broker
-    delivers again after a crash before the ack stores nothing twice. ``ON DUPLICATE KEY UPDATE
+    The unique key on (board_id, board_epoch, user_id, event_id) makes the write idempotent, so
+    a batch the broker delivers again after a crash before the ack stores nothing twice; an
+    event of a board deleted since lands on its epoch. ``ON DUPLICATE KEY UPDATE
     id = id`` rather than ``INSERT IGNORE``: IGNORE also swallows genuine errors (a value out of
     range would be stored clipped), and every warning it raises costs asyncmy a ``SHOW
     WARNINGS`` round trip. Give it an engine made with ``changed_rows=True`` for honest
@@ -99,9 +110,17 @@ class HistoryHandler:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         if not events:
             return
-        rows = [_row(event) for event in events]
         inserted = 0
         async with self.engine.begin() as conn:
+            # An event of a board deleted since (accepted by its cut-off), kept as its history
+            # is, lands on that board's epoch: a redelivery of it is a duplicate there, not an
+            # event of a board made later under the name (shared/db.py ``board_epoch``).
+            t = board_deletions.c
+            found = await conn.execute(
+                select(t.board_id, t.cutoff).where(t.board_id.in_({e.board_id for e in events}))
+            )
+            cutoffs = {row.board_id: from_db_time(row.cutoff) for row in found}
+            rows = [_row(event, _epoch(event, cutoffs.get(event.board_id))) for event in events]
             for start in range(0, len(rows), CHUNK_ROWS):
                 result = await conn.exec_driver_sql(INSERT_EVENTS, rows[start : start + CHUNK_ROWS])
                 inserted += result.rowcount

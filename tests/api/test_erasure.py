@@ -13,12 +13,23 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 
 from services.history.handlers import HistoryHandler
-from shared.db import erasures, hidden_users, open_engine, score_events, user_events
+from shared.db import (
+    board_epoch_of,
+    count_events,
+    erasures,
+    hidden_users,
+    open_engine,
+    score_events,
+    user_events,
+)
 from shared.db_boards import save_snapshots, snapshot_at
 from shared.erasure import (
     StoredTombstones,
     Tombstones,
+    board_deletion_of,
     erasure_of,
+    finish_board_deletion,
+    record_board_deletion,
     request_erasure,
     user_hash,
 )
@@ -208,6 +219,9 @@ async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
                 )
             ).all()
         assert [r.value for r in rows] == [9, 5] and rows[0].board_epoch == 0 < rows[1].board_epoch
+        # The old board's event delivered again lands on the old board's epoch: a duplicate.
+        await HistoryHandler(engine)([accepted_event("m-1", board_id=BOARD, accepted_at=T0)])
+        assert await count_events(engine, BOARD) == 2
 
 
 async def test_an_erasure_recorded_while_no_api_runs_is_done_by_the_next_one(
@@ -339,3 +353,26 @@ async def test_an_erasure_waits_for_a_rebuild_under_way(
         ).status_code == 204
         page = await client.get("/v1/boards/main/leaderboard", params={"scope": "region:eu"})
         assert page.json()["entries"] == []
+
+
+async def test_a_deletion_finishes_over_an_event_stored_twice_meanwhile(
+    quiet: LadderSettings,
+) -> None:
+    """An event stored before its board's deletion was recorded, and delivered again after: the
+    second copy went to the deletion's epoch. Setting the first apart would break the unique
+    key; the finish keeps one row, on the epoch, and marks the deletion done."""
+    async with open_engine(quiet.mysql_url) as engine:
+        await HistoryHandler(engine)([accepted_event("m-2", board_id="twice", accepted_at=T0)])
+        async with engine.begin() as conn:
+            deletion = await record_board_deletion(conn, "twice", purge=False)
+        await HistoryHandler(engine)([accepted_event("m-2", board_id="twice", accepted_at=T0)])
+        assert await count_events(engine, "twice") == 2
+        await finish_board_deletion(engine, deletion)
+        async with engine.connect() as conn:
+            epochs = (
+                await conn.execute(
+                    select(score_events.c.board_epoch).where(score_events.c.board_id == "twice")
+                )
+            ).scalars()
+            assert list(epochs) == [board_epoch_of(deletion.cutoff)]
+        assert (await board_deletion_of(engine, "twice")).done_at is not None  # type: ignore[union-attr]

@@ -16,9 +16,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from services.history.handlers import HistoryHandler
+from services.history.handlers import COLUMNS, HistoryHandler, _row
 from services.history.migrate import alembic_config, check_schema, migrate
 from shared.db import count_events, metadata, open_engine, user_events
+from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from tests.helpers import T0, accepted_event, server_statement
 from tests.history.test_history import scratch_database
@@ -163,6 +164,17 @@ async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
     assert (pending, kept) == (0, 2)
 
 
+async def store_before_0008(engine: AsyncEngine, events: list[ScoreAccepted]) -> None:
+    """Events as the history service stored them between 0003 and 0008: no board_epoch."""
+    columns = COLUMNS[: COLUMNS.index("board_epoch")]
+    statement = (
+        f"INSERT INTO score_events ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(statement, [_row(e, 0)[: len(columns)] for e in events])
+
+
 def _unique_keys(connection: Connection) -> list[list[str]]:
     return [c["column_names"] for c in inspect(connection).get_unique_constraints("score_events")]
 
@@ -179,7 +191,7 @@ async def test_0004_makes_an_event_id_per_user_in_place_and_back_while_ids_are_n
         await server_statement(base, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         await alembic_to(url, "upgrade", "0003")
         async with open_engine(url, changed_rows=True) as engine:
-            await HistoryHandler(engine)([accepted_event("e-1"), accepted_event("e-2")])
+            await store_before_0008(engine, [accepted_event("e-1"), accepted_event("e-2")])
             async with engine.connect() as conn:
                 assert await conn.run_sync(_unique_keys) == [["board_id", "event_id"]]
 
@@ -231,7 +243,7 @@ async def test_0008_sets_a_deleted_board_s_events_apart_and_back_while_ids_are_n
         await server_statement(base, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         await alembic_to(url, "upgrade", "0007")
         async with open_engine(url, changed_rows=True) as engine:
-            await HistoryHandler(engine)([accepted_event("e-1"), accepted_event("e-2")])
+            await store_before_0008(engine, [accepted_event("e-1"), accepted_event("e-2")])
             async with engine.begin() as conn:  # main deleted (no purge) after both
                 await conn.execute(
                     text(
