@@ -36,6 +36,10 @@ _REDIS_TRANSIENT = (
     redis_errors.ReadOnlyError,  # a replica promoted under us
     redis_errors.TryAgainError,
     redis_errors.ClusterDownError,
+    # A cluster whose slots keep moving past the client's redirections (TTL exhausted), no node
+    # reachable, a slot no node serves (SlotNotCoveredError): a cluster in failover or forming.
+    redis_errors.ClusterError,
+    redis_errors.RedisClusterException,
     redis_errors.OutOfMemoryError,
     redis_errors.NoPermissionError,
     redis_errors.NoScriptError,

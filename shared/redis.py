@@ -14,7 +14,7 @@ import structlog
 from redis.asyncio import Connection, Redis
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
@@ -147,7 +147,8 @@ async def open_redis(
             try:
                 await client.ping()
                 break
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
+                # (A cluster not formed yet, or none of its nodes reachable: the same wait.)
                 if not wait:
                     raise
                 log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)

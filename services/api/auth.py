@@ -89,8 +89,10 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
 
 
 def bearer(header: str | None) -> str | None:
-    """The credential of an ``Authorization: Bearer`` header, or ``None``."""
-    if not header:
+    """The credential of an ``Authorization: Bearer`` header, or ``None`` without the header.
+    A header that is there but empty or blank is a credential that is not valid (401), not an
+    anonymous call."""
+    if header is None:
         return None
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
@@ -123,7 +125,9 @@ class CredentialFirst:
             scope["type"] == "http"
             and scope["path"].startswith("/v1/")
             and (scope["method"] not in _READ_METHODS or not self.public_reads)
-            and not any(name == b"authorization" for name, _ in scope["headers"])
+            and not any(
+                name == b"authorization" and value.strip() for name, value in scope["headers"]
+            )
         ):
             refusal = Unauthorized(
                 "A credential is required: Authorization: Bearer <server key | admin key | "

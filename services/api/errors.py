@@ -14,10 +14,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
+
+from services.api.strict_json import malformed_in
+from shared.failures import is_transient
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +90,13 @@ class Unavailable(Problem):
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
+class Internal(Problem):
+    """A fault of the server's own (never of what the client sent), still answered as a
+    problem."""
+
+    status, title, slug = 500, "Internal error", "internal"
+
+
 # --- the problem+json body as the OpenAPI document describes it --------------------------------
 
 
@@ -116,6 +128,7 @@ _PROBLEM_TEXTS = {
     401: "Missing or invalid credential (with WWW-Authenticate)",
     403: "Credential not allowed",
     404: "Unknown board, user or period",
+    405: "Method not allowed on this path (with Allow)",
     409: "Conflict",
     413: "Body too large",
     422: "Validation failed",
@@ -135,6 +148,13 @@ _PROBLEM_HEADERS: dict[int, dict[str, Any]] = {
             "description": "Bearer",
             "required": True,
             "schema": {"type": "string", "pattern": "^Bearer"},
+        }
+    },
+    405: {
+        "Allow": {
+            "description": "The methods the path has",
+            "required": True,
+            "schema": {"type": "string"},
         }
     },
     429: _RETRY_AFTER,
@@ -196,7 +216,7 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
         for e in exc.errors()
     ]
-    if any(e["type"] == "json_invalid" for e in errors):
+    if any(e["type"] == "json_invalid" for e in errors) or malformed_in(exc.errors()):
         return problem_response(Problem("The body is not valid JSON."))
     body = Invalid("The request failed validation.").body()
     body["errors"] = errors
@@ -273,11 +293,27 @@ def install(app: FastAPI) -> None:
         log.warning("history database unavailable", error=str(exc))
         return problem_response(Unavailable("The history database is unavailable.", 5))
 
+    async def on_redis_error(request: Request, exc: Exception) -> JSONResponse:
+        # Redis refusing for its state (read-only after a failover, out of memory, busy, a
+        # cluster slot moving or down) is an outage like a lost connection; anything else is ours.
+        if is_transient(exc):
+            return await on_redis_down(request, exc)
+        return await on_unexpected(request, exc)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("request failed", path=request.url.path, exc_info=exc)
+        return problem_response(Internal("The request failed on the server; it is logged."))
+
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RedisConnectionError, on_redis_down)
     app.add_exception_handler(RedisTimeoutError, on_redis_down)
+    app.add_exception_handler(RedisError, on_redis_error)
+    app.add_exception_handler(RedisClusterException, on_redis_error)
     app.add_exception_handler(OperationalError, on_mysql_down)
     app.add_exception_handler(DBAPIError, on_mysql_down)
+    app.add_exception_handler(PoolTimeoutError, on_mysql_down)
+    # Last: whatever else escaped a route is a problem+json 500, never a bare text page.
+    app.add_exception_handler(Exception, on_unexpected)
     document(app)

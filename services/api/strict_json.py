@@ -2,10 +2,11 @@
 ``json`` and pydantic's parser take (and a metadata object would then keep as ``null``), are not
 JSON, and a body holding one is a 400 like any other invalid body.
 
-FastAPI reads a route's body through ``Request.json()`` and answers a ``json.JSONDecodeError``
-as invalid JSON. Routers whose routes take a body use :class:`StrictJsonRoute`, whose request
-parses with ``json`` as before (integers of any size stay exact) but refuses those three words;
-the single score POST parses its body itself (:func:`refuse_non_json_numbers`).
+FastAPI reads a route's body through ``Request.json()``, before the route's dependencies run.
+Routers whose routes take a body use :class:`StrictJsonRoute`, whose request parses with ``json``
+as before (integers of any size stay exact) but refuses those three words, and hands a body that
+is not JSON on as :class:`Malformed`, so that the credential and the board are judged before it
+is answered 400; the single score POST parses its body itself (:func:`refuse_non_json_numbers`).
 """
 
 from __future__ import annotations
@@ -35,11 +36,36 @@ def loads(body: bytes) -> Any:
         raise json.JSONDecodeError("nested too deep", body.decode(errors="replace"), 0) from None
 
 
+class Malformed:
+    """A body that is not JSON, as :class:`StrictJsonRequest` reads it: carried on to the
+    route's validation instead of refused where it is read, because FastAPI reads a body before
+    it runs the route's dependencies, and the credential (401, 403) and the board of the path
+    (404) are judged first (docs/api.md section 1, "The credential first"). No body type takes
+    it: FastAPI validates a body model from an object's attributes too, and reading any of this
+    one's fails, so validation fails, and the error handler answers that failure 400, as invalid
+    JSON (:func:`malformed_in`)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # Python's own look-ups (hasattr of a protocol): not there
+            raise AttributeError(name)
+        raise ValueError("the body is not valid JSON")
+
+
 class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = loads(await self.body())
+            try:
+                self._json = loads(await self.body())
+            except json.JSONDecodeError:
+                self._json = Malformed()
         return self._json
+
+
+def malformed_in(errors: Any) -> bool:
+    """Whether validation ``errors`` (pydantic's) are those of a :class:`Malformed` body."""
+    return any(isinstance(error.get("input"), Malformed) for error in errors)
 
 
 class StrictJsonRoute(APIRoute):

@@ -226,6 +226,12 @@ async def test_the_requests_list_is_no_friend_id(quiet: LadderSettings, redis: R
             for headers in (SERVER, player("u-1"))
         ]
         after = await snapshot(redis, quiet.key_prefix)
+        document = (await client.get("/openapi.json")).json()
+
+    # The document says so, on both operations of the friend path.
+    operations = document["paths"]["/v1/users/{user_id}/friends/{friend_id}"]
+    for method in ("put", "delete"):
+        assert "Allow" in operations[method]["responses"]["405"]["headers"], method
 
     for response in refused:
         assert_problem(response, 405)

@@ -18,6 +18,7 @@ from shared.boards import MAIN_BOARD
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.api.helpers import JSON
 from tests.helpers import (
     ADMIN,
     SERVER,
@@ -138,6 +139,57 @@ async def test_reads_need_a_credential_when_they_are_not_public(
         for cred, status in PRIVATE_READS.items():
             response = await client.get(path, headers=CREDENTIALS[cred])
             assert response.status_code == status, (cred, response.text)
+
+
+@pytest.mark.parametrize("header", ["", " ", "Bearer", "Bearer  "])
+async def test_a_blank_authorization_header_is_a_credential_refused_first(
+    quiet: LadderSettings, redis: Redis, header: str
+) -> None:
+    """An ``Authorization`` header that is there but blank is no way around the credential
+    check: 401 before the board is looked up (no telling which boards exist) and before the
+    body is read, also where reads are public."""
+    blank = {"Authorization": header}
+    private = quiet.model_copy(update={"public_reads": False})
+    async with api_client(private) as client:
+        unknown = await client.get("/v1/boards/no-such-board", headers=blank)
+        malformed = await client.put(
+            "/v1/boards/b-blank", content=b"{not json", headers={**blank, **JSON}
+        )
+    async with api_client(quiet) as client:
+        public = await client.get("/v1/boards/main/leaderboard", headers=blank)
+    for response in (unknown, malformed, public):
+        assert response.status_code == 401, response.text
+        assert response.headers["content-type"].startswith("application/problem+json")
+    assert not await redis.hexists(Keys(quiet.key_prefix).boards, "b-blank")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "cred", "status"),
+    [
+        ("PUT", "/v1/boards/b-new", "bad", 401),
+        ("PUT", "/v1/boards/b-new", "server", 403),
+        ("PUT", "/v1/boards/b-new", "admin", 400),
+        ("POST", "/v1/boards/main/scores/batch", "bad", 401),
+        ("POST", "/v1/boards/main/scores/batch", "self", 403),
+        ("POST", "/v1/boards/no-such-board/scores/batch", "server", 404),
+        ("POST", "/v1/boards/main/scores/batch", "server", 400),
+    ],
+)
+async def test_a_body_that_is_not_json_is_judged_after_the_credential_and_the_board(
+    quiet: LadderSettings, redis: Redis, method: str, path: str, cred: str, status: int
+) -> None:
+    """The order of docs/api.md section 1 holds for the routes whose body FastAPI reads too:
+    the credential (401, 403), then the board (404), then the body (400); nothing is written."""
+    keys = Keys(quiet.key_prefix)
+    async with api_client(quiet) as client:
+        before = await redis.hgetall(keys.boards)
+        response = await client.request(
+            method, path, content=b'{"events": [', headers={**CREDENTIALS[cred], **JSON}
+        )
+        after = await redis.hgetall(keys.boards)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert after == before
 
 
 # --- rate limits across two API processes -----------------------------------------------------

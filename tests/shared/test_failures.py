@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis import exceptions as cluster
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import text
@@ -80,3 +81,16 @@ def test_a_handlers_own_error_is_not_transient_unless_an_outage_caused_it() -> N
     except RuntimeError as wrapped:
         assert is_transient(wrapped)
     assert is_transient(ExceptionGroup("both", [ValueError("x"), TimeoutError()]))
+
+
+def test_a_cluster_failing_over_or_forming_is_transient() -> None:
+    """What redis-py's cluster client raises while slots move or no node answers: the batch
+    waits for the cluster, and no message is sent toward its dead-letter queue."""
+    for error in (
+        cluster.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        cluster.ClusterError("TTL exhausted."),
+        cluster.SlotNotCoveredError("Command # 1 (GET x) of pipeline caused error: slot 866"),
+        cluster.RedisClusterException("Redis Cluster cannot be connected."),
+        cluster.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+    ):
+        assert is_transient(error), error

@@ -52,6 +52,9 @@ class RequestsOut(BaseModel):
     outgoing: list[str]
 
 
+ONLY_READ = "friend_id 'requests': the requests list, which is only read (Allow: GET)"
+
+
 def _not_the_requests_list(friend_id: str) -> None:
     """``.../friends/requests`` is the requests list, which is only read: a ``PUT`` or
     ``DELETE`` there is a 405, as for any method a path does not have."""
@@ -76,7 +79,9 @@ def _answered() -> Iterator[None]:
     response_class=Response,
     responses={
         **OUTCOMES,
-        **problems(401, 403, 404, 409, 422, 503, said={404: NO_ROUTE, 409: FULL}),
+        **problems(
+            401, 403, 404, 405, 409, 422, 503, said={404: NO_ROUTE, 409: FULL, 405: ONLY_READ}
+        ),
     },
 )
 async def befriend(
@@ -110,7 +115,7 @@ async def befriend(
     "/{user_id}/friends/{friend_id}",
     status_code=204,
     response_class=Response,
-    responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
+    responses=problems(401, 403, 404, 405, 422, 503, said={404: NO_ROUTE, 405: ONLY_READ}),
 )
 async def unfriend(
     user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller

@@ -22,8 +22,9 @@ if too few replicas acknowledged it, each write of the group that would be answe
 its 503 instead.
 
 A connection error (Redis down) fails every call of the group with it, as it would have failed
-each alone, and the API answers each 503; the error of one call (a script error) fails that call
-only.
+each alone, and the API answers each 503; the error reply of one call (a script error, or Redis
+refusing it: read-only after a failover, out of memory, busy) is that call's answer ``FAILED``
+only, a 503 as in a batch (write/submit.py).
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from services.api.write.durable import Durability
+from services.api.write.submit import FAILED
+
+log = structlog.get_logger(__name__)
 
 # Their ratio is the mean group size: how many writes share a round trip.
 GROUPS = Counter("ladder_api_write_groups_total", "Redis round trips of single score writes")
@@ -126,7 +131,8 @@ class GroupCommit:
                 if future.done():
                     continue
                 if isinstance(reply, Exception):
-                    future.set_exception(reply)
+                    log.error("score write failed in Redis", error=str(reply))
+                    future.set_result((FAILED, str(reply)))
                 elif short is not None and str(reply[0]) in ANSWERED_2XX:
                     future.set_exception(short.again())
                 else:
