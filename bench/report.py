@@ -136,13 +136,14 @@ times a second in two runs a day apart on machines of this kind.
   which a call of many events shares only where a user comes back within it. What would move
   it: fewer views kept an event (periods, MVPs), or a global view that Redis can combine from
   whole regional boards (`ZUNIONSTORE`) rather than user by user.
-- **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
-  several times the bare endpoint's (2 cores / U). Group commit shares the Redis round trip
-  among concurrent POSTs, and the route is called without FastAPI's request handler. A py-spy
-  profile of a worker under this load (docs/architecture.md): about a quarter in Starlette's
-  and FastAPI's middleware and routing, a tenth in uvicorn sending the response, a tenth
-  building the write's keys and arguments, a tenth the pipelined write through redis-py. What
-  would move it: fewer, larger requests (the batch endpoint), or more cores.
+- **Single POSTs are bound by the API's Python per request**, a large share of their CPU (the
+  single POST's row "CPU an event, by process"), well above the bare endpoint's (2 cores / U).
+  Group commit shares the Redis round trip among concurrent POSTs, and the route is called
+  without FastAPI's request handler. A py-spy profile of a worker under this load
+  (docs/architecture.md): about a quarter in Starlette's and FastAPI's middleware and routing,
+  a tenth in uvicorn sending the response, a tenth building the write's keys and arguments, a
+  tenth the pipelined write through redis-py. What would move it: fewer, larger requests (the
+  batch endpoint), or more cores.
 - **Latency at half saturation.** The machine is still saturated by the rest of the pipeline
   (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
   scheduling delay on two shared cores, far above p50. The bare endpoint under the same rate
