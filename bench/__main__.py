@@ -86,7 +86,7 @@ async def measure(bench: Bench, report: Report) -> None:
     report.take(await idle.measure(bench))
 
 
-# The machine is quiet for the figures (issue 14) when the load average (1 min) is under this:
+# The machine is quiet enough for the figures when the load average (1 min) is under this:
 # a run waits for it, after `make up` has just started the services, at most SETTLE_MOST s.
 QUIET_LOAD = 1.0
 SETTLE_MOST = 180.0

@@ -60,8 +60,8 @@ def spent(
 
 
 # Groups that are not Ladder or the engines it runs on: what the load generator, the bench and
-# the rest of the machine spent. They are listed, but not in the figure judged (issue 14's CPU
-# an event is Ladder's processes and its Redis, RabbitMQ and MariaDB).
+# the rest of the machine spent. They are listed, but not in the figure judged against the CPU
+# targets in BENCHMARKS.md (Ladder's processes and its Redis, RabbitMQ and MariaDB).
 OUTSIDE = ("wrk", "the bench itself", "other")
 
 

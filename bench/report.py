@@ -82,7 +82,7 @@ times a second in two runs a day apart on machines of this kind.
   `INFO commandstats` under batch load with the aggregator stopped, a write's `FCALL` took
   about 260 µs of which its inner commands were about 85 µs; the rest is the call and the Lua
   around the commands. The rows "Redis instructions per steady-state write" count it exactly
-  (callgrind): about 9.7 R's a write. It was 12.3 before each rate bucket became a string read
+  (callgrind), in R's a write. It was 12.3 before each rate bucket became a string read
   with the other in one `MGET` (three commands a write where six were) and before the write's
   Lua stopped making tables of keys and fields it never reads (the write alone: 10.9 R's, then
   10.3); 11.5 before the API's call named only the keys the write touches (the lean layout: 15
@@ -96,8 +96,8 @@ times a second in two runs a day apart on machines of this kind.
   fewer periods; past one Redis, boards spread over cluster shards (their keys
   share one hash tag per board already).
 - **The merge** runs in Redis, a chunk of 60 dirty marks a call. The rows "Redis instructions
-  per merged member" count it (callgrind): about 0.43 R's a member over 8 regions and 0.6 over
-  300. It was 0.6 and 0.8 before `ladder_merge_v6` (26 % and 22 % fewer since: a call's marks
+  per merged member" count it (callgrind), in R's a member over 8 and over 300 regions. It was
+  0.6 and 0.8 before `ladder_merge_v6`, which took off 26 % and 22 % (a call's marks
   come in runs of one region, so that a mark's id is cut at a known place and a run's records
   are read with one `HMGET`, and the writes are planned with fewer strings and tables), and
   more again before each user's regions became one field of a hash a board, read for a whole
@@ -107,7 +107,7 @@ times a second in two runs a day apart on machines of this kind.
   5 µs a member, about what one insertion into a million-member sorted set costs here alone.
   The rows "… CPU a member" under each merge say where a member's CPU went and how much of the
   merge's time Redis was at work: not all of it. Between its calls Redis waits for the merger,
-  which spends 6 to 9 µs of its own a member, most of it in the client's work a call (redis-py
+  whose own CPU a member the same rows give, most of it in the client's work a call (redis-py
   takes 150 to 250 µs of CPU for one `FCALL`) and the rest splitting and grouping the marks.
   Measured apart on 2026-12-04 (100,000 members, 8 regions, a private `redis-server`): with every
   call's arguments built beforehand, Redis was at work 98 % of the time and merged 107,000 to
@@ -136,13 +136,14 @@ times a second in two runs a day apart on machines of this kind.
   which a call of many events shares only where a user comes back within it. What would move
   it: fewer views kept an event (periods, MVPs), or a global view that Redis can combine from
   whole regional boards (`ZUNIONSTORE`) rather than user by user.
-- **Single POSTs are bound by the API's Python per request**, the largest share of their CPU,
-  several times the bare endpoint's (2 cores / U). Group commit shares the Redis round trip
-  among concurrent POSTs, and the route is called without FastAPI's request handler. A py-spy
-  profile of a worker under this load (docs/architecture.md): about a quarter in Starlette's
-  and FastAPI's middleware and routing, a tenth in uvicorn sending the response, a tenth
-  building the write's keys and arguments, a tenth the pipelined write through redis-py. What
-  would move it: fewer, larger requests (the batch endpoint), or more cores.
+- **Single POSTs are bound by the API's Python per request**, a large share of their CPU (the
+  single POST's row "CPU an event, by process"), well above the bare endpoint's (2 cores / U).
+  Group commit shares the Redis round trip among concurrent POSTs, and the route is called
+  without FastAPI's request handler. A py-spy profile of a worker under this load
+  (docs/architecture.md): about a quarter in Starlette's and FastAPI's middleware and routing,
+  a tenth in uvicorn sending the response, a tenth building the write's keys and arguments, a
+  tenth the pipelined write through redis-py. What would move it: fewer, larger requests (the
+  batch endpoint), or more cores.
 - **Latency at half saturation.** The machine is still saturated by the rest of the pipeline
   (consumers, broker, Redis) while the API answers half the rate it can accept: p99 is
   scheduling delay on two shared cores, far above p50. The bare endpoint under the same rate
@@ -248,7 +249,7 @@ def write_report(
         "## Reproducing",
         "",
         "```",
-        "make bench            # starts Ladder first if it is not up; about 6 minutes",
+        "make bench            # starts Ladder first if it is not up; about 10 minutes",
         "BENCH_SECONDS=30 make bench   # longer load phases",
         "```",
         "",

@@ -8,7 +8,7 @@ from bench.phases.ingest import Workload
 from bench.report import Line, Row
 
 BOARD = "bench-batch"
-# CPU an event, all of Ladder's processes and engines until drained, in µs (issue 14).
+# CPU an event, all of Ladder's processes and engines until drained, in µs: the target.
 CPU_TARGET = 250
 
 

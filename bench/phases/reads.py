@@ -12,7 +12,7 @@ from bench.phases.baselines import Baselines
 from bench.report import Line, Note, Row, ms
 
 BOARD = "bench-reads"
-# The p99 of the rank and around-me reads, in U (issue 14).
+# The p99 of the rank and around-me reads, in U: the target.
 READ_P99_TARGET = 2.0
 
 
@@ -56,7 +56,7 @@ async def read(bench: Bench, base: Baselines, name: str, paths: list[str]) -> li
     if result.non2xx:
         rows.append(Note(f"{name}: {result.non2xx} answers were not 2xx"))
     # Ratios to the bare endpoint's answers at the same rate (U's GET rows); the target is one
-    # of them (issue 14: the rank and around-me p99s within twice the bare endpoint's).
+    # of them (the rank and around-me p99s within twice the bare endpoint's).
     p99_ratio = result.p99_ms / base.bare_read.p99_ms
     target = f"≤ {READ_P99_TARGET:g} U" if name != "top-100" else ""
     rows += [

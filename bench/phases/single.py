@@ -13,9 +13,9 @@ from bench.phases.ingest import Workload
 from bench.report import Line, Row, ms
 
 BOARD = "bench-single"
-# The single-POST p99 at half saturation, in U (issue 14).
+# The single-POST p99 at half saturation, in U: the target.
 HALF_SATURATION_P99_TARGET = 3.0
-# CPU an event, all of Ladder's processes and engines until drained, in µs (issue 14).
+# CPU an event, all of Ladder's processes and engines until drained, in µs: the target.
 CPU_TARGET = 800
 
 

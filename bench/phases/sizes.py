@@ -11,7 +11,7 @@ from bench.probes import Ladder
 from bench.report import Line, Row
 
 KEPT_TARGET = 250
-"""Redis bytes kept per accepted event at most (issue 14): its record and any seen keys."""
+"""Redis bytes kept per accepted event at most (the target): its record and any seen keys."""
 
 
 async def write_path(bench: Bench, board: str) -> list[Line]:

@@ -10,7 +10,7 @@ event the history consumer stored just before the tombstone); then it is marked 
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
-badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v1``); the
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); the
 event records naming it, found by one ``SCAN`` of the keyspace; its friend sets, both
 directions; then in MySQL its events (accepted by the cut-off), friendships, friend requests
 both ways, and its entries in stored snapshots (rewritten without them).

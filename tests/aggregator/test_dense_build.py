@@ -1,7 +1,7 @@
 """Dense ranks of a global view without its distinct-score set (docs/architecture.md, "Dense
 ranks on demand"), at the Redis functions: the reads' walk (``ladder_place_v3``, which answers
 ``[count]`` while the set is missing, ``[]`` past its bound) and the aggregator's build
-(``ladder_dense_build_v1``, a bounded step a call) against the count made in Python, on random
+(``ladder_dense_build_v2``, a bounded step a call) against the count made in Python, on random
 views with and without subscores, ties of scores and of pairs, and every step size."""
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def without_duplicate(answer: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.stack
 async def test_a_players_event_id_does_not_block_another_users_event(stack: Stack) -> None:
-    """The attack of the issue: a player posts the game server's predictable id first, for
+    """The squatting attack: a player posts the game server's predictable id first, for
     itself. The game server's real score for another user is then accepted (not 409), and both
     events reach the history database, each read back as its own user's."""
     scores = "/v1/boards/open/scores"

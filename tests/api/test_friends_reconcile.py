@@ -59,7 +59,7 @@ async def test_the_reconcile_removes_what_mysql_lacks_and_adds_what_redis_lost(
     quiet: LadderSettings, redis: Redis, keys: Keys, page: int
 ) -> None:
     await spoil(quiet, redis, keys)
-    assert (await sets(redis, keys))["u-2"] == {"u-1"}  # stale, as the issue describes
+    assert (await sets(redis, keys))["u-2"] == {"u-1"}  # stale: what the reconcile must put right
 
     async with open_engine(quiet.mysql_url) as engine:
         done = await reconcile_friendships(engine, redis, keys, page=page)

@@ -1,9 +1,8 @@
-"""Metadata (issue "wide scores", second half; the contract's v1.1, sections 4 and 5): a score
-may carry a JSON object of at most 1024 bytes, serialised compactly, kept with the entry's
-current score (on ``best`` boards the write that set the best; on ``set`` and ``incr`` boards the
-latest write, one without metadata clearing it) and read back exactly, as ``metadata`` (null when
-none), on every read that answers entries: the leaderboard in every scope and the standing read,
-its ``around`` entries included.
+"""Metadata (the contract's v1.1 in docs/api.md, sections 4 and 5): a score may carry a JSON object
+of at most 1024 bytes, serialised compactly, kept with the entry's current score (on ``best`` boards
+the write that set the best; on ``set`` and ``incr`` boards the latest write, one without metadata
+clearing it) and read back exactly, as ``metadata`` (null when none), on every read that answers
+entries: the leaderboard in every scope and the standing read, its ``around`` entries included.
 
 Black-box over HTTP, as tests/api/test_wide_scores.py; one merge run by hand where a test reads
 the global view.

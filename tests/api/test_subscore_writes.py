@@ -1,8 +1,8 @@
-"""Subscores on the write side (issue "wide scores", second half; the contract's v1.1, sections
-3 and 4): which boards take a ``subscore_order`` and when it may change; which ``best`` write
-improves (a better (score, subscore) pair, nothing else) and what a ``set`` write replaces; and
-which writes are refused (a subscore missing on a subscore board, given on another, beyond
-±(2**53 - 1) or no integer), a refused write changing nothing.
+"""Subscores on the write side (the contract's v1.1 in docs/api.md, sections 3 and 4): which boards
+take a ``subscore_order`` and when it may change; which ``best`` write improves (a better (score,
+subscore) pair, nothing else) and what a ``set`` write replaces; and which writes are refused (a
+subscore missing on a subscore board, given on another, beyond ±(2**53 - 1) or no integer), a
+refused write changing nothing.
 
 Black-box over HTTP, as tests/api/test_subscores.py (the orders themselves).
 """

@@ -1,8 +1,8 @@
-"""Subscores (issue "wide scores", second half; the contract's v1.1, sections 3, 4 and 5): on a
-board with a ``subscore_order``, entries rank by score in the board's ``order``, then by
-subscore in its own direction, then by who reached that (score, subscore) pair first, to the
-millisecond; on every period, in the regions, the merged global view and the friends scope, in
-every rank style, and through cursors.
+"""Subscores (the contract's v1.1 in docs/api.md, sections 3, 4 and 5): on a board with a
+``subscore_order``, entries rank by score in the board's ``order``, then by subscore in its own
+direction, then by who reached that (score, subscore) pair first, to the millisecond; on every
+period, in the regions, the merged global view and the friends scope, in every rank style, and
+through cursors.
 
 Black-box, as tests/api/test_wide_scores.py: boards made with ``PUT /v1/boards/{id}``, scores
 sent and read over HTTP, one merge run by hand where a test reads the global view. The expected

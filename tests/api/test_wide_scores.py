@@ -1,5 +1,5 @@
-"""Wide scores (issue 13; the contract's v1.1, sections 1, 3, 4 and 5): every board, operator and
-period holds any score in ±(2**53 - 1) exactly, and ties go to whoever reached the score first,
+"""Wide scores (the contract's v1.1 in docs/api.md, sections 1, 3, 4 and 5): every board, operator
+and period holds any score in ±(2**53 - 1) exactly, and ties go to whoever reached the score first,
 to the millisecond, on every period, all-time included, in the regions and in the merged global
 view.
 

@@ -1,5 +1,5 @@
-"""The bench's CPU an event: what is judged against issue 14's targets is Ladder's own processes
-and engines, not the load generator, the bench or the rest of the machine."""
+"""The bench's CPU an event: what is judged against the CPU targets in BENCHMARKS.md is Ladder's
+own processes and engines, not the load generator, the bench or the rest of the machine."""
 
 from bench import cpu
 

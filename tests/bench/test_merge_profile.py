@@ -1,5 +1,5 @@
-"""The merge phase's profile of a member's CPU (issue 14: a missed target is reported with its
-profile): the merge timed as the aggregator runs it, with what Redis and the merger spent."""
+"""The merge phase's profile of a member's CPU (a missed target is reported with its profile):
+the merge timed as the aggregator runs it, with what Redis and the merger spent."""
 
 from redis.asyncio import Redis
 
