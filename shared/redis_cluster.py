@@ -71,8 +71,18 @@ class LadderCluster(RedisCluster):
         return slot
 
     async def load_library(self) -> None:
-        """(Re)load the library on every primary."""
-        await self.function_load(self.library, replace=True)
+        """Load the library on each primary that has none (one that joined empty, or a replica
+        promoted before the library reached it), never over one that has it: that may be a newer
+        release's, whose function names (shared/functions.py) this process's calls do not find,
+        and which this process must not undo in a rolling upgrade; those calls then fail, as on
+        one Redis. (A process loads its own library over every primary once, at its start:
+        shared.redis.open_redis.)"""
+        for node in self.get_primaries():
+            try:
+                await super().execute_command("FUNCTION LOAD", self.library, target_nodes=node)
+            except ResponseError as exc:
+                if "already exists" not in str(exc).lower():
+                    raise
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:

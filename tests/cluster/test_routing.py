@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from services.aggregator.lease import MergeLease
 from shared.boards import Board
 from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
 from shared.keys import Keys
-from shared.redis import open_redis
+from shared.redis import library_source, open_redis
 from shared.redis_cluster import seed_nodes
 from shared.settings import LadderSettings
 from tests.api.helpers import MAIN, add_board, get_ok, post, score
@@ -105,6 +106,29 @@ async def test_the_library_is_loaded_again_on_a_primary_that_lost_it(
     assert (first, second, fence, taken) == ("1|x", "1|x", 2, "")
     with shared_cluster.client(flushed) as node:
         assert [library[1] for library in node.function_list()] == [LIBRARY]
+
+
+async def test_a_call_missing_its_function_never_replaces_a_newer_library(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys
+) -> None:
+    """A rolling upgrade: a newer release loaded its library (same name, other function names)
+    on a primary. An older process's call there fails, as on one Redis, and leaves the newer
+    library in place; a primary with no library gets the process's own."""
+    newer = f"#!lua name={LIBRARY}\nredis.register_function('ladder_newer_v99', function() end)"
+    there = primary_of(shared_cluster, redis, keys, "b0")
+    empty = next(p for p in shared_cluster.primaries() if p != there)
+    with shared_cluster.client(there) as node, shared_cluster.client(empty) as other:
+        node.function_load(newer, replace=True)
+        other.function_flush()
+    try:
+        with pytest.raises(ResponseError, match=r"(?i)function not found"):
+            await redis.fcall(*hold_args(keys, "b0", "old"))
+        with shared_cluster.client(there) as node, shared_cluster.client(empty) as other:
+            functions = node.function_list()[0]
+            assert [f[1] for f in functions[5]] == ["ladder_newer_v99"], functions
+            assert [library[1] for library in other.function_list()] == [LIBRARY]
+    finally:
+        await redis.function_load(library_source(), replace=True)  # every primary's, back
 
 
 async def move_slot(cluster: PrivateCluster, slot: int, pause: float) -> int:
