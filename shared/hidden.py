@@ -96,19 +96,23 @@ async def move(redis: Redis, keys: Keys, board_id: str, user_id: str, *, show: b
 # -- MySQL, the truth ---------------------------------------------------------------------------
 
 
-async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> None:
-    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way."""
+async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> bool:
+    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way. Whether the
+    row changed (it was not so already)."""
     t = hidden_table
     async with engine.begin() as conn:
         if hidden:
             now = to_db_time(datetime.now(UTC))
-            await conn.execute(
+            done = await conn.execute(
                 insert(t)
                 .prefix_with("IGNORE")
                 .values(board_id=board_id, user_id=user_id, hidden_at=now)
             )
         else:
-            await conn.execute(delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id))
+            done = await conn.execute(
+                delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
+            )
+        return bool(done.rowcount)
 
 
 async def stored(conn: AsyncConnection, board_id: str) -> list[str]:

@@ -5,6 +5,7 @@ MySQL."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,7 +19,11 @@ from shared.db_boards import save_board
 from shared.keys import Keys
 from shared.ranking import id_of
 from shared.settings import LadderSettings
+from tests.api.helpers import assert_problem
+from tests.helpers import ADMIN, api_client
 from tests.rebuild.test_rebuild import eu, projection, relay, write
+
+HIDDEN = "/v1/boards/main/users/{}/hidden"
 
 BOARD = Board(board_id="main")
 
@@ -69,3 +74,33 @@ async def test_a_rebuild_keeps_hidden_users_hidden_and_the_rest_as_it_was(
     assert await redis.hexists(keys.ties(region), "u2")
     await Merger(redis, keys).merge_board(BOARD)
     assert await ranked(redis, keys.global_view("main", "alltime", "all")) == ["u3", "u1"]
+
+
+async def test_a_hide_or_show_refused_for_a_rebuild_changes_nothing(
+    redis: Redis, keys: Keys, quiet: LadderSettings, db: AsyncEngine, monkeypatch: Any
+) -> None:
+    """A hide or a show while the board is being rebuilt is a 503 that changes nothing, in
+    MySQL either: the rebuild installs the hidden set it read from MySQL, so a row stored for a
+    refused request would take effect at the next rebuild with no request answered for it. So
+    also where the rebuild begins between the check and the row's store."""
+    await hidden.store(db, "main", "u-shown-hidden", hidden=True)
+    async with api_client(quiet) as client:
+        await redis.set(keys.rebuilding("main"), "1")
+        for method, user in (("PUT", "u-new"), ("DELETE", "u-shown-hidden")):
+            response = await client.request(method, HIDDEN.format(user), headers=ADMIN)
+            assert_problem(response, 503)
+        await redis.delete(keys.rebuilding("main"))
+
+        store = hidden.store
+
+        async def rebuild_begins_meanwhile(*args: Any, **kwargs: Any) -> bool:
+            changed = await store(*args, **kwargs)
+            await redis.set(keys.rebuilding("main"), "1")
+            return changed
+
+        monkeypatch.setattr(hidden, "store", rebuild_begins_meanwhile)
+        response = await client.put(HIDDEN.format("u-new"), headers=ADMIN)
+        assert_problem(response, 503)
+    async with db.connect() as conn:
+        assert await hidden.stored(conn, "main") == ["u-shown-hidden"]
+    assert await redis.exists(keys.hidden("main")) == 0

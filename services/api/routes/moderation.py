@@ -39,12 +39,20 @@ OUTCOMES = problems(401, 403, 404, 422, 503)
 
 
 async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
-    await hidden.store(state.engine, board_id, user_id, hidden=hide)
     # A rebuild under way puts its staged views, replayed from MySQL, in place of the live ones
-    # when it finishes, and a move made now would not reach them: retried once it is done (a
-    # rebuild begun after this check reads the row stored above).
-    if await state.redis.exists(state.keys.rebuilding(board_id)):
-        raise Unavailable("A rebuild of the board is under way; retry once it is done.", 5)
+    # when it finishes, and a move made now would not reach them: refused (503, nothing
+    # changed) and retried once it is done. Checked again once the row is stored: a rebuild
+    # begun in between may have read MySQL before it, so the row is put back as it was; one
+    # begun after the second check reads the row stored.
+    rebuilding = state.keys.rebuilding(board_id)
+    busy = Unavailable("A rebuild of the board is under way; retry once it is done.", 5)
+    if await state.redis.exists(rebuilding):
+        raise busy
+    changed = await hidden.store(state.engine, board_id, user_id, hidden=hide)
+    if await state.redis.exists(rebuilding):
+        if changed:
+            await hidden.store(state.engine, board_id, user_id, hidden=not hide)
+        raise busy
     key = state.keys.hidden(board_id)
     await (state.redis.sadd(key, user_id) if hide else state.redis.srem(key, user_id))
     await hidden.move(state.redis, state.keys, board_id, user_id, show=not hide)
