@@ -17,12 +17,17 @@ from shared.settings import LadderSettings
 Kind = Literal["admin", "server", "player", "anonymous"]
 
 _USER_ID = re.compile(USER_ID_PATTERN)
+# An ``exp`` later than this is taken as this: it is as good as never, and fits in a float.
+_LAST_EXP = 2**53
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
     kind: Kind
     user_id: str | None = None
+    # A player token's ``exp`` (seconds since the epoch); None for keys and anonymous. A socket
+    # opened with the token is closed once it is past it (push/ws.py).
+    expires_at: float | None = None
 
     @property
     def is_server(self) -> bool:
@@ -85,7 +90,9 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     subject = claims.get("sub")
     if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
         raise Unauthorized("The player token's subject is not a user id.")
-    return Principal("player", subject)
+    # ``exp`` as PyJWT judged it (a number, or a string of one, read as an integer).
+    expires_at = float(min(int(claims["exp"]), _LAST_EXP))
+    return Principal("player", subject, expires_at)
 
 
 def bearer(header: str | None) -> str | None:

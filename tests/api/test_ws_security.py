@@ -5,22 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
+import jwt
 import pytest
 import websockets
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from services.api.auth import Principal
+from services.api.auth import Principal, authenticate
 from services.api.push.ws import MAX_SUBSCRIPTIONS, Client
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
 from tests.api.test_pubsub import hub_connections
-from tests.helpers import player_token, serve
+from tests.helpers import eventually, player_token, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -105,6 +107,61 @@ async def test_players_may_not_listen_to_others(
             assert refused["type"] == "error"
         async with websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as server:
             assert (await ask(server, {"op": "subscribe", "topic": "user:u-2"}))["type"] == "ok"
+
+
+def test_a_player_principal_carries_its_tokens_exp(quiet: LadderSettings) -> None:
+    token = player_token("u-1")
+    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    assert authenticate(token, quiet) == Principal("player", "u-1", float(exp))
+    assert authenticate(DEV_SERVER_KEY, quiet).expires_at is None
+    assert authenticate(None, quiet).expires_at is None
+    # An exp too large for a float is as good as never, not a fault.
+    far = player_token("u-1", expires_in=None, exp=10**400)
+    assert authenticate(far, quiet).expires_at == 2.0**53
+
+
+async def test_a_player_socket_is_closed_once_its_token_expires(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    """The token is checked at the handshake, and its exp (plus the leeway) still ends the
+    socket: closed with 1008, pushed nothing more, its subscriptions dropped. A server key's
+    socket on the same topic lives on."""
+    leeway = 0.2
+    settings = quiet.model_copy(update={"jwt_leeway_seconds": leeway})
+    channel = Keys(quiet.key_prefix).user_channel("u-1")
+    token = player_token("u-1", expires_in=2)
+    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    async with (
+        serve(settings) as url,
+        websockets.connect(f"{url}?token={token}") as player,
+        websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as server,
+    ):
+        assert (await ask(server, {"op": "subscribe", "topic": "user:u-1"}))["type"] == "ok"
+        assert (await ask(player, {"op": "subscribe", "topic": TOPIC}))["type"] == "ok"
+        await redis.publish(channel, json.dumps({"type": "badge", "n": 0}))
+        for ws in (player, server):
+            async with asyncio.timeout(5):
+                assert json.loads(await ws.recv()) == {"type": "badge", "n": 0}
+
+        received = []
+        with contextlib.suppress(ConnectionClosed):
+            async with asyncio.timeout(exp + leeway + 3 - time.time()):
+                while True:
+                    received.append(await player.recv())
+        assert time.time() >= exp + leeway
+        assert (player.close_code, player.close_reason, received) == (1008, "token expired", [])
+
+        await redis.publish(channel, json.dumps({"type": "badge", "n": 1}))
+        async with asyncio.timeout(5):
+            assert json.loads(await server.recv()) == {"type": "badge", "n": 1}
+        assert (await ask(server, {"op": "ping"}))["type"] == "ok"
+        # Only the server socket's user:u-1 is left on the hub's connection.
+        name = f"ladder-hub-{quiet.key_prefix}"
+
+        async def only_the_servers() -> bool:
+            return [hub["sub"] for hub in await hub_connections(redis, name)] == ["1"]
+
+        await eventually(only_the_servers, within=5)
 
 
 @pytest.mark.parametrize(

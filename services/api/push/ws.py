@@ -4,7 +4,9 @@ Each connection is a receiver (client ops) and a sender (its bounded queue) run 
 first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
 the hub or other clients; when the server stops, every socket is closed with 1001. A bad
 credential is refused before any subscription is made: the socket is accepted only to be closed
-with 1008 and a reason.
+with 1008 and a reason. A socket opened with a player token is closed with 1008 once the token is
+past its ``exp`` and the leeway ``authenticate`` grants: a token is checked once, at the
+handshake, and a client that stays on reconnects with a fresh one.
 
 Before the server closes a socket, its receiver and sender are stopped: a sender may be waiting
 for a peer that stopped reading to make room, and nothing may follow the close frame. The close
@@ -298,9 +300,14 @@ async def _serve(websocket: WebSocket, state: ApiState) -> None:
         too_slow = asyncio.create_task(client.too_slow.wait())
         going = asyncio.create_task(state.shutting_down.wait())
         tasks = [receiver, sender, too_slow, going]
+        expired = _expiry(principal, state.settings.jwt_leeway_seconds)
+        if expired is not None:
+            tasks.append(expired)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         await _cancel(tasks)
-        if receiver in done and client.flooding:
+        if expired in done:
+            await _close(websocket, CLOSE_POLICY, "token expired")
+        elif receiver in done and client.flooding:
             await _close(websocket, CLOSE_POLICY, "too many messages")
         elif too_slow in done:
             await _close(websocket, CLOSE_TRY_AGAIN, "too slow to keep up")
@@ -312,6 +319,14 @@ async def _serve(websocket: WebSocket, state: ApiState) -> None:
         await _cancel(tasks)
         state.hub.forget(client)
         CONNECTIONS.dec()
+
+
+def _expiry(principal: Principal, leeway: float) -> asyncio.Task[None] | None:
+    """A task that ends when the principal's player token expires, as ``authenticate`` judges
+    it (past ``exp`` plus ``leeway``), or None for a credential that does not expire."""
+    if principal.expires_at is None:
+        return None
+    return asyncio.create_task(asyncio.sleep(max(0.0, principal.expires_at + leeway - time.time())))
 
 
 async def _turn_away(websocket: WebSocket, exc: TooManySockets) -> None:
