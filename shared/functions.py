@@ -82,6 +82,10 @@ LEASE_HOLD_FUNCTION = "ladder_lease_hold_v1"
 aggregator holds it."""
 LEASE_RELEASE_FUNCTION = "ladder_lease_release_v1"
 """Give a board's merge lease up, if still held with the token."""
+SNAPSHOT_DONE_FUNCTION = "ladder_snapshot_done_v1"
+"""The end of a board's snapshot pass, under its snapshot lease (taken and renewed with
+``LEASE_HOLD_FUNCTION``): follow-up marks added, the taken set deleted, the lease given up; 0,
+doing nothing, if the lease is not held with the token."""
 MERGE_TAKE_FUNCTION = "ladder_merge_take_v2"
 """Under the merge lease: the dirty set becomes the merging set, unless one is there already.
 (v2: a fourth key, the board's take counter, counts each rename.)"""
@@ -172,6 +176,7 @@ REGISTERED: dict[str, str] = {
     "lease_hold": LEASE_HOLD_FUNCTION,
     "lease_release": LEASE_RELEASE_FUNCTION,
     "merge_take": MERGE_TAKE_FUNCTION,
+    "snapshot_done": SNAPSHOT_DONE_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,

@@ -4,10 +4,8 @@ No other module builds a Redis key or a Pub/Sub channel name.
 
 Every key of a board carries the hash tag ``{<prefix>:<board_id>}``, so that every multi-key
 operation Ladder makes (the atomic write, the global merge, a relay read) touches one hash slot
-and runs unchanged on Redis Cluster. The price is that one board lives on one shard.
-
-The layout, key by key (type, what it holds): docs/architecture.md, "The Redis key layout".
-Each builder below names its key.
+and runs unchanged on Redis Cluster. The price is that one board lives on one shard. The
+layout, key by key (type, what it holds): docs/architecture.md, "The Redis key layout".
 """
 
 from __future__ import annotations
@@ -76,17 +74,15 @@ class Keys:
         return f"{self.tag(board_id)}:idem:{event_ref(event_id, user_id)}"
 
     def replicated_mark(self, board_id: str) -> str:
-        """A short-lived string the write path sets before a ``WAIT`` that follows no write of its
-        own (a duplicate's answer): it moves the connection's replication offset to the newest,
-        so the ``WAIT`` covers the first write of the event too (services/api/write/durable.py).
-        It expires by itself within seconds."""
+        """A string, expiring in seconds, that the write sets before a ``WAIT`` following no write
+        of its own (a duplicate's answer): the ``WAIT`` then covers the event's first write too
+        (services/api/write/durable.py)."""
         return f"{self.tag(board_id)}:replicated"
 
     def legacy_idempotency(self, board_id: str, event_id: str) -> str:
-        """The record of the layout before, when ids were unique per board: the write and the
-        consumers still honour one until it expires (``LADDER_IDEMPOTENCY_TTL_SECONDS`` after
-        the upgrade; docs/architecture.md, "Idempotency"). It cannot be taken for a record of
-        this layout: its name holds no ``:`` after the id."""
+        """The record of the layout before (ids unique per board), which the write and the
+        consumers honour until it expires (docs/architecture.md, "Idempotency"); never taken for
+        a record of this layout: its name holds no ``:`` after the id."""
         return f"{self.tag(board_id)}:idem:{event_id}"
 
     def outbox(self, board_id: str) -> str:
@@ -118,9 +114,8 @@ class Keys:
         return f"{self.tag(board_id)}:top:{period}:{period_id}:{scope}"
 
     def seen(self, board_id: str, consumer: str, event_id: str) -> str:
-        """A consumer's mark of the layout before, kept apart from the event's record; a
-        record of that layout expires within ``LADDER_IDEMPOTENCY_TTL_SECONDS`` of the
-        upgrade, and with it the last use of these."""
+        """A consumer's mark of the layout before, apart from the event's record; unused once
+        that layout's records expire (``LADDER_IDEMPOTENCY_TTL_SECONDS`` after the upgrade)."""
         return f"{self.tag(board_id)}:seen:{consumer}:{event_id}"
 
     def teams_view(self, board_id: str, period: str, period_id: str) -> str:
@@ -236,6 +231,11 @@ class Keys:
         snapshot, marked by history; ``taking=True``: ``{P:B}:snapdirty:taking``, the set a
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
+
+    def snapshot_lease(self, board_id: str, *, fence: bool = False) -> str:
+        """``{P:B}:snaplease`` (string, expiring): "<fence>|<owner>", the history process taking
+        the board's snapshots; ``fence=True``: ``{P:B}:snaplease:fence``, its fence counter."""
+        return f"{self.tag(board_id)}:snaplease" + (":fence" if fence else "")
 
     # -- the rebuild (services/rebuild/; the write checks the flag and journals) -------------
     def rebuilding(self, board_id: str) -> str:

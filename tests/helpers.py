@@ -13,9 +13,11 @@ from typing import Any, TypeVar
 
 import httpx
 import jwt
+import pytest
 import uvicorn
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp
@@ -29,6 +31,7 @@ from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
 from shared.ops import running
 from shared.ranking import id_of, parse_record, score_of
+from shared.redis_cluster import LadderClusterPipeline
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
 from tests.stack import free_port
 
@@ -338,3 +341,18 @@ def made(user_id: str, value: int, occurred_at: datetime, *, late_by: float = 0.
         accepted_at=occurred_at + timedelta(seconds=late_by),
         periods={},
     )
+
+
+@contextlib.contextmanager
+def refused_publishes() -> Iterator[None]:
+    """Within: every ``PUBLISH`` queued in a pipeline is refused by its Redis node (sent with
+    an argument too many: an error reply), while the pipeline's other commands run, as on Redis
+    Cluster when the primary of a channel's slot fails and the board's node answers."""
+
+    def refused(pipe: Any, channel: Any, message: Any, **kwargs: Any) -> Any:
+        return pipe.execute_command("PUBLISH", channel, message, "refused", **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for pipeline in (Pipeline, LadderClusterPipeline):
+            patch.setattr(pipeline, "publish", refused)
+        yield

@@ -37,12 +37,18 @@ class FreshRegions:
 
     async def push(self, redis: Redis, keys: Keys, board: Board) -> int:
         """The top-10 pushes of ``board``'s regional views that events changed since the last
-        call, whatever the merge has yet to do; returns how many views were looked at."""
+        call, whatever the merge has yet to do; returns how many views were looked at. If a
+        push fails, the views are noted again for the next call, which pushes each whose last
+        push did not go out (its fingerprint was not stored: services/aggregator/tops.py)."""
         views = self.take(board.board_id)
         by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
         for period, period_id, region in views:
             if period in board.periods:
                 by_period[(period, period_id)].append(f"region:{region}")
-        for (period, period_id), scopes in by_period.items():
-            await push_tops(redis, keys, board, period, period_id, sorted(scopes))
+        try:
+            for (period, period_id), scopes in by_period.items():
+                await push_tops(redis, keys, board, period, period_id, sorted(scopes))
+        except Exception:
+            self._views[board.board_id] |= views
+            raise
         return len(views)

@@ -18,7 +18,8 @@ what arrived and left since the last one plus one read per window of its users' 
 MVPs of each current period whose contributions changed (or, at least every
 ``FULL_PASS_SECONDS``, all of them). Each result is swapped into its view key with
 ``SET ... GET``; it is pushed only when its entries differ from those it replaced, so several
-aggregators computing the same view push it once. A board with no hot event whose hot view was
+aggregators computing the same view push it once (and put back if its push fails, so the next
+pass pushes it). A board with no hot event whose hot view was
 empty when last computed is left as it is (one pipelined ``EXISTS`` a pass finds them), the
 pass's time stored for the API to answer for them (``Keys.live_quiet``). State lives in Redis
 only: a restarted aggregator carries on where the last one was (computing each board once
@@ -256,15 +257,16 @@ class LiveViews:
                 break
         pushed = 0
         tops = reply[1:]
-        if any(tops):
-            self._settled.discard(bid)
-        else:
-            self._settled.add(bid)
+        # Settled only once its views are stored and pushed: one whose push failed is computed
+        # again by the next pass, events or not.
+        self._settled.discard(bid)
         for window, top in zip(HOT_WINDOWS, tops, strict=True):
             message = hot_message(bid, window, rfc3339(now), hot_entries(top))
             channel = self._keys.board_channel(board.board_id, "hot", str(window))
             key = self._keys.hot_view(board.board_id, window)
             pushed += await self._swap(key, channel, message, HOT_VIEW_TTL_SECONDS, None)
+        if not any(tops):
+            self._settled.add(bid)
         PUSHES.labels("hot").inc(pushed)
         return pushed
 
@@ -278,8 +280,24 @@ class LiveViews:
         if dirty:
             # Taken before computing: a contribution recorded meanwhile marks it again.
             await self._redis.srem(keys.mvp_dirty(bid), *dirty)
+        try:
+            pushed = await self._mvps(board, now, full, dirty)
+        except Exception:
+            # A view whose push failed is stored as it was before (:meth:`_swap`); marked again,
+            # it is computed and pushed by the next pass (and a full pass that failed is due
+            # still).
+            if dirty:
+                await self._redis.sadd(keys.mvp_dirty(bid), *dirty)
+            raise
         if full:
             self._full_pass_at[bid] = time.monotonic()
+        PUSHES.labels("mvps").inc(pushed)
+        return pushed
+
+    async def _mvps(self, board: Board, now: datetime, full: bool, dirty: set[Any]) -> int:
+        """Compute and push the MVPs of ``board``'s current periods (``full``: all of them, else
+        those ``dirty`` names); how many were pushed."""
+        keys, bid = self._keys, board.board_id
         pushed = 0
         for period in board.periods:
             window = current_window(period, now, board.timezone, board.schedule)
@@ -300,7 +318,6 @@ class LiveViews:
             expiry = expiry_of(window, board.timezone, retention, board.schedule) or None
             channel = keys.board_channel(bid, "mvps", period)
             pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
-        PUSHES.labels("mvps").inc(pushed)
         return pushed
 
     def _full_due(self, board_id: str) -> bool:
@@ -316,13 +333,25 @@ class LiveViews:
         ttl: int | None,
         expire_at_s: int | None,
     ) -> int:
-        """Store ``message`` as the view's current state; publish it if its content changed."""
+        """Store ``message`` as the view's current state; publish it if its content changed.
+
+        If the publish fails (on Redis Cluster the channel's slot is not the board's: its
+        primary may be failing over while the board's answers), the view is put back as it was
+        before, so that the next pass finds the content changed and publishes it; a newer view
+        stored meanwhile by another aggregator is overwritten too, which only repeats a push."""
         body = orjson.dumps(message)
         old: Any = await self._redis.set(key, body, ex=ttl, exat=expire_at_s, get=True)
         previous = orjson.loads(old) if old is not None else {}
         if _content(previous) == _content(message):
             return 0
-        await self._redis.publish(channel, body)
+        try:
+            await self._redis.publish(channel, body)
+        except Exception:
+            if old is None:
+                await self._redis.delete(key)
+            else:
+                await self._redis.set(key, old, ex=ttl, exat=expire_at_s)
+            raise
         return 1
 
 

@@ -1,6 +1,8 @@
 """The top-10 pushes of the aggregator's views: a view's top 10 goes to its ``leaderboard``
 subscribers (docs/api.md section 10) when it differs from the last one pushed, which a
-fingerprint kept beside the view remembers, so several passes or aggregators push a top once."""
+fingerprint kept beside the view remembers, so several passes or aggregators push a top once.
+The fingerprint is stored only once the push has gone out: a push that failed is made again by
+the next look at the view, whether or not its top changed meanwhile."""
 
 from __future__ import annotations
 
@@ -62,32 +64,38 @@ async def push_tops(
     held = iter(found)
     records: list[list[Any]] = [next(held) if rows else [] for rows in replies[0::2]]
     expiry = board_period_expiry(board, period, period_id) or None
-    changed = 0
+    changed: list[tuple[str, str, bytes]] = []  # (scope, fingerprint, message)
+    for scope, rows, last, kept in zip(scopes, replies[0::2], replies[1::2], records, strict=True):
+        entries = [
+            top_entry(board, i + 1, m, c, names.get(id_of(m)), raw)
+            for i, ((m, c), raw) in enumerate(zip(rows, kept, strict=True))
+        ]
+        fingerprint = orjson.dumps(entries).decode()
+        if fingerprint == last:
+            continue
+        message = {
+            "type": "leaderboard",
+            "board_id": bid,
+            "scope": scope,
+            "period": period,
+            "period_id": period_id,
+            "entries": entries,
+        }
+        changed.append((scope, fingerprint, orjson.dumps(message)))
+    if not changed:
+        return
+    # Every changed scope's push in one round trip, then their fingerprints in another, once the
+    # pushes all succeeded: on Redis Cluster a channel's slot is not the board's, and a
+    # fingerprint stored beside a publish that failed would keep the top from being pushed
+    # again until it changed. A failure between the two only repeats a push.
     async with redis.pipeline(transaction=False) as pipe:
-        # Every changed scope's swap and push in one round trip.
-        for scope, rows, last, kept in zip(
-            scopes, replies[0::2], replies[1::2], records, strict=True
-        ):
-            entries = [
-                top_entry(board, i + 1, m, c, names.get(id_of(m)), raw)
-                for i, ((m, c), raw) in enumerate(zip(rows, kept, strict=True))
-            ]
-            fingerprint = orjson.dumps(entries).decode()
-            if fingerprint == last:
-                continue
-            message = {
-                "type": "leaderboard",
-                "board_id": bid,
-                "scope": scope,
-                "period": period,
-                "period_id": period_id,
-                "entries": entries,
-            }
+        for scope, _, body in changed:
+            pipe.publish(keys.board_channel(bid, scope, period), body)
+        await pipe.execute()
+    async with redis.pipeline(transaction=False) as pipe:
+        for scope, fingerprint, _ in changed:
             pipe.set(keys.last_top(bid, period, period_id, scope), fingerprint)
             if expiry is not None:
                 pipe.expireat(keys.last_top(bid, period, period_id, scope), expiry)
-            pipe.publish(keys.board_channel(bid, scope, period), orjson.dumps(message))
-            changed += 1
-        if changed:
-            await pipe.execute()
-    PUSHES.inc(changed)
+        await pipe.execute()
+    PUSHES.inc(len(changed))

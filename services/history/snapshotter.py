@@ -7,6 +7,13 @@ its region, ``global`` and, with a team, ``teams``; the marks go into the board'
 set to be taken again), reads the top ``LADDER_SNAPSHOT_SIZE`` of each marked view and stores
 them in MySQL, one row a view.
 
+One history process at a time takes a board's snapshots (several may run): a pass holds the
+board's snapshot lease (``Keys.snapshot_lease``, shared/lua/lease.lua), renewed before each chunk
+of views and lapsing ``LEASE_SECONDS`` after a process that died, and a board held by another
+is left to it. So no view is stored twice from one mark, and the pass's last step, which deletes
+the renamed set and gives the lease up, does so only while the pass still holds the lease: a
+pass that lost it (paused past its time) deletes no set another pass has renamed since.
+
 The aggregator fills the global view up to ``LADDER_MERGE_INTERVAL`` after the regional write
 that marked it, so a pass may read it just before the merge lands. A global view taken on a
 fresh mark is therefore marked once more, as a follow-up, and taken again on the next pass, by
@@ -16,6 +23,10 @@ which time the merge has long happened (as long as the snapshot interval is the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
+from shared.functions import LEASE_HOLD_FUNCTION, SNAPSHOT_DONE_FUNCTION
 from shared.keys import Keys
 from shared.periods import PERIODS, Period
 from shared.ranking import id_of, metadata_of, score_of, sub_of, subscore_of
@@ -40,6 +52,9 @@ TAKEN = Counter("ladder_history_snapshots_total", "Snapshots of a view stored")
 FOLLOW_UP = "again"
 # Views read a Redis pipeline, and stored a MySQL statement, at a time.
 CHUNK = 50
+LEASE_SECONDS = 60.0
+"""How long a board's snapshot lease lasts unless renewed (before each chunk of views): the
+boards of a history process that died are taken by another within that."""
 
 
 def view_member(period: str, period_id: str, scope: str, *, follow_up: bool = False) -> str:
@@ -68,25 +83,79 @@ def changed_views(event: ScoreAccepted) -> list[str]:
 class Snapshotter:
     """Takes the snapshots of one board's changed views (see the module docstring)."""
 
-    def __init__(self, redis: Redis, keys: Keys, engine: AsyncEngine, size: int) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        engine: AsyncEngine,
+        size: int,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._engine = engine
         self._size = size
+        self._lease_ms = max(1, round(lease_seconds * 1000))
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
     async def take_board(self, board: Board, now: datetime | None = None) -> int:
         """Snapshot every view of ``board`` marked since the last pass; how many were stored.
 
-        An empty view (expired, or a team view of a board without teams) stores nothing.
+        An empty view (expired, or a team view of a board without teams) stores nothing. A board
+        whose snapshot lease another history process holds is left to it (0).
         """
         bid = board.board_id
         dirty = self._keys.snapshot_dirty(bid)
         taking = self._keys.snapshot_dirty(bid, taking=True)
-        if not await self._redis.exists(taking):
-            try:
-                await self._redis.rename(dirty, taking)
-            except ResponseError:
-                return 0  # nothing changed
+        if not await self._redis.exists(dirty, taking):
+            return 0  # nothing changed
+        token = await self._hold(bid)
+        if not token:
+            return 0
+        with contextlib.suppress(ResponseError):  # no new marks: only a set left to take
+            # Not over a set left by a pass cut short, which is taken first, the new marks after.
+            await self._redis.renamenx(dirty, taking)
+        views, follow_ups = await self._marked(board, taking)
+        taken_at = now or datetime.now(UTC)
+        stored = 0
+        ordered = sorted(views)
+        for start in range(0, len(ordered), CHUNK):
+            if start and await self._hold(bid) != token:
+                log.warning("snapshot lease lost; the pass stops", board_id=bid, stored=stored)
+                TAKEN.inc(stored)
+                return stored
+            rows = await self._read(board, ordered[start : start + CHUNK], taken_at)
+            await save_snapshots(self._engine, rows)
+            stored += len(rows)
+        lease = self._keys.snapshot_lease(bid)
+        done = await self._redis.fcall(
+            SNAPSHOT_DONE_FUNCTION, 3, lease, taking, dirty, token, *sorted(follow_ups)
+        )
+        if not done:
+            log.warning("snapshot lease lost; the views are taken again", board_id=bid)
+        TAKEN.inc(stored)
+        return stored
+
+    async def _hold(self, board_id: str) -> str:
+        """Take or renew the board's snapshot lease: its token, or '' while another history
+        process holds it (shared/lua/lease.lua; a lease that lapsed gets a new token)."""
+        keys = self._keys
+        token = await self._redis.fcall(
+            LEASE_HOLD_FUNCTION,
+            2,
+            keys.snapshot_lease(board_id),
+            keys.snapshot_lease(board_id, fence=True),
+            self.owner,
+            self._lease_ms,
+        )
+        return str(token) if token else ""
+
+    async def _marked(
+        self, board: Board, taking: str
+    ) -> tuple[set[tuple[Period, str, str]], set[str]]:
+        """The views ``taking`` marks, of the board's periods, and the follow-up marks of its
+        fresh global ones (see the module docstring)."""
         views: set[tuple[Period, str, str]] = set()
         follow_ups: set[str] = set()
         async for member in self._redis.sscan_iter(taking, count=1000):
@@ -96,20 +165,7 @@ class Snapshotter:
             views.add((period, period_id, scope))
             if scope == "global" and not follow_up:
                 follow_ups.add(view_member(period, period_id, scope, follow_up=True))
-        taken_at = now or datetime.now(UTC)
-        stored = 0
-        ordered = sorted(views)
-        for start in range(0, len(ordered), CHUNK):
-            rows = await self._read(board, ordered[start : start + CHUNK], taken_at)
-            await save_snapshots(self._engine, rows)
-            stored += len(rows)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if follow_ups:
-                pipe.sadd(dirty, *follow_ups)
-            pipe.delete(taking)
-            await pipe.execute()
-        TAKEN.inc(stored)
-        return stored
+        return views, follow_ups
 
     async def _read(
         self, board: Board, views: list[tuple[Period, str, str]], taken_at: datetime

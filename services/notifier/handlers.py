@@ -38,9 +38,14 @@ class Notify:
     (broker redelivery).
 
     An event is marked seen only after its messages are published: a crash in between repeats
-    the rank messages on redelivery rather than losing them. The mark is the notifier's bit in
-    the event's record (``ladder_seen_v2`` reads it, ``ladder_mark_seen_v2`` sets it: one call
-    a board each), so a handled event keeps no key of its own (shared/lua/live.lua). Badges
+    the rank messages on redelivery rather than losing them. So the marks are set in a round
+    trip of their own, after the one that publishes the batch's messages has succeeded whole:
+    sharing it would not do on Redis Cluster, where a channel's slot is not its board's and
+    each node's share of a pipeline is sent at once, so a publish could fail (its primary
+    failing over) while the mark on the board's node lands, and the batch's redelivery would
+    then skip the event. The mark is the notifier's bit in the event's record
+    (``ladder_seen_v2`` reads it, ``ladder_mark_seen_v2`` sets it: one call a board each), so a
+    handled event keeps no key of its own (shared/lua/live.lua). Badges
     never repeat: each award is one ``ladder_award_v1`` call whose ``HSETNX`` on the user's
     badges hash decides, in the same atomic step as the publish, so a badge is pushed exactly
     once however often, and however partly, its event was handled before.
@@ -76,20 +81,25 @@ class Notify:
             for badge in earned(event.value, board.badges, board.descending):
                 awards.append(self._award(event, badge))
         messages = await self._messages(found)
+        if awards or messages:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                # In event order, so that of two events earning one badge the first one's time
+                # holds.
+                for key, badge, awarded_at, channel, message in awards:
+                    pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
+                for channel, rank_message in messages:
+                    pipe.publish(channel, orjson.dumps(rank_message))
+                replies: list[Any] = await pipe.execute()
+            AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
+            for _, rank_message in messages:
+                PUSHES.labels(rank_message["reason"]).inc()
+        # Only once every publish above succeeded (see the class docstring).
         async with self._redis.pipeline(transaction=False) as pipe:
-            # In event order, so that of two events earning one badge the first one's time holds.
-            for key, badge, awarded_at, channel, message in awards:
-                pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
-            for channel, rank_message in messages:
-                pipe.publish(channel, orjson.dumps(rank_message))
             for marks in self._seen_keys(list(fresh.values())).values():
                 pipe.execute_command(
                     "FCALL", MARK_SEEN_FUNCTION, len(marks), *marks, "notifier", SEEN_TTL_SECONDS
                 )
-            replies: list[Any] = await pipe.execute()
-        AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
-        for _, rank_message in messages:
-            PUSHES.labels(rank_message["reason"]).inc()
+            await pipe.execute()
 
     def _seen_keys(self, events: list[ScoreAccepted]) -> dict[str, list[str]]:
         """The seen keys of ``events`` (three each: shared.keys.seen_keys), by board."""

@@ -171,10 +171,10 @@ local function expire_made(made, keys, at)
   if made then expire(keys, at) end
 end
 
--- Whether the merge lease (lease.lua) is held with `token`, its whole value "<fence>|<owner>"
--- (an owner names one process, so a token is never given twice). The writes of a board's merge
--- check it in the step that writes, so an aggregator that lost the lease (paused past its
--- time, then resumed) writes nothing after another took it over.
+-- Whether a lease (lease.lua: a board's merge or snapshot lease) is held with `token`, its
+-- whole value "<fence>|<owner>" (an owner names one process, so a token is never given twice).
+-- The writes of a board's merge check it in the step that writes, so an aggregator that lost
+-- the lease (paused past its time, then resumed) writes nothing after another took it over.
 local function holds(lease, token)
   return redis.call('GET', lease) == token
 end

@@ -4,7 +4,8 @@ A board's merge lease (services/aggregator/lease.py): one aggregator at a time m
 dirty marks. The lease is a string "<fence>|<owner>", the holder's token, that expires unless
 renewed; the fence is a counter of the board that goes up at every new holder, and the writes of
 the merge check the token (common.lua's holds()), so a holder that lost the lease writes nothing
-after it.
+after it. lease_hold and lease_release serve a board's snapshot lease too, on keys of its own:
+one history process at a time takes a board's snapshots (snapshot_done, below).
 
 Take or renew. KEYS: the lease, the fence counter. ARGV: the owner, milliseconds to hold it.
 Returns the token held, or '' while another owner holds the lease.
@@ -57,3 +58,23 @@ local function merge_take(keys, args)
 end
 
 redis.register_function(FUNCTIONS.merge_take, merge_take)
+
+--[[
+The end of a board's snapshot pass (services/history/snapshotter.py), under the board's snapshot
+lease, taken and renewed with lease_hold: the follow-up marks go into the board's changed-views
+set, the set the pass took is deleted and the lease given up, in one step, and only while the
+lease is held with the token. A pass that lost it (paused past its time) deletes nothing: the
+set it took may be a later pass's by then. KEYS: the lease, the set the pass took, the
+changed-views set. ARGV: the token, then the follow-up marks. Returns 1 if done, 0 if the lease
+is held by another (or nobody).
+]]
+local function snapshot_done(keys, args)
+  if not holds(keys[1], args[1]) then return 0 end
+  for i = 2, #args, 1000 do
+    redis.call('SADD', keys[3], unpack(args, i, math.min(i + 999, #args)))
+  end
+  redis.call('DEL', keys[2], keys[1])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.snapshot_done, snapshot_done)

@@ -51,10 +51,11 @@ TEAMS = ("red", "blue", "gold", "teal")
 # next write).
 # What a rebuild does not bring back from MySQL, besides the records and queues of events: the
 # period closes' claims and marks (a period that ended is closed again, at a new time:
-# docs/operations.md, "Seasons and period ends") and the merge lease's fence (a counter).
+# docs/operations.md, "Seasons and period ends") and the merge and snapshot leases' fences
+# (counters).
 NOT_REBUILT = re.compile(
-    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|badges|hot|mvp|live|rate|rebuild"
-    r"|rebuilding|closed|closing|merge)(:|$)"
+    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|snaplease|badges|hot|mvp|live|rate"
+    r"|rebuild|rebuilding|closed|closing|merge)(:|$)"
 )
 
 # Two more boards beside ``main`` (incr): every operator and both orders, daily and all-time.
