@@ -31,6 +31,7 @@ from services.api.routes import (
     moderation,
     ops,
     reads,
+    reference,
     scores,
     snapshots,
 )
@@ -150,6 +151,9 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
         # with it on, FastAPI looked up the global providers (reading the environment) on every
         # request, about 4% of a worker's CPU under single score POSTs.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # /docs and /redoc with their scripts served from here (routes/reference.py).
+        docs_url=None,
+        redoc_url=None,
     )
     errors.install(app)
     app.add_middleware(JsonBodies)
@@ -168,6 +172,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     app.include_router(live_views.router)
     app.include_router(ws_router)
     dashboard.install(app)
+    reference.install(app)
     # Last, so that the OpenAPI document lists the operations endpoints after the rest.
     app.include_router(ops.router)
     if not settings.public_reads:
