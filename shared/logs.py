@@ -10,7 +10,8 @@ import structlog
 
 
 def configure(service: str, level: str = "INFO") -> None:
-    """One JSON object a line, each naming its service; the standard library's loggers too."""
+    """One JSON object a line, each naming its service; the standard library's loggers and
+    Python's warnings too."""
     shared_processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -39,6 +40,9 @@ def configure(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python's warnings (a library's deprecation, PyJWT's on a short development secret) as log
+    # lines too, not as bare text on stderr.
+    logging.captureWarnings(True)
     for noisy in ("aiormq", "aio_pika"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 

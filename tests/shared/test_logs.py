@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.stack import ROOT
+from tests.stack import ROOT, free_port
 
 SCRIPT = """
 import logging
@@ -27,3 +27,30 @@ def test_a_websocket_token_is_redacted_from_the_log() -> None:
     assert line["level"] == "info"
     assert "eyJhbGciOi" not in done.stdout
     assert line["message"].endswith('"WebSocket /v1/ws?token=[redacted]&x=1" [accepted]')
+
+
+START = """
+import warnings
+from shared.logs import configure
+from shared.settings import LadderSettings
+from services.api.serving.workers import listening
+configure("api")
+warnings.warn("a library's warning")
+listening(LadderSettings(_env_file=None, api_port={port})).close()
+"""
+
+
+def test_what_a_start_says_is_json_too() -> None:
+    """The workers' parent binding the port (uvicorn's "running on" line) and Python's warnings
+    (PyJWT's on the short development secret): JSON lines on stdout, nothing on stderr."""
+    script = START.replace("{port}", str(free_port()))
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert done.stderr == ""
+    said = {line["logger"]: line for line in lines}
+    assert said["py.warnings"]["level"] == "warning"
+    assert "a library's warning" in said["py.warnings"]["message"]
+    assert said["uvicorn.error"]["message"].startswith("Uvicorn running on http://")
+    assert {line["service"] for line in lines} == {"api"}

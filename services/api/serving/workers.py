@@ -39,10 +39,17 @@ def _worker(listener: socket.socket) -> None:
     sys.exit(serve(settings, [listener]))
 
 
+def listening(settings: LadderSettings) -> socket.socket:
+    """The API's port, bound once for every worker; its "running on" line goes through the JSON
+    logs (``log_config=None``), as every other line does."""
+    app = "services.api.app:create_app"  # only to bind: each worker builds its own
+    config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_config=None)
+    return config.bind_socket()
+
+
 def run_workers(settings: LadderSettings) -> int:
     """``LADDER_API_WORKERS`` API processes on one listening socket; the exit status."""
-    app = "services.api.app:create_app"  # only to bind: each worker builds its own
-    listener = uvicorn.Config(app, host=settings.api_host, port=settings.api_port).bind_socket()
+    listener = listening(settings)
     multiprocessing.allow_connection_pickling()
     spawn = multiprocessing.get_context("spawn")
     # Every worker's metrics, summed by whichever answers /metrics (shared/ops.py).
