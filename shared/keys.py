@@ -4,8 +4,8 @@ No other module builds a Redis key or a Pub/Sub channel name.
 
 Every key of a board carries the hash tag ``{<prefix>:<board_id>}``, so that every multi-key
 operation Ladder makes (the atomic write, the global merge, a relay read) touches one hash slot
-and runs unchanged on Redis Cluster. The price is that one board lives on one shard. The
-layout, key by key (type, what it holds): docs/architecture.md, "The Redis key layout".
+and runs unchanged on Redis Cluster; the price: one board lives on one shard. The layout, key by
+key (type, what it holds): docs/architecture.md, "The Redis key layout".
 """
 
 from __future__ import annotations
@@ -232,10 +232,10 @@ class Keys:
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
 
-    def snapshot_lease(self, board_id: str, *, fence: bool = False) -> str:
-        """``{P:B}:snaplease`` (string, expiring): "<fence>|<owner>", the history process taking
-        the board's snapshots; ``fence=True``: ``{P:B}:snaplease:fence``, its fence counter."""
-        return f"{self.tag(board_id)}:snaplease" + (":fence" if fence else "")
+    def lease(self, board_id: str, kind: str, *, fence: bool = False) -> str:
+        """``{P:B}:<kind>lease`` (string, expiring): "<fence>|<owner>", who does that work of the
+        board (``snap``: snapshots; ``live``: hot and MVP views); ``fence=True``: its counter."""
+        return f"{self.tag(board_id)}:{kind}lease" + (":fence" if fence else "")
 
     # -- the rebuild (services/rebuild/; the write checks the flag and journals) -------------
     def rebuilding(self, board_id: str) -> str:

@@ -6,6 +6,11 @@ dense builds, are done by the aggregator that holds the board's lease. The lease
 ``ttl`` seconds unless renewed (three merge intervals: an aggregator that died leaves its boards
 to the others within that). Each new holder gets a token, a higher fence and its owner name,
 which the merge's writes check in Redis: a holder that lost the lease writes nothing more.
+
+The live views (hot streaks, MVPs) are held the same way, by a lease of their own (``live``):
+one aggregator computes and pushes a board's live views, not each of them. Those writes are not
+fenced: a holder paused past its lease may store one pass's views after its successor's, which
+the successor's next pass replaces.
 """
 
 from __future__ import annotations
@@ -31,14 +36,29 @@ def lost(error: ResponseError) -> bool:
 
 
 class MergeLease:
-    """The merge leases of one aggregator (``owner``), board by board."""
+    """The merge leases of one aggregator (``owner``), board by board; with ``kind``, the leases
+    of another kind of the board's work (``Keys.lease``: ``live``, the hot and MVP views)."""
 
-    def __init__(self, redis: Redis, keys: Keys, ttl: float, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        ttl: float,
+        owner: str | None = None,
+        kind: str | None = None,
+    ) -> None:
         self._redis = redis
         self._keys = keys
+        self.ttl = ttl
         self._ttl_ms = max(1, round(ttl * 1000))
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, str] = {}
+        self._kind = kind
+
+    def _key(self, board_id: str, *, fence: bool = False) -> str:
+        if self._kind is not None:
+            return self._keys.lease(board_id, self._kind, fence=fence)
+        return self._keys.merge_fence(board_id) if fence else self._keys.merge_lease(board_id)
 
     def token(self, board_id: str) -> str:
         """The token this aggregator holds ``board_id``'s lease with (after :meth:`hold`)."""
@@ -47,12 +67,11 @@ class MergeLease:
     async def hold(self, board_id: str) -> bool:
         """Take or renew the lease of ``board_id``; ``False`` while another aggregator holds it.
         A holder whose lease expired unnoticed and was taken by no one gets a new token."""
-        keys = self._keys
         token = await self._redis.fcall(
             LEASE_HOLD_FUNCTION,
             2,
-            keys.merge_lease(board_id),
-            keys.merge_fence(board_id),
+            self._key(board_id),
+            self._key(board_id, fence=True),
             self.owner,
             self._ttl_ms,
         )
@@ -73,6 +92,4 @@ class MergeLease:
         """Give the lease of ``board_id`` up, if this aggregator still holds it."""
         token = self._tokens.pop(board_id, None)
         if token is not None:
-            await self._redis.fcall(
-                LEASE_RELEASE_FUNCTION, 1, self._keys.merge_lease(board_id), token
-            )
+            await self._redis.fcall(LEASE_RELEASE_FUNCTION, 1, self._key(board_id), token)

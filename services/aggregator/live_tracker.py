@@ -37,6 +37,7 @@ import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
+from services.aggregator.lease import MergeLease
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
@@ -206,12 +207,17 @@ def hot_keys(keys: Keys, board_id: str) -> list[str]:
 class LiveViews:
     """The ticker's part: recompute the views of one board and push those that changed."""
 
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, redis: Redis, keys: Keys, lease: MergeLease | None = None) -> None:
         self._redis = redis
         self._keys = keys
         self._full_pass_at: dict[str, float] = {}
         self._settled: set[str] = set()
-        """Boards whose hot view this process last computed empty."""
+        """Boards whose hot view this process last computed empty, or another aggregator
+        holds (their live lease): looked at again when events come."""
+        self.lease = lease or MergeLease(redis, keys, ttl=6.0, kind="live")
+        """Whose a board's live views are (lease.py): with several aggregators, one computes
+        them; an aggregator that died leaves them to another within the lease (6 s, three of
+        LADDER_MERGE_INTERVAL's default)."""
 
     async def tick(self, boards: list[Board]) -> int:
         """Recompute the live views of ``boards``; returns how many were pushed. A board with no
@@ -228,10 +234,19 @@ class LiveViews:
             found = await pipe.execute()
         pushed = 0
         for board, events, dirty in zip(boards, found[::2], found[1::2], strict=True):
+            bid = board.board_id
+            hot = events or bid not in self._settled
+            mvps = dirty or self._full_due(bid)
             with board_step(board, "live views"):
-                if events or board.board_id not in self._settled:
+                if (hot or mvps) and not await self.lease.hold(bid):
+                    # Another aggregator's: this one looks again when events come, or at the
+                    # next full pass of MVPs (in case that one is gone).
+                    self._settled.add(bid)
+                    self._full_pass_at[bid] = time.monotonic()
+                    continue
+                if hot:
                     pushed += await self.hot(board)
-                if dirty or self._full_due(board.board_id):
+                if mvps:
                     pushed += await self.mvps(board)
         # After the views of boards with events are stored: a reader who sees this time finds
         # them as of it or later.

@@ -103,7 +103,8 @@ async def run(settings: LadderSettings) -> None:
         # died are merged by another within that (lease.py).
         lease = MergeLease(redis, keys, ttl=3 * settings.merge_interval)
         merger, fresh = Merger(redis, keys, lease), FreshRegions()
-        live = LiveViews(redis, keys)
+        # So are its live views, by a lease of their own: one aggregator computes them.
+        live = LiveViews(redis, keys, MergeLease(redis, keys, ttl=lease.ttl, kind="live"))
         handler = aggregate(
             Derive(redis, keys, catalog, settings.feed_length),
             MarkDirty(redis, keys, fresh),

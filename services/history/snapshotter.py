@@ -8,7 +8,7 @@ set to be taken again), reads the top ``LADDER_SNAPSHOT_SIZE`` of each marked vi
 them in MySQL, one row a view.
 
 One history process at a time takes a board's snapshots (several may run): a pass holds the
-board's snapshot lease (``Keys.snapshot_lease``, shared/lua/lease.lua), renewed before each chunk
+board's snapshot lease (``Keys.lease``, ``snap``, shared/lua/lease.lua), renewed before each chunk
 of views and lapsing ``LEASE_SECONDS`` after a process that died, and a board held by another
 is left to it. So no view is stored twice from one mark, and the pass's last step, which deletes
 the renamed set and gives the lease up, does so only while the pass still holds the lease: a
@@ -128,7 +128,7 @@ class Snapshotter:
             rows = await self._read(board, ordered[start : start + CHUNK], taken_at)
             await save_snapshots(self._engine, rows)
             stored += len(rows)
-        lease = self._keys.snapshot_lease(bid)
+        lease = self._keys.lease(bid, "snap")
         done = await self._redis.fcall(
             SNAPSHOT_DONE_FUNCTION, 3, lease, taking, dirty, token, *sorted(follow_ups)
         )
@@ -144,8 +144,8 @@ class Snapshotter:
         token = await self._redis.fcall(
             LEASE_HOLD_FUNCTION,
             2,
-            keys.snapshot_lease(board_id),
-            keys.snapshot_lease(board_id, fence=True),
+            keys.lease(board_id, "snap"),
+            keys.lease(board_id, "snap", fence=True),
             self.owner,
             self._lease_ms,
         )

@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from services.aggregator import live_tracker
 from services.aggregator.derive import Derive
 from services.aggregator.handlers import Handler, MarkDirty, aggregate
+from services.aggregator.lease import MergeLease
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, BoardCatalog
@@ -228,6 +229,41 @@ async def test_several_aggregators_and_a_restart_push_a_change_once(
     assert pushed == [2, 0] and restarted == 0
     assert [ranking(m["entries"], "user_id", "score") for m in received] == [[("u-1", 7.0)]]
     assert received[0]["view"] == "hot" and received[0]["window"] == 60
+
+
+async def test_one_of_several_aggregators_computes_a_boards_live_views(
+    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two aggregators' tickers: the board's live views (hot streaks, and MVPs on their full
+    pass) are computed by the holder of its live lease only; once that one is gone (its lease
+    lapsed), the other computes them as events come."""
+    computed: list[str] = []
+    hot, mvps = LiveViews.hot, LiveViews.mvps
+
+    async def counted_hot(self: LiveViews, board: Any, now: Any = None) -> int:
+        computed.append(f"{self.lease.owner} hot")
+        return await hot(self, board, now)
+
+    async def counted_mvps(self: LiveViews, board: Any) -> int:
+        computed.append(f"{self.lease.owner} mvps")
+        return await mvps(self, board)
+
+    monkeypatch.setattr(LiveViews, "hot", counted_hot)
+    monkeypatch.setattr(LiveViews, "mvps", counted_mvps)
+    one = LiveViews(redis, keys, MergeLease(redis, keys, ttl=0.5, owner="one", kind="live"))
+    two = LiveViews(redis, keys, MergeLease(redis, keys, ttl=0.5, owner="two", kind="live"))
+    now = datetime.now(UTC)
+    for tick in range(3):
+        await recorder(redis, keys)([made(f"u-{tick}", 5, now)])
+        await one.tick([MAIN_BOARD])
+        await two.tick([MAIN_BOARD])
+    assert computed and {entry.split()[0] for entry in computed} == {"one"}, computed
+    # "one" stops; its lease lapses, and "two" takes the board over at its next tick with events.
+    await asyncio.sleep(0.6)
+    computed.clear()
+    await recorder(redis, keys)([made("u-9", 5, datetime.now(UTC))])
+    await two.tick([MAIN_BOARD])
+    assert computed == ["two hot"], computed
 
 
 # --- team MVPs ---------------------------------------------------------------------------------

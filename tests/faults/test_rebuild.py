@@ -54,7 +54,7 @@ TEAMS = ("red", "blue", "gold", "teal")
 # docs/operations.md, "Seasons and period ends") and the merge and snapshot leases' fences
 # (counters).
 NOT_REBUILT = re.compile(
-    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|snaplease|badges|hot|mvp|live|rate"
+    r":(idem|outbox|newest|dirty|asof|top|seen|snapdirty|snaplease|livelease|badges|hot|mvp|live|rate"
     r"|rebuild|rebuilding|closed|closing|merge)(:|$)"
 )
 

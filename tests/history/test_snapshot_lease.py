@@ -114,7 +114,7 @@ async def test_two_processes_take_each_snapshot_once_and_lose_no_mark(
     assert await two.take_board(MAIN_BOARD, T1 + timedelta(seconds=3)) == 1
     assert await rows_of(db, "region:eu") == 1
     assert await rows_of(db, "region:us") == 1
-    assert not await redis.exists(dirty, taking, keys.snapshot_lease("main"))
+    assert not await redis.exists(dirty, taking, keys.lease("main", "snap"))
 
 
 @pytest.mark.usefixtures("views")
@@ -124,7 +124,7 @@ async def test_a_pass_that_lost_its_lease_deletes_no_marks_taken_since(
     one, two = Snapshotter(redis, keys, db, size=3), Snapshotter(redis, keys, db, size=3)
     saves = HeldSaves(monkeypatch)
     dirty, taking = keys.snapshot_dirty("main"), keys.snapshot_dirty("main", taking=True)
-    lease = keys.snapshot_lease("main")
+    lease = keys.lease("main", "snap")
     await redis.sadd(dirty, EU)
     first_gate = saves.hold()
     first = asyncio.create_task(one.take_board(MAIN_BOARD, T1))
