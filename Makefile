@@ -134,12 +134,13 @@ clean: venv ## remove all Ladder made: its keys, queues, exchanges and history d
 SUITE := not faults and not stack and not cluster and not containers and not fuzz and not rehearsal
 
 # test: valgrind counts the Redis instructions a write costs (tests/bench); without it that one
-# test is skipped, saying why.
+# test is skipped, saying why (and fails under LADDER_REQUIRE_TOOLS=1, as .ci/run sets it).
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
 	@command -v callgrind_control >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq valgrind; } \
 		|| { sudo apt-get update -qq && sudo apt-get install -y -qq valgrind; } \
-		|| echo "valgrind could not be installed: the instruction count test will be skipped"
+		|| echo "valgrind could not be installed: the instruction count test will be skipped" \
+			"(failed under LADDER_REQUIRE_TOOLS=1)"
 	$(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)
 
 test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 4 min)

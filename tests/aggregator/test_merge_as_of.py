@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 
@@ -32,22 +32,29 @@ async def mark(redis: Redis, keys: Keys, users: list[str], into: str | None = No
 async def test_as_of_is_when_the_batch_was_taken_not_when_it_drained(
     redis: Redis, keys: Keys
 ) -> None:
+    called, marked = [], []
+
     class Slow(Merger):
         """A merge whose calls take a while, and a score marked while they run."""
 
         async def _merge_round(
             self, work: Pass, marks_set: str, marks: list[str], depth: int = 2
         ) -> None:
+            called.append(datetime.now(UTC))
             await asyncio.sleep(0.5)
+            marked.append(datetime.now(UTC))
             await mark(redis, keys, ["late"])
             await super()._merge_round(work, marks_set, marks, depth)
 
     await mark(redis, keys, ["u-1", "u-2"])
+    # as_of is written to the millisecond, cut short: the start of this one.
     before = datetime.now(UTC)
+    before = before.replace(microsecond=before.microsecond // 1000 * 1000)
     await Slow(redis, keys).merge_board(BOARD)
     as_of = datetime.fromisoformat(str(await redis.hget(keys.as_of(BOARD.board_id), FIELD)))
-    # Taken before the calls ran (its time to the ms), and before "late" was marked: not claimed.
-    assert before - timedelta(milliseconds=1) <= as_of < before + timedelta(seconds=0.4)
+    # Taken in this merge, before its calls ran, and so before "late" was marked: not claimed.
+    assert len(called) == len(marked) == 1
+    assert before <= as_of <= called[0] < marked[0], (before, as_of, called, marked)
     late = dirty_member("alltime", "all", "eu", "late")
     assert await redis.sismember(keys.dirty(BOARD.board_id), late)
 

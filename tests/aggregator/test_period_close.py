@@ -24,7 +24,7 @@ from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog, Retention
 from shared.keys import REGIONS_SEPARATOR, Keys
 from shared.periods import previous_window, window_at
-from shared.settings import LadderSettings
+from shared.settings import CLOSE_GRACE, LadderSettings
 from shared.topology import Topology
 
 BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
@@ -84,6 +84,48 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     # Again, later, by either: nothing more.
     assert await close_until_done(closers, Merger(redis, keys), after + timedelta(seconds=30)) == 0
     assert await redis.xlen(keys.periods_outbox("cup")) == 1
+
+
+async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_close(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The season that ended last (under a minute ago): its events arrive after its end, within
+    the board's allowed lateness. A closer ticking meanwhile closes nothing; one event more
+    arrives; past the end plus the lateness (and the merge interval and grace) the close's
+    standings count it."""
+    lateness = 120.0
+    late_ok = settings.model_copy(update={"allowed_lateness": lateness})
+    now = datetime.now(UTC)
+    current = window_at("season", now, "UTC", BOARD.schedule)
+    season = previous_window(current, "UTC", 1, BOARD.schedule)
+    assert season.end is not None and season.end <= now
+    last_second = season.end - timedelta(seconds=1)
+    await write(redis, keys, late_ok, last_second)
+    closers = [Closer(redis, keys, lateness=lateness, merge_interval=0.2, size=100)]
+    merger, claim = Merger(redis, keys), keys.period_closed("cup", "season", season.period_id)
+
+    # Within the lateness (by this test's clock, as by the closer's): the season stays open.
+    await close_until_done(closers, merger, datetime.now(UTC))
+    assert not await redis.exists(claim)
+    score = ScoreIn(user_id="d", region="na", value=50, occurred_at=last_second)
+    answer = await submit(redis, keys, late_ok, BOARD, score, "e-late")
+    assert answer["periods"]["season"]["period_id"] == season.period_id  # accepted, late
+
+    due = season.end + timedelta(seconds=lateness + 0.2) + timedelta(seconds=CLOSE_GRACE + 1)
+    await close_until_done(closers, merger, due)
+    assert await redis.exists(claim)
+    [body] = [
+        m
+        for _, fields in await redis.xrange(keys.periods_outbox("cup"))
+        if (m := orjson.loads(fields["m"]))["period"] == "season"
+    ]
+    assert body["period_id"] == season.period_id
+    ranked = {
+        scope: [(e["user_id"], e["score"]) for e in entries]
+        for scope, entries in body["scopes"].items()
+    }
+    assert ranked["global"] == [("d", 50), ("a", 35), ("c", 20), ("b", 10)]
+    assert ranked["region:na"] == [("d", 50), ("c", 20), ("a", 5)]
 
 
 class NoScans:

@@ -16,9 +16,11 @@ import pytest
 import websockets
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import PubSub
 from websockets.exceptions import ConnectionClosed
 
 from services.api.push import hub
+from services.api.push import ws as push
 from services.api.serving import uvicorn_server as server
 from shared.keys import Keys
 from shared.redis_cluster import LadderCluster
@@ -216,20 +218,35 @@ async def publish_all(redis: Redis, channel: str) -> None:
         )
 
 
-async def read_all(ws: websockets.ClientConnection) -> list[float]:
-    """Every message's arrival time, checking that they come in order."""
-    arrivals = []
+async def read_all(ws: websockets.ClientConnection, arrivals: list[float]) -> None:
+    """Every message's arrival time into ``arrivals``, checking that they come in order."""
     async with asyncio.timeout(60):
         for i in range(MESSAGES):
             assert json.loads(await ws.recv())["i"] == i
             arrivals.append(time.monotonic())
-    return arrivals
+
+
+def watch_overflow(monkeypatch: pytest.MonkeyPatch, arrivals: list[float]) -> list[int]:
+    """Filled in when a socket's send queue first overflows (the server finds its client too
+    slow): the index of the message that overflowed it, and how many ``arrivals``' reader had
+    received by then."""
+    deliver, seen = push.Client.deliver, []
+
+    def watched(client: push.Client, text: str) -> None:
+        deliver(client, text)
+        if client.too_slow.is_set() and not seen:
+            seen.extend([json.loads(text)["i"], len(arrivals)])
+
+    monkeypatch.setattr(push.Client, "deliver", watched)
+    return seen
 
 
 async def test_a_slow_client_is_cut_off_and_the_fast_one_gets_everything(
-    quiet: LadderSettings, redis: Redis, broker: Topology
+    quiet: LadderSettings, redis: Redis, broker: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     channel = Keys(quiet.key_prefix).user_channel("u-1")
+    arrivals: list[float] = []
+    overflow = watch_overflow(monkeypatch, arrivals)
     async with production_server(quiet) as (_, url):
         base = open_sockets()
         slow = await connect_unread(f"{url}?{TOKEN}")
@@ -239,7 +256,7 @@ async def test_a_slow_client_is_cut_off_and_the_fast_one_gets_everything(
         assert open_sockets() == base + 2
 
         started = time.monotonic()
-        reader = asyncio.create_task(read_all(fast))
+        reader = asyncio.create_task(read_all(fast, arrivals))
         publisher = asyncio.create_task(publish_all(redis, channel))
         # The server lets go of the slow client (its queue filled) while publishing goes on.
         await until(lambda: open_sockets() == base + 1, within=60)
@@ -254,17 +271,22 @@ async def test_a_slow_client_is_cut_off_and_the_fast_one_gets_everything(
         assert (slow.close_code, slow.close_reason) == (1013, "too slow to keep up")
         await publisher
         published_at = time.monotonic()
-        arrivals = await reader
+        await reader
         assert fast.close_code is None
         await fast.close()
     print(
         f"\n{MESSAGES} messages of 20 KB: the slow client was cut off "
         f"{cut_at - started:.2f} s in; it read the {got} sent before the cut, then 1013; "
         f"the fast client got all {len(arrivals)} in {arrivals[-1] - started:.2f} s, "
-        f"the last {(arrivals[-1] - published_at) * 1000:.0f} ms after the last publish"
+        f"the last {(arrivals[-1] - published_at) * 1000:.0f} ms after the last publish; "
+        f"message {overflow[0]} overflowed the slow one's queue, the fast one had {overflow[1]}"
     )
     assert got < MESSAGES
-    assert arrivals[-1] - published_at < 2.0
+    # The slow client took ``got`` messages, then its queue of ws_send_queue filled while it was
+    # stuck: meanwhile the fast one kept receiving, all but a few of those messages in hand
+    # when the last of them overflowed the slow one's queue.
+    index, fast_had = overflow
+    assert index > got and fast_had >= index - quiet.ws_send_queue // 4, (overflow, got)
 
 
 async def test_a_client_that_never_reads_is_dropped(
@@ -300,17 +322,33 @@ async def test_a_quiet_healthy_pubsub_connection_is_kept(
 ) -> None:
     """Pings on a connection with nothing to carry are answered: no reconnect, no resync, and
     nothing published meanwhile is lost."""
+    # A ping after 0.2 s without traffic, given up 2 s later unanswered: over 6 s of quiet a
+    # hub that missed its pongs would remake the connection twice, while an answer is only ever
+    # a round trip away.
     monkeypatch.setattr(hub, "PING_AFTER", 0.2)
-    monkeypatch.setattr(hub, "PONG_WITHIN", 0.3)
+    monkeypatch.setattr(hub, "PONG_WITHIN", 2.0)
+    pings, ping = [], PubSub.ping
+
+    def counted(pubsub: PubSub, message: Any = None) -> Any:
+        if message == hub.PING_MESSAGE:
+            pings.append(message)
+        return ping(pubsub, message)
+
+    monkeypatch.setattr(PubSub, "ping", counted)
     channel = Keys(quiet.key_prefix).user_channel("u-1")
     reconnects = REGISTRY.get_sample_value("ladder_ws_pubsub_reconnects_total") or 0.0
     async with serve(quiet) as url, websockets.connect(f"{url}?{TOKEN}") as ws:
         await subscribe(ws, "user:u-1")
-        quiet_for = 3.0  # ten pings and more
+        quiet_for = 6.0
         with pytest.raises(TimeoutError):
             await next_message(ws, quiet_for)
         await redis.publish(channel, json.dumps({"type": "badge", "n": 1}))
         assert (await next_message(ws, 5))["n"] == 1
     after = REGISTRY.get_sample_value("ladder_ws_pubsub_reconnects_total") or 0.0
-    print(f"\nquiet hub connection: {quiet_for} s idle, reconnects {after - reconnects:.0f}")
+    print(
+        f"\nquiet hub connection: {quiet_for} s idle, {len(pings)} pings, "
+        f"reconnects {after - reconnects:.0f}"
+    )
+    # The hub pings again only once the last ping was answered: pings were sent and answered.
+    assert len(pings) >= 3
     assert after == reconnects

@@ -12,11 +12,14 @@ import shutil
 import pytest
 
 from bench.phases import instructions
+from tests import tools
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
-    reason="valgrind is not installed (apt-get install valgrind)",
-)
+
+@pytest.fixture(autouse=True)
+def valgrind() -> None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        tools.missing("valgrind is not installed (apt-get install valgrind)")
+
 
 # As many users as the bench (beyond a listpack's 128 entries: the boards are encoded as a large
 # board's are); writes enough for a steady mean, few enough for the suite.

@@ -1,6 +1,8 @@
 """The merge phase's profile of a member's CPU (a missed target is reported with its profile):
 the merge timed as the aggregator runs it, with what Redis and the merger spent."""
 
+import re
+
 from redis.asyncio import Redis
 
 from bench.phases import merge
@@ -21,10 +23,12 @@ async def test_a_measured_merge_says_what_redis_and_the_merger_spent_a_member(
     # The merge runs in this process: its CPU is the merger's, and Redis worked too.
     assert merged.merger > 0
     assert merged.redis > 0
+    # Its figures as test_the_profile_reads_a_member_s_cpu_in_microseconds reads them; the
+    # share Redis was busy is not bounded here: /proc counts CPU in ticks of 10 ms, as long as
+    # a fifth of this merge, and every redis-server on the machine counts as Redis.
     profile = merged.profile(MEMBERS)
-    assert profile.startswith("Redis ") and ", the merger " in profile
-    busy = float(profile.rsplit("busy ", 1)[1].split(" %")[0])
-    assert busy == round(100 * merged.redis / merged.seconds)
+    pattern = r"Redis \d+\.\d µs, the merger \d+\.\d µs; Redis busy \d+ % of the merge"
+    assert re.fullmatch(pattern, profile), profile
 
 
 def test_the_profile_reads_a_member_s_cpu_in_microseconds() -> None:

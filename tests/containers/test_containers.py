@@ -2,7 +2,8 @@
 scripts/containers.sh under a compose project and host ports of its own, then removed with its
 volumes. A score posted to the API reaches MySQL and a WebSocket push; the management API lists
 the three quorum queues with their consumers and the four services' named connections; the API
-container restarted under a stream of writes loses no accepted event.
+container restarted under a stream of writes loses no accepted event. Last, make containers-down
+leaves none of the project's containers, networks and volumes.
 
 Slow (images are built on the first run): kept out of make test and make test-stack by the
 `containers` marker. Needs root or a Docker engine (scripts/containers.sh starts one).
@@ -237,3 +238,62 @@ def test_the_ladder_image_refuses_a_short_key(containers: Containers) -> None:
     assert "LADDER_ENV=prod refuses to start" in said, said[-3000:]
     assert "LADDER_SERVER_KEYS: key 1 of 1 is shorter than 32 bytes" in said, said[-3000:]
     assert short not in said
+
+
+def _resources(containers: Containers) -> dict[str, list[str]]:
+    """The compose project's containers, networks and volumes, as the engine lists them by the
+    label compose puts on each (the engine started again if ``down`` stopped it: the fixture's
+    own ``down`` stops it once more)."""
+    engine = containers.script("engine", timeout=180).strip().splitlines()[-1]
+    assert engine.startswith("DOCKER_HOST="), engine
+    env = {**containers.env, "DOCKER_HOST": engine.split("=", 1)[1]}
+    label = f"label=com.docker.compose.project={containers.env['LADDER_COMPOSE_PROJECT']}"
+    found = {}
+    for kind, command, name in (
+        ("containers", ["ps", "--all"], "{{.Names}}"),
+        ("networks", ["network", "ls"], "{{.Name}}"),
+        ("volumes", ["volume", "ls"], "{{.Name}}"),
+    ):
+        done = subprocess.run(
+            ["docker", *command, "--filter", label, "--format", name],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        found[kind] = sorted(done.stdout.split())
+    return found
+
+
+async def _engine_settled(containers: Containers) -> bool:
+    """The engine that scripts/containers.sh started answers still (other containers on it), or
+    is gone: not exiting, its pid file left, which an engine started then would refuse."""
+    state = Path(containers.env.get("LADDER_DOCKER_DIR", "/var/lib/ladder-docker"))
+    if not (state / "dockerd.pid").exists():
+        return True
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["docker", "-H", f"unix://{state / 'docker.sock'}", "info"],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    return done.returncode == 0
+
+
+async def test_containers_down_removes_the_containers_networks_and_volumes(
+    containers: Containers,
+) -> None:
+    """``make containers-down``: the module's last test (the fixture's ``down`` then finds
+    nothing left to remove)."""
+    before = await asyncio.to_thread(_resources, containers)
+    for service in ("redis", "rabbitmq", "mysql", *SERVICES):  # compose 1 names them p_s_1
+        assert any(f"_{service}_" in c or f"-{service}-" in c for c in before["containers"])
+    assert before["networks"], before
+    assert len(before["volumes"]) == 3, before
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["make", "-s", "containers-down"],
+        cwd=ROOT, env=containers.env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-6000:]
+    # The engine the script started stops once no container is left on it: asked again after.
+    await eventually(lambda: _engine_settled(containers), within=60)
+    after = await asyncio.to_thread(_resources, containers)
+    assert after == {"containers": [], "networks": [], "volumes": []}

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from selenium.webdriver.support.ui import Select
 
 from shared.settings import DEV_ADMIN_KEY, DEV_JWT_SECRET, DEV_SERVER_KEY, LadderSettings
+from tests import tools
 from tests.helpers import SERVER, api_client, serve
 from tests.stack import ROOT, Stack
 
@@ -110,7 +111,7 @@ async def test_an_anonymous_socket_watches_only_public_views_while_reads_are_pub
 @pytest.fixture
 def browser() -> Iterator[Any]:
     if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("headless Chromium needs Debian's chromium and chromium-driver (.ci/run)")
+        tools.missing("headless Chromium needs Debian's chromium and chromium-driver (.ci/run)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -99,15 +99,23 @@ async def test_score_travels_through_all_four_services(stack: Stack) -> None:
         # History: the event is in MySQL exactly once, and served by the events read.
         async with open_engine(stack.settings.mysql_url) as engine:
 
-            async def stored() -> int | None:
+            async def stored(stored_id: str) -> int | None:
                 async with engine.connect() as conn:
                     count = await conn.scalar(
                         text("SELECT COUNT(*) FROM score_events WHERE event_id = :e"),
-                        {"e": event_id},
+                        {"e": stored_id},
                     )
                 return int(count or 0) or None
 
-            assert await eventually(stored) == 1
+            assert await eventually(lambda: stored(event_id)) == 1
+            # Once more after a later event of the board is stored (history takes the board's
+            # events in order): a copy stored after the first would be counted by then.
+            later = f"e2e-later-{uuid.uuid4().hex[:8]}"
+            sentinel = {"event_id": later, "user_id": rival, "region": "eu", "value": 1}
+            posted = await api.post("/v1/boards/main/scores", json=sentinel)
+            assert posted.status_code == 200, posted.text
+            assert await eventually(lambda: stored(later)) == 1
+            assert await stored(event_id) == 1
         events = (await api.get(f"/v1/boards/main/users/{hero}/events")).json()["events"]
         assert [e["event_id"] for e in events] == [event_id]
         assert events[0]["value"] == 25

@@ -188,12 +188,23 @@ async def test_an_event_not_yet_stored_is_waited_for(
     on_its_way = await relay(redis, keys, db, board, skip="e1")
     before = await projection(redis, settings)
 
+    # History stores e1 once the rebuild's first attempt has read MySQL, before it reads again:
+    # the first read waits here until e1 is stored.
+    read, stored, stage = asyncio.Event(), asyncio.Event(), Rebuilder._stage
+
+    async def stage_then_wait(self: Rebuilder, *args: Any) -> tuple[int, int, set[str]]:
+        staged = await stage(self, *args)
+        if not read.is_set():
+            read.set()
+            await stored.wait()
+        return staged
+
+    monkeypatch.setattr(Rebuilder, "_stage", stage_then_wait)
     rebuilder = Rebuilder(db, redis, keys, settings, wait_seconds=5)
     task = asyncio.create_task(rebuilder.board(board))
-
-    # History stores e1 while the rebuild waits before reading MySQL a second time.
-    await asyncio.sleep(1.0)
+    await asyncio.wait_for(read.wait(), 30)
     await HistoryHandler(db)(on_its_way)
+    stored.set()
     done: BoardRebuild = await task
     assert done.attempts == 2
     # e1 was stored after e2; accepted within the same millisecond, the rebuilt feed may list
