@@ -326,9 +326,13 @@ stop_our_engine() {
     [[ ${DOCKER_HOST:-} == "unix://$OUR_SOCKET" && -f $STATE/dockerd.pid ]] || return 0
     [[ -z $(docker ps -aq) ]] || return 0
     log "stopping the Docker engine it started (images kept in $STATE)"
-    as_root kill "$(as_root cat "$STATE/dockerd.pid")" 2>/dev/null || return 0
+    local pid
+    pid=$(as_root cat "$STATE/dockerd.pid")
+    as_root kill "$pid" 2>/dev/null || return 0
+    # Until the process is gone, not only until it stops answering: an engine started again
+    # before its pid file is removed refuses to start ("pid file found").
     local deadline=$((SECONDS + 30))
-    while engine_answers && ((SECONDS < deadline)); do sleep 1; done
+    while as_root kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 1; done
 }
 
 down() {
