@@ -29,7 +29,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Connection
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
-from redis.exceptions import ClusterError, RedisClusterException, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 
 FUNCTION_CALLS = frozenset({"FCALL", "FCALL_RO"})
 SLOT_MOVE_WAIT = 10.0
@@ -119,6 +126,10 @@ class LadderCluster(RedisCluster):
         return [with_address(url, node.host, int(node.port)) for node in nodes]
 
 
+# The replies that say a command ran nowhere and is to go to another node, or again.
+_REDIRECTED = (AskError, MovedError, TryAgainError)
+
+
 class LadderClusterPipeline(ClusterPipeline):
     """A cluster pipeline whose function calls that met a node without the library are made
     again, once, after the library is loaded."""
@@ -149,8 +160,8 @@ class LadderClusterPipeline(ClusterPipeline):
     def waits_cover(self) -> bool:
         """After ``execute``: whether each write went where its ``WAIT`` did, on the same
         connection, so the ``WAIT`` replies speak for every write. Not so when a write was sent
-        again on its own: its slot moved (``MOVED``: the slot map now names another node) or
-        the node lacked the library."""
+        again on its own: its slot moved or is moving (``MOVED``, ``ASK``, ``TRYAGAIN``; or the
+        slot map names another node now) or the node lacked the library."""
         if self._resent:
             return False
         if not self._waited:
@@ -195,12 +206,21 @@ class LadderClusterPipeline(ClusterPipeline):
                     await self.cluster_client.load_library()
                 raise
         queued = [(cmd.args, dict(cmd.kwargs)) for cmd in self._execution_strategy._command_queue]  # type: ignore[attr-defined]
-        results: list[Any] = await super().execute(False, allow_redirections)
-        missing = [i for i, result in enumerate(results) if function_missing(result)]
-        if missing and self.cluster_client.library:
+        # With WAITs queued, a command redirected (MOVED, ASK, TRYAGAIN) is sent again here,
+        # not by redis-py, so that waits_cover() knows its WAIT did not see it go.
+        waiting = self._waited is not None
+        results: list[Any] = await super().execute(False, allow_redirections and not waiting)
+        again = []
+        if waiting and allow_redirections:
+            again = [i for i, result in enumerate(results) if isinstance(result, _REDIRECTED)]
+        if self.cluster_client.library:
+            missing = [i for i, result in enumerate(results) if function_missing(result)]
+            if missing:
+                await self.cluster_client.load_library()
+                again += missing
+        if again:
             self._resent = True
-            await self.cluster_client.load_library()
-            for i in missing:
+            for i in sorted(again):
                 args, kwargs = queued[i]
                 try:
                     results[i] = await self.cluster_client.execute_command(*args, **kwargs)

@@ -149,6 +149,40 @@ async def move_slot(cluster: PrivateCluster, slot: int, pause: float) -> int:
     return target
 
 
+async def test_a_write_sent_again_on_an_ask_is_not_covered_by_its_wait(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys
+) -> None:
+    """A slot half moved: a pipelined write of a key that has moved meets ASK and is sent
+    again on its own, after the WAIT on the first node ran; that WAIT does not speak for it
+    (services/api/write/durable.py answers such writes 503, and their retries confirm). A
+    write of a key still in place is covered."""
+    tag = keys.tag("asking")
+    slot = redis.keyslot(tag)  # type: ignore[attr-defined]
+    moved, staying = f"{tag}:moved", f"{tag}:staying"
+    await redis.set(moved, "0")
+    await redis.set(staying, "0")
+    source = shared_cluster.port_of_slot(slot)
+    target = next(port for port in shared_cluster.primaries() if port != source)
+    source_id, target_id = shared_cluster.node_id(source), shared_cluster.node_id(target)
+    with shared_cluster.client(source) as src, shared_cluster.client(target) as dst:
+        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", moved)
+    try:
+        covered = []
+        for key in (moved, staying):
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.set(key, "1")
+                await pipe.queue_waits(1, 2000)  # type: ignore[attr-defined]
+                replies = await pipe.execute(raise_on_error=False)
+                covered.append(pipe.waits_cover())  # type: ignore[attr-defined]
+            assert replies[0] is True, replies
+        assert covered == [False, True]
+        assert await redis.get(moved) == "1" and await redis.get(staying) == "1"
+    finally:
+        await move_slot(shared_cluster, slot, 0)
+
+
 async def test_writes_and_reads_follow_a_slot_that_moves(
     shared_cluster: PrivateCluster, redis: Redis, keys: Keys, quiet: LadderSettings
 ) -> None:
