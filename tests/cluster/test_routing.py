@@ -131,21 +131,29 @@ async def test_a_call_missing_its_function_never_replaces_a_newer_library(
         await redis.function_load(library_source(), replace=True)  # every primary's, back
 
 
-async def move_slot(cluster: PrivateCluster, slot: int, pause: float) -> int:
-    """Move ``slot`` to another primary as redis-cli's resharding does, a key at a time with
-    ``pause`` between keys (calls meanwhile meet ASK and TRYAGAIN); the new owner's port."""
+def begin_move(cluster: PrivateCluster, slot: int) -> tuple[int, int]:
+    """Mark ``slot`` as moving from its primary to another, as redis-cli's resharding begins:
+    the ports of the two."""
     source = cluster.port_of_slot(slot)
     target = next(port for port in cluster.primaries() if port != source)
     source_id, target_id = cluster.node_id(source), cluster.node_id(target)
     with cluster.client(source) as src, cluster.client(target) as dst:
         dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
         src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    return source, target
+
+
+async def move_slot(cluster: PrivateCluster, slot: int, pause: float) -> int:
+    """Move ``slot`` to another primary as redis-cli's resharding does, a key at a time with
+    ``pause`` between keys (calls meanwhile meet ASK and TRYAGAIN); the new owner's port."""
+    source, target = begin_move(cluster, slot)
+    with cluster.client(source) as src:
         while names := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1):
             src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *names)
             await asyncio.sleep(pause)
-        for port in cluster.primaries():
-            with cluster.client(port) as node:
-                node.execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+    for port in cluster.primaries():
+        with cluster.client(port) as node:
+            node.execute_command("CLUSTER SETSLOT", slot, "NODE", cluster.node_id(target))
     return target
 
 
@@ -161,12 +169,8 @@ async def test_a_write_sent_again_on_an_ask_is_not_covered_by_its_wait(
     moved, staying = f"{tag}:moved", f"{tag}:staying"
     await redis.set(moved, "0")
     await redis.set(staying, "0")
-    source = shared_cluster.port_of_slot(slot)
-    target = next(port for port in shared_cluster.primaries() if port != source)
-    source_id, target_id = shared_cluster.node_id(source), shared_cluster.node_id(target)
-    with shared_cluster.client(source) as src, shared_cluster.client(target) as dst:
-        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
-        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    source, target = begin_move(shared_cluster, slot)
+    with shared_cluster.client(source) as src:
         src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", moved)
     try:
         covered = []
