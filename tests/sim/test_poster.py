@@ -1,18 +1,24 @@
 """The simulation's poster against a stub API (httpx.MockTransport): it keeps posting whatever
-goes wrong, and counts what the API took."""
+goes wrong, and counts what the API took; and the model's counts, read while the SimPy thread
+changes the game."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
+import simpy
 
 from sim import poster as poster_module
+from sim.model import Game
 from sim.params import SimParams
 from sim.poster import Poster
 from sim.runner import Config, Simulation
@@ -139,3 +145,38 @@ async def test_a_posting_task_that_ends_ends_the_simulation_with_its_error(
     with pytest.raises(ValueError, match="posting broke"):
         await asyncio.wait_for(sim.run(), 40)
     assert time.monotonic() - started < 10
+
+
+def test_robots_online_can_be_read_while_the_model_changes_the_game() -> None:
+    game = Game(
+        simpy.Environment(),
+        SimParams(),
+        seed=1,
+        run_id="t",
+        clock=lambda: datetime.now(UTC),
+        late_cap_wall_s=0.0,
+    )
+    player = type("P", (), {"robot": True})()
+    for i in range(2000):
+        game.online[f"u-{i}"] = player
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            game.online[f"x-{i}"] = player
+            game.online.pop(f"x-{i - 50}", None)
+            i += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            assert game.robots_online >= 2000
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
