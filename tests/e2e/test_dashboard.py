@@ -34,6 +34,7 @@ from tests.stack import ROOT, Stack
 SCREENSHOT = Path(os.environ.get("LADDER_SCREENSHOT") or ROOT / ".run" / "dashboard.png")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
+RETRY_S = 2.0  # the page's RETRY_MS: a failed read worth another try is tried again after this
 
 
 @pytest.mark.usefixtures("mysql_database", "redis", "broker")
@@ -358,3 +359,101 @@ def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, brow
     wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds", browser)
     wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown", browser)
     wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty", browser)
+
+
+def reads_counted(driver: Any) -> None:
+    """From the next page opened on: ``window.__reads`` lists the path of every read it makes."""
+    driver.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument",
+        {
+            "source": "window.__reads = []; const real = window.fetch;"
+            " window.fetch = (path, ...rest) => { window.__reads.push(String(path));"
+            " return real(path, ...rest); };"
+        },
+    )
+
+
+def reads_of(driver: Any, *parts: str) -> int:
+    """How many of the page's reads so far have each of ``parts`` in their path."""
+    paths = driver.execute_script("return window.__reads")
+    return sum(all(part in path for part in parts) for path in paths)
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_a_board_without_teams_neither_reads_nor_retries_them_nor_a_deleted_board(
+    stack: Stack, browser: Any
+) -> None:
+    admin = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+    made = httpx.put(f"{stack.api}/v1/boards/best", json={"operator": "best"}, headers=admin)
+    assert made.status_code == 201, made.text
+    post_score(stack, "best-one", "Best One", 1, board="best")
+    reads_counted(browser)
+    browser.get(f"{stack.api}/?board=best")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
+    wait_until(lambda: rows(browser, "#players") == 1, 10, "the top player", browser)
+    # Pushes make the page read the views without a topic again (the teams among them, once).
+    post_score(stack, "best-two", "Best Two", 1, board="best")
+    wait_until(lambda: rows(browser, "#players") == 2, 15, "the second player", browser)
+    time.sleep(RETRY_S * 2.5)
+    assert reads_of(browser, "scope=teams") == 0
+    assert reads_of(browser, "/mvps") == 0
+    for panel in ("#panel-teams", "#panel-mvps"):
+        assert "kept on incr boards only" in text_of(browser, panel)
+        assert "off" in browser.execute_script(
+            f"return document.querySelector('{panel}').className"
+        )
+
+    # A board deleted under the page: its reads answer 404, and are not tried again.
+    gone = httpx.delete(f"{stack.api}/v1/boards/best", headers=admin)
+    assert gone.status_code == 202, gone.text
+    top = f"{stack.api}/v1/boards/best/leaderboard?scope=global"
+    wait_until(lambda: httpx.get(top).status_code == 404, 15, "the board gone")
+    before = reads_of(browser, "scope=global")
+    browser.execute_script('load("players")')
+    wait_until(lambda: rows(browser, "#players") == 0, 5, "the 404 shown", browser)
+    time.sleep(RETRY_S * 2.5)
+    assert reads_of(browser, "scope=global") == before + 1
+
+
+# Reads of one period answered late: every read whose path names it waits arguments[1] ms.
+SLOW_PERIOD = """
+const real = window.fetch;
+const slow = `period=${arguments[0]}`;
+window.fetch = (path, ...rest) =>
+  String(path).includes(slow)
+    ? new Promise((done) => setTimeout(() => done(real(path, ...rest)), arguments[1]))
+    : real(path, ...rest);
+"""
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_a_late_answer_of_the_period_left_does_not_replace_the_period_chosen(
+    stack: Stack, browser: Any
+) -> None:
+    post_score(stack, "early-bird", "Early Bird", 1, board="main")
+    browser.get(f"{stack.api}/?board=main&period=alltime")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
+    wait_until(lambda: rows(browser, "#players") == 1, 10, "the top player", browser)
+    # alltime chosen again, its reads slow; daily chosen before they answer.
+    browser.execute_script(SLOW_PERIOD, "alltime", 1500)
+    browser.execute_script('choose("main", "alltime"); choose("main", "daily")')
+    time.sleep(2.5)  # the alltime answers have landed
+    day = httpx.get(f"{stack.api}/v1/boards/main/leaderboard?scope=global&period=daily").json()
+    shown = browser.execute_script("return [state.period, state.periodId]")
+    assert shown == ["daily", day["period_id"]], page_state(browser)
+    # The day's pushes are shown, not dropped as older than the all-time's period id.
+    post_score(stack, "late-riser", "Late Riser", 3, board="main")
+    wait_until(lambda: "Late Riser" in text_of(browser, "#players"), 15, "the day's push", browser)
+
+    # Names are the board's, and bounded: a choice starts them afresh; the oldest go past 5000.
+    assert browser.execute_script("return state.names.get('late-riser')") == "Late Riser"
+    capped = browser.execute_script(
+        "for (let i = 0; i < 6000; i++) keep(state.names, `u-${i}`, 'someone');"
+        " return [state.names.size, state.names.has('u-999'), state.names.has('u-1000')]"
+    )
+    assert capped == [5000, False, True]
+    assert browser.execute_script(
+        'choose("main", "weekly"); return [state.names.size, state.lookups.size]'
+    ) == [0, 0]

@@ -12,7 +12,8 @@
 // Views that have no topic of their own (top teams, the activity feed, the counts) are read
 // again over REST after a push arrives, at most once a second. On `resync`, and after the socket
 // comes back (it reconnects with a growing, jittered delay), everything is read again.
-// The page carries no credential: public reads need none.
+// Teams and MVPs are read on incr boards only. The page carries no credential: public reads need
+// none.
 //
 // The page loads dashboard-reads.js (state and REST), dashboard-render.js (the tables), then this
 // file (the socket, the period's countdown, the choice of board and period, the start).
@@ -176,6 +177,9 @@ setInterval(tick, 1000);
 // -- choosing a board and a period --------------------------------------------------------------
 
 function choose(board, period) {
+  state.view += 1; // reads (and their retries) of the previous choice are dropped
+  for (const timer of state.retries.values()) clearTimeout(timer);
+  state.retries = new Map();
   state.board = board;
   const periods = state.boards.get(board)?.periods || PERIODS;
   state.period = periods.includes(period) ? period : PERIODS.find((p) => periods.includes(p));
@@ -192,7 +196,10 @@ function choose(board, period) {
   state.shown = new Map();
   state.endsAt = null;
   state.periodId = null;
+  state.names = new Map(); // a name is the board's
+  state.lookups = new Map();
   tick();
+  markPanels();
   $("#regions").replaceChildren();
   $("#stats").textContent = "";
   if (state.socket && state.socket.readyState === WebSocket.OPEN) resubscribe();
