@@ -10,6 +10,9 @@ const MAX_LOOKUPS = 8; // name look-ups in flight at once
 const SEND_GAP_MS = 150; // stay well inside the socket's message rate
 const MAX_BACKOFF_MS = 15000;
 const RETRY_MS = 2000; // a read that failed (the API restarting, say) is tried again after this
+const STABLE_MS = 5000; // a socket open this long resets the reconnection's backoff
+const PING_MS = 25000; // the socket is pinged this often ...
+const PONG_MS = 10000; // ... and, with no answer within this, taken for dead
 const MAX_NAMES = 5000; // names (and look-ups) remembered; the oldest go past this
 const INCR_ONLY = new Set(["teams", "mvps"]); // views kept on incr boards only (sums of members)
 
@@ -35,6 +38,10 @@ const state = {
   rereadAt: 0, // when the countdown last re-read at its end
   retries: new Map(), // view name -> the timer of its next try after a failed read
   view: 0, // the choice of board and period, counted: a read answering an older one is dropped
+  openedAt: null, // when the current socket opened
+  pinger: null, // the timer of the socket's pings
+  pongDue: null, // the timer that takes the socket for dead unless something arrives first
+  startAttempt: 0, // failed starts in a row (the board list unreadable)
 };
 
 const $ = (selector) => document.querySelector(selector);
@@ -56,6 +63,12 @@ async function getJSON(path) {
 // board deleted: 404; a view the board does not keep: 422) would answer the same again.
 function worthRetrying(error) {
   return error.status === undefined || error.status === 429 || error.status >= 500;
+}
+
+// The growing, jittered delay after `attempt` failures: first/2 to first, doubling, up to
+// MAX_BACKOFF_MS.
+function backoff(attempt, first = 500) {
+  return Math.min(MAX_BACKOFF_MS, first * 2 ** attempt) * (0.5 + Math.random() / 2);
 }
 
 // A bounded map: `key` set (as the newest), the oldest dropped past MAX_NAMES.
