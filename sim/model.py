@@ -278,7 +278,9 @@ class Game:
 
     @property
     def robots_online(self) -> int:
-        return sum(1 for p in self.online.values() if p.robot)
+        # Read from the asyncio side while the SimPy thread adds and removes players: a copy
+        # (made in one step, under the GIL) is iterated, not the dict itself.
+        return sum(1 for p in list(self.online.values()) if p.robot)
 
     def summary(self) -> dict[str, Any]:
         return {

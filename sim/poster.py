@@ -4,6 +4,15 @@ Batches go to ``POST /v1/boards/{board}/scores/batch`` with a server key. A batc
 get through (the API away, 5xx, 503, 429 for the whole batch) is sent again with the same event
 ids, which the API takes as the same events: nothing counts twice. An event refused alone with
 429 or 503 is sent again a second later; any other refusal is logged and dropped.
+
+Nothing ends the posting but the simulation stopping: a batch whose posting fails in any other
+way (an answer not understood, a board that cannot be made again yet) is logged and put back
+first in line, and posting goes on after a growing pause. A board being deleted answers its
+``PUT`` 409 until the deletion is done; the poster waits for its name to be free.
+
+``accepted`` counts each event the API holds, once: an event answered ``duplicate`` (a batch
+sent again whose first answer was lost; the simulation's event ids are its own, unique per run)
+is one the API took on an earlier try, and counts in ``accepted`` as well as in ``duplicates``.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ log = structlog.get_logger("sim.poster")
 MAX_BATCH = 1000
 MAX_PENDING = 200_000
 RETRYABLE = frozenset({429, 502, 503, 504})
+FIRST_BACKOFF_S = 0.5  # the pause after a batch failed unexpectedly, or a board being deleted
+MAX_BACKOFF_S = 10.0
 
 # The board the simulation creates when it is missing: points add up (so teams sum), highest
 # first, every period; a round's score is well inside the value bounds.
@@ -77,27 +88,48 @@ class Poster:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            backoff = FIRST_BACKOFF_S
             while self.pending:
                 batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
-                await self._deliver(batch)
+                try:
+                    await self._deliver(batch)
+                except Exception:
+                    # Not lost, and not the end of the posting: the same events go again.
+                    self.pending.extendleft(reversed(batch))
+                    log.exception(
+                        "posting failed; sending again", events=len(batch), retry_in=backoff
+                    )
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
+                else:
+                    backoff = FIRST_BACKOFF_S
             self.idle.set()
 
     async def ensure_board(self) -> None:
-        """Create the board with the admin key if it does not exist."""
+        """Create the board with the admin key if it does not exist. While a board of that name
+        is being deleted (its ``PUT`` answers 409), wait and try again."""
         if self.dry_run:
             return
         url = f"/v1/boards/{self.board_id}"
-        got = await self._send("GET", url, headers=self._server)
-        if got.status_code == 200:
-            if got.json().get("operator") != "incr":
-                log.warning("board is not incr: teams will not sum", board_id=self.board_id)
-            return
-        if got.status_code != 404:
-            raise BoardUnavailable(f"GET {url}: {got.status_code} {got.text[:200]}")
-        put = await self._send("PUT", url, headers=self._admin, json=BOARD_SPEC)
-        if put.status_code not in (200, 201):
-            raise BoardUnavailable(f"PUT {url}: {put.status_code} {put.text[:200]}")
-        log.info("board created", board_id=self.board_id, definition=BOARD_SPEC)
+        delay = FIRST_BACKOFF_S
+        while True:
+            got = await self._send("GET", url, headers=self._server)
+            if got.status_code == 200:
+                if got.json().get("operator") != "incr":
+                    log.warning("board is not incr: teams will not sum", board_id=self.board_id)
+                return
+            if got.status_code != 404:
+                raise BoardUnavailable(f"GET {url}: {got.status_code} {got.text[:200]}")
+            put = await self._send("PUT", url, headers=self._admin, json=BOARD_SPEC)
+            if put.status_code in (200, 201):
+                log.info("board created", board_id=self.board_id, definition=BOARD_SPEC)
+                return
+            if put.status_code != 409 or self.stopping:
+                raise BoardUnavailable(f"PUT {url}: {put.status_code} {put.text[:200]}")
+            log.warning("board being deleted; waiting to make it again", retry_in=delay)
+            self.retried += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
 
     async def _send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         """One request, repeated while the API is away or busy (until the simulation stops)."""
@@ -145,15 +177,20 @@ class Poster:
             self.refused += len(batch)
             log.error("batch refused", status=response.status_code, detail=response.text[:300])
             return
+        # Read whole before anything is counted: an answer not understood raises here, and the
+        # batch, sent again, is not counted twice.
+        results: list[dict[str, Any]] = list(response.json()["results"])
+        if len(results) != len(batch) or not all(isinstance(r, dict) for r in results):
+            raise ValueError(f"{len(results)} results for a batch of {len(batch)}")
         again: list[dict[str, Any]] = []
-        for event, result in zip(batch, response.json()["results"], strict=True):
+        for event, result in zip(batch, results, strict=True):
             error = result.get("error")
             if error is None:
+                # A duplicate is this run's own event, taken on an earlier try.
+                self.accepted += 1
                 if result.get("duplicate"):
                     self.duplicates += 1
-                else:
-                    self.accepted += 1
-            elif error.get("status") in RETRYABLE and not self.stopping:
+            elif isinstance(error, dict) and error.get("status") in RETRYABLE and not self.stopping:
                 again.append(event)
             else:
                 self.refused += 1

@@ -148,25 +148,18 @@ class Simulation:
                 params=self.game.params.model_dump(),
             )
             listening = asyncio.create_task(self.listener.run())
-            posting = asyncio.create_task(poster.run())
-            reporting = asyncio.create_task(self._report(poster))
-            model = asyncio.create_task(asyncio.to_thread(self._run_model))
+            posting = asyncio.create_task(poster.run(), name="posting")
+            reporting = asyncio.create_task(self._report(poster), name="reporting")
+            model = asyncio.create_task(asyncio.to_thread(self._run_model), name="model")
             try:
-                waiting = asyncio.create_task(self.stop_requested.wait())
-                done, _ = await asyncio.wait(
-                    {model, waiting},
-                    timeout=self.config.duration,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                waiting.cancel()
-                if model in done:
-                    model.result()  # the model failing ends the run with its error
+                await self._until_stopped(model, posting, reporting)
             finally:
                 log.info("simulation stopping")
                 self.stopping.set()
                 with contextlib.suppress(Exception):
                     await model
-                await poster.drain(DRAIN_SECONDS)
+                if not posting.done():
+                    await poster.drain(DRAIN_SECONDS)
                 self.listener.stop()
                 for task in (posting, reporting):
                     task.cancel()
@@ -174,6 +167,28 @@ class Simulation:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(listening, 5.0)
                 log.info("simulation stopped", **self.game.summary(), **poster.summary())
+
+    async def _until_stopped(
+        self, model: asyncio.Task[None], *background: asyncio.Task[None]
+    ) -> None:
+        """Until a signal, the duration, or the model ending. The posting or the reporting ending
+        on its own (neither ever should) ends the run with its error, and the process exits for
+        its supervisor to start it again: a demo whose scores stopped would otherwise look
+        healthy."""
+        waiting = asyncio.create_task(self.stop_requested.wait())
+        done, _ = await asyncio.wait(
+            {model, waiting, *background},
+            timeout=self.config.duration,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        waiting.cancel()
+        for task in background:
+            if task in done:
+                log.error("the simulation stops: a task of it ended", task=task.get_name())
+                task.result()
+                raise RuntimeError(f"{task.get_name()} ended while the simulation ran")
+        if model in done:
+            model.result()  # the model failing ends the run with its error
 
     async def _report(self, poster: Poster) -> None:
         while True:

@@ -35,6 +35,7 @@ from tests.stack import ROOT, Stack
 SCREENSHOT = Path(os.environ.get("LADDER_SCREENSHOT") or ROOT / ".run" / "dashboard.png")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
+RETRY_S = 2.0  # the page's RETRY_MS: a failed read worth another try is tried again after this
 
 
 @pytest.mark.usefixtures("mysql_database", "redis", "broker")
@@ -359,3 +360,221 @@ def test_a_scheduled_board_offers_its_season_with_a_countdown(stack: Stack, brow
     wait_until(lambda: (season_left(browser) or 60) <= 3, 70, "the season's last seconds", browser)
     wait_until(lambda: (season_left(browser) or 0) > 50, 15, "the next season's countdown", browser)
     wait_until(lambda: rows(browser, "#players") == 0, 10, "the new season empty", browser)
+
+
+def reads_counted(driver: Any) -> None:
+    """From the next page opened on: ``window.__reads`` lists the path of every read it makes."""
+    driver.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument",
+        {
+            "source": "window.__reads = []; const real = window.fetch;"
+            " window.fetch = (path, ...rest) => { window.__reads.push(String(path));"
+            " return real(path, ...rest); };"
+        },
+    )
+
+
+def reads_of(driver: Any, *parts: str) -> int:
+    """How many of the page's reads so far have each of ``parts`` in their path."""
+    paths = driver.execute_script("return window.__reads")
+    return sum(all(part in path for part in parts) for path in paths)
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_a_board_without_teams_neither_reads_nor_retries_them_nor_a_deleted_board(
+    stack: Stack, browser: Any
+) -> None:
+    admin = {"Authorization": f"Bearer {DEV_ADMIN_KEY}"}
+    made = httpx.put(f"{stack.api}/v1/boards/best", json={"operator": "best"}, headers=admin)
+    assert made.status_code == 201, made.text
+    post_score(stack, "best-one", "Best One", 1, board="best")
+    reads_counted(browser)
+    browser.get(f"{stack.api}/?board=best")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
+    wait_until(lambda: rows(browser, "#players") == 1, 10, "the top player", browser)
+    # Pushes make the page read the views without a topic again (the teams among them, once).
+    post_score(stack, "best-two", "Best Two", 1, board="best")
+    wait_until(lambda: rows(browser, "#players") == 2, 15, "the second player", browser)
+    time.sleep(RETRY_S * 2.5)
+    assert reads_of(browser, "scope=teams") == 0
+    assert reads_of(browser, "/mvps") == 0
+    for panel in ("#panel-teams", "#panel-mvps"):
+        assert "kept on incr boards only" in text_of(browser, panel)
+        assert "off" in browser.execute_script(
+            f"return document.querySelector('{panel}').className"
+        )
+
+    # A board deleted under the page: its reads answer 404, and are not tried again.
+    gone = httpx.delete(f"{stack.api}/v1/boards/best", headers=admin)
+    assert gone.status_code == 202, gone.text
+    top = f"{stack.api}/v1/boards/best/leaderboard?scope=global"
+    wait_until(lambda: httpx.get(top).status_code == 404, 15, "the board gone")
+    before = reads_of(browser, "scope=global")
+    browser.execute_script('load("players")')
+    wait_until(lambda: rows(browser, "#players") == 0, 5, "the 404 shown", browser)
+    time.sleep(RETRY_S * 2.5)
+    assert reads_of(browser, "scope=global") == before + 1
+
+
+# Reads of one period answered late: every read whose path names it waits arguments[1] ms.
+SLOW_PERIOD = """
+const real = window.fetch;
+const slow = `period=${arguments[0]}`;
+window.fetch = (path, ...rest) =>
+  String(path).includes(slow)
+    ? new Promise((done) => setTimeout(() => done(real(path, ...rest)), arguments[1]))
+    : real(path, ...rest);
+"""
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(180)
+def test_a_late_answer_of_the_period_left_does_not_replace_the_period_chosen(
+    stack: Stack, browser: Any
+) -> None:
+    post_score(stack, "early-bird", "Early Bird", 1, board="main")
+    browser.get(f"{stack.api}/?board=main&period=alltime")
+    wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
+    wait_until(lambda: rows(browser, "#players") == 1, 10, "the top player", browser)
+    # alltime chosen again, its reads slow; daily chosen before they answer.
+    browser.execute_script(SLOW_PERIOD, "alltime", 1500)
+    browser.execute_script('choose("main", "alltime"); choose("main", "daily")')
+    time.sleep(2.5)  # the alltime answers have landed
+    day = httpx.get(f"{stack.api}/v1/boards/main/leaderboard?scope=global&period=daily").json()
+    shown = browser.execute_script("return [state.period, state.periodId]")
+    assert shown == ["daily", day["period_id"]], page_state(browser)
+    # The day's pushes are shown, not dropped as older than the all-time's period id.
+    post_score(stack, "late-riser", "Late Riser", 3, board="main")
+    wait_until(lambda: "Late Riser" in text_of(browser, "#players"), 15, "the day's push", browser)
+
+    # Names are the board's, and bounded: a choice starts them afresh; the oldest go past 5000.
+    assert browser.execute_script("return state.names.get('late-riser')") == "Late Riser"
+    capped = browser.execute_script(
+        "for (let i = 0; i < 6000; i++) keep(state.names, `u-${i}`, 'someone');"
+        " return [state.names.size, state.names.has('u-999'), state.names.has('u-1000')]"
+    )
+    assert capped == [5000, False, True]
+    assert browser.execute_script(
+        'choose("main", "weekly"); return [state.names.size, state.lookups.size]'
+    ) == [0, 0]
+
+
+# The page's first arguments[0] reads of the list of boards fail, as with the API away.
+BOARDS_UNREADABLE = """
+let failures = %d;
+const real = window.fetch;
+window.fetch = (path, ...rest) =>
+  String(path) === "/v1/boards" && failures-- > 0
+    ? Promise.reject(new Error("the API is away"))
+    : real(path, ...rest);
+"""
+
+
+# A stand-in for the page's WebSocket (window.__fake says what it saw): in mode "1008" or "1013"
+# it opens and is closed at once with that code, as a server refusing it would; in "try again"
+# it answers the first subscription to a global topic with that error; in "silent" it opens and
+# answers nothing, as a half-open socket. The page's current socket is closed to make it
+# reconnect (to the stand-in); its backoff starts afresh.
+FAKE_SOCKET = """
+window.__fake = { opens: 0, sent: [], mode: arguments[0], closedBy: null };
+class FakeSocket extends EventTarget {
+  constructor(url) {
+    super();
+    this.readyState = 0;
+    window.__fake.opens += 1;
+    setTimeout(() => {
+      this.readyState = 1;
+      this.dispatchEvent(new Event("open"));
+      const mode = window.__fake.mode;
+      if (mode === "1008") this.closed(1008, "this Origin is not allowed");
+      if (mode === "1013") this.closed(1013, "too slow to keep up");
+    }, 20);
+  }
+  closed(code, reason) {
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.dispatchEvent(new CloseEvent("close", { code, reason }));
+  }
+  answer(message) {
+    setTimeout(() => this.dispatchEvent(
+      new MessageEvent("message", { data: JSON.stringify(message) })), 10);
+  }
+  send(text) {
+    const message = JSON.parse(text);
+    window.__fake.sent.push(message);
+    const refuse = window.__fake.mode === "try again" && !window.__fake.refused;
+    if (refuse && message.op === "subscribe" && message.topic.includes(":global:")) {
+      window.__fake.refused = true;
+      this.answer({ type: "error", op: "subscribe", topic: message.topic, detail: "try again" });
+    }
+  }
+  close(code, reason) {
+    window.__fake.closedBy = reason || null;
+    setTimeout(() => this.closed(code || 1005, reason || ""), 10);
+  }
+}
+Object.assign(FakeSocket, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
+window.WebSocket = FakeSocket;
+state.attempt = 0;
+state.openedAt = null;
+state.socket.close();
+"""
+
+
+def fake(driver: Any, what: str) -> Any:
+    return driver.execute_script(f"return window.__fake.{what}")
+
+
+@pytest.mark.stack
+@pytest.mark.timeout(240)
+def test_the_page_starts_once_it_can_keeps_its_socket_alive_and_backs_off_from_refusals(
+    stack: Stack, browser: Any
+) -> None:
+    # Opened while the API cannot list the boards: it says so, and starts once it can.
+    browser.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument", {"source": BOARDS_UNREADABLE % 2}
+    )
+    browser.get(f"{stack.api}/?board=main")
+    wait_until(
+        lambda: "cannot start" in text_of(browser, "#status"), 5, "the failed start", browser
+    )
+    wait_until(lambda: status_of(browser) == "live", 20, "the socket open", browser)
+    assert browser.execute_script("return document.querySelector('#board').value") == "main"
+    # The server answers the page's ping (op "ping", type "pong").
+    assert browser.execute_script("ping(state.socket); return state.pongDue !== null")
+    wait_until(
+        lambda: browser.execute_script("return state.pongDue === null"), 3, "the pong", browser
+    )
+
+    # A subscription the server could not make for now ("try again") is asked for again.
+    browser.execute_script(FAKE_SOCKET, "try again")
+    global_topic = "leaderboard:main:global:alltime"
+
+    def asked() -> int:
+        sent = fake(browser, "sent")
+        return sum(m == {"op": "subscribe", "topic": global_topic} for m in sent)
+
+    wait_until(lambda: asked() == 2, 6, "the subscription asked for again", browser)
+
+    # A socket that answers nothing is taken for dead after a ping and ten seconds, and the
+    # page reconnects.
+    browser.execute_script(FAKE_SOCKET, "silent")
+    wait_until(lambda: fake(browser, "opens") == 2, 45, "a new socket", browser)
+    assert {"op": "ping"} in fake(browser, "sent")
+    assert fake(browser, "closedBy") == "no pong"
+
+    # A server that accepts the socket and closes it at once (1013): the delays grow, they do
+    # not start again at half a second each time the socket opens.
+    browser.execute_script(FAKE_SOCKET, "1013")
+    time.sleep(8)
+    opens = fake(browser, "opens")
+    assert 2 <= opens <= 6, opens
+    # Refused by policy (1008): the longest delay, and the reason shown.
+    browser.execute_script("window.__fake.mode = '1008'")
+    wait_until(lambda: "1008" in text_of(browser, "#status"), 20, "the refusal shown", browser)
+    assert "this Origin is not allowed" in text_of(browser, "#status")
+    assert "reconnecting in 15.0 s" in text_of(browser, "#status")
+    refused_at = fake(browser, "opens")
+    time.sleep(5)
+    assert fake(browser, "opens") == refused_at

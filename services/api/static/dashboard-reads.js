@@ -10,6 +10,11 @@ const MAX_LOOKUPS = 8; // name look-ups in flight at once
 const SEND_GAP_MS = 150; // stay well inside the socket's message rate
 const MAX_BACKOFF_MS = 15000;
 const RETRY_MS = 2000; // a read that failed (the API restarting, say) is tried again after this
+const STABLE_MS = 5000; // a socket open this long resets the reconnection's backoff
+const PING_MS = 25000; // the socket is pinged this often ...
+const PONG_MS = 10000; // ... and, with no answer within this, taken for dead
+const MAX_NAMES = 5000; // names (and look-ups) remembered; the oldest go past this
+const INCR_ONLY = new Set(["teams", "mvps"]); // views kept on incr boards only (sums of members)
 
 const state = {
   board: null,
@@ -32,6 +37,11 @@ const state = {
   periodId: null, // the period id of the global read
   rereadAt: 0, // when the countdown last re-read at its end
   retries: new Map(), // view name -> the timer of its next try after a failed read
+  view: 0, // the choice of board and period, counted: a read answering an older one is dropped
+  openedAt: null, // when the current socket opened
+  pinger: null, // the timer of the socket's pings
+  pongDue: null, // the timer that takes the socket for dead unless something arrives first
+  startAttempt: 0, // failed starts in a row (the board list unreadable)
 };
 
 const $ = (selector) => document.querySelector(selector);
@@ -42,9 +52,36 @@ async function getJSON(path) {
   const response = await fetch(path, { headers: { Accept: "application/json" } });
   if (!response.ok) {
     const problem = await response.json().catch(() => ({}));
-    throw new Error(problem.detail || `${path}: ${response.status}`);
+    const error = new Error(problem.detail || `${path}: ${response.status}`);
+    error.status = response.status;
+    throw error;
   }
   return response.json();
+}
+
+// The API away (no answer), busy (429) or failing (5xx) may answer later; any other refusal (a
+// board deleted: 404; a view the board does not keep: 422) would answer the same again.
+function worthRetrying(error) {
+  return error.status === undefined || error.status === 429 || error.status >= 500;
+}
+
+// The growing, jittered delay after `attempt` failures: first/2 to first, doubling, up to
+// MAX_BACKOFF_MS.
+function backoff(attempt, first = 500) {
+  return Math.min(MAX_BACKOFF_MS, first * 2 ** attempt) * (0.5 + Math.random() / 2);
+}
+
+// A bounded map: `key` set (as the newest), the oldest dropped past MAX_NAMES.
+function keep(map, key, value) {
+  map.delete(key);
+  map.set(key, value);
+  if (map.size > MAX_NAMES) map.delete(map.keys().next().value);
+}
+
+// Teams and MVPs are sums over teams' members, kept on incr boards only (the API answers 422
+// elsewhere): on other boards they are neither read nor followed.
+function kept(name) {
+  return !INCR_ONLY.has(name) || state.boards.get(state.board)?.operator === "incr";
 }
 
 function boardPath(suffix) {
@@ -62,47 +99,52 @@ const readers = {
   stats: () => getJSON(boardPath(`/stats?period=${state.period}`)),
 };
 
-// A failed read says why in its table and is tried again, once at a time, until it answers or
-// the board changes: a view does not wait for the next push to recover.
-function retryLater(name, again) {
-  const board = state.board;
+// A failed read says why in its table and, if another try may answer, is tried again, once at a
+// time, until it answers or the board or period changes: a view does not wait for the next push
+// to recover. Every read is of one choice of board and period (`state.view`): its answer, or its
+// retry, is dropped once another is chosen, so that a late answer never shows the wrong period.
+function retryLater(name, again, error) {
   clearTimeout(state.retries.get(name));
+  state.retries.delete(name);
+  if (!worthRetrying(error)) return;
+  const view = state.view;
   state.retries.set(
     name,
     setTimeout(() => {
       state.retries.delete(name);
-      if (board === state.board) again();
+      if (view === state.view) again();
     }, RETRY_MS),
   );
 }
 
 async function load(name) {
-  const board = state.board;
+  if (!kept(name)) return;
+  const view = state.view;
   try {
-    const view = await readers[name]();
-    if (board !== state.board) return;
-    if (name === "players") noteEnd(view);
-    show(name, view);
+    const answer = await readers[name]();
+    if (view !== state.view) return;
+    if (name === "players") noteEnd(answer);
+    show(name, answer);
   } catch (error) {
-    if (board !== state.board) return;
+    if (view !== state.view) return;
     console.warn(name, error.message);
     renderError(name, error);
-    retryLater(name, () => load(name));
+    retryLater(name, () => load(name), error);
   }
 }
 
 async function loadRegion(region) {
-  const board = state.board;
+  const view = state.view;
   const scope = `region:${region}`;
   try {
-    const view = await getJSON(
+    const answer = await getJSON(
       boardPath(`/leaderboard?scope=${encodeURIComponent(scope)}&period=${state.period}&limit=5`),
     );
-    if (board === state.board) show(scope, view);
+    if (view === state.view) show(scope, answer);
   } catch (error) {
-    if (board !== state.board) return;
+    if (view !== state.view) return;
     console.warn(scope, error.message);
-    retryLater(scope, () => loadRegion(region));
+    retryLater(scope, () => loadRegion(region), error);
   }
 }
 

@@ -29,15 +29,17 @@ function nameOf(userId) {
   return userId;
 }
 
+// Names are the board's (a choice of board starts them afresh), at most MAX_NAMES of them.
 async function lookUp(userId) {
-  state.lookups.set(userId, Date.now());
+  const view = state.view;
+  keep(state.lookups, userId, Date.now());
   state.inFlight += 1;
   try {
     const path = boardPath(`/users/${encodeURIComponent(userId)}?scope=global&around=0`);
     const standing = await getJSON(path);
     const me = standing.around.find((e) => e.user_id === userId);
-    if (me && me.display_name) {
-      state.names.set(userId, me.display_name);
+    if (me && me.display_name && view === state.view) {
+      keep(state.names, userId, me.display_name);
       scheduleRename();
     }
   } catch (error) {
@@ -56,7 +58,7 @@ function scheduleRename() {
 }
 
 function remember(entries) {
-  for (const e of entries) if (e.user_id && e.display_name) state.names.set(e.user_id, e.display_name);
+  for (const e of entries) if (e.user_id && e.display_name) keep(state.names, e.user_id, e.display_name);
 }
 
 // Rows are keyed; a row whose key or value changed since the last render flashes.
@@ -101,6 +103,18 @@ function playerRows(entries) {
 function renderError(name, error) {
   const tableId = name === "stats" ? null : name;
   if (tableId && document.getElementById(tableId)) fill(tableId, [], String(error.message));
+}
+
+// The panels of views the board does not keep (teams and MVPs off incr boards) say so, dimmed.
+function markPanels() {
+  const operator = state.boards.get(state.board)?.operator;
+  for (const name of INCR_ONLY) {
+    const panel = document.getElementById(`panel-${name}`);
+    const wasOff = panel.classList.contains("off");
+    panel.classList.toggle("off", !kept(name));
+    if (!kept(name)) fill(name, [], `kept on incr boards only (this board's operator is ${operator})`);
+    else if (wasOff) document.getElementById(name).replaceChildren(); // until its read answers
+  }
 }
 
 const renderers = {

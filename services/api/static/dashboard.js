@@ -11,7 +11,9 @@
 //
 // Views that have no topic of their own (top teams, the activity feed, the counts) are read
 // again over REST after a push arrives, at most once a second. On `resync`, and after the socket
-// comes back (it reconnects with a growing, jittered delay), everything is read again.
+// comes back (it reconnects with a growing, jittered delay, reset only once a socket stayed open
+// STABLE_MS), everything is read again. The socket is pinged every PING_MS and taken for dead
+// when nothing answers within PONG_MS. Teams and MVPs are read on incr boards only.
 // The page carries no credential: public reads need none.
 //
 // The page loads dashboard-reads.js (state and REST), dashboard-render.js (the tables), then this
@@ -75,24 +77,56 @@ function connect() {
   state.socket = socket;
   setStatus("connecting", "connecting…");
   socket.addEventListener("open", () => {
-    state.attempt = 0;
+    // The backoff is not reset here: a server that accepts and then closes at once (a refused
+    // Origin, 1008; "try again", 1013) would be asked again every half second.
+    state.openedAt = Date.now();
     state.topics = new Set();
     state.outbox = [];
+    state.pinger = setInterval(() => ping(socket), PING_MS);
     resubscribe();
     loadAll(); // whatever changed while the socket was away
     setStatus("live", "live");
   });
-  socket.addEventListener("message", (event) => onMessage(JSON.parse(event.data)));
-  socket.addEventListener("close", (event) => {
+  socket.addEventListener("message", (event) => {
     if (state.socket !== socket) return;
-    state.socket = null;
-    clearTimeout(state.sending);
-    state.sending = null;
-    const delay = Math.min(MAX_BACKOFF_MS, 500 * 2 ** state.attempt) * (0.5 + Math.random() / 2);
-    state.attempt += 1;
-    setStatus("reconnecting", `reconnecting in ${(delay / 1000).toFixed(1)} s (closed ${event.code})`);
-    setTimeout(connect, delay);
+    clearTimeout(state.pongDue); // anything from the server says the socket is alive
+    state.pongDue = null;
+    onMessage(JSON.parse(event.data));
   });
+  socket.addEventListener("close", (event) => {
+    lost(socket, event.reason ? `${event.code}: ${event.reason}` : String(event.code), event.code);
+  });
+}
+
+// A half-open socket (the network gone without a word) would stay "live" forever: a ping
+// unanswered within PONG_MS closes it, and the page reconnects as after any close.
+function ping(socket) {
+  if (state.socket !== socket || socket.readyState !== WebSocket.OPEN || state.pongDue !== null) {
+    return;
+  }
+  socket.send(JSON.stringify({ op: "ping" }));
+  state.pongDue = setTimeout(() => {
+    lost(socket, `no answer to a ping within ${PONG_MS / 1000} s`, null);
+    socket.close(4000, "no pong");
+  }, PONG_MS);
+}
+
+// The socket is gone: reconnect after the backoff, or after the longest delay when the server
+// refused the socket by policy (1008: a foreign Origin, say), saying why.
+function lost(socket, why, code) {
+  if (state.socket !== socket) return;
+  state.socket = null;
+  clearInterval(state.pinger);
+  clearTimeout(state.pongDue);
+  state.pinger = state.pongDue = null;
+  clearTimeout(state.sending);
+  state.sending = null;
+  if (state.openedAt !== null && Date.now() - state.openedAt >= STABLE_MS) state.attempt = 0;
+  state.openedAt = null;
+  const delay = code === 1008 ? MAX_BACKOFF_MS : backoff(state.attempt);
+  state.attempt += 1;
+  setStatus("reconnecting", `reconnecting in ${(delay / 1000).toFixed(1)} s (closed ${why})`);
+  setTimeout(connect, delay);
 }
 
 function onMessage(message) {
@@ -102,6 +136,10 @@ function onMessage(message) {
   }
   if (message.type === "error") {
     console.warn("websocket:", message.detail, message.topic || "");
+    // The server could not make the subscription for now (Redis busy): ask again later.
+    if (message.op === "subscribe" && message.detail === "try again" && message.topic) {
+      retrySubscription(message.topic);
+    }
     return;
   }
   if (message.type !== "leaderboard" || message.board_id !== state.board) return;
@@ -118,6 +156,15 @@ function onMessage(message) {
     show(scope, message);
   }
   scheduleRefresh();
+}
+
+function retrySubscription(topic) {
+  state.topics.delete(topic);
+  const socket = state.socket;
+  setTimeout(() => {
+    const open = state.socket === socket && socket?.readyState === WebSocket.OPEN;
+    if (open && topicsOf().includes(topic)) subscribe(topic);
+  }, RETRY_MS);
 }
 
 function discoverRegion(region) {
@@ -176,6 +223,9 @@ setInterval(tick, 1000);
 // -- choosing a board and a period --------------------------------------------------------------
 
 function choose(board, period) {
+  state.view += 1; // reads (and their retries) of the previous choice are dropped
+  for (const timer of state.retries.values()) clearTimeout(timer);
+  state.retries = new Map();
   state.board = board;
   const periods = state.boards.get(board)?.periods || PERIODS;
   state.period = periods.includes(period) ? period : PERIODS.find((p) => periods.includes(p));
@@ -192,7 +242,10 @@ function choose(board, period) {
   state.shown = new Map();
   state.endsAt = null;
   state.periodId = null;
+  state.names = new Map(); // a name is the board's
+  state.lookups = new Map();
   tick();
+  markPanels();
   $("#regions").replaceChildren();
   $("#stats").textContent = "";
   if (state.socket && state.socket.readyState === WebSocket.OPEN) resubscribe();
@@ -211,10 +264,20 @@ async function start() {
     : state.boards.has(DEFAULT_BOARD)
       ? DEFAULT_BOARD
       : boards[0]?.board_id;
-  select.addEventListener("change", () => choose(select.value, state.period));
-  $("#period").addEventListener("change", (e) => choose(state.board, e.target.value));
   if (board) choose(board, query.get("period") || "alltime");
   connect();
 }
 
-start().catch((error) => setStatus("reconnecting", `cannot start: ${error.message}`));
+// The list of boards unreadable (the API away): tried again with a growing delay.
+function begin() {
+  start().catch((error) => {
+    const delay = backoff(state.startAttempt, RETRY_MS);
+    state.startAttempt += 1;
+    setStatus("reconnecting", `cannot start: ${error.message}; again in ${(delay / 1000).toFixed(1)} s`);
+    setTimeout(begin, delay);
+  });
+}
+
+$("#board").addEventListener("change", (e) => choose(e.target.value, state.period));
+$("#period").addEventListener("change", (e) => choose(state.board, e.target.value));
+begin();
