@@ -96,7 +96,7 @@ class Keys:
 
     def merge_lease(self, board_id: str) -> str:
         """``{P:B}:merge:lease`` (string, expiring): "<fence>|<owner>", the aggregator that merges
-        the board now (services/aggregator/lease.py)."""
+        the board now (shared/lease.py)."""
         return f"{self.tag(board_id)}:merge:lease"
 
     def merge_fence(self, board_id: str) -> str:

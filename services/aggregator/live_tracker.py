@@ -37,11 +37,11 @@ import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.aggregator.lease import MergeLease
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import CONTRIBUTE_FUNCTION, HOT_ADD_FUNCTION, HOT_TRIM_FUNCTION
 from shared.keys import Keys, seen_keys
+from shared.lease import Lease
 from shared.live_maths import (
     HOT_SPAN_MS,
     HOT_WINDOWS,
@@ -207,14 +207,14 @@ def hot_keys(keys: Keys, board_id: str) -> list[str]:
 class LiveViews:
     """The ticker's part: recompute the views of one board and push those that changed."""
 
-    def __init__(self, redis: Redis, keys: Keys, lease: MergeLease | None = None) -> None:
+    def __init__(self, redis: Redis, keys: Keys, lease: Lease | None = None) -> None:
         self._redis = redis
         self._keys = keys
         self._full_pass_at: dict[str, float] = {}
         self._settled: set[str] = set()
         """Boards whose hot view this process last computed empty, or another aggregator
         holds (their live lease): looked at again when events come."""
-        self.lease = lease or MergeLease(redis, keys, ttl=6.0, kind="live")
+        self.lease = lease or Lease(redis, keys, ttl=6.0, kind="live")
         """Whose a board's live views are (lease.py): with several aggregators, one computes
         them; an aggregator that died leaves them to another within the lease (6 s, three of
         LADDER_MERGE_INTERVAL's default)."""

@@ -21,7 +21,6 @@ from services.aggregator.closer import Closer
 from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.handlers import MarkDirty, aggregate
-from services.aggregator.lease import MergeLease
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
@@ -29,6 +28,7 @@ from shared import service
 from shared.boards import BoardCatalog
 from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
+from shared.lease import Lease
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 
@@ -101,10 +101,10 @@ async def run(settings: LadderSettings) -> None:
         await catalog.ensure_defaults()
         # A board's merge lease lasts three merge intervals: the boards of an aggregator that
         # died are merged by another within that (lease.py).
-        lease = MergeLease(redis, keys, ttl=3 * settings.merge_interval)
+        lease = Lease(redis, keys, ttl=3 * settings.merge_interval)
         merger, fresh = Merger(redis, keys, lease), FreshRegions()
         # So are its live views, by a lease of their own: one aggregator computes them.
-        live = LiveViews(redis, keys, MergeLease(redis, keys, ttl=lease.ttl, kind="live"))
+        live = LiveViews(redis, keys, Lease(redis, keys, ttl=lease.ttl, kind="live"))
         handler = aggregate(
             Derive(redis, keys, catalog, settings.feed_length),
             MarkDirty(redis, keys, fresh),

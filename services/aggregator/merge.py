@@ -35,13 +35,13 @@ from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
 from services.aggregator.global_brackets import GlobalBrackets, Standing
-from services.aggregator.lease import LeaseLost, MergeLease, lost
 from services.aggregator.marks import GLOBAL, by_user, call_head, in_runs
 from services.aggregator.tops import push_tops
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
 from shared.keys import Keys
+from shared.lease import Lease, LeaseLost, lost
 from shared.periods import Period
 from shared.submit import board_period_expiry
 
@@ -96,12 +96,12 @@ class Pass:
 class Merger:
     """Merges boards' dirty users into their global views, a bounded pass at a time."""
 
-    def __init__(self, redis: Redis, keys: Keys, lease: MergeLease | None = None) -> None:
+    def __init__(self, redis: Redis, keys: Keys, lease: Lease | None = None) -> None:
         self._redis = redis
         self._keys = keys
         # A board is merged by one aggregator at a time (lease.py); by default the lease lasts
         # three of LADDER_MERGE_INTERVAL's default 2 s.
-        self.lease = lease or MergeLease(redis, keys, ttl=6.0)
+        self.lease = lease or Lease(redis, keys, ttl=6.0)
         self._brackets = GlobalBrackets(redis, keys)
         # Periods each board's current batch has merged so far: their ``as_of`` moves when the
         # batch is drained (lost on a restart, it then says older, never newer, than the view).

@@ -8,7 +8,7 @@ set to be taken again), reads the top ``LADDER_SNAPSHOT_SIZE`` of each marked vi
 them in MySQL, one row a view.
 
 One history process at a time takes a board's snapshots (several may run): a pass holds the
-board's snapshot lease (``Keys.lease``, ``snap``, shared/lua/lease.lua), renewed before each chunk
+board's snapshot lease (shared/lease.py, ``snap``), renewed before each chunk
 of views and lapsing ``LEASE_SECONDS`` after a process that died, and a board held by another
 is left to it. So no view is stored twice from one mark, and the pass's last step, which deletes
 the renamed set and gives the lease up, does so only while the pass still holds the lease: a
@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,8 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
-from shared.functions import LEASE_HOLD_FUNCTION, SNAPSHOT_DONE_FUNCTION
+from shared.functions import SNAPSHOT_DONE_FUNCTION
 from shared.keys import Keys
+from shared.lease import Lease, LeaseLost
 from shared.periods import PERIODS, Period
 from shared.ranking import id_of, metadata_of, score_of, sub_of, subscore_of
 from shared.service import every_board
@@ -96,8 +94,7 @@ class Snapshotter:
         self._keys = keys
         self._engine = engine
         self._size = size
-        self._lease_ms = max(1, round(lease_seconds * 1000))
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = Lease(redis, keys, ttl=lease_seconds, kind="snap")
 
     async def take_board(self, board: Board, now: datetime | None = None) -> int:
         """Snapshot every view of ``board`` marked since the last pass; how many were stored.
@@ -110,9 +107,9 @@ class Snapshotter:
         taking = self._keys.snapshot_dirty(bid, taking=True)
         if not await self._redis.exists(dirty, taking):
             return 0  # nothing changed
-        token = await self._hold(bid)
-        if not token:
+        if not await self.lease.hold(bid):
             return 0
+        token = self.lease.token(bid)
         with contextlib.suppress(ResponseError):  # no new marks: only a set left to take
             # Not over a set left by a pass cut short, which is taken first, the new marks after.
             await self._redis.renamenx(dirty, taking)
@@ -121,7 +118,7 @@ class Snapshotter:
         stored = 0
         ordered = sorted(views)
         for start in range(0, len(ordered), CHUNK):
-            if start and await self._hold(bid) != token:
+            if start and not await self._still_held(bid):
                 log.warning("snapshot lease lost; the pass stops", board_id=bid, stored=stored)
                 TAKEN.inc(stored)
                 return stored
@@ -137,19 +134,13 @@ class Snapshotter:
         TAKEN.inc(stored)
         return stored
 
-    async def _hold(self, board_id: str) -> str:
-        """Take or renew the board's snapshot lease: its token, or '' while another history
-        process holds it (shared/lua/lease.lua; a lease that lapsed gets a new token)."""
-        keys = self._keys
-        token = await self._redis.fcall(
-            LEASE_HOLD_FUNCTION,
-            2,
-            keys.lease(board_id, "snap"),
-            keys.lease(board_id, "snap", fence=True),
-            self.owner,
-            self._lease_ms,
-        )
-        return str(token) if token else ""
+    async def _still_held(self, board_id: str) -> bool:
+        """Renew the board's snapshot lease: whether this pass still holds it."""
+        try:
+            await self.lease.renew(board_id)
+        except LeaseLost:
+            return False
+        return True
 
     async def _marked(
         self, board: Board, taking: str

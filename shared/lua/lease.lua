@@ -1,5 +1,5 @@
 --[[
-A board's merge lease (services/aggregator/lease.py): one aggregator at a time merges a board
+A board's merge lease (shared/lease.py): one aggregator at a time merges a board
 (and builds its distinct-score sets), so two aggregators never take, merge or drop each other's
 dirty marks. The lease is a string "<fence>|<owner>", the holder's token, that expires unless
 renewed; the fence is a counter of the board that goes up at every new holder, and the writes of

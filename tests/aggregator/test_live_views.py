@@ -27,12 +27,12 @@ from redis.asyncio import Redis
 from services.aggregator import live_tracker
 from services.aggregator.derive import Derive
 from services.aggregator.handlers import Handler, MarkDirty, aggregate
-from services.aggregator.lease import MergeLease
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.keys import Keys
+from shared.lease import Lease
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.helpers import (
     ADMIN,
@@ -250,8 +250,8 @@ async def test_one_of_several_aggregators_computes_a_boards_live_views(
 
     monkeypatch.setattr(LiveViews, "hot", counted_hot)
     monkeypatch.setattr(LiveViews, "mvps", counted_mvps)
-    one = LiveViews(redis, keys, MergeLease(redis, keys, ttl=0.5, owner="one", kind="live"))
-    two = LiveViews(redis, keys, MergeLease(redis, keys, ttl=0.5, owner="two", kind="live"))
+    one = LiveViews(redis, keys, Lease(redis, keys, ttl=0.5, owner="one", kind="live"))
+    two = LiveViews(redis, keys, Lease(redis, keys, ttl=0.5, owner="two", kind="live"))
     now = datetime.now(UTC)
     for tick in range(3):
         await recorder(redis, keys)([made(f"u-{tick}", 5, now)])

@@ -1,5 +1,5 @@
 """Several aggregators share the boards: a board's merge is done under its merge lease
-(services/aggregator/lease.py), so two aggregators merging one board while events keep coming
+(shared/lease.py), so two aggregators merging one board while events keep coming
 lose and double nothing, a dead owner's board is taken over once its lease runs out, and an
 owner that lost its lease writes nothing more."""
 
@@ -14,12 +14,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from bench.probes import layout_entries
-from services.aggregator.lease import MergeLease
 from services.aggregator.main import merges
 from services.aggregator.merge import IN_FLIGHT, Merger
 from shared.boards import Board
 from shared.functions import MERGE_TAKE_FUNCTION
 from shared.keys import Keys, dirty_member
+from shared.lease import Lease
 
 REGIONS = 8
 BOARD = Board(board_id="shared", periods=("alltime",))
@@ -58,7 +58,7 @@ async def regional_records(redis: Redis, keys: Keys) -> dict[str, str]:
 
 
 def merger(redis: Redis, keys: Keys, ttl: float) -> Merger:
-    return Merger(redis, keys, MergeLease(redis, keys, ttl=ttl))
+    return Merger(redis, keys, Lease(redis, keys, ttl=ttl))
 
 
 class Counting(Merger):
@@ -76,7 +76,7 @@ async def test_two_aggregators_merging_one_board_lose_and_double_nothing(
     redis: Redis, keys: Keys
 ) -> None:
     stop = asyncio.Event()
-    first, second = (Counting(redis, keys, MergeLease(redis, keys, ttl=1.5)) for _ in range(2))
+    first, second = (Counting(redis, keys, Lease(redis, keys, ttl=1.5)) for _ in range(2))
     assert first.lease.owner != second.lease.owner
     catalog = Catalog()
     tickers = [
@@ -127,7 +127,7 @@ async def test_a_paused_owner_is_taken_over_and_then_writes_nothing(
 ) -> None:
     await write(redis, keys, 0, 12_000, seed=1)
     ttl = 0.5
-    paused = Paused(redis, keys, MergeLease(redis, keys, ttl=ttl))
+    paused = Paused(redis, keys, Lease(redis, keys, ttl=ttl))
     paused.resume, paused.paused, paused.rounds = asyncio.Event(), asyncio.Event(), 0
     other = merger(redis, keys, ttl)
     # Rounds of about 5,000 marks: the paused owner merges one, then stops holding the lease.

@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.aggregator.lease import MergeLease
 from shared.boards import Board
 from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
 from shared.keys import Keys
+from shared.lease import Lease
 from shared.redis import library_source, open_redis
 from shared.redis_cluster import seed_nodes
 from shared.settings import LadderSettings
@@ -52,7 +52,7 @@ def calls(cluster: PrivateCluster, command: str) -> int:
 
 
 def hold_args(keys: Keys, board_id: str, owner: str) -> tuple[Any, ...]:
-    """The arguments of a merge lease's FCALL (services/aggregator/lease.py)."""
+    """The arguments of a merge lease's FCALL (shared/lease.py)."""
     lease, fence = keys.merge_lease(board_id), keys.merge_fence(board_id)
     return (LEASE_HOLD_FUNCTION, 2, lease, fence, owner, 60_000)
 
@@ -65,7 +65,7 @@ async def test_function_calls_ask_no_node_for_their_keys(
     shared_cluster: PrivateCluster, redis: Redis, keys: Keys
 ) -> None:
     getkeys, fcalls = calls(shared_cluster, "command|getkeys"), calls(shared_cluster, "fcall")
-    lease = MergeLease(redis, keys, ttl=60)
+    lease = Lease(redis, keys, ttl=60)
     for board_id in BOARDS:
         assert await lease.hold(board_id)
         await lease.renew(board_id)
@@ -82,7 +82,7 @@ async def test_function_calls_ask_no_node_for_their_keys(
 async def test_the_library_is_loaded_again_on_a_primary_that_lost_it(
     shared_cluster: PrivateCluster, redis: Redis, keys: Keys
 ) -> None:
-    lease = MergeLease(redis, keys, ttl=60)
+    lease = Lease(redis, keys, ttl=60)
     flushed = primary_of(shared_cluster, redis, keys, "b0")
     with shared_cluster.client(flushed) as node:
         node.function_flush()

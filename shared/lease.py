@@ -1,16 +1,19 @@
-"""A board's merge lease: one aggregator at a time merges a board (shared/lua/lease.lua).
+"""A board's leases: one process at a time does a kind of a board's work (shared/lua/lease.lua).
 
-Several aggregators may run (more consumers of the aggregator queue, or a restart that overlaps
-the process it replaces). Each board's merge, from taking the dirty set to draining it, and its
-dense builds, are done by the aggregator that holds the board's lease. The lease expires after
-``ttl`` seconds unless renewed (three merge intervals: an aggregator that died leaves its boards
-to the others within that). Each new holder gets a token, a higher fence and its owner name,
-which the merge's writes check in Redis: a holder that lost the lease writes nothing more.
+Several processes of a service may run (more consumers of a queue, or a restart that overlaps the
+process it replaces). A lease is a string "<fence>|<owner>" under the board's hash tag that
+expires after ``ttl`` seconds unless renewed, so that the boards of a process that died are
+taken over by another within that. Each new holder gets a token, a higher fence and its owner
+name. The kinds:
 
-The live views (hot streaks, MVPs) are held the same way, by a lease of their own (``live``):
-one aggregator computes and pushes a board's live views, not each of them. Those writes are not
-fenced: a holder paused past its lease may store one pass's views after its successor's, which
-the successor's next pass replaces.
+- the merge lease (the default): the aggregator that holds it merges the board, from taking the
+  dirty set to draining it, and its dense builds; the merge's writes check the token in Redis, so
+  a holder that lost the lease writes nothing more;
+- ``live``: the aggregator that computes and pushes the board's live views (hot streaks, MVPs).
+  Those writes are not fenced: a holder paused past its lease may store one pass's views after
+  its successor's, which the successor's next pass replaces;
+- ``snap``: the history process that takes the board's snapshots; the pass's last step checks
+  the token (services/history/snapshotter.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from shared.keys import Keys
 
 
 class LeaseLost(Exception):
-    """The board's merge lease is held by another aggregator now: stop the board's work."""
+    """The board's lease is held by another process now: stop the board's work."""
 
 
 def lost(error: ResponseError) -> bool:
@@ -35,9 +38,9 @@ def lost(error: ResponseError) -> bool:
     return str(error).startswith("FENCED")
 
 
-class MergeLease:
-    """The merge leases of one aggregator (``owner``), board by board; with ``kind``, the leases
-    of another kind of the board's work (``Keys.lease``: ``live``, the hot and MVP views)."""
+class Lease:
+    """The leases of one process (``owner``), board by board: merge leases, or with ``kind``
+    those of another kind of the board's work (``Keys.lease``: ``live``, ``snap``)."""
 
     def __init__(
         self,
@@ -61,11 +64,11 @@ class MergeLease:
         return self._keys.merge_fence(board_id) if fence else self._keys.merge_lease(board_id)
 
     def token(self, board_id: str) -> str:
-        """The token this aggregator holds ``board_id``'s lease with (after :meth:`hold`)."""
+        """The token this process holds ``board_id``'s lease with (after :meth:`hold`)."""
         return self._tokens[board_id]
 
     async def hold(self, board_id: str) -> bool:
-        """Take or renew the lease of ``board_id``; ``False`` while another aggregator holds it.
+        """Take or renew the lease of ``board_id``; ``False`` while another process holds it.
         A holder whose lease expired unnoticed and was taken by no one gets a new token."""
         token = await self._redis.fcall(
             LEASE_HOLD_FUNCTION,
@@ -89,7 +92,7 @@ class MergeLease:
             raise LeaseLost(board_id)
 
     async def release(self, board_id: str) -> None:
-        """Give the lease of ``board_id`` up, if this aggregator still holds it."""
+        """Give the lease of ``board_id`` up, if this process still holds it."""
         token = self._tokens.pop(board_id, None)
         if token is not None:
             await self._redis.fcall(LEASE_RELEASE_FUNCTION, 1, self._key(board_id), token)
