@@ -170,8 +170,10 @@ form_rabbit() {
         wait_for 60 "rabbit-$port to join" rabbit_view "$port" joined
     done
     # The read-only user of `make up`'s broker, ladder-monitor, on the cluster (users are the
-    # cluster's, so one node is told).
+    # cluster's, so one node is told). rabbitmq-plugins refuses a node whose enabled plugins
+    # file is not the one it was given: the node's own, not the system broker's.
     MANAGEMENT_PORT=$((first + 10000)) RABBITMQ_NODENAME="ladder-rabbit-$first@localhost" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$DIR/rabbit/$first/enabled_plugins" \
         ensure_rabbitmq_management
 }
 

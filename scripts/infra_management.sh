@@ -63,8 +63,11 @@ ensure_rabbitmq_management() {
             "password dev-monitor) for the management UI's user $MONITOR_USER"
     fi
     password=${password:-dev-monitor}
+    # Enabled in the plugins file is not always running: a file written while the node could
+    # not be told (or by another node's tools) lists the plugin while its UI is not up. Enabling
+    # again is harmless and starts it on the node.
     if ! as_root rabbitmq-plugins list --enabled --minimal 2>/dev/null |
-        grep -qx rabbitmq_management; then
+        grep -qx rabbitmq_management || ! management_answers; then
         log "enabling the RabbitMQ management plugin (UI on $HOST:$MANAGEMENT_PORT)"
         as_root rabbitmq-plugins enable rabbitmq_management >/dev/null ||
             die "rabbitmq-plugins enable rabbitmq_management failed"
