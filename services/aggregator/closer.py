@@ -299,9 +299,8 @@ class Closer:
         names = dict(zip(users, next(replies), strict=False))
         result: dict[str, list[dict[str, Any]]] = {}
         for scope, rows in zip(scopes, tops, strict=True):
-            if scope == "teams":
-                if rows:
-                    result[scope] = [team_entry(board, i, *row) for i, row in enumerate(rows, 1)]
+            if scope == "teams":  # on incr boards, as a region: [] when no team scored
+                result[scope] = [team_entry(board, i, *row) for i, row in enumerate(rows, 1)]
                 continue
             records = next(replies)
             result[scope] = [

@@ -81,6 +81,9 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     assert ranked["global"] == [("a", 35), ("c", 20), ("b", 10)]
     assert ranked["region:eu"] == [("a", 30), ("b", 10)]
     assert ranked["region:na"] == [("c", 20), ("a", 5)]
+    # An incr board's teams scope is there even empty (the teams board is the consumers': none
+    # ran), as a region with no score would be.
+    assert BOARD.operator == "incr" and ranked["teams"] == []
     # Again, later, by either: nothing more.
     assert await close_until_done(closers, Merger(redis, keys), after + timedelta(seconds=30)) == 0
     assert await redis.xlen(keys.periods_outbox("cup")) == 1
