@@ -175,6 +175,10 @@ snapshots = _table(
     Column("entries", MEDIUMTEXT, nullable=False),
     # "The newest of a view taken at or before a time" is one backward range scan of this index.
     Index(None, "board_id", "scope", "period", "taken_at"),
+    # A view's snapshot of one take, stored once: a pass that lost its snapshot lease mid-way
+    # and its successor store the same set under the same taken_at, the time it was taken
+    # (services/history/snapshotter.py). (Migration 0009.)
+    UniqueConstraint("board_id", "scope", "period", "period_id", "taken_at"),
 )
 
 

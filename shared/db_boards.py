@@ -165,10 +165,14 @@ def _to_millisecond(moment: datetime) -> datetime:
     return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
-async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> None:
-    """Store snapshots, a few rows a statement, in one transaction."""
+async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> int:
+    """Store snapshots, a few rows a statement, in one transaction; how many were stored. A
+    snapshot of a view stored already under the same ``taken_at`` (the time its set was taken:
+    another pass of the same take stored it) is not stored again: the table's unique key, with
+    ``ON DUPLICATE KEY UPDATE id = id`` (as the event log's; an engine made with
+    ``changed_rows=True`` counts such a row out of the number returned)."""
     if not rows:
-        return
+        return 0
     values = [
         {
             "board_id": row["board_id"],
@@ -180,9 +184,13 @@ async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> None:
         }
         for row in rows
     ]
+    stored = 0
     async with engine.begin() as conn:
         for chunk in _snapshot_chunks(values):
-            await conn.execute(snapshots.insert().values(chunk))
+            statement = insert(snapshots).values(chunk)
+            result = await conn.execute(statement.on_duplicate_key_update(id=snapshots.c.id))
+            stored += result.rowcount
+    return stored
 
 
 def _snapshot_chunks(values: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

@@ -74,6 +74,9 @@ no field yet. v6: the marks come in runs of one region, each run's region and co
 given, and how many users they name, before them: the function cuts each mark's id at a known
 place and tells a user's marks apart by id only where a user has several; the reply's changed
 ids come joined in one string, and the marks' regions, which the caller knows, no longer.)"""
+TOP_PUSH_FUNCTION = "ladder_top_push_v1"
+"""Publish a view's top 10 and store its fingerprint, only while the fingerprint key holds what
+the caller read before it read the top: pushes of one view go out in the order of their reads."""
 DENSE_BUILD_FUNCTION = "ladder_dense_build_v2"
 """A step of building a global or regional view's distinct-score set from the view, for dense
 reads. (v2: under the board's merge lease, as the merge.)"""
@@ -82,10 +85,15 @@ LEASE_HOLD_FUNCTION = "ladder_lease_hold_v1"
 aggregator holds it."""
 LEASE_RELEASE_FUNCTION = "ladder_lease_release_v1"
 """Give a board's merge lease up, if still held with the token."""
-SNAPSHOT_DONE_FUNCTION = "ladder_snapshot_done_v1"
+SNAPSHOT_TAKE_FUNCTION = "ladder_snapshot_take_v1"
+"""The start of a board's snapshot pass, under its snapshot lease: the changed-views set renamed
+to the set the pass takes (unless one is left to take), and the take's time, kept with the set
+so that a pass taking a set over stores its snapshots under the same time."""
+SNAPSHOT_DONE_FUNCTION = "ladder_snapshot_done_v2"
 """The end of a board's snapshot pass, under its snapshot lease (taken and renewed with
 ``LEASE_HOLD_FUNCTION``): follow-up marks added, the taken set deleted, the lease given up; 0,
-doing nothing, if the lease is not held with the token."""
+doing nothing, if the lease is not held with the token. (v2: the board's take hash as a fourth
+key, the taken set's time deleted from it.)"""
 MERGE_TAKE_FUNCTION = "ladder_merge_take_v2"
 """Under the merge lease: the dirty set becomes the merging set, unless one is there already.
 (v2: a fourth key, the board's take counter, counts each rename.)"""
@@ -172,10 +180,12 @@ REGISTERED: dict[str, str] = {
     "write_journaled": JOURNALED_WRITE_FUNCTION,
     "put": PUT_FUNCTION,
     "merge": MERGE_FUNCTION,
+    "top_push": TOP_PUSH_FUNCTION,
     "dense_build": DENSE_BUILD_FUNCTION,
     "lease_hold": LEASE_HOLD_FUNCTION,
     "lease_release": LEASE_RELEASE_FUNCTION,
     "merge_take": MERGE_TAKE_FUNCTION,
+    "snapshot_take": SNAPSHOT_TAKE_FUNCTION,
     "snapshot_done": SNAPSHOT_DONE_FUNCTION,
     "hot_add": HOT_ADD_FUNCTION,
     "hot_trim": HOT_TRIM_FUNCTION,

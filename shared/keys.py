@@ -232,6 +232,9 @@ class Keys:
         snapshot pass renamed it to and works on, so a crash mid-pass leaves it to be taken."""
         return f"{self.tag(board_id)}:snapdirty" + (":taking" if taking else "")
 
+    def snapshot_take(self, board_id: str) -> str:
+        return f"{self.tag(board_id)}:snaptake"
+
     def lease(self, board_id: str, kind: str, *, fence: bool = False) -> str:
         """``{P:B}:<kind>lease`` (string, expiring): "<fence>|<owner>", who does that work of the
         board (``snap``: snapshots; ``live``: hot and MVP views); ``fence=True``: its counter."""
@@ -315,8 +318,7 @@ class Keys:
         return "{" + f"{self.prefix}:*"
 
     def view_of(self, key: str) -> tuple[str, str, str, str | None] | None:
-        """(board_id, period, period_id, region or None for global) of a view's key; None for
-        any other (its records, say)."""
+        """(board_id, period, period_id, region or None for global) of a view's key, else None."""
         head = "{" + f"{self.prefix}:"
         board_id, found, rest = key.removeprefix(head).partition("}:")
         parsed = parse_view(rest) if key.startswith(head) and found else None
@@ -329,8 +331,7 @@ class Keys:
         return board_id if key.startswith(head) and found and ":team:" in rest else None
 
     def record_user(self, key: str) -> str | None:
-        """The user id an event record's key names (None for a record of the layout before,
-        named by its id alone)."""
+        """The user id an event record's key names (None for one of the layout before: id alone)."""
         _, _, rest = key.partition("}:idem:")
         return parse_event_ref(rest)[1]
 
@@ -357,8 +358,7 @@ def event_ref(event_id: str, user_id: str) -> str:
 
 
 def parse_event_ref(ref: str) -> tuple[str, str | None]:
-    """(event_id, user_id) of an :func:`event_ref`; the user is None for a bare event id, which
-    the newest event key of the layout before holds."""
+    """(event_id, user_id) of an :func:`event_ref` (user None: a bare id, of the layout before)."""
     event_id, _, user_id = ref.partition(":")
     return event_id, user_id or None
 

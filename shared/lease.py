@@ -12,8 +12,14 @@ name. The kinds:
 - ``live``: the aggregator that computes and pushes the board's live views (hot streaks, MVPs).
   Those writes are not fenced: a holder paused past its lease may store one pass's views after
   its successor's, which the successor's next pass replaces;
-- ``snap``: the history process that takes the board's snapshots; the pass's last step checks
-  the token (services/history/snapshotter.py).
+- ``snap``: the history process that takes the board's snapshots; the pass's first and last
+  steps check the token, and its MySQL writes are idempotent for a pass that lost the lease
+  between its checks (services/history/snapshotter.py).
+
+A process that stops cleanly gives up every lease it holds (:func:`give_up`, at the end of its
+tickers), each only while it is still held with this process's token, so that the boards are
+taken over at once (by another process, or this one restarted under a new owner name) rather
+than after the lease runs out.
 """
 
 from __future__ import annotations
@@ -22,11 +28,14 @@ import os
 import socket
 import uuid
 
+import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from shared.functions import LEASE_HOLD_FUNCTION, LEASE_RELEASE_FUNCTION
 from shared.keys import Keys
+
+log = structlog.get_logger(__name__)
 
 
 class LeaseLost(Exception):
@@ -57,6 +66,11 @@ class Lease:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, str] = {}
         self._kind = kind
+
+    @property
+    def kind(self) -> str:
+        """``merge``, ``live`` or ``snap``."""
+        return self._kind or "merge"
 
     def _key(self, board_id: str, *, fence: bool = False) -> str:
         if self._kind is not None:
@@ -91,8 +105,37 @@ class Lease:
         if not await self.hold(board_id) or self._tokens[board_id] != held:
             raise LeaseLost(board_id)
 
-    async def release(self, board_id: str) -> None:
-        """Give the lease of ``board_id`` up, if this process still holds it."""
+    async def release(self, board_id: str) -> bool:
+        """Give the lease of ``board_id`` up, if this process still holds it (compare and
+        delete, in one step: a lease that lapsed and was taken by another stays the other's);
+        whether it was given up."""
         token = self._tokens.pop(board_id, None)
-        if token is not None:
-            await self._redis.fcall(LEASE_RELEASE_FUNCTION, 1, self._key(board_id), token)
+        if token is None:
+            return False
+        return bool(await self._redis.fcall(LEASE_RELEASE_FUNCTION, 1, self._key(board_id), token))
+
+    def forget(self, board_id: str) -> None:
+        """The lease of ``board_id`` was given up by another call (``ladder_snapshot_done_v2``
+        deletes it in its own step): no token to give up any more."""
+        self._tokens.pop(board_id, None)
+
+    async def release_all(self) -> int:
+        """Give up every lease this process holds, each as :meth:`release`; how many were."""
+        released = 0
+        for board_id in sorted(self._tokens):
+            released += await self.release(board_id)
+        return released
+
+
+async def give_up(*leases: Lease) -> None:
+    """On the way out of a clean stop, after the process's last pass: every lease of ``leases``
+    given up (:meth:`Lease.release_all`). One that cannot be (Redis out of reach) lapses as a
+    dead process's does: logged, and the others are given up all the same."""
+    for lease in leases:
+        try:
+            released = await lease.release_all()
+        except Exception as error:
+            log.warning("leases not given up; they lapse", kind=lease.kind, error=str(error))
+            continue
+        if released:
+            log.info("leases given up", kind=lease.kind, boards=released)

@@ -31,6 +31,7 @@ LUA_FILES = (
     "limits",
     "lease",
     "merge",
+    "tops",
     "dense",
     "hide",
     "live",

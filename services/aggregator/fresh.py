@@ -1,7 +1,8 @@
 """The regional views that consumed events changed, for their top-10 pushes (docs/
 architecture.md, the aggregator): a region's view is the write's own, current without the merge,
 so its push need not wait behind a merge backlog. :class:`~services.aggregator.handlers.MarkDirty`
-notes them; :meth:`FreshRegions.push` pushes them before each merge pass."""
+notes them; :meth:`FreshRegions.push` pushes them before each merge pass. The merge's own pushes
+that did not go out are kept in one too (services/aggregator/pass_pushes.py), any view's."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from shared.periods import Period
 
 
 class FreshRegions:
-    """The regional views that consumed events changed since their top 10 was last looked at,
-    by board: a region's view is the write's own, current without the merge, so its top-10 push
-    need not wait behind a merge backlog (:meth:`push`)."""
+    """The views whose top 10 is to be looked at, by board: the regional views that consumed
+    events changed since their top 10 was last looked at (a region's view is the write's own,
+    current without the merge, so its top-10 push need not wait behind a merge backlog), and any
+    view noted by :meth:`add_view` (:meth:`push`)."""
 
     def __init__(self) -> None:
         self._views: dict[str, set[tuple[Period, str, str]]] = defaultdict(set)
@@ -30,24 +32,33 @@ class FreshRegions:
                 self.add(event.board_id, period, result.period_id, event.region)
 
     def add(self, board_id: str, period: Period, period_id: str, region: str) -> None:
-        self._views[board_id].add((period, period_id, region))
+        self.add_view(board_id, period, period_id, f"region:{region}")
+
+    def add_view(self, board_id: str, period: Period, period_id: str, scope: str) -> None:
+        self._views[board_id].add((period, period_id, scope))
 
     def take(self, board_id: str) -> set[tuple[Period, str, str]]:
         return self._views.pop(board_id, set())
 
+    def __contains__(self, board_id: str) -> bool:
+        return bool(self._views.get(board_id))
+
     async def push(self, redis: Redis, keys: Keys, board: Board) -> int:
-        """The top-10 pushes of ``board``'s regional views that events changed since the last
-        call, whatever the merge has yet to do; returns how many views were looked at. If a
-        push fails, the views are noted again for the next call, which pushes each whose last
-        push did not go out (its fingerprint was not stored: services/aggregator/tops.py)."""
+        """The top-10 pushes of ``board``'s views noted since the last call, whatever the merge
+        has yet to do; returns how many views were looked at. If a push fails, the views are
+        noted again for the next call, which pushes each whose last push did not go out (its
+        fingerprint was not stored: services/aggregator/tops.py); so is a view that other
+        aggregators' pushes kept reaching first."""
         views = self.take(board.board_id)
         by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
-        for period, period_id, region in views:
+        for period, period_id, scope in views:
             if period in board.periods:
-                by_period[(period, period_id)].append(f"region:{region}")
+                by_period[(period, period_id)].append(scope)
         try:
             for (period, period_id), scopes in by_period.items():
-                await push_tops(redis, keys, board, period, period_id, sorted(scopes))
+                left = await push_tops(redis, keys, board, period, period_id, sorted(scopes))
+                for scope in left:
+                    self.add_view(board.board_id, period, period_id, scope)
         except Exception:
             self._views[board.board_id] |= views
             raise

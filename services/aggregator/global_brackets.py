@@ -12,7 +12,9 @@ merge, and
 
 ``previous_rank`` of an ``entered_top`` is ``null`` when the user was below the largest bracket
 before the merge (its exact rank there is not read). The messages go to each user's Pub/Sub
-channel, with ``"scope": "global"``, in the shape the notifier uses for regions.
+channel, with ``"scope": "global"``, in the shape the notifier uses for regions. A message
+whose PUBLISH fails is published again before the board's next pass
+(services/aggregator/pass_pushes.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ Place = tuple[int, tuple[float, str]]
 PUSHES = Counter(
     "ladder_aggregator_rank_pushes_total", "Global-scope rank messages published", ["reason"]
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RankMessage:
+    """A ``rank`` message of the global scope, to publish on a user's channel."""
+
+    channel: str
+    body: bytes
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +94,7 @@ def judge(
 
 
 class GlobalBrackets:
-    """Reads a view's top around a merge and publishes the crossings."""
+    """Reads a view's top around a merge and makes the crossings' messages."""
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
@@ -97,17 +108,18 @@ class GlobalBrackets:
         rows: list[Any] = await self._redis.zrevrange(key, 0, max(board.notify_top) - 1, True)
         return Standing.of([(str(m), float(score)) for m, score in rows])
 
-    async def announce(
+    async def crossings(
         self,
         board: Board,
         period: Period,
         period_id: str,
         before: Standing | None,
         written: set[str],
-    ) -> int:
-        """Publish what the merge since ``before`` changed; returns how many messages."""
+    ) -> list[RankMessage]:
+        """The rank messages of what the merge since ``before`` changed (published by the
+        caller: services/aggregator/pass_pushes.py)."""
         if before is None:
-            return 0
+            return []
         after = await self.standing(board, period, period_id)
         assert after is not None
         key = self._keys.global_view(board.board_id, period, period_id)
@@ -123,22 +135,40 @@ class GlobalBrackets:
             for user, reply in zip(gone, replies, strict=True):
                 if reply:
                     fallen[user] = (int(reply[0]) + 1, (float(reply[1]), str(reply[3][0])))
-        crossings = judge(before, after, fallen, written, board.notify_top)
-        if not crossings:
-            return 0
         current = {**fallen, **after.entries}
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for crossing in crossings:
-                score = score_of(current[crossing.user_id][1][0], board.descending)
-                message = rank_message(
-                    crossing,
-                    board_id=board.board_id,
-                    scope="global",
-                    period=period,
-                    period_id=period_id,
-                    score=score,
-                )
-                pipe.publish(self._keys.user_channel(crossing.user_id), orjson.dumps(message))
-                PUSHES.labels(crossing.reason).inc()
-            await pipe.execute()
-        return len(crossings)
+        messages: list[RankMessage] = []
+        for crossing in judge(before, after, fallen, written, board.notify_top):
+            score = score_of(current[crossing.user_id][1][0], board.descending)
+            message = rank_message(
+                crossing,
+                board_id=board.board_id,
+                scope="global",
+                period=period,
+                period_id=period_id,
+                score=score,
+            )
+            channel = self._keys.user_channel(crossing.user_id)
+            messages.append(RankMessage(channel, orjson.dumps(message), crossing.reason))
+        return messages
+
+
+async def publish_each(redis: Redis, messages: list[RankMessage]) -> list[RankMessage]:
+    """Publish ``messages`` in one round trip; returns those refused (on Redis Cluster a user's
+    channel lies in a slot of its own, whose primary may be failing over while others answer),
+    or all of them if the round trip itself failed."""
+    if not messages:
+        return []
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            for message in messages:
+                pipe.publish(message.channel, message.body)
+            replies = await pipe.execute(raise_on_error=False)
+    except Exception:
+        return messages
+    unsent: list[RankMessage] = []
+    for message, reply in zip(messages, replies, strict=True):
+        if isinstance(reply, Exception):
+            unsent.append(message)
+        else:
+            PUSHES.labels(message.reason).inc()
+    return unsent

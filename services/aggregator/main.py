@@ -28,7 +28,7 @@ from shared import service
 from shared.boards import BoardCatalog
 from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
-from shared.lease import Lease
+from shared.lease import Lease, give_up
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 
@@ -47,11 +47,13 @@ async def merges(
     fresh: FreshRegions | None = None,
 ) -> None:
     """Merge every board, a bounded pass each, until ``stop``: again at once while a board is
-    behind, else after ``interval``; one last pass on the way. Before each pass, the top-10
-    pushes of the regional views that events changed (``fresh``), which do not wait for the
-    merge; after it, a bounded step of the dense builds that reads asked for, of the boards
-    that have either to do (one round trip for all: :meth:`Merger.with_work`). A pass that fails
-    is logged and retried: its work waits in Redis."""
+    behind, else after ``interval``; one last pass on the way. Before each pass, the pushes that
+    earlier passes could not make (rank messages and top-10 pushes whose publish failed:
+    services/aggregator/pass_pushes.py), then the top-10 pushes of the regional views that
+    events changed (``fresh``), which do not wait for the merge; after it, a bounded step of the
+    dense builds that reads asked for, of the boards that have either to do (one round trip for
+    all: :meth:`Merger.with_work`). A pass that fails is logged and retried: its work waits in
+    Redis."""
     while True:
         stopping = stop.is_set()
         try:
@@ -59,8 +61,7 @@ async def merges(
             merging, building = await merger.with_work([b.board_id for b in boards])
             for board in boards:
                 with service.board_step(board, "merge"):
-                    if fresh is not None:
-                        await merger.push_fresh(board, fresh)
+                    await merger.push_fresh(board, fresh)
                     if board.board_id in merging:
                         await merger.merge_board(board, MERGE_BUDGET)
                     if board.board_id in building:
@@ -84,11 +85,18 @@ async def tick(
     stop: asyncio.Event,
     fresh: FreshRegions | None = None,
 ) -> None:
-    """The merge and the live views, apart, each every ``interval`` seconds until ``stop``."""
-    await asyncio.gather(
-        merges(merger, catalog, interval, stop, fresh),
-        service.every_pass(catalog, interval, stop, live.tick),
-    )
+    """The merge and the live views, apart, each every ``interval`` seconds until ``stop``; then
+    the merge and live leases this aggregator holds are given up (shared/lease.py), so that
+    another aggregator, or this one restarted, takes the boards over at once: a board's merge
+    that a backlog left partway goes on from its merging set, and its live views are not held
+    back for the lease's three intervals."""
+    try:
+        await asyncio.gather(
+            merges(merger, catalog, interval, stop, fresh),
+            service.every_pass(catalog, interval, stop, live.tick),
+        )
+    finally:
+        await give_up(merger.lease, live.lease)
 
 
 async def run(settings: LadderSettings) -> None:

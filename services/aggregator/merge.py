@@ -16,7 +16,8 @@ merges a round of the marks made since, so that fresh scores do not wait behind 
 current state, lost, late, doubled or reordered messages cannot skew it. After each pass every
 touched view whose top 10 changed is pushed to ``leaderboard`` subscribers, and the users whose
 global entry crossed a bracket of the global scope get ``rank`` messages
-(:mod:`services.aggregator.global_brackets`).
+(:mod:`services.aggregator.global_brackets`); what of those does not go out is pushed again
+before the board's next pass (:mod:`services.aggregator.pass_pushes`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
-from services.aggregator.global_brackets import GlobalBrackets, Standing
 from services.aggregator.marks import GLOBAL, by_user, call_head, in_runs
-from services.aggregator.tops import push_tops
+from services.aggregator.pass_pushes import PassPushes, Touched
 from shared.boards import Board
 from shared.events import rfc3339
 from shared.functions import DENSE_BUILD_FUNCTION, MERGE_FUNCTION, MERGE_TAKE_FUNCTION
@@ -72,16 +72,6 @@ BUILD_STEP = 2000
 
 
 @dataclass(slots=True)
-class Touched:
-    """What one pass did to one period: the global top before it, who changed, where."""
-
-    before: Standing | None = None
-    read: bool = False
-    changed: set[str] = field(default_factory=set)
-    regions: set[str] = field(default_factory=set)
-
-
-@dataclass(slots=True)
 class Pass:
     """One bounded pass of a board's merge."""
 
@@ -102,7 +92,7 @@ class Merger:
         # A board is merged by one aggregator at a time (lease.py); by default the lease lasts
         # three of LADDER_MERGE_INTERVAL's default 2 s.
         self.lease = lease or Lease(redis, keys, ttl=6.0)
-        self._brackets = GlobalBrackets(redis, keys)
+        self._pushes = PassPushes(redis, keys)
         # Periods each board's current batch has merged so far: their ``as_of`` moves when the
         # batch is drained (lost on a restart, it then says older, never newer, than the view).
         self._merged: dict[str, set[tuple[Period, str]]] = defaultdict(set)
@@ -227,8 +217,11 @@ class Merger:
                 raise LeaseLost(keys[0]) from error
             raise
 
-    async def push_fresh(self, board: Board, fresh: FreshRegions) -> int:
-        return await fresh.push(self._redis, self._keys, board)
+    async def push_fresh(self, board: Board, fresh: FreshRegions | None = None) -> int:
+        """Before the board's pass: what earlier passes' pushes left (:meth:`PassPushes.again`),
+        then the top-10 pushes of the regional views events changed (``fresh``)."""
+        await self._pushes.again(board)
+        return 0 if fresh is None else await fresh.push(self._redis, self._keys, board)
 
     async def build_dense(self, board: Board, budget: float | None = None) -> int:
         """Build the distinct-score sets that dense reads of ``board``'s global and regional
@@ -316,7 +309,7 @@ class Merger:
                 continue
             touched = work.touched(period, period_id)
             if not touched.read:  # the top before the pass's first write to the period
-                touched.before = await self._brackets.standing(board, period, period_id)
+                touched.before = await self._pushes.brackets.standing(board, period, period_id)
                 touched.read = True
             work.written += await self._merge_period(
                 board, period, period_id, group, touched, marks_set, depth
@@ -344,10 +337,7 @@ class Merger:
         else:
             self.behind.add(bid)
             self._partway.add(bid)
-        for (period, period_id), touched in work.periods.items():
-            await self._brackets.announce(board, period, period_id, touched.before, touched.changed)
-            scopes = ["global", *(f"region:{r}" for r in sorted(touched.regions))]
-            await push_tops(self._redis, self._keys, board, period, period_id, scopes)
+        await self._pushes.after(board, work.periods)
         if drained:
             await self.lease.release(bid)
 

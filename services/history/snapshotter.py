@@ -8,11 +8,19 @@ set to be taken again), reads the top ``LADDER_SNAPSHOT_SIZE`` of each marked vi
 them in MySQL, one row a view.
 
 One history process at a time takes a board's snapshots (several may run): a pass holds the
-board's snapshot lease (shared/lease.py, ``snap``), renewed before each chunk
-of views and lapsing ``LEASE_SECONDS`` after a process that died, and a board held by another
-is left to it. So no view is stored twice from one mark, and the pass's last step, which deletes
-the renamed set and gives the lease up, does so only while the pass still holds the lease: a
-pass that lost it (paused past its time) deletes no set another pass has renamed since.
+board's snapshot lease (shared/lease.py, ``snap``), renewed before each chunk of views and
+lapsing ``LEASE_SECONDS`` after a process that died, and a board held by another is left to it.
+The pass's first step, which renames the set and gives the take its time, and its last, which
+deletes the renamed set and gives the lease up, do so only while the pass still holds the
+lease: a pass that lost it (paused past its time) deletes no set another pass has renamed since.
+
+A view marked once is stored once. The lease cannot make sure of that alone: a pass may lose it
+between its check and its MySQL write, and its successor takes the same set again. So a set
+keeps the time it was taken at until it is done, whichever pass takes it over, every snapshot of
+it is stored under that time, and the snapshots table's unique key on (board, scope, period,
+period id, ``taken_at``) makes a second store of the same view's snapshot a no-op
+(``shared.db_boards.save_snapshots``): of a paused pass and its successor, the first to store a
+view stores it.
 
 The aggregator fills the global view up to ``LADDER_MERGE_INTERVAL`` after the regional write
 that marked it, so a pass may read it just before the merge lands. A global view taken on a
@@ -23,22 +31,20 @@ which time the merge has long happened (as long as the snapshot interval is the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
-from shared.functions import SNAPSHOT_DONE_FUNCTION
+from shared.functions import SNAPSHOT_DONE_FUNCTION, SNAPSHOT_TAKE_FUNCTION
 from shared.keys import Keys
-from shared.lease import Lease, LeaseLost
+from shared.lease import Lease, LeaseLost, give_up
 from shared.periods import PERIODS, Period
 from shared.ranking import id_of, metadata_of, score_of, sub_of, subscore_of
 from shared.service import every_board
@@ -53,6 +59,14 @@ CHUNK = 50
 LEASE_SECONDS = 60.0
 """How long a board's snapshot lease lasts unless renewed (before each chunk of views): the
 boards of a history process that died are taken by another within that."""
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _moment(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
 
 
 def view_member(period: str, period_id: str, scope: str, *, follow_up: bool = False) -> str:
@@ -110,11 +124,20 @@ class Snapshotter:
         if not await self.lease.hold(bid):
             return 0
         token = self.lease.token(bid)
-        with contextlib.suppress(ResponseError):  # no new marks: only a set left to take
-            # Not over a set left by a pass cut short, which is taken first, the new marks after.
-            await self._redis.renamenx(dirty, taking)
+        lease, take = self._keys.lease(bid, "snap"), self._keys.snapshot_take(bid)
+        # Not over a set left by a pass cut short, which is taken first (under the time it was
+        # taken at), the new marks after.
+        moment = now or datetime.now(UTC)
+        at = int(
+            await self._redis.fcall(
+                SNAPSHOT_TAKE_FUNCTION, 4, lease, dirty, taking, take, token, _ms(moment)
+            )
+        )
+        if at < 0:
+            log.warning("snapshot lease lost before the pass began", board_id=bid)
+            return 0
         views, follow_ups = await self._marked(board, taking)
-        taken_at = now or datetime.now(UTC)
+        taken_at = moment if not at else _moment(at)
         stored = 0
         ordered = sorted(views)
         for start in range(0, len(ordered), CHUNK):
@@ -123,13 +146,14 @@ class Snapshotter:
                 TAKEN.inc(stored)
                 return stored
             rows = await self._read(board, ordered[start : start + CHUNK], taken_at)
-            await save_snapshots(self._engine, rows)
-            stored += len(rows)
-        lease = self._keys.lease(bid, "snap")
+            # A snapshot another pass of the same take stored already is not stored again.
+            stored += await save_snapshots(self._engine, rows)
         done = await self._redis.fcall(
-            SNAPSHOT_DONE_FUNCTION, 3, lease, taking, dirty, token, *sorted(follow_ups)
+            SNAPSHOT_DONE_FUNCTION, 4, lease, taking, dirty, take, token, *sorted(follow_ups)
         )
-        if not done:
+        if done:
+            self.lease.forget(bid)  # given up by the call
+        else:
             log.warning("snapshot lease lost; the views are taken again", board_id=bid)
         TAKEN.inc(stored)
         return stored
@@ -245,5 +269,10 @@ async def tick(
     snapshotter: Snapshotter, catalog: BoardCatalog, interval: float, stop: asyncio.Event
 ) -> None:
     """Snapshot every board every ``interval`` seconds until ``stop``; one last pass on the way
-    out, so that what changed since the last pass is kept."""
-    await every_board(catalog, interval, stop, snapshotter.take_board)
+    out, so that what changed since the last pass is kept. Then the snapshot leases still held
+    (a pass that failed or was cut short keeps its board's) are given up: another process takes
+    the board's set over at once, not after the lease's 60 s."""
+    try:
+        await every_board(catalog, interval, stop, snapshotter.take_board)
+    finally:
+        await give_up(snapshotter.lease)

@@ -5,7 +5,8 @@ dirty marks. The lease is a string "<fence>|<owner>", the holder's token, that e
 renewed; the fence is a counter of the board that goes up at every new holder, and the writes of
 the merge check the token (common.lua's holds()), so a holder that lost the lease writes nothing
 after it. lease_hold and lease_release serve a board's snapshot lease too, on keys of its own:
-one history process at a time takes a board's snapshots (snapshot_done, below).
+one history process at a time takes a board's snapshots (snapshot_take and snapshot_done,
+below).
 
 Take or renew. KEYS: the lease, the fence counter. ARGV: the owner, milliseconds to hold it.
 Returns the token held, or '' while another owner holds the lease.
@@ -60,13 +61,46 @@ end
 redis.register_function(FUNCTIONS.merge_take, merge_take)
 
 --[[
-The end of a board's snapshot pass (services/history/snapshotter.py), under the board's snapshot
-lease, taken and renewed with lease_hold: the follow-up marks go into the board's changed-views
-set, the set the pass took is deleted and the lease given up, in one step, and only while the
-lease is held with the token. A pass that lost it (paused past its time) deletes nothing: the
-set it took may be a later pass's by then. KEYS: the lease, the set the pass took, the
-changed-views set. ARGV: the token, then the follow-up marks. Returns 1 if done, 0 if the lease
-is held by another (or nobody).
+The start of a board's snapshot pass (services/history/snapshotter.py), under the board's
+snapshot lease: the changed-views set becomes the set the pass takes, unless a set a pass cut
+short left is there (taken first, the new marks after), and the take is given its time, which
+every snapshot of the set is stored under. A set left by a pass cut short keeps the time it was
+taken at, so the process that takes it over stores its views under the same time as the pass
+before did: the history database's unique key on (board, scope, period, period id, time) then
+stores each view's snapshot once, however many passes store it. A new take's time is the
+caller's, or 1 ms after the board's last take if that is not later (clocks of two processes),
+so two takes never share a time. KEYS: the lease, the changed-views set, the set the pass takes,
+the board's take hash (fields taking: the time of the set being taken; last: of the last take).
+ARGV: the token, the caller's time (ms). Returns the take's time in ms, 0 if there is nothing to
+take, -1 if the lease is not held with the token.
+]]
+local function snapshot_take(keys, args)
+  if not holds(keys[1], args[1]) then return -1 end
+  if redis.call('EXISTS', keys[3]) == 1 then
+    local at = redis.call('HGET', keys[4], 'taking')
+    if at then return tonumber(at) end
+    -- A set left by a release that kept no time: taken from now on as a new take.
+  elseif redis.call('EXISTS', keys[2]) == 1 then
+    redis.call('RENAME', keys[2], keys[3])
+  else
+    return 0
+  end
+  local at = tonumber(args[2])
+  local last = tonumber(redis.call('HGET', keys[4], 'last') or '0')
+  if at <= last then at = last + 1 end
+  redis.call('HSET', keys[4], 'taking', fmt(at), 'last', fmt(at))
+  return at
+end
+
+redis.register_function(FUNCTIONS.snapshot_take, snapshot_take)
+
+--[[
+The end of a board's snapshot pass, under the same lease: the follow-up marks go into the
+board's changed-views set, the set the pass took and its time are deleted and the lease given
+up, in one step, and only while the lease is held with the token. A pass that lost it (paused
+past its time) deletes nothing: the set it took may be a later pass's by then. KEYS: the lease,
+the set the pass took, the changed-views set, the board's take hash. ARGV: the token, then the
+follow-up marks. Returns 1 if done, 0 if the lease is held by another (or nobody).
 ]]
 local function snapshot_done(keys, args)
   if not holds(keys[1], args[1]) then return 0 end
@@ -74,6 +108,7 @@ local function snapshot_done(keys, args)
     redis.call('SADD', keys[3], unpack(args, i, math.min(i + 999, #args)))
   end
   redis.call('DEL', keys[2], keys[1])
+  redis.call('HDEL', keys[4], 'taking')
   return 1
 end
 

@@ -1,25 +1,37 @@
 """The aggregator's pushes and the state that says they were made: a top-10 fingerprint, a live
 view's stored value. A push whose PUBLISH fails (on Redis Cluster a channel's slot is not the
 board's: its primary may fail over while the board's answers) leaves that state as it was, so
-the next look at the view pushes it, whether or not it changed again meanwhile."""
+the next look at the view pushes it, whether or not it changed again meanwhile; a merge's pushes
+and rank messages that did not go out are made by the next tick, without another merge. Two
+aggregators pushing one view's top never push an older top after a newer one."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
+from services.aggregator import pass_pushes, tops
 from services.aggregator.fresh import FreshRegions
+from services.aggregator.handlers import MarkDirty
 from services.aggregator.live_tracker import LiveViews
-from shared.boards import MAIN_BOARD
+from services.aggregator.main import merges
+from services.aggregator.merge import Merger
+from services.aggregator.tops import fingerprint_of
+from shared.boards import MAIN_BOARD, Board
+from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.aggregator.test_live_views import consumer, outbox, post, recorder
-from tests.helpers import api_client, made, refused_publishes
+from tests.api.test_reads import at
+from tests.helpers import api_client, derive, made, refused_publishes
 from tests.notifier.test_badges import listening
 
 
@@ -32,6 +44,28 @@ async def refused(channel: Any, message: Any) -> int:
     raise RedisConnectionError(f"the node of {channel!r} is failing over")
 
 
+async def unreachable(*args: Any, **kwargs: Any) -> list[int]:
+    """``tops.publish_tops`` with the board's node out of reach."""
+    raise RedisConnectionError("the board's node is failing over")
+
+
+@contextlib.contextmanager
+def refused_pushes() -> Iterator[None]:
+    """Within: every PUBLISH queued in a pipeline is refused (a user's channel's node failing
+    over: tests.helpers.refused_publishes), and every top-10 push fails, which the board's node
+    makes with its fingerprint in one step (services/aggregator/tops.py)."""
+    with refused_publishes(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tops, "publish_tops", unreachable)
+        yield
+
+
+class Catalog:
+    """Board main alone, as the ticker asks for boards."""
+
+    async def all(self) -> list[Board]:
+        return [MAIN_BOARD]
+
+
 async def test_a_top_whose_push_failed_is_pushed_by_the_next_pass(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
@@ -41,7 +75,7 @@ async def test_a_top_whose_push_failed_is_pushed_by_the_next_pass(
     fresh.add("main", "alltime", "all", "eu")
     fingerprint = keys.last_top("main", "alltime", "all", "region:eu")
     async with listening(redis, keys.board_channel("main", "region:eu", "alltime")) as channel:
-        with refused_publishes(), pytest.raises(ResponseError):
+        with refused_pushes(), pytest.raises(RedisConnectionError):
             await fresh.push(redis, keys, MAIN_BOARD)
         assert await redis.get(fingerprint) is None
         assert await channel.drain() == []
@@ -117,3 +151,112 @@ async def test_mvps_whose_push_failed_are_pushed_by_the_next_pass(
         # Not a full pass (one was made seconds ago): the marks the failed pass took are back.
         assert await live.mvps(MAIN_BOARD) == len(MAIN_BOARD.periods)
         assert users(await channel.drain()) == [["u-2", "u-1"]]
+
+
+async def marked(redis: Redis, keys: Keys) -> None:
+    """The outbox's events as the aggregator's consumer leaves them for the merge."""
+    entries: list[Any] = await redis.xrange(keys.outbox("main"))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    await derive(redis, keys, MAIN_BOARD, events, 50)
+    await MarkDirty(redis, keys)(events)
+
+
+async def test_a_merge_s_pushes_that_failed_are_made_by_the_next_tick_without_a_merge(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client:
+        await post(client, user_id="u-a", value=10, occurred_at=at(1))
+    await marked(redis, keys)
+    merger = Merger(redis, keys)
+    channels = (keys.board_channel("main", "global", "alltime"), keys.user_channel("u-a"))
+    async with listening(redis, channels[0]) as top, listening(redis, channels[1]) as ranks:
+        with refused_pushes():
+            assert await merger.merge_board(MAIN_BOARD) > 0  # merged; nothing went out
+        assert await top.drain() == [] and await ranks.drain() == []
+        assert await redis.get(keys.last_top("main", "alltime", "all", "global")) is None
+
+        # The next tick: nothing left to merge, and the pushes go out all the same.
+        once = asyncio.Event()
+        once.set()
+        await merges(merger, Catalog(), 0.05, once)  # type: ignore[arg-type]
+        assert not await redis.exists(keys.dirty("main"), keys.dirty_merging("main"))
+        assert users(await top.drain()) == [["u-a"]]
+        entered = [(m["period"], m["reason"], m["rank"]) for m in await ranks.drain()]
+        assert sorted(entered) == [
+            (period, "entered_top", 1) for period in sorted(MAIN_BOARD.periods)
+        ]
+        # Made once: the tick after pushes nothing again.
+        await merges(merger, Catalog(), 0.05, once)  # type: ignore[arg-type]
+        assert await top.drain() == [] and await ranks.drain() == []
+
+
+async def test_rank_messages_refused_for_too_long_are_given_up(
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with api_client(quiet) as client:
+        await post(client, user_id="u-a", value=10, occurred_at=at(1))
+    await marked(redis, keys)
+    merger = Merger(redis, keys)
+    async with listening(redis, keys.user_channel("u-a")) as ranks:
+        with refused_publishes():
+            await merger.merge_board(MAIN_BOARD)
+        monkeypatch.setattr(pass_pushes, "RANK_RETRY_SECONDS", 0.0)
+        await asyncio.sleep(0.01)
+        await merger.push_fresh(MAIN_BOARD)
+        assert await ranks.drain() == []
+
+
+class PausedPush:
+    """A Redis client whose top-10 push waits at ``gate`` once it has read the view's top (its
+    two reads are the first two pipelines; the push is the third): an aggregator paused between
+    reading a top and pushing it."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._pipelines = 0
+        self.gate = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    def pipeline(self, transaction: bool = True) -> Any:
+        pipe = self._redis.pipeline(transaction=transaction)
+        self._pipelines += 1
+        if self._pipelines == 3:
+            send = pipe.execute
+
+            async def held(*args: Any, **kwargs: Any) -> Any:
+                self.reached.set()
+                await self.gate.wait()
+                return await send(*args, **kwargs)
+
+            pipe.execute = held  # type: ignore[method-assign]
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+
+async def test_an_older_top_is_never_pushed_after_a_newer_one(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Two aggregators push region eu's top (each the region its own batches touched): the
+    first reads [u-1] and is held before its push; meanwhile u-2 tops the view and the second
+    pushes [u-2, u-1]. The first's push, of the top it read before, must not follow."""
+    fingerprint = keys.last_top("main", "alltime", "all", "region:eu")
+    async with api_client(quiet) as client:
+        await post(client, user_id="u-1", value=10)
+        async with listening(redis, keys.board_channel("main", "region:eu", "alltime")) as eu:
+            one, two = FreshRegions(), FreshRegions()
+            one.add("main", "alltime", "all", "eu")
+            paused = PausedPush(redis)
+            first = asyncio.create_task(one.push(paused, keys, MAIN_BOARD))  # type: ignore[arg-type]
+            await asyncio.wait_for(paused.reached.wait(), 5)
+
+            await post(client, user_id="u-2", value=20)
+            two.add("main", "alltime", "all", "eu")
+            await two.push(redis, keys, MAIN_BOARD)
+            paused.gate.set()
+            await first
+            assert users(await eu.drain()) == [["u-2", "u-1"]]
+    # What was pushed last is what the fingerprint holds: the view's top now.
+    pushed = fingerprint_of(await redis.get(fingerprint))
+    assert [e["user_id"] for e in orjson.loads(pushed or "[]")] == ["u-2", "u-1"]

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.aggregator.handlers import MarkDirty
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
+from services.aggregator.tops import fingerprint_of
 from services.history.snapshotter import Snapshotter, changed_views
 from shared import hidden
 from shared.boards import MAIN_BOARD, BoardCatalog
@@ -130,8 +131,8 @@ async def views(client: httpx.AsyncClient, redis: Redis, keys: Keys) -> dict[str
         "hot": {e["user_id"] for e in hot["entries"]},
         "mvps": {e["user_id"] for e in mvps["entries"]},
         "snapshot": [e["user_id"] for e in snap["entries"]],
-        "pushed": [e["user_id"] for e in orjson.loads(pushed)],
-        "pushed_eu": [e["user_id"] for e in orjson.loads(pushed_eu)],
+        "pushed": [e["user_id"] for e in orjson.loads(fingerprint_of(pushed) or "[]")],
+        "pushed_eu": [e["user_id"] for e in orjson.loads(fingerprint_of(pushed_eu) or "[]")],
     }
 
 

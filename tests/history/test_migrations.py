@@ -19,6 +19,7 @@ from sqlalchemy.pool import NullPool
 from services.history.handlers import COLUMNS, HistoryHandler, _row
 from services.history.migrate import alembic_config, check_schema, migrate
 from shared.db import count_events, metadata, open_engine, user_events
+from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from tests.helpers import T0, accepted_event, server_statement
@@ -269,3 +270,50 @@ async def test_0008_sets_a_deleted_board_s_events_apart_and_back_while_ids_are_n
             async with engine.connect() as conn:
                 assert await conn.run_sync(_unique_keys) == [["board_id", "user_id", "event_id"]]
                 assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
+
+
+def _snapshot_keys(connection: Connection) -> list[list[str]]:
+    return [c["column_names"] for c in inspect(connection).get_unique_constraints("snapshots")]
+
+
+async def test_0009_keeps_one_snapshot_of_a_view_a_time_and_goes_back(db: AsyncEngine) -> None:
+    """0008 to 0009: rows of one view under one time (a snapshot stored twice) are cut to the one
+    a read answers, the highest id, and the key then stores a view's snapshot of a take once;
+    the way back drops the key, keeping every row."""
+    url = db.url.render_as_string(hide_password=False)
+    await alembic_to(url, "downgrade", "0008")
+    insert = (
+        "INSERT INTO snapshots (board_id, scope, period, period_id, taken_at, entries) VALUES "
+        "('main', 'global', 'alltime', 'all', '2026-11-29 17:00:00', :entries)"
+    )
+    async with db.begin() as conn:
+        for entries in ("[1]", "[2]", "[3]"):
+            await conn.execute(text(insert), {"entries": entries})
+        await conn.execute(text(insert.replace("'all'", "'other'")), {"entries": "[4]"})
+
+    await migrate(url)
+
+    await check_schema(db)
+    async with db.connect() as conn:
+        assert await conn.run_sync(_differences) == []
+        assert await conn.run_sync(_snapshot_keys) == [
+            ["board_id", "scope", "period", "period_id", "taken_at"]
+        ]
+        kept = await conn.execute(text("SELECT entries FROM snapshots ORDER BY id"))
+        assert kept.scalars().all() == ["[3]", "[4]"]
+    row: SnapshotRow = {
+        "board_id": "main",
+        "scope": "global",
+        "period": "alltime",
+        "period_id": "all",
+        "taken_at": T0,  # 2026-11-29 17:00:00 UTC
+        "entries": [],
+    }
+    assert await save_snapshots(db, [row]) == 0  # stored already under that time
+
+    await alembic_to(url, "downgrade", "0008")
+    async with db.connect() as conn:
+        assert await conn.run_sync(_snapshot_keys) == []
+        assert (await conn.execute(text("SELECT COUNT(*) FROM snapshots"))).scalar() == 2
+    await migrate(url)
+    await check_schema(db)

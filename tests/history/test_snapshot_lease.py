@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import UTC, timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -16,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history import snapshotter as snapshotter_module
 from services.history.snapshotter import Snapshotter, view_member
-from shared.boards import MAIN_BOARD
+from shared.boards import MAIN_BOARD, Board
 from shared.db import snapshots
 from shared.keys import Keys
 from tests.history.test_snapshots import T1, write_view
@@ -34,12 +35,12 @@ class HeldSaves:
         self._arrived: asyncio.Queue[None] = asyncio.Queue()
         real = snapshotter_module.save_snapshots
 
-        async def held(engine: AsyncEngine, rows: list[snapshotter_module.SnapshotRow]) -> None:
+        async def held(engine: AsyncEngine, rows: list[snapshotter_module.SnapshotRow]) -> int:
             if self.gates:
                 gate = self.gates.pop(0)
                 self._arrived.put_nowait(None)
                 await gate.wait()
-            await real(engine, rows)
+            return await real(engine, rows)
 
         monkeypatch.setattr(snapshotter_module, "save_snapshots", held)
 
@@ -139,12 +140,73 @@ async def test_a_pass_that_lost_its_lease_deletes_no_marks_taken_since(
     assert await saves.parked(second)
     assert await redis.smembers(taking) == {US}
 
-    # The first pass resumes and ends: the second's set is not its to delete.
+    # The first pass resumes and ends: the second's set is not its to delete. (Its snapshot of
+    # eu, the one the second process stored from the same take, is not stored again.)
     first_gate.set()
-    assert await first == 1
+    assert await first == 0
+    assert await rows_of(db, "region:eu") == 1
     assert await redis.smembers(taking) == {US}
     await stop(second)
     await redis.delete(lease)  # the second process died: its lease lapses
     assert await one.take_board(MAIN_BOARD, T1 + timedelta(seconds=3)) == 1
     assert await rows_of(db, "region:us") == 1
     assert not await redis.exists(dirty, taking, lease)
+
+
+class OneBoard:
+    """The catalog of board main alone, as the ticker asks for boards."""
+
+    async def all(self) -> list[Board]:
+        return [MAIN_BOARD]
+
+
+@pytest.mark.usefixtures("views")
+async def test_a_stopped_process_gives_up_the_lease_of_a_pass_that_failed(
+    redis: Redis, keys: Keys, db: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = Snapshotter(redis, keys, db, size=3), Snapshotter(redis, keys, db, size=3)
+    await redis.sadd(keys.snapshot_dirty("main"), EU)
+
+    async def unreachable(engine: AsyncEngine, rows: list[Any]) -> int:
+        raise ConnectionError("MySQL is away")
+
+    monkeypatch.setattr(snapshotter_module, "save_snapshots", unreachable)
+    stop_now = asyncio.Event()
+    stop_now.set()  # the last pass, on the way out: it fails, holding the board's lease
+    await snapshotter_module.tick(one, OneBoard(), 0.05, stop_now)  # type: ignore[arg-type]
+    monkeypatch.undo()
+    # Given up on the way out: another process takes the set over at once, not 60 s later.
+    assert not await redis.exists(keys.lease("main", "snap"))
+    assert await two.take_board(MAIN_BOARD, T1 + timedelta(seconds=1)) == 1
+    assert await rows_of(db, "region:eu") == 1
+
+
+@pytest.mark.usefixtures("views")
+async def test_a_pass_that_lost_its_lease_mid_way_stores_no_snapshot_twice(
+    redis: Redis, keys: Keys, db: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is renewed before each chunk of views, not in the MySQL write: a pass paused
+    after its check (here, at its second chunk's save) stores that chunk after its successor
+    has taken the same set again and stored every view of it."""
+    monkeypatch.setattr(snapshotter_module, "CHUNK", 1)  # eu, then us, a chunk each
+    one, two = Snapshotter(redis, keys, db, size=3), Snapshotter(redis, keys, db, size=3)
+    saves = HeldSaves(monkeypatch)
+    await redis.sadd(keys.snapshot_dirty("main"), EU, US)
+    saves.hold().set()  # eu's save goes through
+    us_gate = saves.hold()
+    first = asyncio.create_task(one.take_board(MAIN_BOARD, T1))
+    assert await saves.parked(first)  # eu stored
+    assert await saves.parked(first)  # us read, its lease checked, its save held
+    await redis.delete(keys.lease("main", "snap"))  # paused past its lease
+
+    # The second process takes the set left over, under the time it was taken at: eu is stored
+    # already, us is stored now.
+    assert await two.take_board(MAIN_BOARD, T1 + timedelta(seconds=70)) == 1
+    # The first pass resumes: of its two, eu was stored by itself, us by the second.
+    us_gate.set()
+    assert await first == 1
+    assert await rows_of(db, "region:eu") == 1
+    assert await rows_of(db, "region:us") == 1
+    async with db.connect() as conn:
+        times = await conn.execute(select(snapshots.c.taken_at).distinct())
+        assert [t.replace(tzinfo=UTC) for t in times.scalars()] == [T1]
