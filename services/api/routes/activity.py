@@ -26,7 +26,6 @@ log = structlog.get_logger(__name__)
 # Mounted under /v1/boards by the reads router.
 router = APIRouter(prefix="/v1/boards", tags=["activity"], route_class=StrictJsonRoute)
 
-FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20
 
 
@@ -62,10 +61,12 @@ async def feed(
     _: Reader,
     limit: Annotated[
         int | None,
+        # The bound is the configured feed length (checked below, 422 past it), not a constant:
+        # a feed kept longer than 1000 events is read whole.
         Query(
             ge=1,
-            le=FEED_LIMIT_MAX,
-            description="1 to LADDER_FEED_LENGTH (at most 1000); default 20 or the feed length",
+            description="1 to the feed length, LADDER_FEED_LENGTH (default 1000), 422 past it; "
+            "default 20 or the feed length if shorter",
         ),
     ] = None,
 ) -> dict[str, Any]:
