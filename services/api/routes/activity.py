@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import orjson
 import structlog
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, FastAPI, Query
 from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
@@ -49,6 +49,28 @@ class StatsOut(BaseModel):
     as_of: str | None = Field(description=AS_OF)
 
 
+FEED_PATH = "/v1/boards/{board_id}/feed"
+
+
+def document_feed_length(app: FastAPI, length: int) -> None:
+    """Make ``app``'s OpenAPI document give the feed's ``limit`` its maximum, the deployment's
+    feed length (``LADDER_FEED_LENGTH``), which a route's ``Query`` bound, fixed when the module
+    loads, cannot follow."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            operation = build()["paths"][FEED_PATH]["get"]
+            for parameter in operation["parameters"]:
+                if parameter["name"] == "limit":
+                    for option in parameter["schema"]["anyOf"]:
+                        if option.get("type") == "integer":
+                            option["maximum"] = length
+        return app.openapi_schema or build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 @router.get(
     "/{board_id}/feed",
     response_model=FeedOut,
@@ -62,7 +84,8 @@ async def feed(
     limit: Annotated[
         int | None,
         # The bound is the configured feed length (checked below, 422 past it), not a constant:
-        # a feed kept longer than 1000 events is read whole.
+        # a feed kept longer than 1000 events is read whole. The OpenAPI document says it
+        # (document_feed_length()).
         Query(
             ge=1,
             description="1 to the feed length, LADDER_FEED_LENGTH (default 1000), 422 past it; "
