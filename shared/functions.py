@@ -33,6 +33,12 @@ replay and rebuild finish, v5 of derive and merge: the users' regions are one ha
 step takes it as its fourth key (and each event's set of the layout before, to fold it in), the
 merge as its ninth. v12 of the write: the lean layout, the keys the write touches alone; the
 journaled layout keeps the names v10 and v11.)
+
+A change of what a function does with the same keys and arguments keeps its name: a call of
+either version then reads and writes the right keys, and whichever library was loaded last
+serves every process (a new name would instead fail the new processes' calls whenever an old one
+restarts and loads its library). So the write and the derive step kept theirs when an entry's
+and a team sum's reach time came to go by when events happened, not the order they come in.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ Every ranked view (regional, team and global boards, every period) is a sorted s
   of fixed width (:data:`TIE_WIDTH`), so that among equal scores ``ZREVRANGE``'s reverse
   lexicographic order of members puts the greatest tie key first: the tie key is
   ``2**48 - 1 - reached_ms`` in 12 lowercase hex digits, ``reached_ms`` the Unix time in ms at
-  which the score was reached. Whoever reached a score first ranks first, to the millisecond,
-  with no end date (2**48 ms is the year 10889).
+  which the score was reached, by the events' ``occurred_at`` whatever order they come in
+  (shared/lua/write.lua ``new_score()`` says which event's time each operator takes). Whoever
+  reached a score first ranks first, to the millisecond, with no end date (2**48 ms is the year
+  10889).
 
 Beside each view a hash (``Keys.ties``) holds each id's record (below), so that a write finds
 the id's member. Two entries reached in the same millisecond tie exactly and are ordered by id,

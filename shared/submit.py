@@ -268,8 +268,9 @@ def submit_call(
         "1" if board.descending else "0",
         feed_length,
         event.team_id or "",
-        # The tie key of every period's entry: the event's subscore part, then its own time, at
-        # which it reached its score.
+        # The event's tie key: its subscore part, then its own time. The write gives each
+        # period's entry the reach time its operator takes from it and the entry's (write.lua
+        # new_score(): by when events happened, not by the order they come in).
         tie_key(reached_ms(event.occurred_at), sub_part(event.subscore, board.subscore_order)),
         MAX_SCORE,
         event.metadata or "",

@@ -114,8 +114,8 @@ class Derive:
                 keys.legacy_idempotency(bid, event.event_id),
                 keys.legacy_user_regions(bid, event.user_id),
             ]
-            # The tie key the write gave the event (shared/submit.py): its team reached its sum
-            # then.
+            # The event's tie key (shared/submit.py): its team's sum is reached at the latest
+            # of its events' (derive.lua sum_teams()).
             sub = sub_part(event.subscore, board.subscore_order)
             event_args += [len(mine), *mine, feed_entry(event), event.user_id, event.region]
             event_args += [event.team_id or "", event.value]

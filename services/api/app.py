@@ -175,6 +175,7 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     reference.install(app)
     # Last, so that the OpenAPI document lists the operations endpoints after the rest.
     app.include_router(ops.router)
+    activity.document_feed_length(app, settings.feed_length)
     if not settings.public_reads:
         document_private_reads(app)
     return app

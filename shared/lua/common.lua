@@ -25,6 +25,10 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
+-- Whether tie key a was made from an earlier time than tie key b: by their time parts, the last
+-- 12 hex digits, greater for earlier (shared/ranking.py), whatever subscore parts they hold.
+local function reached_before(a, b) return bytes_less(string.sub(b, -12), string.sub(a, -12)) end
+
 -- The subscore part a tie key or member starts with: 's' and 14 hex digits on boards with a
 -- subscore, '' on others (shared/ranking.py).
 local function sub_of(raw)

@@ -26,11 +26,13 @@ end
 local function clear_pending(record) redis.call('SETBIT', record, PENDING_BIT, 0) end
 
 -- Each period's team sums of a batch, one entry per (team board, team): the entry before
--- the batch, the running signed score, and the tie key of the last event that changed it.
--- Events apply in turn, as the write applied them: an incr event adds its value to its team in
--- every period, reached at the event's tie key (a value of 0 changes only a team not on the
--- board yet). An event that would take the team beyond the exact scores (±max) is left out of
--- that team's sum, which stays at its last exact total; it is counted in `refused`.
+-- the batch, the running signed score, and the tie key it is reached at. Events apply in turn,
+-- as the write applied them: an incr event adds its value to its team in every period. A sum is
+-- reached when the last event it counts happened, as a user's total is (write.lua new_score()):
+-- a late event adds its value but leaves the later reach time, so that the order events come in
+-- does not decide ties (an event of 0 may move the reach time only). An event that would take
+-- the team beyond the exact scores (±max) is left out of that team's sum, which stays at its
+-- last exact total; it is counted in `refused`.
 local function sum_teams(b, sums, p, ev)
   local id = p.teams.view .. '\0' .. ev.team
   local sum = sums[id]
@@ -45,8 +47,10 @@ local function sum_teams(b, sums, p, ev)
     b.refused = b.refused + 1
     return
   end
-  if (sum.old == nil and not sum.changed) or ev.value ~= 0 then
-    sum.signed, sum.tie, sum.changed = score * b.sign, ev.tie, true
+  local was = sum.tie or (sum.old and sum.old.tie)
+  local tie = (was and reached_before(ev.tie, was)) and was or ev.tie
+  if sum.old == nil or ev.value ~= 0 or tie ~= was then
+    sum.signed, sum.tie, sum.changed = score * b.sign, tie, true
   end
 end
 
@@ -182,8 +186,8 @@ end
 
 --[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
-the stream keeps), so that the feed is newest first and each team reached its sum when the
-write would have; at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
+the stream keeps), so that the feed is newest first (the team sums do not depend on the order:
+sum_teams()); at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
 KEYS: feed, user team, the board's as_of hash, its user-regions hash; then three per regional
       board whose entries the batch changed: the board, its distinct set, the set being built;

@@ -156,7 +156,7 @@ end
 local function event_of(args)
   -- Only what the write reads: each field of this table costs every write, as every table does.
   local e = {op = args[2], value = tonumber(args[3]), user = args[4], display = args[6],
-             sign = args[12] == '1' and 1 or -1, tie = args[15], member = args[15] .. args[4],
+             sign = args[12] == '1' and 1 or -1, tie = args[15],
              sub = sub_of(args[15]), max = tonumber(args[16]), meta = args[17],
              sub_order = args[18], brackets = {}}
   -- Each bracket as a number then as its digits, which name it in the answer and go to Redis as
@@ -187,17 +187,41 @@ local function beats(e, old)
   return e.sub > old.sub
 end
 
--- The new score under the board's operator from the old entry (nil: none), and whether the
--- entry changed.
+-- The new score under the board's operator from the old entry (nil: none), whether the score
+-- changed, and the tie key the entry is reached at. Each rule goes by when the events happened,
+-- not by the order they come in, so that late events rank as if they had come in time (and a
+-- rebuild, replaying in another order, ranks alike):
+--   incr: a total is reached when its last increment happened, the later of the entry's time and
+--     the event's (an increment of 0 too: it moves the entry's reach time, not its score);
+--   best: a better pair replaces the entry; an equal one reached earlier (a late event) makes
+--     the entry reached then, its score unchanged (not improved);
+--   set: the latest event by time holds; one older than the entry's changes nothing. An equal
+--     value keeps the entry's first reach time.
+-- A late event (events may come up to the allowed lateness after they happened) is one
+-- reached_before() the entry it is written to.
 local function new_score(e, old)
-  local old_score = old and old.signed * e.sign
+  if old == nil then return e.value, true, e.tie end
+  local old_score, late = old.signed * e.sign, reached_before(e.tie, old.tie)
   if e.op == 'incr' then
-    return (old_score or 0) + e.value, old == nil or e.value ~= 0
+    return old_score + e.value, e.value ~= 0, late and old.tie or e.tie
   elseif e.op == 'best' then
-    if old == nil or beats(e, old) then return e.value, true end
-    return old_score, false
+    if beats(e, old) then return e.value, true, e.tie end
+    local equal = e.value * e.sign == old.signed and e.sub == old.sub
+    return old_score, false, (equal and late) and e.tie or old.tie
   end
-  return e.value, old == nil or e.value ~= old_score or e.sub ~= old.sub
+  if late or (e.value == old_score and e.sub == old.sub) then return old_score, false, old.tie end
+  return e.value, true, e.tie
+end
+
+-- The metadata an entry keeps after the write (docs/api.md section 4): on best boards that of
+-- the event that reached the best first (one that improved, or a late equal one that moved it),
+-- on set and incr boards the latest event's by time (a late one, or a stale set, leaves the
+-- entry's). So it too does not depend on the order events come in.
+local function new_meta(e, p)
+  if p.old == nil then return e.meta end
+  if e.op == 'best' then return (p.changed or p.moved) and e.meta or p.old.meta end
+  if reached_before(e.tie, p.old.tie) then return p.old.meta end
+  return e.meta
 end
 
 local function out_of_range(e, p, what, score)
@@ -212,7 +236,11 @@ end
 -- one would leave the range of exact scores, else nil.
 local function plan_period(e, p)
   p.old = entry_in(p, e.user)
-  p.score, p.changed = new_score(e, p.old)
+  p.score, p.changed, p.tie = new_score(e, p.old)
+  -- An entry whose score stands but whose reach time moved (best: reached earlier; incr: by an
+  -- increment of 0) moves too.
+  p.moved = not p.changed and p.tie ~= p.old.tie
+  p.meta = new_meta(e, p)
   return out_of_range(e, p, ' score', p.score)
 end
 
@@ -234,9 +262,9 @@ local function pushed_out(e, board, rank, prev)
   return pushed
 end
 
--- put_entry() of the user's new score into the period's board, reached now.
+-- put_entry() of the user's new score into the period's board, reached at p.tie.
 local function put_in_period(e, p)
-  put_entry(p, e.user, p.old, p.score * e.sign, e.tie, e.meta)
+  put_entry(p, e.user, p.old, p.score * e.sign, p.tie, p.meta)
   -- A user new to the board may be its first: then the board's keys were just made.
   expire_made(p.old == nil and redis.call('ZCARD', p.view) == 1, {p.view, p.ties}, p.expire)
 end
@@ -281,20 +309,20 @@ local function write_period(e, p)
     end
   end
   local rank
-  if p.changed then
+  if p.changed or p.moved then
     put_in_period(e, p)
-    rank = redis.call('ZREVRANK', p.view, e.member) + 1
+    rank = redis.call('ZREVRANK', p.view, p.tie .. e.user) + 1
   else
     rank = prev + 1
-    -- An unchanged entry keeps its place; on set and incr boards it takes the write's metadata.
-    if e.op ~= 'best' and p.old.meta ~= e.meta then
-      redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, e.meta))
+    -- An unchanged entry keeps its place; it may take the write's metadata (new_meta()).
+    if p.old.meta ~= p.meta then
+      redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, p.meta))
     end
   end
   local pushed = pushed_out(e, p.view, rank, prev)
   if e.hidden then
     local now = p.old
-    if p.changed then now = entry_in(p, e.user) end
+    if p.changed or p.moved then now = entry_in(p, e.user) end
     redis.call('ZREM', p.view, now.member)
   end
   prev = prev and prev + 1

@@ -201,6 +201,35 @@ async def test_a_team_sum_beyond_the_exact_scores_leaves_the_event_out(
     assert await redis.get(keys.event_count("wide", "alltime", "all")) == "3"
 
 
+@pytest.mark.parametrize("batches", [1, 3], ids=["one-batch", "a-batch-each"])
+async def test_a_late_event_does_not_make_a_team_sum_reached_earlier(
+    settings: LadderSettings, redis: Redis, keys: Keys, batches: int
+) -> None:
+    """A team's sum is reached when the last event it counts happened: an event that comes late
+    adds its value, and the sum keeps the later reach time, however the events are batched."""
+    board = Board(board_id="tm", periods=("alltime",))
+    start = datetime.now(UTC) - timedelta(seconds=60)
+    plays = [("u1", "red", 50, 20), ("u2", "blue", 100, 10), ("u3", "red", 50, 0)]
+    for i, (user, team, value, second) in enumerate(plays):
+        score = ScoreIn(
+            user_id=user,
+            region="eu",
+            value=value,
+            team_id=team,
+            occurred_at=start + timedelta(seconds=second),
+        )
+        await submit(redis, keys, settings, board, score, f"t-{i}")
+    entries: list[Any] = await redis.xrange(keys.outbox("tm"))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    size = len(events) // batches
+    for at in range(0, len(events), size):
+        await derive(redis, keys, board, events[at : at + size], FEED)
+    teams = keys.teams_view("tm", "alltime", "all")
+    # Blue had 100 at second 10, red at second 20.
+    assert await read_view(redis, teams, True) == [("blue", 100), ("red", 100)]
+    assert await redis.zrange(teams, 0, 0) == [tie_key(reached_ms(events[0].occurred_at)) + "red"]
+
+
 async def test_the_write_runs_fewer_redis_commands() -> None:
     """Counted as bench/phases/commands.py counts them, on a redis-server of its own: the write
     on an incr board with teams and four periods ran 89.8 commands with the derived views and

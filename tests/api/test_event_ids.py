@@ -159,6 +159,35 @@ async def test_a_batch_tells_users_apart_and_repeats_within_it(
     )
 
 
+async def test_a_repeat_within_a_batch_with_an_invalid_body_is_409(quiet: LadderSettings) -> None:
+    """The batch validates every event before it writes any: a repeat of an accepted event's id
+    with another body is 409 even where that body would fail validation (a value past the
+    board's range, a field of the wrong type), as it is once the first is stored; a repeat of a
+    refused event is judged on its own."""
+    events = [
+        score(event_id="v-1", user_id="u-1", value=5),
+        score(event_id="v-1", user_id="u-1", value=5_000_000),
+        score(event_id="v-1", user_id="u-1", value="five"),
+        score(event_id="v-1", user_id="u-2", value=5_000_000),
+        score(event_id="v-2", user_id="u-1", value=5_000_000),
+        score(event_id="v-2", user_id="u-1", value=6_000_000),
+    ]
+    async with api_client(quiet) as client:
+        answer = await client.post(BATCH, json={"events": events}, headers=SERVER)
+        assert answer.status_code == 200, answer.text
+        stored = await client.post(SCORES, json=events[1], headers=SERVER)
+    results = answer.json()["results"]
+    assert [r.get("duplicate", r.get("error", {}).get("status")) for r in results] == [
+        False,
+        409,
+        409,
+        422,
+        422,
+        422,
+    ]
+    assert stored.status_code == 409
+
+
 async def test_a_late_retry_is_answered_from_its_own_users_record(quiet: LadderSettings) -> None:
     """Past the allowed lateness a retry is still its event's duplicate: read from the record of
     its own user, not from another user's event of that id, which answers a third user's late

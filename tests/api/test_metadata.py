@@ -355,3 +355,25 @@ async def test_a_batch_refuses_only_its_events_with_bad_metadata(quiet: LadderSe
     results = response.json()["results"]
     assert [r.get("error", {}).get("status", 200) for r in results] == [200, 422, 422]
     assert [(e["user_id"], canon(e["metadata"])) for e in page["entries"]] == [("u-2", canon(RICH))]
+
+
+@pytest.mark.parametrize(
+    ("operator", "late_value", "kept_metadata"),
+    [
+        pytest.param("set", 9, {"a": 1}, id="set-leaves-it"),
+        pytest.param("incr", 9, {"a": 1}, id="incr-leaves-it"),
+        pytest.param("best", 5, {"a": 2}, id="best-equal-brings-its-own"),
+    ],
+)
+async def test_a_late_write_keeps_the_metadata_of_when_it_happened(
+    quiet: LadderSettings, operator: str, late_value: int, kept_metadata: dict[str, Any]
+) -> None:
+    """A write that happened before the entry's score was reached (it came late) leaves the
+    metadata of the later event on set and incr boards; on best, an equal late write reached the
+    best first, so the best is its."""
+    start = moment()
+    async with api_client(quiet) as client:
+        await make_board(client, operator, operator, None)
+        await write(client, operator, None, "u-1", 5, start + timedelta(seconds=1), {"a": 1})
+        await write(client, operator, None, "u-1", late_value, start, {"a": 2})
+        assert await held(client, operator) == kept_metadata

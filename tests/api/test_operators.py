@@ -12,6 +12,7 @@ from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from tests.api.test_reads import merge
 from tests.helpers import read_view
 
 
@@ -26,11 +27,11 @@ class Game:
         # module loads could be older than the allowed lateness by the time a long run gets here.
         self.start = datetime.now(UTC) - timedelta(seconds=300)
 
-    async def post(self, user: str, value: int, second: int) -> dict[str, Any]:
+    async def post(self, user: str, value: int, second: int, region: str = "eu") -> dict[str, Any]:
         self.n += 1
         score = ScoreIn(
             user_id=user,
-            region="eu",
+            region=region,
             value=value,
             occurred_at=self.start + timedelta(seconds=second),
         )
@@ -92,3 +93,80 @@ async def test_equal_incr_totals_rank_whoever_reached_them_first(
     await game.post("zed", 1, 4)
     await game.post("zed", -1, 5)  # back to 10, reached at second 5: now amy was first
     assert await game.order() == [("amy", 10), ("zed", 10)]
+
+
+# --- late events: each rule goes by when the events happened, not by when they came in --------
+
+
+async def test_a_late_increment_does_not_make_a_total_reached_earlier(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    game = Game(redis, settings, Board(board_id="race"))
+    await game.post("zed", 50, 20)
+    await game.post("amy", 100, 10)  # amy reaches 100 at second 10
+    late = await game.post("zed", 50, 0)  # happened first, came last: zed reaches 100 at 20
+    assert (late["score"], late["improved"], late["rank"]) == (100, True, 2)
+    assert await game.order() == [("amy", 100), ("zed", 100)]
+
+
+async def test_an_increment_of_zero_makes_the_total_reached_when_it_happened(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """A total is reached when its last increment happened, one of 0 too: so the order events
+    come in never decides which of two equal totals was reached first."""
+    game = Game(redis, settings, Board(board_id="race"))
+    await game.post("zed", 10, 1)
+    await game.post("amy", 10, 2)
+    zero = await game.post("zed", 0, 3)
+    assert (zero["score"], zero["improved"], zero["rank"], zero["previous_rank"]) == (
+        10,
+        False,
+        2,
+        1,
+    )
+    assert await game.order() == [("amy", 10), ("zed", 10)]
+    assert (await game.post("amy", 0, 0))["rank"] == 1  # late: amy's total stays reached at 2
+
+
+async def test_a_late_equal_best_makes_the_best_reached_earlier(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    game = Game(redis, settings, Board(board_id="best", operator="best"))
+    await game.post("zed", 60, 20)
+    await game.post("amy", 60, 10)
+    late = await game.post("zed", 60, 0)  # zed had 60 at second 0, before amy
+    # The best did not change, so it is no improvement; the rank read after the write moved.
+    assert (late["score"], late["improved"]) == (60, False)
+    assert (late["rank"], late["previous_rank"]) == (1, 2)
+    assert await game.order() == [("zed", 60), ("amy", 60)]
+    # An equal best that happened later still changes nothing.
+    assert (await game.post("zed", 60, 30))["rank"] == 1
+    assert await game.order() == [("zed", 60), ("amy", 60)]
+
+
+async def test_a_late_set_does_not_replace_a_later_one(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    game = Game(redis, settings, Board(board_id="level", operator="set"))
+    await game.post("ana", 10, 20)
+    stale = await game.post("ana", 30, 0)
+    assert (stale["score"], stale["improved"], stale["rank"]) == (10, False, 1)
+    assert await game.order() == [("ana", 10)]
+    newer = await game.post("ana", 5, 25)
+    assert (newer["score"], newer["improved"]) == (5, True)
+
+
+async def test_a_late_set_in_another_region_is_not_the_global_latest(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """The global entry on set is the regional one reached last; a late set written after the
+    newer one, in the same region or another, leaves the newer one global."""
+    board = Board(board_id="rating", operator="set")
+    game = Game(redis, settings, board)
+    await game.post("one", 10, 20, "eu")
+    await game.post("one", 30, 0, "eu")
+    await game.post("two", 10, 20, "eu")
+    await game.post("two", 30, 0, "na")
+    await merge(redis, game.keys, board)
+    world = game.keys.global_view("rating", "alltime", "all")
+    assert sorted(await read_view(redis, world, True)) == [("one", 10), ("two", 10)]

@@ -385,6 +385,24 @@ async def test_the_feed_is_newest_first_and_bounded(
     assert_problem(too_many, 422)
 
 
+async def test_a_feed_longer_than_a_thousand_is_read_to_its_length(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    # The bound of limit is the configured feed length, whatever it is.
+    settings = quiet.model_copy(update={"feed_length": 2000})
+    async with api_client(settings) as client:
+        whole = await client.get("/v1/boards/main/feed", params={"limit": 2000})
+        past = await client.get("/v1/boards/main/feed", params={"limit": 2001})
+        document = (await client.get("/openapi.json")).json()
+
+    feed = document["paths"]["/v1/boards/{board_id}/feed"]["get"]["parameters"]
+    (limit,) = [p["schema"]["anyOf"][0] for p in feed if p["name"] == "limit"]
+    assert limit == {"type": "integer", "minimum": 1, "maximum": 2000}
+    assert whole.status_code == 200
+    assert whole.json()["events"] == []
+    assert_problem(past, 422)
+
+
 # --- stats -------------------------------------------------------------------------------------
 
 

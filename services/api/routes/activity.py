@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import orjson
 import structlog
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, FastAPI, Query
 from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
@@ -26,7 +26,6 @@ log = structlog.get_logger(__name__)
 # Mounted under /v1/boards by the reads router.
 router = APIRouter(prefix="/v1/boards", tags=["activity"], route_class=StrictJsonRoute)
 
-FEED_LIMIT_MAX = 1000
 FEED_LIMIT_DEFAULT = 20
 
 
@@ -50,6 +49,28 @@ class StatsOut(BaseModel):
     as_of: str | None = Field(description=AS_OF)
 
 
+FEED_PATH = "/v1/boards/{board_id}/feed"
+
+
+def document_feed_length(app: FastAPI, length: int) -> None:
+    """Make ``app``'s OpenAPI document give the feed's ``limit`` its maximum, the deployment's
+    feed length (``LADDER_FEED_LENGTH``), which a route's ``Query`` bound, fixed when the module
+    loads, cannot follow."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            operation = build()["paths"][FEED_PATH]["get"]
+            for parameter in operation["parameters"]:
+                if parameter["name"] == "limit":
+                    for option in parameter["schema"]["anyOf"]:
+                        if option.get("type") == "integer":
+                            option["maximum"] = length
+        return app.openapi_schema or build()
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 @router.get(
     "/{board_id}/feed",
     response_model=FeedOut,
@@ -62,10 +83,13 @@ async def feed(
     _: Reader,
     limit: Annotated[
         int | None,
+        # The bound is the configured feed length (checked below, 422 past it), not a constant:
+        # a feed kept longer than 1000 events is read whole. The OpenAPI document says it
+        # (document_feed_length()).
         Query(
             ge=1,
-            le=FEED_LIMIT_MAX,
-            description="1 to LADDER_FEED_LENGTH (at most 1000); default 20 or the feed length",
+            description="1 to the feed length, LADDER_FEED_LENGTH (default 1000), 422 past it; "
+            "default 20 or the feed length if shorter",
         ),
     ] = None,
 ) -> dict[str, Any]:

@@ -47,7 +47,7 @@ router = APIRouter(prefix="/v1/boards", tags=["reads"], route_class=StrictJsonRo
 
 _METADATA = (
     "The JSON object kept with the entry's score: of the write that set the best on best "
-    "boards, of the latest write on set and incr boards; null when none"
+    "boards, of the latest event (by occurred_at) on set and incr boards; null when none"
 )
 _SUBSCORE = "Only on boards with a subscore_order: the subscore that ranks equal scores"
 

@@ -14,7 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
-from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
+from services.api.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    Problem,
+    ProblemDetails,
+    Unauthorized,
+    problems,
+)
 from services.api.routes.params import DirectRoute, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
 from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
@@ -216,6 +224,30 @@ def _validation_problem(exc: ValidationError) -> dict[str, Any]:
     return body
 
 
+def _repeats_conflict(events: list[Any], results: list[dict[str, Any] | None]) -> None:
+    """Answer 409, in place of its 422, an invalid event whose user and ``event_id`` an earlier
+    event of the batch was accepted with.
+
+    Every event is validated before any is written, and the validation finds a repeat's first
+    body in its stored record only: the first of the batch is not stored yet then. A repeat that
+    is valid reaches the write, which answers it (a duplicate, or 409 with another body); an
+    invalid one has another body than the accepted first (whose body was valid), so it is 409,
+    whatever is wrong with it (docs/api.md section 4, the batch)."""
+    accepted: set[tuple[str, str]] = set()
+    for i, (raw, result) in enumerate(zip(events, results, strict=True)):
+        user_id = raw.get("user_id") if isinstance(raw, dict) else None
+        event_id = raw.get("event_id") if isinstance(raw, dict) else None
+        if not (isinstance(user_id, str) and isinstance(event_id, str)) or result is None:
+            continue
+        if "error" not in result:
+            accepted.add((user_id, event_id))
+        elif result["error"]["status"] == 422 and (user_id, event_id) in accepted:
+            conflict = Conflict(
+                f"event_id {event_id!r} was already accepted with a different body."
+            )
+            results[i] = {"event_id": event_id, "error": conflict.body()}
+
+
 @router.post("/scores/batch", response_model=BatchOut, responses=REFUSALS)
 async def post_batch(
     caller: Server, board: BoardDep, batch: BatchIn, request: Request, state: State
@@ -273,6 +305,7 @@ async def post_batch(
             results[i] = answer(status, payload, call)
         except Problem as problem:
             results[i] = {"event_id": call.event_id, "error": problem.body()}
+    _repeats_conflict(batch.events, results)
     for result in results:
         assert result is not None
         outcome = (
