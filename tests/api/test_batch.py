@@ -57,7 +57,8 @@ async def test_a_batch_of_1000_with_two_bad_events_accepts_998(
     assert refused == [10, 500]
     assert results[10]["event_id"] == "b-10"
     assert results[10]["error"]["status"] == 422
-    assert results[500]["error"]["errors"][0]["loc"] == ["region"]
+    assert results[500]["error"]["errors"][0]["loc"] == ["body", "events", 500, "region"]
+    assert results[10]["error"]["errors"][0]["loc"] == ["body", "events", 10, "value"]
     assert all(r["duplicate"] is False for i, r in enumerate(results) if i not in (10, 500))
     keys = Keys(quiet.key_prefix)
     assert await redis.xlen(keys.outbox("main")) == 998

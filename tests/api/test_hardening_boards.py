@@ -165,7 +165,7 @@ async def test_a_batch_judges_each_event_s_region_on_its_own(
     assert third["region"] == "na"
     assert refused["event_id"] == "b-2"
     assert refused["error"]["status"] == 422
-    assert refused["error"]["errors"][0]["loc"] == ["body", "region"]
+    assert refused["error"]["errors"][0]["loc"] == ["body", "events", 1, "region"]
     written = [e.event_id for e in await outbox(redis, keys, "decl")]
     assert written == ["b-1", "b-3"]
     assert not await redis.exists(keys.region_view("decl", "alltime", "all", "xx"))

@@ -224,6 +224,22 @@ def _validation_problem(exc: ValidationError) -> dict[str, Any]:
     return body
 
 
+def _locate_in_batch(results: list[dict[str, Any] | None]) -> None:
+    """Name each refused event's fields where they are in the batch's body: ``["body",
+    "events", i, ...]``, as every 422's ``loc`` starts with where the field was sent (docs/api.md
+    section 1). An event is validated as the single POST's body would be, so its errors come
+    with the single POST's ``["body", ...]`` or, from the schema, with no place at all."""
+    for i, result in enumerate(results):
+        problem = result.get("error") if result else None
+        if result is None or problem is None or "errors" not in problem:
+            continue
+        located = []
+        for error in problem["errors"]:
+            loc = list(error["loc"])
+            located.append({**error, "loc": ["body", "events", i, *loc[loc[:1] == ["body"] :]]})
+        result["error"] = {**problem, "errors": located}
+
+
 def _repeats_conflict(events: list[Any], results: list[dict[str, Any] | None]) -> None:
     """Answer 409, in place of its 422, an invalid event whose user and ``event_id`` an earlier
     event of the batch was accepted with.
@@ -306,6 +322,7 @@ async def post_batch(
         except Problem as problem:
             results[i] = {"event_id": call.event_id, "error": problem.body()}
     _repeats_conflict(batch.events, results)
+    _locate_in_batch(results)
     for result in results:
         assert result is not None
         outcome = (
