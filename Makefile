@@ -45,7 +45,7 @@ up: venv infra migrate ## run Ladder: the four services under supervisord; retur
 	@# with the caller's; one that does not run is started with them.
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
 		changed=$$($(SERVICE_ENV) write --changed $(SERVICES)) || exit 1; \
-		running=" $$($(SUPERVISORCTL) status $(SERVICES) 2>/dev/null | awk '$$2 == "RUNNING" {print $$1}' | xargs) "; \
+		running=" $$($(SUPERVISORCTL) status $(SERVICES) 2>/dev/null | awk '$$2 == "RUNNING" || $$2 == "STARTING" {print $$1}' | xargs) "; \
 		restart=$$(for s in $$changed; do case "$$running" in *" $$s "*) echo $$s;; esac; done | xargs); \
 		if [ -n "$$restart" ]; then \
 			echo "settings differ from those they started with: restarting $$restart"; \

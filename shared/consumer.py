@@ -148,6 +148,7 @@ class ConsumerRunner:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`; then finish and ack the batch in hand, and return."""
+        CONNECTED.labels(self.name).set(0)  # a sample from the start, the broker away or not
         backoff = 1.0
         while not self._stopping.is_set():
             self.connection = await self._connect()

@@ -230,6 +230,8 @@ async def test_a_consumer_s_readiness_says_why_with_no_address(
         assert body["dependencies"] == {"broker": "down", "redis": "up"}
         assert set(body["reasons"]) == {"broker"}
         assert "guest" not in body["reasons"]["broker"] and "amqp" not in body["reasons"]["broker"]
+        # Never connected: the gauge says 0 all the same (an alert on it needs a sample).
+        assert REGISTRY.get_sample_value("ladder_consumer_connected", {"consumer": "history"}) == 0
     finally:
         runner.stop()
         await asyncio.wait_for(task, 10)
