@@ -10,6 +10,9 @@ SUPERVISORD := $(VENV)/bin/supervisord -c $(ROOT)/deploy/supervisord.conf
 SUPERVISORCTL := $(VENV)/bin/supervisorctl -c $(ROOT)/deploy/supervisord.conf
 SERVICES := api aggregator history notifier
 LINES ?= 200
+# Each service starts with the caller's LADDER_* settings of the make up, start or restart that
+# started it, recorded in $(LADDER_RUN_DIR)/env/<service>.json (scripts/service_env.py).
+SERVICE_ENV := $(PY) $(ROOT)/scripts/service_env.py
 
 export LADDER_PYTHON := $(PY)
 export LADDER_ROOT := $(ROOT)
@@ -38,10 +41,19 @@ migrate: venv ## create the history database and run its migrations
 
 up: venv infra migrate ## run Ladder: the four services under supervisord; returns once all are ready
 	@mkdir -p $(LADDER_RUN_DIR)/logs
+	@# Running already: a service whose recorded settings differ from the caller's is restarted
+	@# with the caller's; one that does not run is started with them.
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
+		changed=$$($(SERVICE_ENV) write --changed $(SERVICES)) || exit 1; \
+		running=" $$($(SUPERVISORCTL) status $(SERVICES) 2>/dev/null | awk '$$2 == "RUNNING" || $$2 == "STARTING" {print $$1}' | xargs) "; \
+		restart=$$(for s in $$changed; do case "$$running" in *" $$s "*) echo $$s;; esac; done | xargs); \
+		if [ -n "$$restart" ]; then \
+			echo "settings differ from those they started with: restarting $$restart"; \
+			$(SUPERVISORCTL) restart $$restart >/dev/null; \
+		fi; \
 		$(SUPERVISORCTL) start $(SERVICES) >/dev/null; \
 	else \
-		$(SUPERVISORD); \
+		$(SERVICE_ENV) write $(SERVICES) && $(SUPERVISORD); \
 	fi
 	@$(PY) scripts/wait_ready.py
 	@# What answered must be these services: a port held by another process (a cluster-up's API,
@@ -64,6 +76,7 @@ down: ## stop what `make up` started
 	else \
 		echo "Ladder is not running"; \
 	fi
+	@rm -rf $(LADDER_RUN_DIR)/env
 	@bash scripts/infra.sh stop-started
 
 rebuild: venv ## recreate every board in Redis exactly from MySQL (safe while writes go on)
@@ -80,12 +93,26 @@ stop: ## stop one service: make stop SERVICE=notifier
 	@test -n "$(SERVICE)" || { echo "usage: make stop SERVICE=<$(SERVICES)>"; exit 2; }
 	$(SUPERVISORCTL) stop $(SERVICE)
 
-start: ## start one service: make start SERVICE=notifier
-	@test -n "$(SERVICE)" || { echo "usage: make start SERVICE=<$(SERVICES)>"; exit 2; }
-	$(SUPERVISORCTL) start $(SERVICE)
+# start_with_env: start each of $(1) that does not run, with the caller's settings recorded for it
+# first; one that runs keeps the settings it started with (make restart changes them).
+define start_with_env
+for s in $(1); do \
+	if $(SUPERVISORCTL) status $$s 2>/dev/null | awk '$$2 == "RUNNING" {up = 1} END {exit !up}'; then \
+		echo "$$s runs already, with the settings it started with (make restart SERVICE=$$s gives it the caller's)"; \
+	else \
+		$(SERVICE_ENV) write $$s && $(SUPERVISORCTL) start $$s || exit 1; \
+	fi; \
+done
+endef
 
-restart: ## restart one service: make restart SERVICE=api
+start: ## start one service: make start SERVICE=notifier (with the caller's LADDER_* settings)
+	@test -n "$(SERVICE)" || { echo "usage: make start SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(call start_with_env,$(SERVICE))
+
+restart: ## restart one service: make restart SERVICE=api (with the caller's LADDER_* settings)
 	@test -n "$(SERVICE)" || { echo "usage: make restart SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(SUPERVISORCTL) pid >/dev/null 2>&1 || { echo "Ladder is not running (make up starts it)"; exit 1; }
+	@$(SERVICE_ENV) write $(SERVICE)
 	$(SUPERVISORCTL) restart $(SERVICE)
 
 logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
@@ -97,7 +124,7 @@ logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
 .PHONY: sim sim-set demo clean
 
 demo: up ## Ladder with the game simulation feeding it; prints the dashboard's address
-	@$(SUPERVISORCTL) start sim >/dev/null
+	@$(call start_with_env,sim) >/dev/null
 	@echo "The game simulation feeds board arena (make logs SERVICE=sim; make stop SERVICE=sim)."
 	@echo "Change it live: make sim-set NAME=robot_share VALUE=1.0 (make sim-set lists them all)"
 	@echo "Dashboard: $$($(PY) scripts/wait_ready.py --api-url)/"
@@ -218,6 +245,7 @@ bench: venv infra ## the benchmarks: prints their table and writes BENCHMARKS.md
 		echo "stopping the Ladder services the bench started (its raised LADDER_KEY_RATE goes with them)"; \
 		$(SUPERVISORCTL) shutdown >/dev/null; \
 		for _ in $$(seq 1 300); do test -e $(LADDER_RUN_DIR)/supervisord.pid || break; sleep 0.1; done; \
+		rm -rf $(LADDER_RUN_DIR)/env; \
 		exit $$rc; \
 	fi
 

@@ -23,6 +23,12 @@ What fails, and what the runner does (docs/reliability.md, "A handler failure"):
   times in all (21), it is dead-lettered to ``<queue>.dead``, whole. The other messages are
   acked and the stream flows on.
 
+A broker that answers but refuses the topology as configured (``PRECONDITION_FAILED``: the
+queue exists with another ``x-delivery-limit``, say, after ``LADDER_DELIVERY_LIMIT`` changed) is
+a configuration error: logged as one, naming the queue, the argument and the setting, and tried
+again with backoff (up to a minute between tries), so that the consumer starts once the setting
+or the queue is changed, without a restart. ``/readyz`` says why meanwhile (:meth:`reasons`).
+
 Decoding is one pass of pydantic-core over the body (``model_validate_json``): about 150 events
 a message, a few objects each, which is why the runner tunes the process's garbage collector
 once it is consuming (:func:`shared.heap.settle_heap`).
@@ -36,15 +42,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from shared import amqp
 from shared.events import ScoreAccepted, ScoreMessage
-from shared.failures import is_transient
+from shared.failures import is_transient, short_reason
 from shared.heap import settle_heap
-from shared.topology import Consumer, Topology, client_properties, consumer_tag
+from shared.topology import (
+    Consumer,
+    Topology,
+    client_properties,
+    consumer_tag,
+    topology_refusal,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +72,10 @@ EVENTS_REFUSED = Counter(
     ["consumer"],
 )
 CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"])
+
+# The longest wait between two tries of a topology the broker refuses (a configuration error:
+# nothing changes it but an operator).
+REFUSED_BACKOFF_MOST = 60.0
 
 # A batch is handed over once the stream pauses this long. Under load deliveries follow each
 # other far closer than this, and batches fill up to batch_size or flush_ms as before.
@@ -82,15 +98,33 @@ class ConsumerRunner:
     connection: AbstractRobustConnection | None = None
     _inbox: asyncio.Queue[AbstractIncomingMessage] = field(default_factory=asyncio.Queue)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _consuming: bool = False
+    # Why the last connection, or declaration of the topology, failed (a short line with no
+    # address in it); and the error a held batch is being retried on (an outage).
+    _connection_error: str | None = None
+    _handler_error: str | None = None
 
     @property
     def ready(self) -> bool:
-        """Connected now: a robust connection that is reconnecting is not ready."""
+        """Consuming now: a robust connection that is reconnecting is not ready, nor one whose
+        topology the broker refused."""
         return (
-            self.connection is not None
+            self._consuming
+            and self.connection is not None
             and not self.connection.is_closed
             and self.connection.connected.is_set()
         )
+
+    def reasons(self) -> dict[str, str]:
+        """Why the consumer is not consuming, or is holding a batch, for ``/readyz``:
+        ``broker`` while not ready (the last connection error, or the topology the broker
+        refuses), ``handler`` while a batch is held and retried on an outage."""
+        found: dict[str, str] = {}
+        if not self.ready:
+            found["broker"] = self._connection_error or "not connected to the broker (yet)"
+        if self._handler_error is not None:
+            found["handler"] = f"a batch is held and retried: {self._handler_error}"
+        return found
 
     async def _connect(self) -> AbstractRobustConnection | None:
         """The first connection, retried with backoff while the broker is away (a consumer
@@ -105,6 +139,7 @@ class ConsumerRunner:
                     client_properties=client_properties(self.name, "consumer"),
                 )
             except Exception as exc:
+                self._connection_error = short_reason(exc)
                 log.warning("broker unavailable; retrying", error=repr(exc), in_seconds=backoff)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), backoff)
@@ -113,27 +148,52 @@ class ConsumerRunner:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`; then finish and ack the batch in hand, and return."""
-        self.connection = await self._connect()
-        if self.connection is None:
-            return
-        try:
-            channel = await self.connection.channel()
-            await channel.set_qos(prefetch_count=self.prefetch)
-            queues = await self.topology.declare(channel)
-            tag = await queues[self.name].consume(
-                self._inbox.put, consumer_tag=consumer_tag(self.name)
-            )
-            settle_heap()
-            CONNECTED.labels(self.name).set(1)
-            log.info("consuming", queue=self.topology.queue(self.name), prefetch=self.prefetch)
+        CONNECTED.labels(self.name).set(0)  # a sample from the start, the broker away or not
+        backoff = 1.0
+        while not self._stopping.is_set():
+            self.connection = await self._connect()
+            if self.connection is None:
+                return
             try:
-                await self._loop()
+                channel = await self.connection.channel()
+                await channel.set_qos(prefetch_count=self.prefetch)
+                try:
+                    queues = await self.topology.declare(channel)
+                except Exception as exc:
+                    refused = topology_refusal(exc)
+                    if refused is None:
+                        raise
+                    self._connection_error = refused.describe()
+                    log.error(
+                        "broker refuses the topology: configuration error; retrying",
+                        consumer=self.name,
+                        reason=self._connection_error,
+                        in_seconds=backoff,
+                        **refused.fields(),
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), backoff)
+                    backoff = min(backoff * 2, REFUSED_BACKOFF_MOST)
+                    continue
+                await self._consume(queues)
+                return
             finally:
-                CONNECTED.labels(self.name).set(0)
-                with contextlib.suppress(Exception):
-                    await queues[self.name].cancel(tag)
+                await self.connection.close()
+
+    async def _consume(self, queues: dict[Consumer, AbstractQueue]) -> None:
+        tag = await queues[self.name].consume(self._inbox.put, consumer_tag=consumer_tag(self.name))
+        settle_heap()
+        self._connection_error = None
+        self._consuming = True
+        CONNECTED.labels(self.name).set(1)
+        log.info("consuming", queue=self.topology.queue(self.name), prefetch=self.prefetch)
+        try:
+            await self._loop()
         finally:
-            await self.connection.close()
+            self._consuming = False
+            CONNECTED.labels(self.name).set(0)
+            with contextlib.suppress(Exception):
+                await queues[self.name].cancel(tag)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -234,11 +294,14 @@ class ConsumerRunner:
             try:
                 with BATCH_SECONDS.labels(self.name).time():
                     await self.handler(events)
+                self._handler_error = None
                 return None
             except Exception as exc:
                 RETRIES.labels(self.name).inc()
                 if not is_transient(exc):
+                    self._handler_error = None
                     return exc
+                self._handler_error = short_reason(exc)
                 log.warning(
                     "handler failed (transient); batch held and retried",
                     events=len(events),

@@ -16,6 +16,8 @@ until someone looks, while an outage taken for refusals would dead-letter everyt
 
 from __future__ import annotations
 
+import re
+
 from redis import exceptions as redis_errors
 from sqlalchemy import exc as sa
 
@@ -88,3 +90,21 @@ def is_transient(error: BaseException) -> bool:
         seen.add(id(current))
         current = current.__cause__
     return False
+
+
+# Anything that looks like an address with a scheme (it may carry a password), and a user and
+# password before an @ without one.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+_CREDENTIALS = re.compile(r"[^\s'\"/@:]+:[^\s'\"/@]+@")
+# SQLAlchemy's pointer to its documentation, at the end of each of its errors.
+_BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
+REASON_MOST = 200
+
+
+def short_reason(error: BaseException) -> str:
+    """``error`` as a short line for ``/readyz`` (its class and message, at most
+    ``REASON_MOST`` characters), with no address that could carry a password in it."""
+    text = _BACKGROUND.sub("", " ".join(str(error).split()))
+    text = _CREDENTIALS.sub("", _URL.sub("<address>", text))
+    line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return line if len(line) <= REASON_MOST else line[: REASON_MOST - 1] + "…"

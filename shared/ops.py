@@ -17,22 +17,33 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from shared.failures import short_reason
 from shared.settings import multiprocess_metrics_dir
 
 Check = Callable[[], Awaitable[bool]]
+Reasons = Callable[[], Mapping[str, str]]
 
 
-async def run_checks(checks: Mapping[str, Check], wait: float = 1.0) -> dict[str, str]:
-    """``{dependency: "up" | "down"}``; a check that raises or times out is down."""
+async def run_checks(
+    checks: Mapping[str, Check], wait: float = 1.0, reasons: dict[str, str] | None = None
+) -> dict[str, str]:
+    """``{dependency: "up" | "down"}``; a check that raises or times out is down, and says
+    why in ``reasons`` (a short line, no address in it) where one is given."""
 
-    async def one(check: Check) -> str:
+    async def one(name: str, check: Check) -> str:
         try:
             return "up" if await asyncio.wait_for(check(), wait) else "down"
-        except Exception:
+        except TimeoutError:
+            if reasons is not None:
+                reasons.setdefault(name, f"no answer within {wait:g} s")
+            return "down"
+        except Exception as exc:
+            if reasons is not None:
+                reasons.setdefault(name, short_reason(exc))
             return "down"
 
     names = list(checks)
-    states = await asyncio.gather(*(one(checks[n]) for n in names))
+    states = await asyncio.gather(*(one(n, checks[n]) for n in names))
     return dict(zip(names, states, strict=True))
 
 
@@ -62,12 +73,23 @@ def metrics_response() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-def ops_app(checks: Mapping[str, Check], required: set[str]) -> Starlette:
+def ops_app(
+    checks: Mapping[str, Check], required: set[str], reasons: Reasons | None = None
+) -> Starlette:
+    """The ops endpoints. ``/readyz``'s ``reasons``: why a check raised, else what ``reasons()``
+    says about a dependency that is down (its last connection error, say), and what it says
+    under a name that is no dependency (``handler``: the error a held batch is retried on)."""
+
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
     async def readyz(_: Request) -> JSONResponse:
-        return readiness_response(await run_checks(checks), required)
+        why: dict[str, str] = {}
+        states = await run_checks(checks, reasons=why)
+        for name, reason in (reasons() if reasons is not None else {}).items():
+            if states.get(name, "down") == "down":
+                why.setdefault(name, reason)
+        return readiness_response(states, required, why)
 
     async def metrics(_: Request) -> Response:
         return metrics_response()
@@ -91,11 +113,15 @@ class _QuietServer(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serve_ops(
-    host: str, port: int, checks: Mapping[str, Check], required: set[str]
+    host: str,
+    port: int,
+    checks: Mapping[str, Check],
+    required: set[str],
+    reasons: Reasons | None = None,
 ) -> AsyncIterator[None]:
     """Serve the ops endpoints in the background for the duration of the block."""
     config = uvicorn.Config(
-        ops_app(checks, required),
+        ops_app(checks, required, reasons),
         host=host,
         port=port,
         log_config=None,

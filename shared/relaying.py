@@ -9,6 +9,14 @@ entry only once the broker has confirmed its message, and publish it mandatory, 
 queue takes comes back and waits in the stream. What is left here is the rest they have in
 common: the broker connection kept and made again with backoff, the group made where it is
 missing, entries left pending by a dead process claimed, and a stream's entries read.
+
+And what they show of it (:class:`RelayMetrics`), the broker away or not: whether the relay is
+connected, each failed connection attempt and each publish that failed, and each board's
+stream length, read on every pass while connected and on every retry while the broker is away
+(when nothing is published, the streams only grow). A broker that answers but refuses the
+topology as configured (``PRECONDITION_FAILED``: a queue declared with another
+``x-delivery-limit``) is logged as the configuration error it is, naming the queue, the
+argument and the setting (:func:`shared.topology.topology_refusal`).
 """
 
 from __future__ import annotations
@@ -19,32 +27,47 @@ import os
 import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractRobustConnection
+from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from shared import amqp
 from shared.boards import BoardCatalog
+from shared.failures import short_reason
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.redis import ensure_group
 from shared.settings import LadderSettings
-from shared.topology import Service, Topology, client_properties
+from shared.topology import Service, Topology, client_properties, topology_refusal
 
 log = structlog.get_logger(__name__)
 
 Entry = tuple[str, dict[str, str]]
 """A stream entry: its id and its fields."""
 
-# A sweep (``_holding`` over the boards of ``_next_sweep``) asks about this many boards' streams
+# A sweep (``_lengths`` over the boards of ``_next_sweep``) asks about this many boards' streams
 # at most; the next sweep goes on from where it stopped. An idle relay then costs the same
 # however many boards are defined, and what a sweep alone finds (entries another process wrote
 # and left) waits longer where there are more boards: len(boards) / SWEEP_MOST sweeps at most.
 # The claim of entries a dead process left pending asks about every board, in pipelines of this
 # many (the event loop is held one pipeline at a time), every few seconds.
 SWEEP_MOST = 250
+
+
+@dataclass(frozen=True, slots=True)
+class RelayMetrics:
+    """What a relay shows of itself: ``connected`` (1 while connected to the broker, else 0),
+    ``failures`` (labelled ``stage``: ``connect`` for a connection attempt that failed, the
+    topology refused included; ``publish`` for a publish that failed) and ``backlog`` (labelled
+    ``board_id``: the board's stream length at the last look)."""
+
+    connected: Gauge
+    failures: Counter
+    backlog: Gauge
 
 
 class StreamRelay(ABC):
@@ -58,12 +81,17 @@ class StreamRelay(ABC):
         catalog: BoardCatalog,
         settings: LadderSettings,
         owner: tuple[Service, str],
+        metrics: RelayMetrics,
+        stream_of: Callable[[str], str],
     ) -> None:
         self._redis = redis
         self._keys = keys
         self._catalog = catalog
         self._settings = settings
         self._owner = owner
+        self._metrics = metrics
+        # A board's stream, by its id.
+        self._stream_of = stream_of
         self._topology = Topology(settings.broker_prefix, settings.delivery_limit)
         self._consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
@@ -71,27 +99,93 @@ class StreamRelay(ABC):
         self._groups: set[str] = set()
         # Where the next sweep starts among the boards, by id (``_next_sweep``).
         self._sweep_from = 0
+        # Boards whose backlog gauge was last set above 0.
+        self._gauged: set[str] = set()
+        self.last_error: str | None = None
+        """Why the last connection failed or was lost (a short line, no address), for
+        ``/readyz``; ``None`` once connected."""
+
+    @property
+    def ready(self) -> bool:
+        """Connected now: a robust connection that is reconnecting is not ready."""
+        return (
+            self._connection is not None
+            and not self._connection.is_closed
+            and self._connection.connected.is_set()
+            and self._exchange is not None
+        )
 
     async def relay_until(self, stop: asyncio.Event) -> None:
         """Relay until ``stop``, connecting to the broker again as long as it takes. Whatever
-        fails, the streams keep what they hold."""
+        fails, the streams keep what they hold, and the backlog gauge follows their length."""
         backoff, name = 0.5, self._owner[1]
         while not stop.is_set():
+            connected = False
             try:
                 await self._connect()
+                connected = True
+                self._metrics.connected.set(1)
+                self.last_error = None
                 backoff = 0.5
                 await self._pump(stop)
             except RedisError as exc:
+                self.last_error = f"redis: {short_reason(exc)}"
                 log.warning("redis unavailable to the relay", relay=name, error=repr(exc))
             except Exception as exc:
                 # Whatever the broker client raised.
-                log.warning("broker unavailable; the outbox holds", relay=name, error=repr(exc))
+                if not connected:
+                    self._metrics.failures.labels("connect").inc()
+                refused = topology_refusal(exc)
+                if refused is not None:
+                    self.last_error = refused.describe()
+                    log.error(
+                        "broker refuses the topology: configuration error; the outbox holds",
+                        relay=name,
+                        reason=self.last_error,
+                        **refused.fields(),
+                    )
+                else:
+                    self.last_error = short_reason(exc)
+                    log.warning("broker unavailable; the outbox holds", relay=name, error=repr(exc))
             finally:
+                self._metrics.connected.set(0)
                 await self._disconnect()
             if not stop.is_set():
+                # Nothing is published meanwhile: the streams' length is what the gauge shows.
+                await self._gauge_streams()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _note_connection(self) -> None:
+        """Set the connected gauge from the connection's state (a pass of the pump calls it:
+        a robust connection reconnects by itself, without the pump raising)."""
+        self._metrics.connected.set(1 if self.ready else 0)
+
+    async def _gauge_streams(self) -> None:
+        """Every board's stream length into the backlog gauge: one pipelined ``XLEN`` for each
+        ``SWEEP_MOST`` boards. Redis away too: the gauge keeps its last value."""
+        try:
+            boards = [board.board_id for board in await self._catalog.all()]
+            self._set_backlog(boards, await self._lengths(boards))
+        except Exception as exc:
+            log.debug("stream lengths not read", relay=self._owner[1], error=repr(exc))
+
+    def _set_backlog(self, boards: list[str], lengths: dict[str, int]) -> None:
+        """The backlog gauge of each of ``boards``: its length in ``lengths``, 0 if absent (set
+        only where it changes from or to 0: an idle board costs nothing)."""
+        for board_id in boards:
+            length = lengths.get(board_id, 0)
+            if length:
+                self._metrics.backlog.labels(board_id).set(length)
+                self._gauged.add(board_id)
+            elif board_id in self._gauged:
+                self._emptied(board_id)
+                self._gauged.discard(board_id)
+
+    def _emptied(self, board_id: str) -> None:
+        """A board's stream found empty after it held entries: its gauges go to 0."""
+        self._metrics.backlog.labels(board_id).set(0)
 
     @abstractmethod
     async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
@@ -135,19 +229,19 @@ class StreamRelay(ABC):
         self._sweep_from = start + SWEEP_MOST
         return (boards[start:] + boards[:start])[:SWEEP_MOST]
 
-    async def _holding(self, boards: list[str], stream_of: Callable[[str], str]) -> set[str]:
-        """Those of ``boards`` whose stream (``stream_of(board_id)``) holds entries, read or
-        not (an entry stays until its message is confirmed): one pipelined ``XLEN`` for every
-        ``SWEEP_MOST`` of them, so that a pass over many idle boards costs a round trip for
-        each ``SWEEP_MOST``, not a read each."""
-        found: set[str] = set()
+    async def _lengths(self, boards: list[str]) -> dict[str, int]:
+        """The length of each of ``boards``' streams that holds entries, read or not (an entry
+        stays until its message is confirmed): one pipelined ``XLEN`` for every ``SWEEP_MOST``
+        of them, so that a pass over many idle boards costs a round trip for each
+        ``SWEEP_MOST``, not a read each."""
+        found: dict[str, int] = {}
         for at in range(0, len(boards), SWEEP_MOST):
             chunk = boards[at : at + SWEEP_MOST]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for board_id in chunk:
-                    pipe.xlen(stream_of(board_id))
+                    pipe.xlen(self._stream_of(board_id))
                 lengths = await pipe.execute()
-            found.update(board_id for board_id, n in zip(chunk, lengths, strict=True) if n)
+            found.update((b, int(n)) for b, n in zip(chunk, lengths, strict=True) if n)
         return found
 
     async def _claim(self, stream: str, count: int) -> bool:

@@ -101,7 +101,7 @@ async def consume(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with serve_ops(settings.ops_host, port, checks, set(checks)):
+        async with serve_ops(settings.ops_host, port, checks, set(checks), runner.reasons):
             companion_stop = asyncio.Event()
             tasks = [asyncio.create_task(runner.run(), name="consumer")]
             tasks += [asyncio.create_task(c(companion_stop), name="companion") for c in companions]

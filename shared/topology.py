@@ -13,9 +13,10 @@ own (durable) queue to receive them; until one is bound the messages wait in Lad
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
@@ -111,3 +112,84 @@ class Topology:
             await channel.queue_delete(self.dead_queue(consumer))
         await channel.exchange_delete(self.scores_exchange)
         await channel.exchange_delete(self.periods_exchange)
+
+
+# The broker's answer to a declaration that differs from what exists under that name:
+# PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'ladder.scores.history' in
+# vhost '/': received '30' but current is '20'
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
+    r"[^:]*:\s*(?P<detail>.*)"
+)
+_NAMED = re.compile(r"(?P<kind>queue|exchange) '(?P<name>[^']+)'")
+# The setting behind each argument Ladder declares from one.
+SETTING_OF_ARGUMENT = {"x-delivery-limit": "LADDER_DELIVERY_LIMIT"}
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRefused:
+    """The broker answers but refuses to declare Ladder's topology as it is configured
+    (``PRECONDITION_FAILED``): a queue or exchange of that name exists with other arguments,
+    typically a queue declared before ``LADDER_DELIVERY_LIMIT`` was changed. Not an outage:
+    retrying changes nothing until the setting or the broker's queue is changed."""
+
+    kind: str  # "queue", "exchange", or "" where the broker named neither
+    name: str
+    argument: str | None
+    detail: str
+    setting: str | None
+
+    def describe(self) -> str:
+        """One line for a log or ``/readyz``: what is refused, and what to change."""
+        what = f"{self.kind} {self.name}" if self.kind else "a declaration"
+        if self.argument is None:
+            return f"the broker refuses {what}: {self.detail}"
+        told = f"the broker refuses {what}: argument {self.argument} differs from the existing "
+        told += f"{self.kind or 'one'}'s ({self.detail})"
+        if self.setting is not None:
+            told += (
+                f"; {self.setting} must equal the value the {self.kind} was declared with,"
+                f" or the {self.kind} be deleted to be declared again (docs/operations.md,"
+                f" 'The broker refuses the topology')"
+            )
+        return told
+
+    def fields(self) -> dict[str, Any]:
+        """Structured log fields."""
+        found: dict[str, Any] = {self.kind or "declaration": self.name, "refusal": self.detail}
+        if self.argument is not None:
+            found["argument"] = self.argument
+        if self.setting is not None:
+            found["setting"] = self.setting
+        return found
+
+
+def topology_refusal(error: BaseException) -> TopologyRefused | None:
+    """What the broker refused of a declaration, if ``error`` (or what caused it) is its
+    ``PRECONDITION_FAILED``; ``None`` for any other failure (an outage, say)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = " ".join(str(arg) for arg in getattr(current, "args", ()))
+        if "PRECONDITION_FAILED" in text:
+            text = text.split("PRECONDITION_FAILED", 1)[1].lstrip(" -")
+            if found := _INEQUIVALENT.search(text):
+                argument = found["argument"]
+                return TopologyRefused(
+                    found["kind"],
+                    found["name"],
+                    argument,
+                    found["detail"].strip().rstrip('"'),
+                    SETTING_OF_ARGUMENT.get(argument),
+                )
+            named = _NAMED.search(text)
+            return TopologyRefused(
+                named["kind"] if named else "",
+                named["name"] if named else "",
+                None,
+                text.strip().rstrip('"'),
+                None,
+            )
+        current = current.__cause__ or current.__context__
+    return None

@@ -43,8 +43,8 @@ import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.history.snapshotter import team_entry, user_entry
 from shared.boards import Board, BoardCatalog
+from shared.entries import team_entry, user_entry
 from shared.events import rfc3339
 from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys, dirty_member

@@ -23,18 +23,30 @@ import aio_pika
 import orjson
 import structlog
 from aio_pika.abc import AbstractChannel, AbstractExchange
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 
 from shared.boards import BoardCatalog
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.relaying import StreamRelay
+from shared.relaying import RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
 
 PUBLISHED = Counter("ladder_periods_published_total", "period.closed messages confirmed")
-FAILURES = Counter("ladder_periods_publish_failures_total", "period.closed publishes refused")
+FAILURES = Counter(
+    "ladder_periods_publish_failures_total",
+    "Connection attempts of the period relay that failed (stage=connect: no broker answers, or "
+    "it refuses the topology) and period.closed publishes refused or returned (stage=publish)",
+    ["stage"],
+)
+BACKLOG = Gauge(
+    "ladder_periods_backlog",
+    "period.closed messages in the board's period outbox at the last look (every poll, and "
+    "every retry while the broker is away)",
+    ["board_id"],
+)
+CONNECTED = Gauge("ladder_periods_relay_connected", "1 while the period relay is connected")
 
 POLL_SECONDS = 0.5
 CLAIM_EVERY_SECONDS = 5.0
@@ -53,7 +65,15 @@ class PeriodRelay(StreamRelay):
     def __init__(
         self, redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings
     ) -> None:
-        super().__init__(redis, keys, catalog, settings, ("aggregator", "period-relay"))
+        super().__init__(
+            redis,
+            keys,
+            catalog,
+            settings,
+            ("aggregator", "period-relay"),
+            RelayMetrics(CONNECTED, FAILURES, BACKLOG),
+            keys.periods_outbox,
+        )
 
     async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
         return await self._topology.declare_periods_exchange(channel)
@@ -62,12 +82,15 @@ class PeriodRelay(StreamRelay):
         loop = asyncio.get_running_loop()
         claim_at = 0.0
         while not stop.is_set():
+            self._note_connection()
             claim = loop.time() >= claim_at
             if claim:
                 claim_at = loop.time() + CLAIM_EVERY_SECONDS
             boards = [board.board_id for board in await self._catalog.all()]
             swept = boards if claim else self._next_sweep(boards)
-            for board_id in sorted(await self._holding(swept, self._keys.periods_outbox)):
+            lengths = await self._lengths(swept)
+            self._set_backlog(swept, lengths)
+            for board_id in sorted(lengths):
                 await self.relay_board(board_id, claim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)
@@ -114,6 +137,6 @@ class PeriodRelay(StreamRelay):
             # Mandatory: a message no queue takes comes back, and waits in the outbox.
             await exchange.publish(message, routing_key="", mandatory=True, timeout=10)
         except Exception:
-            FAILURES.inc()
+            FAILURES.labels("publish").inc()
             raise
         PUBLISHED.inc()

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 from prometheus_client import Counter
@@ -41,12 +40,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import SnapshotRow, save_snapshots
+from shared.entries import team_entry, user_entry
 from shared.events import ScoreAccepted
 from shared.functions import SNAPSHOT_DONE_FUNCTION, SNAPSHOT_TAKE_FUNCTION
 from shared.keys import Keys
 from shared.lease import Lease, LeaseLost, give_up
 from shared.periods import PERIODS, Period
-from shared.ranking import id_of, metadata_of, score_of, sub_of, subscore_of
+from shared.ranking import id_of
 from shared.service import every_board
 
 log = structlog.get_logger(__name__)
@@ -232,37 +232,6 @@ class Snapshotter:
                 }
             )
         return snapshots
-
-
-def user_entry(
-    board: Board, rank: int, raw: str, stored: float, name: str | None, record: str | None
-) -> dict[str, Any]:
-    """A user's entry as a leaderboard read answers it (docs/api.md section 5), from its member
-    and score and its record in the view's hash: the metadata kept with the score and, on a
-    board with a ``subscore_order``, the subscore, which the member's tie key holds."""
-    entry: dict[str, Any] = {
-        "rank": rank,
-        "user_id": id_of(raw),
-        "score": score_of(stored, board.descending),
-    }
-    if board.subscore_order is not None:
-        # A member without a subscore part (none on a board that had one from its first score)
-        # has none to show.
-        entry["subscore"] = subscore_of(raw, board.subscore_order) if sub_of(raw) else None
-    entry["display_name"] = name
-    entry["metadata"] = metadata_of(record)
-    return entry
-
-
-def team_entry(board: Board, rank: int, raw: str, stored: float) -> dict[str, Any]:
-    """A team's entry as the teams scope of a leaderboard read shows it: no display name, and
-    no metadata, which is kept with a user's score, not a team's sum."""
-    return {
-        "rank": rank,
-        "team_id": id_of(raw),
-        "score": score_of(stored, board.descending),
-        "metadata": None,
-    }
 
 
 async def tick(

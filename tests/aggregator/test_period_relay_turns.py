@@ -4,7 +4,7 @@ next poll; a poll that claims asks about every board. Whatever the turn, an outb
 messages is read.
 
 The outboxes are real streams; the broker is not needed to tell which is looked at and read:
-each look (``_holding``) and each read (``relay_board``, which takes its outbox's entries) is
+each look (``_lengths``) and each read (``relay_board``, which takes its outbox's entries) is
 recorded."""
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class Recording(PeriodRelay):
         self.looked: list[list[str]] = []
         self.reads: list[str] = []
 
-    async def _holding(self, boards: list[str], stream_of: object) -> set[str]:
+    async def _lengths(self, boards: list[str]) -> dict[str, int]:
         self.looked.append(list(boards))
-        return await super()._holding(boards, stream_of)  # type: ignore[arg-type]
+        return await super()._lengths(boards)
 
     async def relay_board(self, board_id: str, claim: bool) -> int:
         self.reads.append(board_id)

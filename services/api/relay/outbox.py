@@ -47,15 +47,31 @@ from redis.asyncio import Redis
 from shared.boards import BoardCatalog
 from shared.events import message_body
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.relaying import Entry, StreamRelay
+from shared.relaying import Entry, RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
 
 RELAYED = Counter("ladder_relay_events_total", "Events confirmed by the broker")
 MESSAGES = Counter("ladder_relay_messages_total", "Messages confirmed by the broker")
-FAILURES = Counter("ladder_relay_failures_total", "Batches the broker did not confirm")
-BACKLOG = Gauge("ladder_relay_backlog", "Entries in the outbox at the last look", ["board_id"])
+FAILURES = Counter(
+    "ladder_relay_failures_total",
+    "Connection attempts that failed (stage=connect: no broker answers, or it refuses the "
+    "topology) and reads whose batches the broker did not confirm (stage=publish)",
+    ["stage"],
+)
+BACKLOG = Gauge(
+    "ladder_relay_backlog",
+    "Entries in the outbox at the last look (every pass, and every retry while the broker is away)",
+    ["board_id"],
+    multiprocess_mode="livemax",
+)
+CONNECTED = Gauge(
+    "ladder_relay_connected",
+    "1 while the relay is connected to the broker (the least of the API processes)",
+    multiprocess_mode="livemin",
+)
+METRICS = RelayMetrics(CONNECTED, FAILURES, BACKLOG)
 UNROUTABLE = Gauge(
     "ladder_relay_unroutable",
     "Entries the outbox keeps because the broker returns its messages unroutable (0: routed)",
@@ -122,30 +138,18 @@ class Relay(StreamRelay):
     def __init__(
         self, redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings
     ) -> None:
-        super().__init__(redis, keys, catalog, settings, ("api", "relay"))
+        super().__init__(redis, keys, catalog, settings, ("api", "relay"), METRICS, keys.outbox)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         # Streams known to hold no entry pending for this consumer (read, not yet confirmed).
         self._settled: set[str] = set()
         self._written: set[str] = set()
-        # Boards whose gauges were last set above 0.
-        self._gauged: set[str] = set()
         # Seconds the last read of an outbox took.
         self._read_took = 0.0
         # Boards whose messages came back unroutable: when to publish them again, and the wait
         # after that.
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
-
-    @property
-    def ready(self) -> bool:
-        """Connected now: a robust connection that is reconnecting is not ready."""
-        return (
-            self._connection is not None
-            and not self._connection.is_closed
-            and self._connection.connected.is_set()
-            and self._exchange is not None
-        )
 
     def wake(self, board_id: str) -> None:
         """Called after a write: relay now rather than at the next poll (and know the board,
@@ -172,6 +176,7 @@ class Relay(StreamRelay):
         # Boards whose last read found entries: read again at once, as more may be waiting.
         busy: set[str] = set()
         while not stop.is_set():
+            self._note_connection()
             now = loop.time()
             if now >= boards_at:
                 boards = [b.board_id for b in await self._catalog.all()]
@@ -216,15 +221,15 @@ class Relay(StreamRelay):
                 pass
 
     async def _holding_entries(self, boards: list[str]) -> set[str]:
-        """Those of ``boards`` whose outbox holds entries (``_holding``); the others' gauges are
-        set to 0."""
-        holding = await self._holding(boards, self._keys.outbox)
-        emptied = self._gauged.intersection(boards) - holding
-        for board_id in emptied:
-            BACKLOG.labels(board_id).set(0)
-            UNROUTABLE.labels(board_id).set(0)
-        self._gauged -= emptied
-        return holding
+        """Those of ``boards`` whose outbox holds entries (``_lengths``); the backlog gauges of
+        all of them set to what was found."""
+        lengths = await self._lengths(boards)
+        self._set_backlog(boards, lengths)
+        return set(lengths)
+
+    def _emptied(self, board_id: str) -> None:
+        BACKLOG.labels(board_id).set(0)
+        UNROUTABLE.labels(board_id).set(0)
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         retry_at = self._retry_at.get(board_id)
@@ -271,7 +276,7 @@ class Relay(StreamRelay):
                     for batch in batches
                 ]
         except BaseExceptionGroup as group_error:
-            FAILURES.inc()
+            FAILURES.labels("publish").inc()
             raise group_error.exceptions[0] from group_error
         returns = [task.result() for task in tasks]
         outcomes = list(zip(batches, returns, strict=True))
@@ -295,14 +300,15 @@ class Relay(StreamRelay):
             self._retry_at.pop(board_id, None)
             self._backoff.pop(board_id, None)
             return True
-        RETURNED.inc(len(returned))
         # Everything in the outbox waits behind these: the relay reads further only once they
-        # are routed. Renewed on every return, so that /readyz sees it whichever process asks.
+        # are routed. Renewed on every return, so that /readyz sees it whichever process asks;
+        # counted once /readyz can see it.
         record = Unroutable(_reason(returned[0][1], exchange.name), backlog, time.time())
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hset(self._keys.relay_unroutable, board_id, orjson.dumps(asdict(record)))
             pipe.expire(self._keys.relay_unroutable, int(UNROUTABLE_FRESH_SECONDS) * 2)
             await pipe.execute()
+        RETURNED.inc(len(returned))
         wait = self._backoff.get(board_id, _UNROUTABLE_BACKOFF[0])
         self._backoff[board_id] = min(wait * 2, _UNROUTABLE_BACKOFF[1])
         self._retry_at[board_id] = asyncio.get_running_loop().time() + wait

@@ -28,9 +28,10 @@ class Readiness(BaseModel):
         description="redis, broker, mysql, pubsub and routing, each up or down"
     )
     reasons: dict[str, str] = Field(
-        description="why a dependency is down, where that is known: routing is down while the "
-        "broker returns the relay's messages unroutable, and says which boards' events the "
-        "outbox keeps"
+        description="why a dependency is down, where that is known: the error of its check "
+        "(redis, mysql), the relay's last connection error or the topology the broker refuses "
+        "(broker), and while the broker returns the relay's messages unroutable (routing) which "
+        "boards' events the outbox keeps"
     )
 
 
@@ -59,8 +60,13 @@ async def readyz(state: State) -> JSONResponse:
     async def redis_up() -> bool:
         return bool(await state.redis.ping())
 
+    reasons: dict[str, str] = {}
+
     async def broker_up() -> bool:
-        return state.relay.ready
+        if state.relay.ready:
+            return True
+        reasons["broker"] = state.relay.last_error or "the relay is not connected (yet)"
+        return False
 
     async def mysql_up() -> bool:
         async with state.engine.connect() as conn:
@@ -69,8 +75,6 @@ async def readyz(state: State) -> JSONResponse:
 
     async def pubsub_up() -> bool:
         return state.hub.connected
-
-    reasons: dict[str, str] = {}
 
     async def routing_up() -> bool:
         # Every API process's relay writes what the broker returns where any of them reads it.
@@ -86,7 +90,8 @@ async def readyz(state: State) -> JSONResponse:
         "pubsub": pubsub_up,
         "routing": routing_up,
     }
-    return readiness_response(await run_checks(checks), required={"redis"}, reasons=reasons)
+    states = await run_checks(checks, reasons=reasons)
+    return readiness_response(states, required={"redis"}, reasons=reasons)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
