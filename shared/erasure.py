@@ -12,9 +12,11 @@ accepted at or before it belong to the erased user (the deleted board). Every co
 them (:class:`Tombstones`, :func:`skipping`), the rebuild skips them, and the history reads of a
 fresh board of the same name start after it: so an event still in a queue or an outbox when the
 erasure was asked for does not bring the user (or the old board) back. An event accepted after
-the cut-off is a fresh user's (board's). The cut-off lies a few seconds after the request
-(``USER_SETTLE_SECONDS``, ``BOARD_SETTLE_SECONDS``), and the worker's second pass comes after
-it, so whatever was accepted while the erasure ran is covered too (services/api/eraser.py).
+the cut-off is a fresh board's; the user's writes wait from the request until its erasure is
+done (services/api/erasing.py), so that none accepted after the cut-off meets the worker's pass.
+The cut-off lies a few seconds after the request (``USER_SETTLE_SECONDS``,
+``BOARD_SETTLE_SECONDS``), and the worker's second pass comes after it, so whatever was accepted
+while the erasure ran is covered too (services/api/eraser.py).
 
 MySQL is the source of truth of both tables; ``Keys.erased`` and ``Keys.deleted_boards`` are
 their projections, written after MySQL, restored by the API at start-up and by the rebuild.
@@ -260,7 +262,10 @@ async def request_erasure(
     )
     async with engine.begin() as conn:
         await conn.execute(statement)
-    await redis.hset(keys.erased, digest, to_ms(cutoff))
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(keys.erased, digest, to_ms(cutoff))
+        pipe.hset(keys.erasing, digest, to_ms(cutoff))  # its writes wait (services/api/erasing.py)
+        await pipe.execute()
     return Erasure(digest, user_id, cutoff, None)
 
 

@@ -6,7 +6,8 @@ survives any restart: the worker polls for pending ones every ``POLL_SECONDS``; 
 lock lets one process at a time work them (the steps are idempotent anyway). Each job runs two
 passes: one at once, and one after its cut-off, which catches whatever was accepted, derived or
 stored while the first ran (a write accepted by a process that still had the board cached, an
-event the history consumer stored just before the tombstone); then it is marked done.
+event the history consumer stored just before the tombstone); then it is marked done. The user's
+writes wait until then (services/api/erasing.py): nothing it has in Redis is a fresh user's.
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
@@ -49,6 +50,7 @@ from shared.erasure import (
     finish_erasure,
     pending_board_deletions,
     pending_erasures,
+    to_ms,
     uncount,
 )
 from shared.functions import ERASE_USER_FUNCTION
@@ -132,7 +134,10 @@ class Eraser:
         then fails, and is tried again after the back-off."""
         finished, done, failed = 0, self._first_pass_done, 0
         now = datetime.now(UTC)
-        for erasure in await pending_erasures(self._engine):
+        held = await self._redis.hkeys(self._keys.erasing)
+        erasures = await pending_erasures(self._engine)
+        await self._keep_erasing(held, erasures)
+        for erasure in erasures:
             if erasure.user_id is None:
                 continue
             second = now > erasure.cutoff + SECOND_PASS_MARGIN
@@ -148,6 +153,7 @@ class Eraser:
             self._first_pass_done.add(marker)
             if second:
                 await finish_erasure(self._engine, erasure)
+                await self._redis.hdel(self._keys.erasing, erasure.user_hash)
                 self._first_pass_done.discard(marker)
                 log.info("user erased", user_hash=erasure.user_hash)
                 finished += 1
@@ -168,6 +174,20 @@ class Eraser:
         if failed:
             raise RuntimeError(f"{failed} erasure(s) failed this round")
         return finished
+
+    async def _keep_erasing(self, held: list[Any], pending: list[Erasure]) -> None:
+        """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
+        Redis lost (or the end of an erasure asked again meanwhile removed) comes back, one a
+        crash left after its erasure was done goes. ``held`` was read first: an entry in it was
+        in MySQL before ``pending`` was read."""
+        wanted = {e.user_hash: to_ms(e.cutoff) for e in pending if e.user_id is not None}
+        stale = {h.decode() if isinstance(h, bytes) else h for h in held} - set(wanted)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if stale:
+                pipe.hdel(self._keys.erasing, *stale)
+            if wanted:
+                pipe.hset(self._keys.erasing, mapping={h: c for h, c in wanted.items()})
+            await pipe.execute()
 
     # -- a user ------------------------------------------------------------------------------
 

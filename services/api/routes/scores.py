@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
+from services.api.erasing import refusal
 from services.api.errors import Forbidden, Invalid, Problem, ProblemDetails, Unauthorized, problems
 from services.api.routes.params import DirectRoute, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
@@ -141,6 +142,7 @@ async def post_score(request: Request) -> Response:
             raise Forbidden("A player token may submit only its own scores.")
         if score.team_id is not None:
             raise Forbidden("A player token may not name a team: teams come from game servers.")
+    await state.erasing.check(score.user_id)
     event_id = resolve_event_id(score, idempotency_key)
     quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential or "")
     with WRITE_SECONDS.time():
@@ -243,7 +245,11 @@ async def post_batch(
     quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential)
     now = datetime.now(UTC)
     calls: dict[int, Call] = {}
+    erasing = await state.erasing.erasing({s.user_id for s in scores.values()})
     for i, score in scores.items():
+        if score.user_id in erasing:
+            results[i] = {"event_id": score.event_id, "error": refusal(score.user_id).body()}
+            continue
         event_id = score.event_id or uuid.uuid4().hex
         try:
             call = await prepare(
