@@ -9,21 +9,34 @@ event it replays, through the same derive_events(), so that a rebuilt board equa
 one.
 
 Once per event: the write leaves the event's record with its derive-pending bit set
-(write.lua, live.lua's PENDING_BIT); an event is applied only while its bit is set, and the bit
-is cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
-without the bit (written by the write of the layout before, which applied these views itself;
-or expired, the event older than the idempotency TTL) derives nothing. The sets, the
+(write.lua, live.lua's PENDING_BIT); an event is applied while its bit is set, and the bit is
+cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
+without the bit (written by the write of the layout before, which applied these views itself)
+derives nothing. An event with no record at all (it expired: the event reached the derive step
+more than the idempotency TTL after it was accepted, the broker or the aggregator away that
+long) is applied too, and gets a record of marks alone without the bit, kept DERIVED_MARK_TTL
+seconds (as the consumers' seen marks are): nothing accepted is lost from these views, and an
+event derives twice only if it is delivered again after that record expired too (as a consumer's
+mark made for an event without a record sets the bit: live.lua's mark_seen()). The sets, the
 HyperLogLog, the team hash and the users' regions are idempotent by nature; the counter, the
 team sums and the feed are not, and the bit guards them.
 ]]
+local DERIVED_MARK_TTL = 86400
 
 -- Whether an event's record, by its first byte (record_of_event() of live.lua; nil: none),
 -- still waits for its derived views.
 local function pending(marks)
-  return marks ~= nil and is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0
+  return marks == nil or (is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0)
 end
 
-local function clear_pending(record) redis.call('SETBIT', record, PENDING_BIT, 0) end
+-- Note the event's derived views applied (its record and marks byte as pending() took them).
+local function clear_pending(record, marks)
+  if marks == nil then
+    redis.call('SET', record, '@', 'EX', DERIVED_MARK_TTL)
+  else
+    redis.call('SETBIT', record, PENDING_BIT, 0)
+  end
+end
 
 -- Each period's team sums of a batch, one entry per (team board, team): the entry before
 -- the batch, the running signed score, and the tie key of the last event that changed it.
@@ -246,7 +259,7 @@ local function derive(keys, args)
     -- Only events still pending, each once: a redelivered event, or one twice in the batch,
     -- finds its bit cleared.
     if pending(marks) then
-      clear_pending(record)
+      clear_pending(record, marks)
       evs[#evs + 1] = ev
       k.legacy[#evs], k.periods[#evs] = legacy, periods
     end

@@ -19,7 +19,7 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted
-from shared.functions import DERIVE_FUNCTION
+from shared.functions import DERIVE_FUNCTION, MARK_SEEN_FUNCTION
 from shared.keys import Keys
 from shared.ranking import MAX_SCORE, reached_ms, tie_key
 from shared.settings import LadderSettings
@@ -163,12 +163,31 @@ async def test_an_event_the_write_before_derived_is_not_derived_again(
     settings: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     """A record without the derive-pending bit (the write of the layout before applied the
-    derived views itself), or with no record at all (expired), derives nothing."""
-    events = await accept(redis, keys, settings, 2)
+    derived views itself) derives nothing."""
+    events = await accept(redis, keys, settings, 1)
     await redis.setrange(record(keys, events[0]), 0, "@")  # as the write before v6 left it
-    await redis.delete(record(keys, events[1]))
     assert await derive(redis, keys, BOARD, events, FEED) == 0
     assert (await derived(redis, keys, events))["alltime"] == (None, 0, set())
+
+
+async def test_an_event_whose_record_expired_is_derived_once(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """An event reaching the derive step after its record expired (the broker away longer than
+    the idempotency TTL) is applied, whichever consumer saw it first, and once."""
+    events = await accept(redis, keys, settings, 4)
+    await redis.delete(record(keys, events[1]), record(keys, events[3]))
+    # The notifier marked events[3] seen first: its mark made a record of marks alone.
+    mark = [record(keys, events[3]), keys.legacy_idempotency(BOARD.board_id, "d-3"), "old"]
+    await redis.fcall(MARK_SEEN_FUNCTION, 3, *mark, "notifier", 60)
+    assert await derive(redis, keys, BOARD, events, FEED) == 4
+    assert await derive(redis, keys, BOARD, events, FEED) == 0
+    state = await derived(redis, keys, events)
+    assert state["alltime"] == ("4", 4, {"eu", "na"})
+    assert state["teams"] == [("red", 2 + 4)]
+    assert state["feed"] == ["d-3", "d-2", "d-1", "d-0"]
+    assert await redis.get(record(keys, events[1])) == "@"
+    assert 86_000 < await redis.ttl(record(keys, events[1])) <= 86_400
 
 
 async def test_a_team_sum_beyond_the_exact_scores_leaves_the_event_out(
