@@ -48,7 +48,6 @@ from shared.db import (
     to_db_time,
 )
 from shared.events import ScoreAccepted
-from shared.functions import UNCOUNT_FUNCTION
 from shared.keys import Keys
 
 SKIPPED = Counter(
@@ -179,38 +178,6 @@ def skipping(
             await handler(kept)
 
     return handle
-
-
-async def uncount(
-    redis: Redis, keys: Keys, board_id: str, counts: dict[tuple[str, str], int]
-) -> None:
-    """Take ``counts`` ((period, period_id) -> events) out of the board's live event counters
-    (``ladder_uncount_v1``: never below 0, a missing counter left missing)."""
-    if not counts:
-        return
-    names = [keys.event_count(board_id, p, pid) for p, pid in counts]
-    await redis.fcall(UNCOUNT_FUNCTION, len(names), *names, *counts.values())
-
-
-class Uncount:
-    """What the history consumer does with an erased user's event it leaves out: the event may
-    have been counted by the aggregator already (derived before the erasure), while the history
-    database will never hold it, and a rebuild refuses a board whose live counter is above what
-    the database gives. So it is taken out of its periods' counters, on the safe side: an event
-    the aggregator never counted makes the count one lower than it was."""
-
-    def __init__(self, redis: Redis, keys: Keys) -> None:
-        self._redis = redis
-        self._keys = keys
-
-    async def __call__(self, events: list[ScoreAccepted]) -> None:
-        by_board: dict[str, dict[tuple[str, str], int]] = {}
-        for event in events:
-            counts = by_board.setdefault(event.board_id, {})
-            for period, result in event.periods.items():
-                counts[(period, result.period_id)] = counts.get((period, result.period_id), 0) + 1
-        for board_id, counts in by_board.items():
-            await uncount(self._redis, self._keys, board_id, counts)
 
 
 async def stored_tombstones(

@@ -11,10 +11,12 @@ writes wait until then (services/api/erasing.py): nothing it has in Redis is a f
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
-badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); the
-event records naming it, found by one ``SCAN`` of the keyspace; its friend sets, both
-directions; then in MySQL its events (accepted by the cut-off), friendships, friend requests
-both ways, and its entries in stored snapshots (rewritten without them).
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); its
+friend sets, both directions, and in MySQL its friendships and friend requests both ways; its
+events, taken out of the event counters they were counted in, each once (services/api/
+erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
+records naming it, found by one ``SCAN`` of the keyspace; its entries in stored snapshots
+(rewritten without them).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
 ``UNLINK`` in batches), and with ``purge`` its events and snapshots in MySQL up to the cut-off.
@@ -30,18 +32,16 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from sqlalchemy import delete, or_, select, text
+from sqlalchemy import delete, or_, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api.erased_rows import delete_user_events, erase_from_snapshots, purge_board
+from services.api.erased_counts import take_out_events
+from services.api.erased_rows import erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
     friend_requests,
     friendships,
-    from_db_time,
     hidden_users,
-    score_events,
-    to_db_time,
 )
 from shared.erasure import (
     BoardDeletion,
@@ -51,7 +51,6 @@ from shared.erasure import (
     pending_board_deletions,
     pending_erasures,
     to_ms,
-    uncount,
 )
 from shared.functions import ERASE_USER_FUNCTION
 from shared.keys import Keys, dirty_member, regions_of
@@ -197,10 +196,14 @@ class Eraser:
         boards = await self._catalog.all()
         for board in boards:
             await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
-        await self._unlink_each(records)
         await self._erase_hidden(user_id, boards)
         await self._erase_friends(user_id)
-        await self._erase_history(user_id, cutoff)
+        # Its events out of the counters (each once, if counted) and MySQL; its records go.
+        by_id = {board.board_id: board for board in boards}
+        await take_out_events(
+            self._engine, self._redis, self._keys, by_id, user_id, cutoff, records
+        )
+        await erase_from_snapshots(self._engine, user_id)
 
     async def _scan(self, user_id: str) -> tuple[list[str], dict[str, Found]]:
         """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
@@ -304,14 +307,6 @@ class Eraser:
             await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
         return removed
 
-    async def _unlink_each(self, names: list[str]) -> None:
-        """Each key alone: they may lie in other hash slots."""
-        for start in range(0, len(names), UNLINK_BATCH):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names[start : start + UNLINK_BATCH]:
-                    pipe.unlink(name)
-                await pipe.execute()
-
     async def _erase_hidden(self, user_id: str, boards: list[Board]) -> None:
         """The boards' records of the user as hidden (MySQL first, then each board's set): a
         hidden user's entries were in no view, and its records went with the board's step."""
@@ -337,36 +332,6 @@ class Eraser:
                 pipe.srem(self._keys.friends(friend), user_id)
             pipe.unlink(own)
             await pipe.execute()
-
-    async def _erase_history(self, user_id: str, cutoff: datetime) -> None:
-        """The user's events, taken out of the live event counters first (their periods worked
-        out as the write did), then deleted; then its snapshot entries."""
-        t = score_events.c
-        boards = {b.board_id: b for b in await self._catalog.all()}
-        counts: dict[str, dict[tuple[str, str], int]] = {}
-        async with self._engine.connect() as conn:
-            rows = await conn.execute(
-                # A deleted board's kept events (board_epoch set) were counted on no live board.
-                select(t.board_id, t.occurred_at).where(
-                    t.user_id == user_id,
-                    t.accepted_at <= to_db_time(cutoff),
-                    t.board_epoch == 0,
-                )
-            )
-            for row in rows:
-                board = boards.get(row.board_id)
-                if board is None:
-                    continue
-                occurred = from_db_time(row.occurred_at)
-                per_board = counts.setdefault(board.board_id, {})
-                for period in board.periods:
-                    window = window_at(period, occurred, board.timezone, board.schedule)
-                    named = (period, window.period_id)
-                    per_board[named] = per_board.get(named, 0) + 1
-        for board_id, per_board in counts.items():
-            await uncount(self._redis, self._keys, board_id, per_board)
-        await delete_user_events(self._engine, user_id, cutoff)
-        await erase_from_snapshots(self._engine, user_id)
 
     # -- a board -----------------------------------------------------------------------------
 
