@@ -119,6 +119,54 @@ local function add_regions(k, evs)
   if #gone > 0 then redis.call('DEL', unpack(gone)) end
 end
 
+--[[
+The feed: the newest accepted events, newest first, whatever order they are derived in (batches
+of different relays come in no set order; a rebuild replays in its own). An entry's place is its
+accepted_at (RFC 3339 in milliseconds, UTC: compares as text), then its event id and user. The
+entries newer than the batch's oldest are taken off the top (LPOP: as many as are newer, most
+often none), merged with the batch, and pushed back, oldest first; so a call reads and rewrites
+only the entries out of order, never the whole feed. A feed kept in delivery order before stays
+as it is below the place of the oldest entry derived since, and is pushed out by newer ones.
+The fields are matched in the entry's text: they come before any text a client chose but the
+display name, whose quotes are escaped (shared/submit.py's _record()).
+]]
+local FEED_PAGE = 16
+
+local function feed_place(entry)
+  return (string.match(entry, '"accepted_at":"([^"]*)"') or '') .. '\0' ..
+         (string.match(entry, '"event_id":"([^"]*)"') or '') .. '\0' ..
+         (string.match(entry, '"user_id":"([^"]*)"') or '')
+end
+
+local function by_place(a, b) return a.place < b.place end
+
+local function push_feed(feed, entries, feed_length)
+  local batch = {}
+  for i, entry in ipairs(entries) do batch[i] = {place = feed_place(entry), entry = entry} end
+  table.sort(batch, by_place)
+  local oldest, newer, from = batch[1].place, 0, 0
+  repeat  -- how many entries at the top are newer than the batch's oldest
+    local page = redis.call('LRANGE', feed, from, from + FEED_PAGE - 1)
+    for _, entry in ipairs(page) do
+      if feed_place(entry) < oldest then break end
+      newer = newer + 1
+    end
+    from = from + FEED_PAGE
+  until newer < from or newer >= feed_length
+  if newer > 0 then
+    for _, entry in ipairs(redis.call('LPOP', feed, newer)) do
+      batch[#batch + 1] = {place = feed_place(entry), entry = entry}
+    end
+    table.sort(batch, by_place)
+  end
+  local values = {}
+  for i, item in ipairs(batch) do values[i] = item.entry end
+  -- LPUSH pushes its values in turn: the newest ends up first.
+  if redis.call('LPUSH', feed, unpack(values)) > feed_length then
+    redis.call('LTRIM', feed, 0, feed_length - 1)
+  end
+end
+
 -- A batch of events' derived views, each event applied in turn as if alone, but with one
 -- command per key (and team): k: {feed, user_team, user_regions (the hash), legacy = {key...}
 -- (add_regions(), or nil), periods = {{regions, players, events, expire, teams (view_of(), or
@@ -145,10 +193,7 @@ local function derive_events(k, evs, feed_length, b)
     end
   end
   put_teams(sums)
-  -- LPUSH pushes its values in turn: the last accepted ends up first.
-  if redis.call('LPUSH', k.feed, unpack(entries)) > feed_length then
-    redis.call('LTRIM', k.feed, 0, feed_length - 1)
-  end
+  push_feed(k.feed, entries, feed_length)
   if #teams > 0 then redis.call('HSET', k.user_team, unpack(teams)) end
   add_regions(k, evs)
   for _, seen in ipairs(periods) do
@@ -195,8 +240,8 @@ end
 
 --[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
-the stream keeps), so that the feed is newest first and each team reached its sum when the
-write would have; at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
+the stream keeps), so that each team reached its sum when the write would have (the feed puts
+its entries in their places whatever the order: push_feed()); at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
 KEYS: feed, user team, the board's as_of hash, its user-regions hash; then three per regional
       board whose entries the batch changed: the board, its distinct set, the set being built;
