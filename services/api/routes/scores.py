@@ -47,8 +47,9 @@ _ACCEPTED, _DUPLICATE = SCORES.labels("accepted"), SCORES.labels("duplicate")
 # A score write's 503 (with Retry-After) says its outcome is not settled: a retry with the same
 # event_id is answered as its duplicate if it was stored (services/api/write/durable.py).
 WRITE_UNAVAILABLE = (
-    "Redis is down, the outbox is full, or (LADDER_REDIS_WAIT_REPLICAS) fewer Redis replicas "
-    "than asked acknowledged the write in time; retry with the same event_id after Retry-After"
+    "Redis is down, the outbox is full, the user's erasure is pending (nothing written), or "
+    "(LADDER_REDIS_WAIT_REPLICAS) fewer Redis replicas than asked acknowledged the write in "
+    "time; retry with the same event_id after Retry-After"
 )
 REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503, said={503: WRITE_UNAVAILABLE})
 
