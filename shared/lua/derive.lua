@@ -125,7 +125,7 @@ of different relays come in no set order; a rebuild replays in its own). An entr
 accepted_at (RFC 3339 in milliseconds, UTC: compares as text), then its event id and user. The
 entries newer than the batch's oldest are taken off the top (LPOP: as many as are newer, most
 often none), merged with the batch, and pushed back, oldest first; so a call reads and rewrites
-only the entries out of order, never the whole feed. A feed kept in delivery order before stays
+only the entries out of order, and leaves out at once those too old for a full feed. A feed kept in delivery order before stays
 as it is below the place of the oldest entry derived since, and is pushed out by newer ones.
 The fields are matched in the entry's text: they come before any text a client chose but the
 display name, whose quotes are escaped (shared/submit.py's _record()).
@@ -144,6 +144,16 @@ local function push_feed(feed, entries, feed_length)
   local batch = {}
   for i, entry in ipairs(entries) do batch[i] = {place = feed_place(entry), entry = entry} end
   table.sort(batch, by_place)
+  if redis.call('LLEN', feed) >= feed_length then
+    -- Full: an entry older than its last is out of it at once (a backlog of one relay drained
+    -- after another's newer events filled it costs nothing here).
+    local last, kept = feed_place(redis.call('LINDEX', feed, -1)), {}
+    for _, item in ipairs(batch) do
+      if item.place > last then kept[#kept + 1] = item end
+    end
+    if #kept == 0 then return end
+    batch = kept
+  end
   local oldest, newer, from = batch[1].place, 0, 0
   repeat  -- how many entries at the top are newer than the batch's oldest
     local page = redis.call('LRANGE', feed, from, from + FEED_PAGE - 1)
