@@ -12,9 +12,11 @@ accepted at or before it belong to the erased user (the deleted board). Every co
 them (:class:`Tombstones`, :func:`skipping`), the rebuild skips them, and the history reads of a
 fresh board of the same name start after it: so an event still in a queue or an outbox when the
 erasure was asked for does not bring the user (or the old board) back. An event accepted after
-the cut-off is a fresh user's (board's). The cut-off lies a few seconds after the request
-(``USER_SETTLE_SECONDS``, ``BOARD_SETTLE_SECONDS``), and the worker's second pass comes after
-it, so whatever was accepted while the erasure ran is covered too (services/api/eraser.py).
+the cut-off is a fresh board's; the user's writes wait from the request until its erasure is
+done (services/api/erasing.py), so that none accepted after the cut-off meets the worker's pass.
+The cut-off lies a few seconds after the request (``USER_SETTLE_SECONDS``,
+``BOARD_SETTLE_SECONDS``), and the worker's second pass comes after it, so whatever was accepted
+while the erasure ran is covered too (services/api/eraser.py).
 
 MySQL is the source of truth of both tables; ``Keys.erased`` and ``Keys.deleted_boards`` are
 their projections, written after MySQL, restored by the API at start-up and by the rebuild.
@@ -46,7 +48,6 @@ from shared.db import (
     to_db_time,
 )
 from shared.events import ScoreAccepted
-from shared.functions import UNCOUNT_FUNCTION
 from shared.keys import Keys
 
 SKIPPED = Counter(
@@ -179,38 +180,6 @@ def skipping(
     return handle
 
 
-async def uncount(
-    redis: Redis, keys: Keys, board_id: str, counts: dict[tuple[str, str], int]
-) -> None:
-    """Take ``counts`` ((period, period_id) -> events) out of the board's live event counters
-    (``ladder_uncount_v1``: never below 0, a missing counter left missing)."""
-    if not counts:
-        return
-    names = [keys.event_count(board_id, p, pid) for p, pid in counts]
-    await redis.fcall(UNCOUNT_FUNCTION, len(names), *names, *counts.values())
-
-
-class Uncount:
-    """What the history consumer does with an erased user's event it leaves out: the event may
-    have been counted by the aggregator already (derived before the erasure), while the history
-    database will never hold it, and a rebuild refuses a board whose live counter is above what
-    the database gives. So it is taken out of its periods' counters, on the safe side: an event
-    the aggregator never counted makes the count one lower than it was."""
-
-    def __init__(self, redis: Redis, keys: Keys) -> None:
-        self._redis = redis
-        self._keys = keys
-
-    async def __call__(self, events: list[ScoreAccepted]) -> None:
-        by_board: dict[str, dict[tuple[str, str], int]] = {}
-        for event in events:
-            counts = by_board.setdefault(event.board_id, {})
-            for period, result in event.periods.items():
-                counts[(period, result.period_id)] = counts.get((period, result.period_id), 0) + 1
-        for board_id, counts in by_board.items():
-            await uncount(self._redis, self._keys, board_id, counts)
-
-
 async def stored_tombstones(
     conn: AsyncConnection, user_ids: Iterable[str], secret: str
 ) -> dict[str, int]:
@@ -260,7 +229,10 @@ async def request_erasure(
     )
     async with engine.begin() as conn:
         await conn.execute(statement)
-    await redis.hset(keys.erased, digest, to_ms(cutoff))
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hset(keys.erased, digest, to_ms(cutoff))
+        pipe.hset(keys.erasing, digest, to_ms(cutoff))  # its writes wait (services/api/erasing.py)
+        await pipe.execute()
     return Erasure(digest, user_id, cutoff, None)
 
 

@@ -178,6 +178,9 @@ ERASE_USER_FUNCTION = "ladder_erase_user_v2"
 (v2: each hot window's ranking as a key after its hash.)"""
 UNCOUNT_FUNCTION = "ladder_uncount_v1"
 """Take erased events out of a board's event counters (never below 0)."""
+UNCOUNT_EVENTS_FUNCTION = "ladder_uncount_events_v1"
+"""Take erased events out of a board's event counters, each once and only if it was counted
+(its record's derive-pending bit clear), by their records."""
 
 REGISTERED: dict[str, str] = {
     "submit": SUBMIT_FUNCTION,
@@ -213,6 +216,7 @@ REGISTERED: dict[str, str] = {
     "hide": HIDE_FUNCTION,
     "erase_user": ERASE_USER_FUNCTION,
     "uncount": UNCOUNT_FUNCTION,
+    "uncount_events": UNCOUNT_EVENTS_FUNCTION,
 }
 """Each function's name keyed by the Lua function that implements it: the loader hands it to the
 Lua as the table ``FUNCTIONS``, and each file registers ``FUNCTIONS.<key>``."""

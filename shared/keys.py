@@ -74,15 +74,13 @@ class Keys:
         return f"{self.tag(board_id)}:idem:{event_ref(event_id, user_id)}"
 
     def replicated_mark(self, board_id: str) -> str:
-        """A string, expiring in seconds, that the write sets before a ``WAIT`` following no write
-        of its own (a duplicate's answer): the ``WAIT`` then covers the event's first write too
-        (services/api/write/durable.py)."""
+        """A string (expiring) the write sets before a ``WAIT`` after no write of its own (a
+        duplicate's answer), so that the ``WAIT`` covers the first write too (write/durable.py)."""
         return f"{self.tag(board_id)}:replicated"
 
     def legacy_idempotency(self, board_id: str, event_id: str) -> str:
-        """The record of the layout before (ids unique per board), which the write and the
-        consumers honour until it expires (docs/architecture.md, "Idempotency"); never taken for
-        a record of this layout: its name holds no ``:`` after the id."""
+        """The record of the layout before (ids unique per board), honoured until it expires
+        (docs/architecture.md, "Idempotency"); its name holds no ``:`` after the id."""
         return f"{self.tag(board_id)}:idem:{event_id}"
 
     def outbox(self, board_id: str) -> str:
@@ -132,9 +130,8 @@ class Keys:
         return f"{view_key}:distinct:building"
 
     def dense(self, board_id: str) -> str:
-        """``{P:B}:dense`` (set): the scope kinds of the board read with ``rank_style=dense``
-        ("global", "region"); a view of such a scope keeps a distinct-score set once built (a
-        team view keeps one always)."""
+        """``{P:B}:dense`` (set): the scope kinds read with ``rank_style=dense`` ("global",
+        "region"): their views keep distinct-score sets once built (a team view always)."""
         return f"{self.tag(board_id)}:dense"
 
     def dense_build(self, board_id: str) -> str:
@@ -179,9 +176,8 @@ class Keys:
 
     # -- the live views (docs/api.md section 8a) -----------------------------------------------
     def hot_events(self, board_id: str) -> str:
-        """A sorted set of the recent on-time events, one member per event (its id and user, so
-        that a redelivery rewrites its own member), scored by ``occurred_at`` in ms and trimmed
-        to the window."""
+        """The recent on-time events, by ``occurred_at`` (ms), trimmed to the window; a member an
+        event (its id and user: a redelivery rewrites its own member)."""
         return f"{self.tag(board_id)}:hot:events"
 
     def hot_window(self, board_id: str, window: int) -> str:
@@ -189,8 +185,7 @@ class Keys:
         return f"{self.tag(board_id)}:hot:window:{window}"
 
     def hot_rank(self, board_id: str, window: int) -> str:
-        """A window's users ranked as the hot view ranks them (shared/lua/live.lua), kept with
-        its sums and counts."""
+        """A window's users ranked as the hot view ranks them (shared/lua/live.lua)."""
         return f"{self.tag(board_id)}:hot:rank:{window}"
 
     def hot_view(self, board_id: str, window: int) -> str:
@@ -298,6 +293,11 @@ class Keys:
     def erased(self) -> str:
         """Hash: an erased user's :func:`shared.erasure.user_hash` -> its events' cut-off (ms)."""
         return f"{self.prefix}:erased"
+
+    @property
+    def erasing(self) -> str:
+        """Hash: the hashes of the users whose erasure is pending (their writes wait) -> cut-off."""
+        return f"{self.prefix}:erasing"
 
     @property
     def deleted_boards(self) -> str:

@@ -8,7 +8,8 @@ it, which is right in any order and on any redelivery.
 One ``ladder_derive_v5`` call per board and up to ``CHUNK`` events of a batch
 (shared/lua/derive.lua), the events in the order the stream delivered them (the order the write
 accepted them: the outbox's), applies each event whose record still has its derive-pending bit
-and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice.
+and clears the bit in the same atomic step, so that a redelivered batch derives nothing twice;
+an event whose record expired before it came is applied too, and gets a record without the bit.
 The call also sets the board's ``as_of`` field ``derived``: the reads of these views say how far
 behind they may trail with it.
 

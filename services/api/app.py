@@ -16,6 +16,7 @@ from services.api import errors
 from services.api.auth import CredentialFirst
 from services.api.bodies import BodyLimit, JsonBodies
 from services.api.eraser import Eraser
+from services.api.erasing import ErasingUsers
 from services.api.push.admission import SocketSlots
 from services.api.push.hub import Hub
 from services.api.push.ws import router as ws_router
@@ -126,8 +127,9 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
                     durability=Durability.of(settings),
                 ) as writes,
             ):
+                erasing = ErasingUsers(redis, keys, settings.effective_jwt_secret)
                 state = ApiState(
-                    settings, keys, redis, catalog, engine, relay, hub, writes, sockets
+                    settings, keys, redis, catalog, engine, relay, hub, writes, sockets, erasing
                 )
                 log.info("api ready", port=settings.api_port)
                 yield {"ladder": state}

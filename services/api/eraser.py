@@ -6,14 +6,17 @@ survives any restart: the worker polls for pending ones every ``POLL_SECONDS``; 
 lock lets one process at a time work them (the steps are idempotent anyway). Each job runs two
 passes: one at once, and one after its cut-off, which catches whatever was accepted, derived or
 stored while the first ran (a write accepted by a process that still had the board cached, an
-event the history consumer stored just before the tombstone); then it is marked done.
+event the history consumer stored just before the tombstone); then it is marked done. The user's
+writes wait until then (services/api/erasing.py): nothing it has in Redis is a fresh user's.
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
-badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); the
-event records naming it, found by one ``SCAN`` of the keyspace; its friend sets, both
-directions; then in MySQL its events (accepted by the cut-off), friendships, friend requests
-both ways, and its entries in stored snapshots (rewritten without them).
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); its
+friend sets, both directions, and in MySQL its friendships and friend requests both ways; its
+events, taken out of the event counters they were counted in, each once (services/api/
+erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
+records naming it, found by one ``SCAN`` of the keyspace; its entries in stored snapshots
+(rewritten without them).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
 ``UNLINK`` in batches), and with ``purge`` its events and snapshots in MySQL up to the cut-off.
@@ -29,18 +32,16 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from sqlalchemy import delete, or_, select, text
+from sqlalchemy import delete, or_, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api.erased_rows import delete_user_events, erase_from_snapshots, purge_board
+from services.api.erased_counts import take_out_events
+from services.api.erased_rows import erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
     friend_requests,
     friendships,
-    from_db_time,
     hidden_users,
-    score_events,
-    to_db_time,
 )
 from shared.erasure import (
     BoardDeletion,
@@ -49,7 +50,7 @@ from shared.erasure import (
     finish_erasure,
     pending_board_deletions,
     pending_erasures,
-    uncount,
+    to_ms,
 )
 from shared.functions import ERASE_USER_FUNCTION
 from shared.keys import Keys, dirty_member, regions_of
@@ -132,7 +133,10 @@ class Eraser:
         then fails, and is tried again after the back-off."""
         finished, done, failed = 0, self._first_pass_done, 0
         now = datetime.now(UTC)
-        for erasure in await pending_erasures(self._engine):
+        held = await self._redis.hkeys(self._keys.erasing)
+        erasures = await pending_erasures(self._engine)
+        await self._keep_erasing(held, erasures)
+        for erasure in erasures:
             if erasure.user_id is None:
                 continue
             second = now > erasure.cutoff + SECOND_PASS_MARGIN
@@ -148,6 +152,7 @@ class Eraser:
             self._first_pass_done.add(marker)
             if second:
                 await finish_erasure(self._engine, erasure)
+                await self._redis.hdel(self._keys.erasing, erasure.user_hash)
                 self._first_pass_done.discard(marker)
                 log.info("user erased", user_hash=erasure.user_hash)
                 finished += 1
@@ -169,6 +174,20 @@ class Eraser:
             raise RuntimeError(f"{failed} erasure(s) failed this round")
         return finished
 
+    async def _keep_erasing(self, held: list[Any], pending: list[Erasure]) -> None:
+        """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
+        Redis lost (or the end of an erasure asked again meanwhile removed) comes back, one a
+        crash left after its erasure was done goes. ``held`` was read first: an entry in it was
+        in MySQL before ``pending`` was read."""
+        wanted = {e.user_hash: to_ms(e.cutoff) for e in pending if e.user_id is not None}
+        stale = {h.decode() if isinstance(h, bytes) else h for h in held} - set(wanted)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            if stale:
+                pipe.hdel(self._keys.erasing, *stale)
+            if wanted:
+                pipe.hset(self._keys.erasing, mapping={h: c for h, c in wanted.items()})
+            await pipe.execute()
+
     # -- a user ------------------------------------------------------------------------------
 
     async def erase_user(self, user_id: str, cutoff: datetime) -> None:
@@ -177,10 +196,14 @@ class Eraser:
         boards = await self._catalog.all()
         for board in boards:
             await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
-        await self._unlink_each(records)
         await self._erase_hidden(user_id, boards)
         await self._erase_friends(user_id)
-        await self._erase_history(user_id, cutoff)
+        # Its events out of the counters (each once, if counted) and MySQL; its records go.
+        by_id = {board.board_id: board for board in boards}
+        await take_out_events(
+            self._engine, self._redis, self._keys, by_id, user_id, cutoff, records
+        )
+        await erase_from_snapshots(self._engine, user_id)
 
     async def _scan(self, user_id: str) -> tuple[list[str], dict[str, Found]]:
         """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
@@ -284,14 +307,6 @@ class Eraser:
             await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
         return removed
 
-    async def _unlink_each(self, names: list[str]) -> None:
-        """Each key alone: they may lie in other hash slots."""
-        for start in range(0, len(names), UNLINK_BATCH):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names[start : start + UNLINK_BATCH]:
-                    pipe.unlink(name)
-                await pipe.execute()
-
     async def _erase_hidden(self, user_id: str, boards: list[Board]) -> None:
         """The boards' records of the user as hidden (MySQL first, then each board's set): a
         hidden user's entries were in no view, and its records went with the board's step."""
@@ -317,36 +332,6 @@ class Eraser:
                 pipe.srem(self._keys.friends(friend), user_id)
             pipe.unlink(own)
             await pipe.execute()
-
-    async def _erase_history(self, user_id: str, cutoff: datetime) -> None:
-        """The user's events, taken out of the live event counters first (their periods worked
-        out as the write did), then deleted; then its snapshot entries."""
-        t = score_events.c
-        boards = {b.board_id: b for b in await self._catalog.all()}
-        counts: dict[str, dict[tuple[str, str], int]] = {}
-        async with self._engine.connect() as conn:
-            rows = await conn.execute(
-                # A deleted board's kept events (board_epoch set) were counted on no live board.
-                select(t.board_id, t.occurred_at).where(
-                    t.user_id == user_id,
-                    t.accepted_at <= to_db_time(cutoff),
-                    t.board_epoch == 0,
-                )
-            )
-            for row in rows:
-                board = boards.get(row.board_id)
-                if board is None:
-                    continue
-                occurred = from_db_time(row.occurred_at)
-                per_board = counts.setdefault(board.board_id, {})
-                for period in board.periods:
-                    window = window_at(period, occurred, board.timezone, board.schedule)
-                    named = (period, window.period_id)
-                    per_board[named] = per_board.get(named, 0) + 1
-        for board_id, per_board in counts.items():
-            await uncount(self._redis, self._keys, board_id, per_board)
-        await delete_user_events(self._engine, user_id, cutoff)
-        await erase_from_snapshots(self._engine, user_id)
 
     # -- a board -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 
 if TYPE_CHECKING:
+    from services.api.erasing import ErasingUsers
     from services.api.push.admission import SocketSlots
     from services.api.push.hub import Hub
     from services.api.relay.outbox import Relay
@@ -36,6 +37,7 @@ class ApiState:
     hub: Hub
     writes: GroupCommit
     sockets: SocketSlots
+    erasing: ErasingUsers
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
     board_lookups: BoardLookups = field(default_factory=BoardLookups)
 

@@ -22,11 +22,12 @@ from services.history.snapshotter import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
 from shared.db import open_engine
-from shared.erasure import StoredTombstones, Uncount, skipping
+from shared.erasure import StoredTombstones, skipping
 from shared.keys import Keys
 from shared.ops import Check
 from shared.redis import open_redis
 from shared.settings import LadderSettings
+from shared.uncount import Uncount
 
 log = structlog.get_logger(__name__)
 

@@ -9,21 +9,34 @@ event it replays, through the same derive_events(), so that a rebuilt board equa
 one.
 
 Once per event: the write leaves the event's record with its derive-pending bit set
-(write.lua, live.lua's PENDING_BIT); an event is applied only while its bit is set, and the bit
-is cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
-without the bit (written by the write of the layout before, which applied these views itself;
-or expired, the event older than the idempotency TTL) derives nothing. The sets, the
+(write.lua, live.lua's PENDING_BIT); an event is applied while its bit is set, and the bit is
+cleared in the same atomic step, so that a redelivered batch derives nothing twice. A record
+without the bit (written by the write of the layout before, which applied these views itself)
+derives nothing. An event with no record at all (it expired: the event reached the derive step
+more than the idempotency TTL after it was accepted, the broker or the aggregator away that
+long) is applied too, and gets a record of marks alone without the bit, kept DERIVED_MARK_TTL
+seconds (as the consumers' seen marks are): nothing accepted is lost from these views, and an
+event derives twice only if it is delivered again after that record expired too (as a consumer's
+mark made for an event without a record sets the bit: live.lua's mark_seen()). The sets, the
 HyperLogLog, the team hash and the users' regions are idempotent by nature; the counter, the
 team sums and the feed are not, and the bit guards them.
 ]]
+local DERIVED_MARK_TTL = 86400
 
 -- Whether an event's record, by its first byte (record_of_event() of live.lua; nil: none),
 -- still waits for its derived views.
 local function pending(marks)
-  return marks ~= nil and is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0
+  return marks == nil or (is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0)
 end
 
-local function clear_pending(record) redis.call('SETBIT', record, PENDING_BIT, 0) end
+-- Note the event's derived views applied (its record and marks byte as pending() took them).
+local function clear_pending(record, marks)
+  if marks == nil then
+    redis.call('SET', record, '@', 'EX', DERIVED_MARK_TTL)
+  else
+    redis.call('SETBIT', record, PENDING_BIT, 0)
+  end
+end
 
 -- Each period's team sums of a batch, one entry per (team board, team): the entry before
 -- the batch, the running signed score, and the tie key it is reached at. Events apply in turn,
@@ -110,6 +123,64 @@ local function add_regions(k, evs)
   if #gone > 0 then redis.call('DEL', unpack(gone)) end
 end
 
+--[[
+The feed: the newest accepted events, newest first, whatever order they are derived in (batches
+of different relays come in no set order; a rebuild replays in its own). An entry's place is its
+accepted_at (RFC 3339 in milliseconds, UTC: compares as text), then its event id and user. The
+entries newer than the batch's oldest are taken off the top (LPOP: as many as are newer, most
+often none), merged with the batch, and pushed back, oldest first; so a call reads and rewrites
+only the entries out of order, and leaves out at once those too old for a full feed. A feed kept in delivery order before stays
+as it is below the place of the oldest entry derived since, and is pushed out by newer ones.
+The fields are matched in the entry's text: they come before any text a client chose but the
+display name, whose quotes are escaped (shared/submit.py's _record()).
+]]
+local FEED_PAGE = 16
+
+local function feed_place(entry)
+  return (string.match(entry, '"accepted_at":"([^"]*)"') or '') .. '\0' ..
+         (string.match(entry, '"event_id":"([^"]*)"') or '') .. '\0' ..
+         (string.match(entry, '"user_id":"([^"]*)"') or '')
+end
+
+local function by_place(a, b) return a.place < b.place end
+
+local function push_feed(feed, entries, feed_length)
+  local batch = {}
+  for i, entry in ipairs(entries) do batch[i] = {place = feed_place(entry), entry = entry} end
+  table.sort(batch, by_place)
+  if redis.call('LLEN', feed) >= feed_length then
+    -- Full: an entry older than its last is out of it at once (a backlog of one relay drained
+    -- after another's newer events filled it costs nothing here).
+    local last, kept = feed_place(redis.call('LINDEX', feed, -1)), {}
+    for _, item in ipairs(batch) do
+      if item.place > last then kept[#kept + 1] = item end
+    end
+    if #kept == 0 then return end
+    batch = kept
+  end
+  local oldest, newer, from = batch[1].place, 0, 0
+  repeat  -- how many entries at the top are newer than the batch's oldest
+    local page = redis.call('LRANGE', feed, from, from + FEED_PAGE - 1)
+    for _, entry in ipairs(page) do
+      if feed_place(entry) < oldest then break end
+      newer = newer + 1
+    end
+    from = from + FEED_PAGE
+  until newer < from or newer >= feed_length
+  if newer > 0 then
+    for _, entry in ipairs(redis.call('LPOP', feed, newer)) do
+      batch[#batch + 1] = {place = feed_place(entry), entry = entry}
+    end
+    table.sort(batch, by_place)
+  end
+  local values = {}
+  for i, item in ipairs(batch) do values[i] = item.entry end
+  -- LPUSH pushes its values in turn: the newest ends up first.
+  if redis.call('LPUSH', feed, unpack(values)) > feed_length then
+    redis.call('LTRIM', feed, 0, feed_length - 1)
+  end
+end
+
 -- A batch of events' derived views, each event applied in turn as if alone, but with one
 -- command per key (and team): k: {feed, user_team, user_regions (the hash), legacy = {key...}
 -- (add_regions(), or nil), periods = {{regions, players, events, expire, teams (view_of(), or
@@ -136,10 +207,7 @@ local function derive_events(k, evs, feed_length, b)
     end
   end
   put_teams(sums)
-  -- LPUSH pushes its values in turn: the last accepted ends up first.
-  if redis.call('LPUSH', k.feed, unpack(entries)) > feed_length then
-    redis.call('LTRIM', k.feed, 0, feed_length - 1)
-  end
+  push_feed(k.feed, entries, feed_length)
   if #teams > 0 then redis.call('HSET', k.user_team, unpack(teams)) end
   add_regions(k, evs)
   for _, seen in ipairs(periods) do
@@ -186,8 +254,8 @@ end
 
 --[[
 derive: a batch of one board's events, in the order of acceptance (the outbox's order, which
-the stream keeps), so that the feed is newest first (the team sums do not depend on the order:
-sum_teams()); at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
+the stream keeps); neither the team sums (sum_teams()) nor the feed (push_feed()) depend on
+that order; at most a hundred or so (CHUNK in services/aggregator/derive.py), each key's
 values going to one command.
 KEYS: feed, user team, the board's as_of hash, its user-regions hash; then three per regional
       board whose entries the batch changed: the board, its distinct set, the set being built;
@@ -250,7 +318,7 @@ local function derive(keys, args)
     -- Only events still pending, each once: a redelivered event, or one twice in the batch,
     -- finds its bit cleared.
     if pending(marks) then
-      clear_pending(record)
+      clear_pending(record, marks)
       evs[#evs + 1] = ev
       k.legacy[#evs], k.periods[#evs] = legacy, periods
     end

@@ -81,6 +81,13 @@ end
 
 redis.register_function(FUNCTIONS.erase_user, erase_user)
 
+-- Take count from an event counter: one that does not exist stays so, none goes below 0.
+local function take(key, count)
+  if redis.call('EXISTS', key) == 1 and redis.call('DECRBY', key, count) < 0 then
+    redis.call('SET', key, 0, 'KEEPTTL')
+  end
+end
+
 --[[
 Take erased events out of a board's event counters (``{P:B}:events:<period>:<period_id>``):
 KEYS the counters, ARGV how many to take from each. A counter that does not exist stays so (its
@@ -88,12 +95,36 @@ period has expired, or was never counted); none goes below 0. Taking too many is
 a rebuild refuses a board whose live counter is above the count the history database gives.
 ]]
 local function uncount(keys, args)
-  for i, key in ipairs(keys) do
-    if redis.call('EXISTS', key) == 1 and redis.call('DECRBY', key, args[i]) < 0 then
-      redis.call('SET', key, 0, 'KEEPTTL')
-    end
-  end
+  for i, key in ipairs(keys) do take(key, args[i]) end
   return #keys
 end
 
 redis.register_function(FUNCTIONS.uncount, uncount)
+
+--[[
+Take erased events out of a board's event counters once each, and only those counted: the
+derive step counts an event when it clears its record's derive-pending bit (derive.lua), so an
+event whose record has the bit clear is taken out of its counters, and its bit set again in the
+same step (counted no more: a delivery again takes nothing). An event whose record has the bit
+set (never derived: the aggregator leaves erased events out), or has no record, takes nothing.
+KEYS: the counters, then each event's record. ARGV: how many counters; '1' to delete the records
+too (the erasure's pass, whose records name the user) or '0'; then per event how many counters
+it counts in, and their numbers (1-based). Returns how many events were taken out.
+]]
+local function uncount_events(keys, args)
+  local ai, taken = 3, 0
+  for ri = tonumber(args[1]) + 1, #keys do
+    local record, n = keys[ri], tonumber(args[ai])
+    local marks = marks_of(record)
+    if marks ~= nil and is_marks(marks) and not pending(marks) then
+      for j = 1, n do take(keys[tonumber(args[ai + j])], 1) end
+      redis.call('SETBIT', record, PENDING_BIT, 1)
+      taken = taken + 1
+    end
+    if args[2] == '1' then redis.call('DEL', record) end
+    ai = ai + 1 + n
+  end
+  return taken
+end
+
+redis.register_function(FUNCTIONS.uncount_events, uncount_events)

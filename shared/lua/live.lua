@@ -210,7 +210,9 @@ which holds the marks of an event accepted before ids were scoped to users while
 the seen key of the layout before that, which such a record without a marks byte (it starts
 with a hex digit) still uses until it expires. A mark keeps the record at least `ttl` seconds
 more, so that a redelivery within that time is known, however short the idempotency records'
-TTL; an event with no record (its answer expired) gets a record of marks alone.
+TTL; an event with no record (its answer expired) gets a record of marks alone, its
+derive-pending bit set: whether the derive step applied the event is not known any more, and
+it applies an event with no record too (derive.lua).
 ]]
 local SEEN_BITS = {notifier = 6, aggregator = 7}  -- SETBIT offsets in the marks byte '@' (0x40)
 -- The derive-pending bit (derive.lua): set by the write ('D', 0x44), cleared once the
@@ -258,7 +260,7 @@ local function mark_seen(record, legacy, old, consumer, ttl)
   record, marks = record_of_event(record, legacy)
   mask = mask_of(consumer)
   if marks == nil then
-    redis.call('SET', record, string.char(64 + mask), 'EX', ttl)
+    redis.call('SET', record, string.char(64 + mask + 2 ^ (7 - PENDING_BIT)), 'EX', ttl)
     return false
   end
   if not is_marks(marks) then return not redis.call('SET', old, '1', 'NX', 'EX', ttl) end

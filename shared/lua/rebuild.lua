@@ -187,7 +187,8 @@ local function rebuild_finish(keys, args)
   end
   for set in pairs(dropped) do redis.call('DEL', set) end
   for record in pairs(records) do
-    if pending(marks_of(record)) then clear_pending(record) end
+    local marks = marks_of(record)
+    if pending(marks) then clear_pending(record, marks) end
   end
   redis.call('DEL', keys[1], keys[2])
   return {'ok', #calls}

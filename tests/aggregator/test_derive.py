@@ -18,8 +18,8 @@ from services.aggregator.derive import Derive
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board, BoardCatalog
-from shared.events import ScoreAccepted
-from shared.functions import DERIVE_FUNCTION
+from shared.events import ScoreAccepted, rfc3339
+from shared.functions import DERIVE_FUNCTION, MARK_SEEN_FUNCTION
 from shared.keys import Keys
 from shared.ranking import MAX_SCORE, reached_ms, tie_key
 from shared.settings import LadderSettings
@@ -72,6 +72,13 @@ async def derived(
 def record(keys: Keys, event: ScoreAccepted) -> str:
     """The event's record: named by its board, user and id."""
     return keys.idempotency(event.board_id, event.event_id, event.user_id)
+
+
+def newest_first(events: list[ScoreAccepted]) -> list[str]:
+    """The events' ids in the feed's order: by accepted_at, then id and user, newest first (two
+    accepted in the same millisecond go by their ids)."""
+    placed = sorted(events, key=lambda e: (rfc3339(e.accepted_at), e.event_id, e.user_id))
+    return [e.event_id for e in reversed(placed)]
 
 
 def orjson_id(entry: str) -> str:
@@ -143,8 +150,8 @@ async def test_a_users_regions_set_of_the_layout_before_is_taken_into_the_hash(
 async def test_batches_applied_in_any_order_give_the_same_counts_and_sets(
     settings: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    """Counts, players, regions and users' regions do not depend on the order of batches (only
-    the feed does, which lists events in the order they are applied: the stream's)."""
+    """Counts, players, regions, users' regions and the feed (newest accepted first) do not
+    depend on the order of batches."""
     other = BOARD.model_copy(update={"board_id": "dv-other"})
     events = await accept(redis, keys, settings, 8)
     assert await derive(redis, keys, BOARD, events[4:], FEED) == 4
@@ -153,8 +160,7 @@ async def test_batches_applied_in_any_order_give_the_same_counts_and_sets(
     events = await accept(redis, keys, settings, 8, other)
     assert await derive(redis, keys, other, events, FEED) == 8
     in_order = await derived(redis, keys, events, other)
-    assert reversed_order.pop("feed") == [f"d-{i}" for i in (3, 2, 1, 0, 7, 6, 5, 4)]
-    assert in_order.pop("feed") == [f"d-{i}" for i in range(7, -1, -1)]
+    assert in_order["feed"] == newest_first(events)
     # The latest team of each user is the one of its latest event in both (each user has one).
     assert reversed_order == in_order
 
@@ -163,12 +169,31 @@ async def test_an_event_the_write_before_derived_is_not_derived_again(
     settings: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     """A record without the derive-pending bit (the write of the layout before applied the
-    derived views itself), or with no record at all (expired), derives nothing."""
-    events = await accept(redis, keys, settings, 2)
+    derived views itself) derives nothing."""
+    events = await accept(redis, keys, settings, 1)
     await redis.setrange(record(keys, events[0]), 0, "@")  # as the write before v6 left it
-    await redis.delete(record(keys, events[1]))
     assert await derive(redis, keys, BOARD, events, FEED) == 0
     assert (await derived(redis, keys, events))["alltime"] == (None, 0, set())
+
+
+async def test_an_event_whose_record_expired_is_derived_once(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """An event reaching the derive step after its record expired (the broker away longer than
+    the idempotency TTL) is applied, whichever consumer saw it first, and once."""
+    events = await accept(redis, keys, settings, 4)
+    await redis.delete(record(keys, events[1]), record(keys, events[3]))
+    # The notifier marked events[3] seen first: its mark made a record of marks alone.
+    mark = [record(keys, events[3]), keys.legacy_idempotency(BOARD.board_id, "d-3"), "old"]
+    await redis.fcall(MARK_SEEN_FUNCTION, 3, *mark, "notifier", 60)
+    assert await derive(redis, keys, BOARD, events, FEED) == 4
+    assert await derive(redis, keys, BOARD, events, FEED) == 0
+    state = await derived(redis, keys, events)
+    assert state["alltime"] == ("4", 4, {"eu", "na"})
+    assert state["teams"] == [("red", 2 + 4)]
+    assert state["feed"] == ["d-3", "d-2", "d-1", "d-0"]
+    assert await redis.get(record(keys, events[1])) == "@"
+    assert 86_000 < await redis.ttl(record(keys, events[1])) <= 86_400
 
 
 async def test_a_team_sum_beyond_the_exact_scores_leaves_the_event_out(
@@ -258,3 +283,20 @@ async def test_a_batch_longer_than_a_call_goes_in_calls_in_order(
     state = await derived(redis, keys, events)
     assert state["feed"] == [f"d-{i}" for i in range(7, -1, -1)]
     assert state["alltime"] == ("8", 5, {"eu", "na"})
+
+
+async def test_the_feed_keeps_acceptance_order_and_its_length_in_any_delivery_order(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Batches interleaved and late, the feed full: it holds the newest accepted, newest first,
+    and a call takes off the top only the entries newer than its batch's oldest."""
+    events = await accept(redis, keys, settings, 30)
+    short = 12
+    for part in (events[20:], events[5:10], events[1:5], events[10:20]):
+        await derive(redis, keys, BOARD, part, short)
+    feed = [orjson_id(e) for e in await redis.lrange(keys.feed(BOARD.board_id), 0, -1)]
+    assert feed == newest_first(events[1:])[:short]
+    newest = await redis.lrange(keys.feed(BOARD.board_id), 0, 0)
+    assert await derive(redis, keys, BOARD, [events[0]], short) == 1  # older than all: trimmed
+    assert await redis.lrange(keys.feed(BOARD.board_id), 0, 0) == newest
+    assert await redis.llen(keys.feed(BOARD.board_id)) == short

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 
 from services.api.answers import json_answer
 from services.api.auth import authenticate, bearer
+from services.api.erasing import refusal
 from services.api.errors import (
     Conflict,
     Forbidden,
@@ -54,8 +55,9 @@ _ACCEPTED, _DUPLICATE = SCORES.labels("accepted"), SCORES.labels("duplicate")
 # A score write's 503 (with Retry-After) says its outcome is not settled: a retry with the same
 # event_id is answered as its duplicate if it was stored (services/api/write/durable.py).
 WRITE_UNAVAILABLE = (
-    "Redis is down, the outbox is full, or (LADDER_REDIS_WAIT_REPLICAS) fewer Redis replicas "
-    "than asked acknowledged the write in time; retry with the same event_id after Retry-After"
+    "Redis is down, the outbox is full, the user's erasure is pending (nothing written), or "
+    "(LADDER_REDIS_WAIT_REPLICAS) fewer Redis replicas than asked acknowledged the write in "
+    "time; retry with the same event_id after Retry-After"
 )
 REFUSALS = problems(400, 401, 403, 404, 413, 422, 429, 503, said={503: WRITE_UNAVAILABLE})
 
@@ -149,6 +151,7 @@ async def post_score(request: Request) -> Response:
             raise Forbidden("A player token may submit only its own scores.")
         if score.team_id is not None:
             raise Forbidden("A player token may not name a team: teams come from game servers.")
+    await state.erasing.check(score.user_id)
     event_id = resolve_event_id(score, idempotency_key)
     quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential or "")
     with WRITE_SECONDS.time():
@@ -291,7 +294,11 @@ async def post_batch(
     quota = limits.quota(state.keys, state.settings, board.board_id, caller, credential)
     now = datetime.now(UTC)
     calls: dict[int, Call] = {}
+    erasing = await state.erasing.erasing({s.user_id for s in scores.values()})
     for i, score in scores.items():
+        if score.user_id in erasing:
+            results[i] = {"event_id": score.event_id, "error": refusal(score.user_id).body()}
+            continue
         event_id = score.event_id or uuid.uuid4().hex
         try:
             call = await prepare(
