@@ -106,7 +106,7 @@ async def settle() -> float:
 
 
 async def main(options: BenchSettings) -> int:
-    settings = load_settings()
+    settings = load_settings("bench")
     configure("bench", "WARNING")
     workers = settings.api_workers
     load_before = await settle()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure(service: str, level: str = "INFO") -> None:
-    """One JSON object a line, each naming its service; the standard library's loggers and
-    Python's warnings too."""
+def configure(service: str, level: str = "INFO", stream: TextIO | None = None) -> None:
+    """One JSON object a line on ``stream`` (stdout unless given), each naming its service; the
+    standard library's loggers and Python's warnings too."""
     shared_processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -35,7 +36,7 @@ def configure(service: str, level: str = "INFO") -> None:
             structlog.processors.JSONRenderer(),
         ],
     )
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler(stream or sys.stdout)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]

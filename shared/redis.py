@@ -20,6 +20,7 @@ from redis.utils import HIREDIS_AVAILABLE
 
 from shared.functions import LIBRARY, REGISTERED
 from shared.redis_cluster import LadderCluster, seed_nodes
+from shared.settings import SettingsError
 
 log = structlog.get_logger(__name__)
 
@@ -155,6 +156,14 @@ async def open_redis(
                 log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except ResponseError as exc:
+                # The server has fewer databases (16 by default) than the URL's index asks.
+                if "DB index is out of range" not in str(exc):
+                    raise
+                raise SettingsError(
+                    "LADDER_REDIS_URL names a database the Redis server has not (its "
+                    "`databases` setting: 16 by default, indexes 0 to 15)"
+                ) from None
         if load_functions:
             await client.function_load(library_source(), replace=True)
         yield client

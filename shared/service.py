@@ -19,7 +19,7 @@ from shared.boards import Board, BoardCatalog
 from shared.consumer import ConsumerRunner, Handler
 from shared.logs import configure
 from shared.ops import Check, serve_ops
-from shared.settings import LadderSettings, load_settings
+from shared.settings import LadderSettings, SettingsError, load_settings
 from shared.topology import Consumer, Topology
 
 log = structlog.get_logger(__name__)
@@ -31,12 +31,17 @@ def run(service: str, main: Callable[[LadderSettings], Coroutine[Any, Any, None]
     """The entry point of a service: settings, JSON logs, ``main(settings)`` on uvloop.
 
     A failure is logged as one JSON line and ends the process with status 1, so that the process
-    manager restarts it.
+    manager restarts it; settings it cannot work with, found at start (a Redis database the
+    server has not), end it with status 2 and a line naming the setting, as
+    :func:`load_settings` does.
     """
-    settings = load_settings()
+    settings = load_settings(service)
     configure(service, settings.log_level)
     try:
         uvloop.run(main(settings))
+    except SettingsError as exc:
+        log.error(f"invalid settings: {exc}")
+        raise SystemExit(2) from None
     except Exception:
         log.exception(f"{service} failed")
         raise SystemExit(1) from None

@@ -9,14 +9,18 @@ environment handed on to a child process, go through the helpers at the end of t
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
+import structlog
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared import settings_checks as checks
+from shared.logs import configure
 
 DEV_SERVER_KEY = "dev-server-key"
 DEV_ADMIN_KEY = "dev-admin-key"
@@ -35,8 +39,8 @@ CLOSE_GRACE = 1.0
 just before the lateness ran out has reached Redis (the write is one Redis call after the
 check)."""
 
-# The URL schemes each connection setting takes (redis-py's and SQLAlchemy's async MySQL driver).
-_SCHEMES = {"redis_url": ("redis", "rediss", "unix"), "mysql_url": ("mysql+asyncmy",)}
+DAY = 86_400
+"""Seconds in a day: the bound of the settings that delay a period's close or repeat a pass."""
 
 
 def _split_csv(value: object) -> object:
@@ -49,20 +53,25 @@ CsvList = Annotated[list[str], NoDecode]
 
 
 class LadderSettings(BaseSettings):
-    """Settings shared by the four services; each reads only what it needs."""
+    """Settings shared by the four services; each reads only what it needs.
+
+    Every number is bounded, and neither ``inf`` nor ``nan`` is a number here: a value that is
+    accepted at start must not fail later (a TTL Redis refuses, a date out of range). Each
+    bound's reason is in its field's description; the checks of hosts, URLs, proxies and
+    origins are in shared/settings_checks.py."""
 
     model_config = SettingsConfigDict(
-        env_prefix="LADDER_", env_file=".env", extra="ignore", frozen=True
+        env_prefix="LADDER_", env_file=".env", extra="ignore", frozen=True, allow_inf_nan=False
     )
 
     env: Literal["dev", "prod"] = "dev"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
     # With LADDER_REDIS_CLUSTER, LADDER_REDIS_URL names one node of a Redis Cluster, or several,
     # comma-separated, so that a process starting while one is down finds the cluster
-    # (shared/redis_cluster.py).
+    # (shared/redis_cluster.py). (Before redis_url: its check reads it.)
     redis_cluster: bool = False
+    redis_url: str = "redis://127.0.0.1:6379/0"
     # One broker node, or every node of a RabbitMQ cluster, comma-separated (shared/amqp.py).
     amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
     mysql_url: str = "mysql+asyncmy://root@127.0.0.1:3306/ladder"
@@ -84,21 +93,67 @@ class LadderSettings(BaseSettings):
     server_keys: CsvList = Field(default_factory=list)
     admin_keys: CsvList = Field(default_factory=list)
     jwt_secret: str = ""
-    jwt_leeway_seconds: float = Field(default=5.0, ge=0)
+    jwt_leeway_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="seconds of clock skew; more would honour tokens long expired",
+    )
     public_reads: bool = True
 
-    user_rate: float = Field(default=20.0, gt=0, description="score submissions a second")
-    key_rate: float = Field(default=5000.0, gt=0, description="submissions a second a credential")
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A bucket refuses while it holds less than a token and holds at most its burst (twice the
+    # rate for a user, the rate for a credential): below 0.5 and 1 not one write would pass.
+    user_rate: float = Field(
+        default=20.0, ge=0.5, le=1e9, description="score submissions a second (1e9: no limit)"
+    )
+    key_rate: float = Field(
+        default=5000.0, ge=1, le=1e9, description="submissions a second a credential"
+    )
+    max_body_bytes: int = Field(
+        default=1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="a body is read whole"
+    )
 
-    allowed_lateness: float = Field(default=600.0, ge=0, description="seconds")
-    future_tolerance_seconds: float = Field(default=5.0, ge=0)
-    merge_interval: float = Field(default=2.0, gt=0)
-    snapshot_interval: float = Field(default=60.0, gt=0)
+    allowed_lateness: float = Field(
+        default=600.0,
+        ge=0,
+        le=DAY,
+        description="seconds, a day at most: a period closes this long after its end (a "
+        "daily board's as late as the next day), and board main's retention outlasts that",
+    )
+    future_tolerance_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        description="seconds a client's clock may lead; an hour ahead is a wrong clock or "
+        "time zone, not skew",
+    )
+    merge_interval: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=60,
+        description="seconds; a board's merge lease lasts three, which must outlast a merge, "
+        "and the global view lags by up to one",
+    )
+    snapshot_interval: float = Field(
+        default=60.0, ge=1, le=DAY, description="seconds; a snapshot pass is no busy loop"
+    )
     snapshot_size: int = Field(default=100, ge=1, le=1000)
-    feed_length: int = Field(default=1000, ge=1)
-    outbox_max: int = Field(default=100_000, ge=1)
-    idempotency_ttl_seconds: int = Field(default=86_400, ge=60)
+    feed_length: int = Field(
+        default=1000, ge=1, le=100_000, description="events a board's feed keeps in Redis's memory"
+    )
+    outbox_max: int = Field(
+        default=100_000,
+        ge=1,
+        le=1_000_000_000,
+        description="events Redis's memory holds for the broker",
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=DAY,
+        ge=60,
+        le=366 * DAY,
+        description="seconds, a year at most: every accepted event's answer stays in "
+        "Redis's memory this long",
+    )
     # Group commit of single score writes (services/api/write/group.py): the longest a write
     # waits for others to share its Redis round trip (0: each goes alone), and the most in one.
     write_group_ms: float = Field(default=1.0, ge=0, le=100, description="milliseconds")
@@ -110,26 +165,48 @@ class LadderSettings(BaseSettings):
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000, description="milliseconds")
 
     relay_batch: int = Field(default=200, ge=1, le=5000)
-    relay_claim_idle_ms: int = Field(default=15_000, ge=100)
+    relay_claim_idle_ms: int = Field(
+        default=15_000,
+        ge=100,
+        le=3_600_000,
+        description="ms before another relay takes a dead one's batch",
+    )
     consumer_prefetch: int = Field(default=256, ge=1, le=5000)
     history_batch: int = Field(default=500, ge=1, le=5000)
-    history_flush_ms: int = Field(default=50, ge=1)
-    delivery_limit: int = Field(default=20, ge=1)
+    history_flush_ms: int = Field(
+        default=50, ge=1, le=60_000, description="ms a partial batch waits for more"
+    )
+    # A quorum queue's argument (shared/topology.py), fixed once the queues exist: RabbitMQ
+    # refuses another value for them (docs/operations.md, "Changing the delivery limit"). A
+    # message failed 1000 times is poison; the broker's argument is a 32-bit integer.
+    delivery_limit: int = Field(default=20, ge=1, le=1000, description="redeliveries")
 
-    ws_send_queue: int = Field(default=256, ge=1)
-    ws_message_rate: float = Field(default=10.0, gt=0, description="client messages a second")
+    ws_send_queue: int = Field(
+        default=256, ge=1, le=100_000, description="messages queued for a socket"
+    )
+    ws_message_rate: float = Field(
+        default=10.0, ge=0.5, le=1000, description="client messages a second (bursts of twice)"
+    )
     # Open WebSockets an API process holds at most: from one client address, and in all. Past
     # either, a handshake is refused with 429 (services/api/push/admission.py).
-    ws_max_per_ip: int = Field(default=200, ge=1, description="sockets per client address")
-    ws_max: int = Field(default=20_000, ge=1, description="sockets per API process")
+    ws_max_per_ip: int = Field(
+        default=200, ge=1, le=1_000_000, description="sockets per client address"
+    )
+    ws_max: int = Field(default=20_000, ge=1, le=1_000_000, description="sockets per API process")
     # The peers whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips): a proxy
-    # in front of the API. '*' trusts every peer; empty trusts none.
+    # in front of the API, by IP address or network. '*' alone trusts every peer; empty, none.
     forwarded_allow_ips: CsvList = Field(default_factory=lambda: ["127.0.0.1", "::1"])
     allowed_origins: CsvList = Field(default_factory=list)
-    shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    shutdown_grace_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="seconds; a process manager's own patience "
+        "(supervisord's stopwaitsecs) must outlast twice this",
+    )
     # How often each API process makes the Redis friend sets what MySQL holds (0: at start-up
     # only); a pass reads every friendship once.
-    friends_reconcile_seconds: float = Field(default=300.0, ge=0, description="seconds")
+    friends_reconcile_seconds: float = Field(default=300.0, ge=0, le=DAY, description="seconds")
 
     @model_validator(mode="before")
     @classmethod
@@ -152,40 +229,37 @@ class LadderSettings(BaseSettings):
     @field_validator("amqp_url")
     @classmethod
     def _amqp_addresses(cls, value: str) -> str:
-        entries = [part.strip() for part in value.split(",")]
-        if not any(entries):
-            raise ValueError("names no broker address")
-        for position, entry in enumerate(entries, start=1):
-            # The entry itself is never quoted: it may hold a password.
-            where = f"address {position} of {len(entries)}"
-            if not entry:
-                raise ValueError(f"{where} is empty")
-            url = urlsplit(entry)
-            if url.scheme not in ("amqp", "amqps"):
-                raise ValueError(f"{where} is not an amqp:// or amqps:// URL")
-            try:
-                port = url.port
-            except ValueError:
-                raise ValueError(f"{where} has a port out of 1-65535") from None
-            if not url.hostname:
-                raise ValueError(f"{where} names no host")
-            if port == 0:
-                raise ValueError(f"{where} has a port out of 1-65535")
-        return ",".join(entries)
+        return checks.amqp_urls(value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_addresses(cls, value: str, info: ValidationInfo) -> str:
+        return checks.redis_urls(value, cluster=bool(info.data.get("redis_cluster")))
+
+    @field_validator("mysql_url")
+    @classmethod
+    def _mysql_address(cls, value: str) -> str:
+        return checks.mysql_url(value)
+
+    @field_validator("api_host", "ops_host")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        return checks.listen_host(value)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        return checks.proxies(value)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        return checks.origins(value)
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _level_in_capitals(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
-
-    @field_validator("redis_url", "mysql_url")
-    @classmethod
-    def _url_schemes(cls, value: str, info: ValidationInfo) -> str:
-        schemes = _SCHEMES[info.field_name or ""]
-        for entry in value.split(","):
-            if urlsplit(entry.strip()).scheme not in schemes:
-                raise ValueError(f"must be a URL of scheme {' or '.join(schemes)}")
-        return value
 
     @property
     def close_delay(self) -> float:
@@ -275,9 +349,10 @@ class LadderSettings(BaseSettings):
         return used if self.env == "dev" else []
 
 
-def load_settings() -> LadderSettings:
-    """The settings of this process, for an entry point: settings a service must not start
-    with end the process with status 2 and one line naming every problem."""
+def load_settings(service: str = "ladder") -> LadderSettings:
+    """The settings of ``service``, for an entry point: settings it must not start with end
+    the process with status 2 and one JSON log line (on stderr, with the fields of the
+    service's other lines) whose message names every problem and its setting."""
     try:
         return LadderSettings()
     except ValidationError as exc:
@@ -286,7 +361,9 @@ def load_settings() -> LadderSettings:
             + ("" if not e["loc"] else f" (LADDER_{str(e['loc'][0]).upper()})")
             for e in exc.errors(include_url=False)
         )
-        print(f"ladder: invalid settings: {problems}", file=sys.stderr)
+        named = list(dict.fromkeys(re.findall(r"\bLADDER_[A-Z0-9_]+", problems)))
+        configure(service, "INFO", stream=sys.stderr)
+        structlog.get_logger(__name__).error(f"invalid settings: {problems}", settings=named)
         raise SystemExit(2) from None
 
 

@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    settings = load_settings()
+    settings = load_settings("sim")
     configure("sim", settings.log_level)
     # One line a batch is too many; the poster logs what goes wrong, and a summary.
     logging.getLogger("httpx").setLevel(logging.WARNING)

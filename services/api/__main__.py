@@ -13,7 +13,7 @@ from shared.settings import load_settings
 
 
 def main() -> None:
-    settings = load_settings()
+    settings = load_settings("api")
     configure("api", settings.log_level)
     sys.exit(serve(settings) if settings.api_workers == 1 else run_workers(settings))
 

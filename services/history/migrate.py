@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import text
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -42,6 +42,36 @@ class SchemaNotReady(RuntimeError):
         self.needed = needed
 
 
+class MySQLUnreachable(ConnectionError):
+    """The migration's first connection to MySQL failed: the server does not answer, or refuses
+    the URL's user. Said in one line, naming the server, never the URL (it may hold a
+    password)."""
+
+    def __init__(self, server: str, error: Exception) -> None:
+        orig: BaseException = getattr(error, "orig", None) or error
+        args = orig.args
+        reason = f"{args[1]} ({args[0]})" if len(args) == 2 else str(orig)
+        super().__init__(f"cannot connect to MySQL at {server} (LADDER_MYSQL_URL): {reason}")
+        self.server = server
+
+
+def server_of(url: URL) -> str:
+    """Where the server of ``url`` is, for a message: ``host:port``, or its socket."""
+    socket_path = url.query.get("unix_socket")
+    if socket_path:
+        return str(socket_path)
+    host = url.host or "localhost"
+    return f"[{host}]:{url.port or 3306}" if ":" in host else f"{host}:{url.port or 3306}"
+
+
+async def _reach(engine: AsyncEngine, url: URL) -> None:
+    try:
+        async with engine.connect():
+            pass
+    except (DBAPIError, OSError) as error:
+        raise MySQLUnreachable(server_of(url), error) from error
+
+
 def alembic_config() -> Config:
     return Config(str(ALEMBIC_INI))
 
@@ -56,6 +86,7 @@ async def migrate(mysql_url: str) -> None:
     # URL.set() ignores None; _replace is the documented way to drop the database.
     server = create_async_engine(url._replace(database=None), poolclass=NullPool)
     try:
+        await _reach(server, url)
         quoted = server.dialect.identifier_preparer.quote_identifier(database)
         async with server.begin() as conn:
             # Looked up first only to keep the server's "database exists" note out of the logs.
@@ -148,6 +179,13 @@ if __name__ == "__main__":
     from shared.logs import configure
     from shared.settings import load_settings
 
-    settings = load_settings()
+    settings = load_settings("history-migrate")
     configure("history-migrate", settings.log_level)
-    asyncio.run(migrate(settings.mysql_url))
+    try:
+        asyncio.run(migrate(settings.mysql_url))
+    except MySQLUnreachable as error:
+        log.error(str(error), server=error.server)
+        raise SystemExit(1) from None
+    except TimeoutError as error:  # another migration held the lock all along
+        log.error(str(error))
+        raise SystemExit(1) from None

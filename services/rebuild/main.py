@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds to wait for history to store events Redis applied already (120)",
     )
     options = parser.parse_args(argv)
-    settings = load_settings()
+    settings = load_settings("rebuild")
     configure("rebuild", settings.log_level)
     try:
         done = asyncio.run(rebuild(settings, options.board, options.wait))

@@ -4,6 +4,9 @@ holding events at an older revision upgrades in place, keeping them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +27,7 @@ from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from tests.helpers import T0, accepted_event, server_statement
 from tests.history.test_history import scratch_database
+from tests.stack import ROOT
 
 
 def _differences(connection: Connection) -> list[Any]:
@@ -317,3 +321,36 @@ async def test_0009_keeps_one_snapshot_of_a_view_a_time_and_goes_back(db: AsyncE
         assert (await conn.execute(text("SELECT COUNT(*) FROM snapshots"))).scalar() == 2
     await migrate(url)
     await check_schema(db)
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ("root@127.0.0.1:1", "Can't connect to MySQL server"),  # nothing listens on port 1
+        ("root:not-the-password@127.0.0.1:3306", "Access denied"),
+    ],
+)
+def test_a_migration_mysql_does_not_let_in_says_so_in_one_line(server: str, said: str) -> None:
+    """`make migrate` against a MySQL that does not answer or refuses the user: one JSON line
+    naming the server and the setting (never the URL, which holds the password), status 1."""
+    done = subprocess.run(
+        [sys.executable, "-m", "services.history.migrate"],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "LADDER_MYSQL_URL": f"mysql+asyncmy://{server}/ladder"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    [line] = done.stdout.splitlines()
+    logged = json.loads(line)
+    where = server.rpartition("@")[2]
+    assert logged["message"].startswith(f"cannot connect to MySQL at {where} (LADDER_MYSQL_URL): ")
+    assert said in logged["message"]
+    assert (logged["level"], logged["service"], logged["server"]) == (
+        "error",
+        "history-migrate",
+        where,
+    )
+    assert "not-the-password" not in done.stdout + done.stderr
+    assert done.stderr == ""

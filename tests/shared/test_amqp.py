@@ -4,6 +4,7 @@ address (shared/amqp.py), against the machine's RabbitMQ and a port where nothin
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -42,6 +43,8 @@ def test_several_addresses_keep_their_order() -> None:
         ("http://127.0.0.1:5672/", "address 1 of 1 is not an amqp:// or amqps:// URL"),
         (f"{AMQP_URL},amqp:///", "address 2 of 2 names no host"),
         ("amqp://guest:secret@127.0.0.1:99999/", "address 1 of 1 has a port out of 1-65535"),
+        ("amqp://guest:secret@127.0.0.1:amqp/", "address 1 of 1 has a port that is not a number"),
+        ("amqp://guest:secret@bad host/", "has a host that is neither a host name nor an IP"),
     ],
 )
 def test_a_bad_address_is_refused_by_its_position(value: str, said: str) -> None:
@@ -62,10 +65,11 @@ def test_a_service_with_a_bad_address_does_not_start() -> None:
         timeout=60,
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == (
-        "ladder: invalid settings: address 2 of 2 is not an amqp:// or amqps:// URL "
-        "(LADDER_AMQP_URL)"
+    logged = json.loads(done.stderr)
+    assert logged["message"] == (
+        "invalid settings: address 2 of 2 is not an amqp:// or amqps:// URL (LADDER_AMQP_URL)"
     )
+    assert (logged["level"], logged["service"]) == ("error", "ladder")
 
 
 async def test_a_dead_first_address_connects_to_the_second() -> None:

@@ -34,7 +34,7 @@ log = structlog.get_logger(__name__)
 
 def _worker(listener: socket.socket) -> None:
     # A spawned process: settings and logging are made again from the inherited environment.
-    settings = load_settings()
+    settings = load_settings("api")
     configure("api", settings.log_level)
     sys.exit(serve(settings, [listener]))
 
