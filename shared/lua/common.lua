@@ -25,9 +25,13 @@ local function bytes_less(a, b)
   return #a < #b
 end
 
--- Whether tie key a was made from an earlier time than tie key b: by their time parts, the last
--- 12 hex digits, greater for earlier (shared/ranking.py), whatever subscore parts they hold.
-local function reached_before(a, b) return bytes_less(string.sub(b, -12), string.sub(a, -12)) end
+-- The time part of a tie key as a number: its last 12 hex digits, whatever subscore part it
+-- holds, greater for earlier (shared/ranking.py); 48 bits, exact in a Lua number. tonumber()
+-- reads them in C, several times cheaper than comparing the digits byte by byte in Lua.
+local function tie_time(tie) return tonumber(string.sub(tie, -12), 16) end
+
+-- Whether tie key a was made from an earlier time than tie key b.
+local function reached_before(a, b) return tie_time(a) > tie_time(b) end
 
 -- The subscore part a tie key or member starts with: 's' and 14 hex digits on boards with a
 -- subscore, '' on others (shared/ranking.py).

@@ -156,7 +156,7 @@ end
 local function event_of(args)
   -- Only what the write reads: each field of this table costs every write, as every table does.
   local e = {op = args[2], value = tonumber(args[3]), user = args[4], display = args[6],
-             sign = args[12] == '1' and 1 or -1, tie = args[15],
+             sign = args[12] == '1' and 1 or -1, tie = args[15], at = tie_time(args[15]),
              sub = sub_of(args[15]), max = tonumber(args[16]), meta = args[17],
              sub_order = args[18], brackets = {}}
   -- Each bracket as a number then as its digits, which name it in the answer and go to Redis as
@@ -198,19 +198,21 @@ end
 --   set: the latest event by time holds; one older than the entry's changes nothing. An equal
 --     value keeps the entry's first reach time.
 -- A late event (events may come up to the allowed lateness after they happened) is one
--- reached_before() the entry it is written to.
+-- reached_before() the entry it is written to; the fourth value says whether it is.
 local function new_score(e, old)
-  if old == nil then return e.value, true, e.tie end
-  local old_score, late = old.signed * e.sign, reached_before(e.tie, old.tie)
+  if old == nil then return e.value, true, e.tie, false end
+  local old_score, late = old.signed * e.sign, e.at > tie_time(old.tie)
   if e.op == 'incr' then
-    return old_score + e.value, e.value ~= 0, late and old.tie or e.tie
+    return old_score + e.value, e.value ~= 0, late and old.tie or e.tie, late
   elseif e.op == 'best' then
-    if beats(e, old) then return e.value, true, e.tie end
+    if beats(e, old) then return e.value, true, e.tie, late end
     local equal = e.value * e.sign == old.signed and e.sub == old.sub
-    return old_score, false, (equal and late) and e.tie or old.tie
+    return old_score, false, (equal and late) and e.tie or old.tie, late
   end
-  if late or (e.value == old_score and e.sub == old.sub) then return old_score, false, old.tie end
-  return e.value, true, e.tie
+  if late or (e.value == old_score and e.sub == old.sub) then
+    return old_score, false, old.tie, late
+  end
+  return e.value, true, e.tie, late
 end
 
 -- The metadata an entry keeps after the write (docs/api.md section 4): on best boards that of
@@ -220,7 +222,7 @@ end
 local function new_meta(e, p)
   if p.old == nil then return e.meta end
   if e.op == 'best' then return (p.changed or p.moved) and e.meta or p.old.meta end
-  if reached_before(e.tie, p.old.tie) then return p.old.meta end
+  if p.late then return p.old.meta end
   return e.meta
 end
 
@@ -236,7 +238,7 @@ end
 -- one would leave the range of exact scores, else nil.
 local function plan_period(e, p)
   p.old = entry_in(p, e.user)
-  p.score, p.changed, p.tie = new_score(e, p.old)
+  p.score, p.changed, p.tie, p.late = new_score(e, p.old)
   -- An entry whose score stands but whose reach time moved (best: reached earlier; incr: by an
   -- increment of 0) moves too.
   p.moved = not p.changed and p.tie ~= p.old.tie

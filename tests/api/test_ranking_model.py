@@ -67,9 +67,11 @@ def model(
     """The board by hand: ``(user, score)`` best first, and whether each write changed a score
     (``None``: refused, its total beyond ±MAX_SCORE, nothing written).
 
-    A score's time is when it was reached: for ``incr``, when the total last changed; for
-    ``best``, when the best was first reached (an equal one later does not replace it); for
-    ``set``, when the latest different value was set. Equal scores rank the earlier first.
+    A score's time is when it was reached: for ``incr``, when its latest event happened (an
+    increment of 0 included: the writes here come in the order they happened, and the write
+    takes the later of the two times); for ``best``, when the best was first reached (an equal
+    one later does not replace it); for ``set``, when the latest different value was set. Equal
+    scores rank the earlier first.
     """
     better = (lambda a, b: a > b) if order == "desc" else (lambda a, b: a < b)
     board: dict[str, Standing] = {}
@@ -88,7 +90,7 @@ def model(
             changed.append(None)
             continue
         moved = old is None or new != old.score
-        if moved:
+        if moved or operator == "incr":
             board[user] = Standing(new, at)
         changed.append(moved)
     sign = -1 if order == "desc" else 1
@@ -204,9 +206,10 @@ def test_the_model_knows_its_rules() -> None:
     # set: a new equal value keeps the time; a different one moves it.
     writes = [("u-0", 2, t[0]), ("u-1", 2, t[1]), ("u-0", 1, t[2]), ("u-0", 2, t[3])]
     assert model("set", "asc", writes)[0] == [("u-1", 2), ("u-0", 2)]
-    # incr: adding zero changes nothing, not even the time.
+    # incr: adding zero changes no score, but the total is reached at its latest event (so that
+    # the order late events come in, a rebuild's included, never decides a tie).
     writes = [("u-0", 1, t[0]), ("u-1", 1, t[1]), ("u-0", 0, t[2])]
-    assert model("incr", "desc", writes) == ([("u-0", 1), ("u-1", 1)], [True, True, False])
+    assert model("incr", "desc", writes) == ([("u-1", 1), ("u-0", 1)], [True, True, False])
 
 
 # --- subscores -------------------------------------------------------------------------------
