@@ -6,7 +6,7 @@ It is a comparison, not a figure of ``make bench``: the client's own CPU is in e
 is why the bare endpoint is measured alike, and why the rows are read as differences to it and as
 ratios between two versions of the code on the same machine. It also counts the Redis round
 trips of each read (``INFO commandstats`` calls are not round trips: the client's sends are
-counted by wrapping the connection's ``send_packed_command``).
+counted by wrapping the connections' ``send_packed_command``).
 
 ``python -m bench.read_cpu [members] [requests] [redis URL]`` (by default a private
 redis-server on port 6393, db 1) with an unreachable broker and MySQL: the read paths need
@@ -28,7 +28,7 @@ from redis.asyncio.connection import Connection
 from bench import bare, probes
 from services.api.app import create_app
 from shared.keys import Keys
-from shared.redis import open_redis
+from shared.redis import PackedConnection, open_redis
 from shared.settings import LadderSettings
 
 PREFIX = "lt-readcpu"
@@ -92,7 +92,9 @@ async def main(members: int, n: int, redis_url: str) -> None:
         if await redis.zcard(view) != members:
             await redis.unlink(view, Keys.ties(view))
             await probes.fill_board(redis, view, members)
-    Connection.send_packed_command = _counting(Connection.send_packed_command)  # type: ignore[method-assign]
+    # Ladder's connections (PackedConnection) send with a send of their own.
+    for cls in (Connection, PackedConnection):
+        cls.send_packed_command = _counting(cls.send_packed_command)  # type: ignore[method-assign]
     app = create_app(settings)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(manager.app)

@@ -180,11 +180,28 @@ times a second in two runs a day apart on machines of this kind.
   The p99s were 16 to 63 U while the hot view's tick read every user of its window: after the
   batch phase those calls held Redis 45 to 100 ms a second, and the reads waited behind them
   (docs/architecture.md, "Live views"). Each window now keeps its users ranked, and no hot call
-  holds Redis more than a few milliseconds. What is left is the API's own cost: about 1,000 µs
-  of Python a read against the bare endpoint's 330 (measured in-process by
-  `python -m bench.read_cpu`). The board page and the standing are called without FastAPI's
-  request handler, as the score POST is (about 100 Python calls a read fewer). What would move
-  it: less of Starlette's routing and middleware a read, or more cores.
+  holds Redis more than a few milliseconds. What is left is the API's own cost. The board page
+  and the standing are called without FastAPI's request handler, as the score POST is, and
+  since 2026-12-05 without the walk over the app's routers that found them (`DirectPaths`, in
+  the router's place inside the middleware and the error handlers); a query string validated
+  once is not validated again, the current period's window is kept while it is current (a
+  season's was a walk of its schedule, 1.4 ms), and the entries are built without a call each.
+  Their one Redis call goes on a connection the reads keep checked out of the pool (`fcall_ro`
+  in `shared/redis.py`), without redis-py's checkout, release and wrapper around
+  `execute_command`, and every command of Ladder's connections is sent without the task
+  redis-py makes of a send to time it: the call alone (3,000 in a row, medians of five rounds)
+  went from 63 to 31 µs of CPU, 10 of them the send's task. Measured in-process by
+  `python -m bench.read_cpu` (100,000 members; the code before and after in turn, eight runs
+  each, load average 2 to 6; the client's own CPU in every row): a rank read 494 → 292 µs
+  (medians; the bare endpoint 156 and 160), around-me 508 → 352, top-100 684 → 508; the app
+  alone (called without an HTTP client) made about 800 → 288 Python calls a rank read, the bare
+  endpoint 240. What is left, in a py-spy profile of the app alone serving around-me reads: the
+  Redis call about half (the reply read under its timeout, the send's system call, the idle
+  connection's health check, packing), the middleware above the shortcut (Starlette's,
+  FastAPI's and Ladder's three) about a seventh, the entries and the standing's body about an
+  eighth, the credential, board, query and view about a tenth, the JSON and its sending a
+  twentieth. What would move it: the middleware for these two routes, a Redis client that reads
+  replies without a stream and a timer a call, or more cores.
 - **One primary against three, and `WAIT`** (the rows "1 primary" and "3 primaries", ratios
   P to one primary with a replica and no `WAIT`, on the phase's private servers). On two
   cores, three primaries and their replicas share the same two cores with the API and wrk, so

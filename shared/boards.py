@@ -233,6 +233,14 @@ class BoardCatalog:
             await self._redis.hset(self._keys.boards, mapping=mapping)
         self._cache.clear()
 
+    def peek(self, board_id: str) -> Board | None:
+        """The definition of ``board_id`` if the local cache holds it (as :meth:`get` would
+        answer without asking Redis), else None."""
+        try:
+            return self._cache[board_id]
+        except KeyError:
+            return None
+
     async def get(self, board_id: str, *, fresh: bool = False) -> Board | None:
         """The definition of ``board_id``, from the local cache unless ``fresh``."""
         if not fresh:

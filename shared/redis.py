@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Iterable, Sequence
 from importlib import resources
 from typing import Any, cast
 
 import hiredis
 import structlog
-from redis.asyncio import Connection, Redis
+from redis.asyncio import Connection, ConnectionPool, Redis
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, ResponseError
@@ -67,6 +68,49 @@ class PackedConnection(Connection):
         serializer = self._serializer
         return [b"".join(_packed(serializer, tuple(command)) for command in commands)]
 
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        """redis-py's send, without a task a command: it bounds the whole send by the socket
+        timeout with ``asyncio.wait_for``, which makes a task of the send and waits a turn of
+        the event loop for it (10 µs of CPU of a read's 63 in ``execute_command``). Here the
+        bytes go to the transport at once, as they did in that task, and the timeout bounds what
+        can wait: the transport draining its buffer to the socket. Its failures are
+        redis-py's."""
+        if not self.is_connected:
+            await self.connect_check_health(check_health=False)
+        if check_health:
+            await self.check_health()  # type: ignore[no-untyped-call]
+        try:
+            if isinstance(command, str):
+                command = command.encode()
+            if isinstance(command, bytes):
+                command = [command]
+            writer = self._writer
+            assert writer is not None
+            writer.writelines(command)
+            # A drain waits only while the transport holds more than its high-water mark; with
+            # nothing left in it, there is nothing to wait for and no timer to set.
+            if self.socket_timeout and writer.transport.get_write_buffer_size():
+                async with asyncio.timeout(self.socket_timeout):
+                    await writer.drain()
+            else:
+                await writer.drain()
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
+        except OSError as e:
+            await self.disconnect(nowait=True)
+            if len(e.args) == 1:
+                err_no, errmsg = "UNKNOWN", e.args[0]
+            else:
+                err_no = e.args[0]
+                errmsg = e.args[1]
+            raise RedisConnectionError(f"Error {err_no} while writing to socket. {errmsg}.") from e
+        except BaseException:
+            await self.disconnect(nowait=True)
+            raise
+
 
 def _packed(serializer: HiredisRespSerializer, args: tuple[Any, ...]) -> bytes:
     """``args`` packed by hiredis itself: the serializer's pass over every argument (for
@@ -77,6 +121,64 @@ def _packed(serializer: HiredisRespSerializer, args: tuple[Any, ...]) -> bytes:
             return hiredis.pack_command(args)  # type: ignore[no-any-return]
     packed: bytes = serializer.pack(*args)[0]
     return packed
+
+
+# Connections the reads of fcall_ro keep checked out of a client's pool between calls, by pool:
+# the pool's checkout and release (a lock, a deprecation check of the arguments, observability
+# records and events) cost as much as the call's send and read. Still the pool's (in use, to it):
+# counted against its size, and closed with it when the client is closed. At most _KEPT idle a
+# pool; one more goes back to the pool after its call.
+_IDLE: weakref.WeakKeyDictionary[ConnectionPool, list[Connection]] = weakref.WeakKeyDictionary()
+_KEPT = 8
+
+
+async def fcall_ro(redis: Redis, function: str, keys: Sequence[str], *args: Any) -> Any:
+    """``FCALL_RO function len(keys) *keys *args``: the reply, as ``execute_command`` gives it.
+
+    For the API's hottest reads, on one Redis: the command is packed, sent and its reply read as
+    ``execute_command`` does, on a connection kept for these calls (``_IDLE``) and checked as
+    the pool checks one it hands out (data left unread, or closed by the server: connected
+    afresh), without the client's wrapper around the call: its retry loop, for which
+    ``open_redis``'s clients have no retries (a failure is raised, the connection dropped, as
+    here), its observability records and its per-command checks: a read's call took 63 µs of
+    CPU through ``execute_command`` (redis-py's send), 31 here (docs/architecture.md,
+    "Performance"). A cluster's client, or one given retries, takes ``execute_command``.
+    """
+    command = ("FCALL_RO", function, len(keys), *keys, *args)
+    if not isinstance(redis, Redis) or redis.connection is not None:
+        return await redis.execute_command(*command)  # type: ignore[no-untyped-call]
+    pool = redis.connection_pool
+    idle = _IDLE.get(pool)
+    if idle is None:
+        idle = _IDLE[pool] = []
+    connection = idle.pop() if idle else await pool.get_connection()  # type: ignore[no-untyped-call]
+    if connection.retry.get_retries():
+        await pool.release(connection)
+        return await redis.execute_command(*command)  # type: ignore[no-untyped-call]
+    try:
+        if connection.is_connected:
+            # The pool's checks: at checkout, data left unread or a connection the server
+            # closed; at release, one marked for a reconnect.
+            try:
+                stale = connection.should_reconnect() or await connection.can_read()
+            except (RedisConnectionError, OSError):
+                stale = True
+            if stale:
+                await connection.disconnect()
+        await connection.send_packed_command(connection.pack_command(*command))
+        return await connection.read_response()
+    except ResponseError:  # an error reply, read whole: the connection is clean
+        raise
+    except BaseException:
+        # What redis-py's send and read do on a failure (a connection left disconnected
+        # connects again at its next send).
+        await connection.disconnect(nowait=True)
+        raise
+    finally:
+        if len(idle) < _KEPT:
+            idle.append(connection)
+        else:
+            await pool.release(connection)
 
 
 def library_source() -> str:

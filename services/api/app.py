@@ -37,6 +37,7 @@ from services.api.routes import (
     snapshots,
 )
 from services.api.routes import live as live_views
+from services.api.routes.params import DirectPaths
 from services.api.state import ApiState, document_private_reads
 from services.api.write.durable import Durability
 from services.api.write.group import group_commit
@@ -178,6 +179,9 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     # Last, so that the OpenAPI document lists the operations endpoints after the rest.
     app.include_router(ops.router)
     activity.document_feed_length(app, settings.feed_length)
+    # In the router's place, inside the middleware: the page and standing reads are handed to
+    # their endpoints without the walk over every router (routes/params.py, DirectPaths).
+    app.router.middleware_stack = DirectPaths(app.router.middleware_stack, reads.DIRECT_READS)
     if not settings.public_reads:
         document_private_reads(app)
     return app

@@ -95,6 +95,15 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     return Principal("player", subject, expires_at)
 
 
+def authorization(scope: Scope) -> str | None:
+    """The request's ``Authorization`` header, as ``request.headers.get`` gives it (the first,
+    decoded as Latin-1), without making the request's Headers."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return str(value.decode("latin-1"))
+    return None
+
+
 def bearer(header: str | None) -> str | None:
     """The credential of an ``Authorization: Bearer`` header, or ``None`` without the header.
     A header that is there but empty or blank is a credential that is not valid (401), not an

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,13 +22,23 @@ class BodyLimit:
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
+        self.detail = f"Request bodies are limited to {limit} bytes."
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        detail = f"Request bodies are limited to {self.limit} bytes."
-        declared = Headers(scope=scope).get("content-length")
+        detail = self.detail
+        # The first Content-Length, as Starlette's Headers finds it (ASGI's names are lower
+        # case), without making the Headers of every request.
+        declared = next(
+            (
+                value.decode("latin-1")
+                for name, value in scope["headers"]
+                if name == b"content-length"
+            ),
+            None,
+        )
         # A length that is not a number is the HTTP server's to refuse (uvicorn answers 400
         # before the app is called); the body is counted as it streams in all the same.
         if declared is not None and declared.isdigit() and int(declared) > self.limit:

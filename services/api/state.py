@@ -74,11 +74,15 @@ async def get_principal(
 Caller = Annotated[Principal, Depends(get_principal)]
 
 
-async def get_reader(caller: Caller, state: State) -> Principal:
+def reader_of(caller: Principal, state: ApiState) -> Principal:
     """Public reads need no credential unless ``LADDER_PUBLIC_READS=false``."""
     if caller.kind == "anonymous" and not state.settings.public_reads:
         raise Unauthorized("Reads need a credential here (LADDER_PUBLIC_READS=false).")
     return caller
+
+
+async def get_reader(caller: Caller, state: State) -> Principal:
+    return reader_of(caller, state)
 
 
 Reader = Annotated[Principal, Depends(get_reader)]

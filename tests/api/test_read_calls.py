@@ -5,7 +5,7 @@ has moved since the page that handed it out."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,7 @@ from services.aggregator.merge import Merger
 from services.api.reads import friends
 from shared.boards import MAIN_BOARD
 from shared.keys import Keys
+from shared.redis import PackedConnection
 from shared.settings import LadderSettings
 from tests.api.helpers import LEADERBOARD, get_ok, post, rfc, score
 from tests.api.test_reads import Friends, merge
@@ -50,15 +51,20 @@ READING: contextvars.ContextVar[Sends | None] = contextvars.ContextVar("reading"
 
 @pytest.fixture
 def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sends]:
+    """Counts the sends of redis-py's connections and of Ladder's (PackedConnection has a send
+    of its own, which does not call redis-py's)."""
     sends = Sends()
-    send = Connection.send_packed_command
 
-    async def counted(self: Connection, *args: Any, **kwargs: Any) -> None:
-        if READING.get() is sends:
-            sends.count += 1
-        await send(self, *args, **kwargs)
+    def counting(send: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        async def counted(self: Connection, *args: Any, **kwargs: Any) -> None:
+            if READING.get() is sends:
+                sends.count += 1
+            await send(self, *args, **kwargs)
 
-    monkeypatch.setattr(Connection, "send_packed_command", counted)
+        return counted
+
+    for cls in (Connection, PackedConnection):
+        monkeypatch.setattr(cls, "send_packed_command", counting(cls.send_packed_command))
     yield sends
 
 

@@ -14,6 +14,7 @@ from services.api.reads.views import Row, View
 from shared.functions import PAGE_FUNCTION
 from shared.keys import Keys
 from shared.ranking import id_of
+from shared.redis import fcall_ro
 
 
 async def _friends_page(
@@ -68,15 +69,11 @@ async def page(
     if cursor is not None:
         stored, member = decode_cursor(cursor)
         after = (int(stored), member)
-    found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
-        "FCALL_RO",
+    board_id = view.board.board_id
+    found: list[Any] = await fcall_ro(
+        redis,
         PAGE_FUNCTION,
-        5,
-        view.key,
-        view.ties,
-        keys.names(view.board.board_id),
-        keys.distinct(view.key),
-        keys.as_of(view.board.board_id),
+        (view.key, view.ties, keys.names(board_id), keys.distinct(view.key), keys.as_of(board_id)),
         limit,
         style,
         *after,

@@ -14,6 +14,7 @@ from services.api.reads.views import View
 from shared.functions import PLACE_FUNCTION
 from shared.keys import Keys
 from shared.ranking import id_of
+from shared.redis import fcall_ro
 
 
 def _standing_body(own: dict[str, Any], rank: int, position: int, total: int) -> dict[str, Any]:
@@ -72,14 +73,10 @@ async def standing(
         }
     # One round trip: position, score, size, the entries around, their names and records, and
     # the counts of the style's ranks of the user and of the first entry around.
-    found: list[Any] = await redis.execute_command(  # type: ignore[no-untyped-call]
-        "FCALL_RO",
+    found: list[Any] = await fcall_ro(
+        redis,
         PLACE_FUNCTION,
-        4,
-        view.key,
-        view.ties,
-        keys.names(view.board.board_id),
-        keys.distinct(view.key),
+        (view.key, view.ties, keys.names(view.board.board_id), keys.distinct(view.key)),
         user_id,
         around,
         style,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from services.api.answers import json_answer
-from services.api.auth import Principal, authenticate, bearer
+from services.api.auth import Principal, authenticate, authorization, bearer
 from services.api.errors import Invalid, problems
 from services.api.reads import pages, ranks, standings, views
 from services.api.reads.styles import RankStyle
@@ -33,7 +33,7 @@ from services.api.state import (
     Reader,
     State,
     get_board,
-    get_reader,
+    reader_of,
 )
 from services.api.strict_json import StrictJsonRoute
 from shared.boards import Board
@@ -144,13 +144,16 @@ async def _read_of(
 ) -> tuple[ApiState, Board, Principal, Q]:
     """The state, board, reader and query of a read, checked in the order of the other routes:
     the credential (401), the board (404), then every path and query error in one 422."""
-    state: ApiState = request.state.ladder
-    caller = authenticate(bearer(request.headers.get("authorization")), state.settings)
-    reader = await get_reader(caller, state)
+    state: ApiState = request.scope["state"]["ladder"]
+    caller = authenticate(bearer(authorization(request.scope)), state.settings)
+    reader = reader_of(caller, state)
     errors = path_errors(request, "board_id")
     board = None
     if not errors:
-        board = await get_board(request.path_params["board_id"], state)
+        board_id = request.path_params["board_id"]
+        board = state.catalog.peek(board_id)
+        if board is None:
+            board = await get_board(board_id, state)
     query = query_of(model, request, errors + path_errors(request, *path))
     assert board is not None  # a bad board id is among the errors query_of raised
     return state, board, reader, query
@@ -238,6 +241,10 @@ router.add_api_route(
     },
     route_class_override=DirectRoute,
 )
+
+DIRECT_READS = [route for route in router.routes if isinstance(route, DirectRoute)]
+"""The page and the standing: served by :class:`~services.api.routes.params.DirectPaths`
+without the routers' walk (services/api/app.py)."""
 
 
 @router.get(
