@@ -20,7 +20,7 @@ from services.api.write.submit import submit
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION, MARK_SEEN_FUNCTION
-from shared.keys import Keys
+from shared.keys import Keys, seen_keys
 from shared.ranking import MAX_SCORE, reached_ms, tie_key
 from shared.settings import LadderSettings
 from tests.helpers import derive, read_view
@@ -184,7 +184,8 @@ async def test_an_event_whose_record_expired_is_derived_once(
     events = await accept(redis, keys, settings, 4)
     await redis.delete(record(keys, events[1]), record(keys, events[3]))
     # The notifier marked events[3] seen first: its mark made a record of marks alone.
-    mark = [record(keys, events[3]), keys.legacy_idempotency(BOARD.board_id, "d-3"), "old"]
+    mark = seen_keys(keys, BOARD.board_id, "notifier", "d-3", events[3].user_id)
+    assert mark[0] == record(keys, events[3])
     await redis.fcall(MARK_SEEN_FUNCTION, 3, *mark, "notifier", 60)
     assert await derive(redis, keys, BOARD, events, FEED) == 4
     assert await derive(redis, keys, BOARD, events, FEED) == 0
