@@ -28,8 +28,12 @@ _USER = itemgetter(0)
 def _split(marks: list[str]) -> list[Split]:
     """``marks`` (of one period) split, in order of region and, within a region, of user: the
     marks' own order, the part before the region being the same in all. The marks of a user
-    with marks in several regions (rare) go last, together, in order of user."""
-    split = [(u, r, mark) for mark in sorted(marks) for _, _, r, u in (parse_dirty_member(mark),)]
+    with marks in several regions (rare) go last, together, in order of user. A mark given twice
+    (``SSCAN`` may return a member twice) is taken once: the function would read its region's
+    record twice, and an ``incr`` user's global total would count it twice."""
+    split = [
+        (u, r, mark) for mark in sorted(set(marks)) for _, _, r, u in (parse_dirty_member(mark),)
+    ]
     if len({user for user, _, _ in split}) == len(split):
         return split
     several = {user for user, n in Counter(s[0] for s in split).items() if n > 1}

@@ -283,8 +283,8 @@ class Merger:
 
     async def _take(self, marks_set: str, cursor: int) -> tuple[int, list[str]]:
         """About a round of marks from ``marks_set`` (the merging set, or the dirty set for a
-        fresh round), and where the scan goes on (a mark the scan returns twice is merged twice,
-        to the same result)."""
+        fresh round), and where the scan goes on (a mark the scan returns twice in a round is merged
+        once, marks.by_user; in two rounds, twice, to the same result)."""
         marks: list[str] = []
         while True:
             cursor, found = await self._redis.sscan(marks_set, cursor, count=ROUND)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from services.aggregator.merge import Merger
+from services.aggregator.merge import Merger, Pass
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
@@ -113,3 +113,26 @@ async def test_a_user_in_two_regions_is_merged_once_however_the_marks_fall(
     assert merged == len(users)
     view = game.keys.global_view(board.board_id, "alltime", "all")
     assert sorted(await read_view(redis, view, board.descending)) == [(u, 3) for u in users]
+
+
+async def test_a_mark_the_scan_returns_twice_is_summed_once(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """``SSCAN`` may return a member twice (a set rehashed during the scan). A round holding a
+    mark twice merges its user from each region once: an ``incr`` total is not doubled."""
+    board = Board(board_id="twice", periods=("alltime",))
+    game = Game(redis, settings, board)
+    await game.post("a", "eu", 5, 0)
+    await game.post("b", "eu", 1, 1)
+    await game.post("b", "na", 2, 2)
+    merger = Merger(redis, game.keys)
+    assert await merger.lease.hold(board.board_id)
+    marks = [
+        dirty_member("alltime", "all", region, user)
+        for user, region in (("a", "eu"), ("b", "eu"), ("b", "na"))
+    ]
+    dirty = game.keys.dirty(board.board_id)
+    await merger._merge_round(Pass(board), dirty, marks + marks)
+    view = game.keys.global_view(board.board_id, "alltime", "all")
+    assert await read_view(redis, view, board.descending) == [("a", 5), ("b", 3)]
+    assert await redis.scard(dirty) == 0
