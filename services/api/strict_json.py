@@ -12,6 +12,7 @@ is answered 400; the single score POST parses its body itself (:func:`refuse_non
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,13 +25,24 @@ def _not_json(word: str) -> Any:
     raise ValueError(f"{word} is not a JSON number")
 
 
+# A string escape of half a UTF-16 surrogate pair (``\ud800``): JSON's grammar takes it, but it
+# is no text, which UTF-8 cannot carry (RFC 8259 section 8.2; I-JSON, RFC 7493, forbids it).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def loads(body: bytes) -> Any:
-    """``json.loads`` without ``NaN`` and the infinities: a ``json.JSONDecodeError`` for them."""
+    """``json.loads`` of a UTF-8 body, as the single score POST's parser reads one: a
+    ``json.JSONDecodeError`` for ``NaN`` and the infinities, for bytes that are not UTF-8 (in
+    place of ``json``'s guess at UTF-16 or UTF-32), for a byte-order mark, and for a string
+    holding half a surrogate pair (which no answer could echo: it has no UTF-8)."""
     try:
-        return json.loads(body, parse_constant=_not_json)
+        found = json.loads(body.decode("utf-8"), parse_constant=_not_json)
+        if _SURROGATE_ESCAPE.search(body):
+            json.dumps(found, ensure_ascii=False).encode("utf-8")
+        return found
     except json.JSONDecodeError:
         raise
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeError included
         raise json.JSONDecodeError(str(exc), body.decode(errors="replace"), 0) from None
     except RecursionError:  # nested deeper than the parser goes
         raise json.JSONDecodeError("nested too deep", body.decode(errors="replace"), 0) from None

@@ -12,7 +12,7 @@ from shared.boards import MAIN_BOARD
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client, derive_outbox, player
+from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, derive_outbox, player
 
 pytestmark = pytest.mark.usefixtures("mysql_database", "broker")
 
@@ -182,6 +182,60 @@ async def test_bodies_that_were_a_500_or_kept_wrong_are_refused(
         assert answer.status_code in (200, 400, 422), answer.text
         if answer.status_code == 200:
             assert answer.json()["results"][0]["error"]["status"] == 422
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"event_id": "\\ud800", "user_id": "u-bad", "region": "eu", "value": 1}',
+        b'{"user_id": "u-bad", "region": "eu", "value": 1, "metadata": {"\\udc00": 1}}',
+        b'{"user_id": "u-bad\\uD800", "region": "eu", "value": 1}',
+    ],
+    ids=["event-id", "metadata-key", "user-id"],
+)
+async def test_half_a_surrogate_pair_is_not_json_text(
+    quiet: LadderSettings, redis: Redis, bad: bytes
+) -> None:
+    """A string escape of half a UTF-16 pair is no text (UTF-8 has none for it): the body is
+    not JSON Ladder takes, a 400 on every route, as the single POST's parser has it; the batch
+    answered 500 after writing its other events, which a retry then counted twice."""
+    good = b'{"event_id": "g-1", "user_id": "u-ok", "region": "eu", "value": 7}'
+    headers = SERVER | {"Content-Type": "application/json"}
+    batch = b'{"events": [' + good + b", " + bad + b"]}"
+    async with api_client(quiet) as client:
+        for path, body in [("/scores/batch", batch), ("/scores", bad)]:
+            response = await client.post("/v1/boards/main" + path, content=body, headers=headers)
+            assert response.status_code == 400, response.text
+            assert response.headers["content-type"].startswith("application/problem+json")
+        # A whole pair is a character like any other.
+        pair = b'{"user_id": "u", "region": "eu", "value": 1, "metadata": {"e": "\\ud83c\\udfc6"}}'
+        kept = await client.post(
+            "/v1/boards/main/scores/batch", content=b'{"events": [' + pair + b"]}", headers=headers
+        )
+        assert kept.status_code == 200, kept.text
+        assert "error" not in kept.json()["results"][0], kept.text
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
+async def test_a_body_in_another_encoding_is_not_json(
+    quiet: LadderSettings, redis: Redis, encoding: str
+) -> None:
+    """Bodies are UTF-8, without a byte-order mark, on every route: json guessed UTF-16 and
+    UTF-32 and took them on the batch, where the single POST refused them."""
+    event = '{"user_id": "u", "region": "eu", "value": 1}'
+    headers = SERVER | {"Content-Type": "application/json"}
+    async with api_client(quiet) as client:
+        for path, text in [("/scores", event), ("/scores/batch", '{"events": [' + event + "]}")]:
+            response = await client.post(
+                "/v1/boards/main" + path, content=text.encode(encoding), headers=headers
+            )
+            assert response.status_code == 400, (path, response.text)
+        board = await client.put(
+            "/v1/boards/enc", content='{"max_value": 7}'.encode(encoding), headers=ADMIN
+        )
+        assert board.status_code == 400, board.text
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
 
 
