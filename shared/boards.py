@@ -13,7 +13,15 @@ from typing import Annotated, Any, Literal
 from zoneinfo import available_timezones
 
 from cachetools import TTLCache
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 from redis.asyncio import Redis
 
 from shared.keys import Keys
@@ -35,19 +43,22 @@ most on a board that declares them (docs/security.md, "Invented regions and team
 
 
 class Retention(BaseModel):
+    # Strict integers, as scores are (docs/api.md section 1): "7", 7.0 and true are refused.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    daily: int = Field(default=35, ge=1, le=3660)
-    weekly: int = Field(default=12, ge=1, le=520)
-    monthly: int = Field(default=12, ge=1, le=120)
-    season: int = Field(default=12, ge=1, le=10_000)
+    daily: StrictInt = Field(default=35, ge=1, le=3660)
+    weekly: StrictInt = Field(default=12, ge=1, le=520)
+    monthly: StrictInt = Field(default=12, ge=1, le=120)
+    season: StrictInt = Field(default=12, ge=1, le=10_000)
 
     def of(self, period: Period) -> int | None:
         return None if period == "alltime" else int(getattr(self, period))
 
 
 class BoardSpec(BaseModel):
-    """A board definition as a client sends it; every field has the default of board ``main``."""
+    """A board definition as a client sends it; every field has the default of board ``main``.
+    Its integers and booleans are JSON's own: ``"500"``, ``500.0`` and ``true`` are no integer,
+    and ``1`` and ``"yes"`` no boolean (a lax ``true`` made a ``max_value`` of 1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -56,18 +67,18 @@ class BoardSpec(BaseModel):
     subscore_order: SubscoreOrder | None = None
     periods: tuple[Period, ...] = ("daily", "weekly", "monthly", "alltime")
     timezone: str = Field(default="UTC", description="An IANA time zone name: Europe/Berlin")
-    min_value: int = Field(default=-1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
-    max_value: int = Field(default=1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
+    min_value: StrictInt = Field(default=-1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
+    max_value: StrictInt = Field(default=1_000_000, ge=-MAX_SCORE, le=MAX_SCORE)
     retention: Retention = Retention()
-    notify_top: tuple[Annotated[int, Field(ge=1, le=1000)], ...] = (1, 10, 100)
-    player_writes: bool = False
+    notify_top: tuple[Annotated[StrictInt, Field(ge=1, le=1000)], ...] = (1, 10, 100)
+    player_writes: StrictBool = False
     regions: tuple[DeclaredRegion, ...] | None = Field(
         default=None,
         max_length=MAX_REGIONS,
         description="The board's regions: an event naming another is refused (422). null: any "
         "region a server key names; a board with player_writes must declare them",
     )
-    badges: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")], int] = Field(
+    badges: dict[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")], StrictInt] = Field(
         default_factory=dict
     )
     schedule: str | None = Field(
@@ -81,11 +92,14 @@ class BoardSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _season_period(cls, data: Any) -> Any:
-        """A schedule adds ``season`` to the periods (stored and returned with them)."""
+        """A schedule adds ``season`` to the periods (stored and returned with them), last: a
+        ``season`` the client named elsewhere moves there (one named twice is left for the
+        periods' own check to refuse)."""
         if isinstance(data, dict) and data.get("schedule") is not None:
             periods = data.get("periods", CALENDAR_PERIODS)
-            if isinstance(periods, list | tuple) and "season" not in periods:
-                data = {**data, "periods": (*periods, "season")}
+            if isinstance(periods, list | tuple) and list(periods).count("season") <= 1:
+                rest = tuple(period for period in periods if period != "season")
+                data = {**data, "periods": (*rest, "season")}
         return data
 
     @field_validator("schedule")

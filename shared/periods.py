@@ -185,7 +185,8 @@ def window_of(
 ) -> PeriodWindow:
     """The period named by ``period_id``; raises :class:`PeriodIdError` if it names none."""
     if not _PATTERNS[period].fullmatch(period_id):
-        raise PeriodIdError(f"{period_id!r} is not a {period} period id")
+        named = "the alltime period's id, all" if period == "alltime" else f"a {period} period id"
+        raise PeriodIdError(f"{period_id!r} is not {named}")
     if period == "season":
         return _season_of(period_id, timezone, _season(schedule))
     if period == "alltime":

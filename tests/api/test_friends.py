@@ -125,6 +125,34 @@ async def test_a_player_manages_only_its_own_friends(quiet: LadderSettings, redi
     assert await stored(quiet, "u-2") == ["u-3"]
 
 
+async def test_the_credential_is_judged_before_the_path_s_ids(quiet: LadderSettings) -> None:
+    """docs/api.md section 1, "The credential first": a malformed id in the path is a 422 only
+    for a caller that may act for the path's user; the others get their 401 or 403 first."""
+    async with api_client(quiet) as client:
+        answers = {
+            401: [
+                await client.get(path("bad!")),
+                await client.get(path("bad!", "requests")),
+                await client.put(path("bad!", "u-2")),
+                await client.delete(path("u-1", "bad!")),
+            ],
+            403: [
+                await client.get(path("bad!"), headers=player("u-1")),
+                await client.get(path("bad!", "requests"), headers=player("u-1")),
+                await client.put(path("u-2", "bad!"), headers=player("u-1")),
+                await client.delete(path("u-2", "bad!"), headers=player("u-1")),
+                await client.put(path("bad!", "u-2"), headers=player("u-1")),
+            ],
+            422: [
+                await client.get(path("bad!"), headers=SERVER),
+                await client.put(path("u-1", "bad!"), headers=player("u-1")),
+            ],
+        }
+    for status, responses in answers.items():
+        for response in responses:
+            assert_problem(response, status)
+
+
 @pytest.mark.parametrize(
     ("user_id", "friend_id", "loc"),
     [("u-1", "u-1", "friend_id"), ("u-1", "-bad", "friend_id"), ("u 1", "u-2", "user_id")],

@@ -54,11 +54,14 @@ class BoardsOut(BaseModel):
 def _document_board_in(schema: dict[str, Any]) -> None:
     """What the validators of :class:`BoardSpec` refuse, said in JSON Schema where it can be.
 
-    ``board_id`` is left out: the path names the board, and the server refuses any body
-    ``board_id`` but that one, so a client has nothing to send there.
+    ``board_id`` is optional, and only the path's may be sent: a definition read with ``GET``
+    can be sent back as it is.
     """
     fields = schema["properties"]
-    del fields["board_id"]
+    fields["board_id"]["description"] = (
+        "Optional: the board of the path (any other is a 422), so that a definition read with "
+        "GET can be sent back as it is"
+    )
     fields["periods"] |= {"minItems": 1, "uniqueItems": True}
     fields["notify_top"]["uniqueItems"] = True
     # regions: null, or at least one region, none twice.

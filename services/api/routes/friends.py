@@ -16,10 +16,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
 from services.api.state import Caller, State
 from services.api.strict_json import StrictJsonRoute
@@ -62,6 +63,21 @@ def _not_the_requests_list(friend_id: str) -> None:
         raise StarletteHTTPException(405, headers={"Allow": "GET"})
 
 
+async def get_owner(request: Request, caller: Caller) -> Principal:
+    """The caller, if it may act for the path's user: a key, or that user's own token. A
+    dependency declared first, with the path's ids as sent, so that its 401 and 403 come before a
+    malformed id's 422 (docs/api.md section 1, "The credential first"): a malformed id is no
+    player's own. ``requests`` as a friend is the read-only list's path first (405)."""
+    friend_id = request.path_params.get("friend_id")
+    if friend_id is not None:
+        _not_the_requests_list(friend_id)
+    caller.require_user(request.path_params["user_id"])
+    return caller
+
+
+Owner = Annotated[Principal, Depends(get_owner)]
+
+
 @contextlib.contextmanager
 def _answered() -> Iterator[None]:
     """A change's refusals as problems: a full list is 409, a lock not had in time 503."""
@@ -85,13 +101,11 @@ def _answered() -> Iterator[None]:
     },
 )
 async def befriend(
-    user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
+    caller: Owner, user_id: UserIdPath, friend_id: UserIdPath, state: State
 ) -> Response:
     """A server key: make the two friends of each other at once (204, also if they already
     are). A player token: ask ``friend_id`` (202, also if asked before), or, if ``friend_id``
     has asked ``user_id`` already, make the friendship (204)."""
-    _not_the_requests_list(friend_id)
-    caller.require_user(user_id)
     if friend_id == user_id:
         raise Invalid("A user cannot be its own friend.", loc=("path", "friend_id"))
     with _answered():
@@ -117,13 +131,9 @@ async def befriend(
     response_class=Response,
     responses=problems(401, 403, 404, 405, 422, 503, said={404: NO_ROUTE, 405: ONLY_READ}),
 )
-async def unfriend(
-    user_id: UserIdPath, friend_id: UserIdPath, state: State, caller: Caller
-) -> None:
+async def unfriend(_: Owner, user_id: UserIdPath, friend_id: UserIdPath, state: State) -> None:
     """End the friendship both ways, and drop any request pending between the two, either way
     (withdraw one's own, decline the other's): 204, also if there was nothing."""
-    _not_the_requests_list(friend_id)
-    caller.require_user(user_id)
     with _answered():
         await friendships.unfriend(state.engine, user_id, friend_id)
     async with state.redis.pipeline(transaction=False) as pipe:
@@ -137,10 +147,9 @@ async def unfriend(
     response_model=RequestsOut,
     responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
 )
-async def requests(user_id: UserIdPath, state: State, caller: Caller) -> dict[str, Any]:
+async def requests(_: Owner, user_id: UserIdPath, state: State) -> dict[str, Any]:
     """The friend requests pending to the user (``incoming``) and its own (``outgoing``), each
     sorted: read from MySQL."""
-    caller.require_user(user_id)
     incoming, outgoing = await friendships.load_requests(state.engine, user_id)
     return {"incoming": incoming, "outgoing": outgoing}
 
@@ -150,8 +159,7 @@ async def requests(user_id: UserIdPath, state: State, caller: Caller) -> dict[st
     response_model=FriendsOut,
     responses=problems(401, 403, 404, 422, 503, said={404: NO_ROUTE}),
 )
-async def friends(user_id: UserIdPath, state: State, caller: Caller) -> dict[str, Any]:
+async def friends(_: Owner, user_id: UserIdPath, state: State) -> dict[str, Any]:
     """The user's friends, sorted: what the friends scope ranks the user among."""
-    caller.require_user(user_id)
     members: set[Any] = await state.redis.smembers(state.keys.friends(user_id))
     return {"friends": sorted(members)}
