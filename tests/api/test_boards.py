@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text
@@ -96,6 +97,24 @@ async def test_a_definition_read_back_from_get_may_be_put_again(quiet: LadderSet
     assert again.json() == MAIN | {"notify_top": [1]}
 
 
+async def test_the_document_takes_a_definition_read_back(quiet: LadderSettings) -> None:
+    """The PUT body's schema allows the ``board_id`` a GET answers with, as the page says."""
+    async with api_client(quiet) as client:
+        read = (await client.get("/v1/boards/main")).json()
+        document = (await client.get("/openapi.json")).json()
+    put_body = document["paths"]["/v1/boards/{board_id}"]["put"]["requestBody"]
+    schema = put_body["content"]["application/json"]["schema"]
+    validator = jsonschema_rs.validator_for({**schema, "components": document["components"]})
+    assert validator.is_valid(read), list(validator.iter_errors(read))
+
+
+async def test_a_schedule_s_season_is_stored_last(quiet: LadderSettings) -> None:
+    body = {"periods": ["season", "daily"], "schedule": "0 18 * * 5"}
+    async with api_client(quiet) as client:
+        made = await put(client, "cup", body, status=201)
+    assert made.json()["periods"] == ["daily", "season"]
+
+
 async def test_only_an_admin_key_writes_definitions(quiet: LadderSettings, redis: Redis) -> None:
     async with api_client(quiet) as client:
         before = await snapshot(redis, quiet.key_prefix)
@@ -133,6 +152,15 @@ async def test_only_an_admin_key_writes_definitions(quiet: LadderSettings, redis
         ("laps", {"max_value": MAX_SCORE + 1}, "max_value"),
         ("laps", {"min_value": -MAX_SCORE - 1}, "min_value"),
         ("laps", {"min_value": 1.5}, "min_value"),
+        # JSON's integers and booleans only, as for scores: a lax true was a max_value of 1.
+        ("laps", {"max_value": True}, "max_value"),
+        ("laps", {"max_value": "500"}, "max_value"),
+        ("laps", {"max_value": 500.0}, "max_value"),
+        ("laps", {"retention": {"daily": "7"}}, "daily"),
+        ("laps", {"notify_top": [True]}, "0"),
+        ("laps", {"badges": {"gold": 25.0}}, "gold"),
+        ("laps", {"player_writes": 1, "regions": ["eu"]}, "player_writes"),
+        ("laps", {"player_writes": "yes", "regions": ["eu"]}, "player_writes"),
         ("laps", {"retention": {"hourly": 3}}, "hourly"),
         ("laps", {"notify_top": [0]}, "0"),
         ("laps", {"badges": {"Gold!": 1}}, None),
