@@ -207,6 +207,29 @@ async def test_the_friends_scope_ranks_a_player_among_its_friends_on_the_global_
     assert_problem(anonymous, 401)
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/boards/nope/leaderboard?scope=friends:u-1",
+        "/v1/boards/main/leaderboard?scope=friends:u-1&limit=0",
+        "/v1/boards/nope/users/bad!?scope=friends:u-1",
+        "/v1/boards/main/leaderboard?scope=friends%3Abad!",
+    ],
+)
+async def test_a_friends_scope_judges_the_credential_before_the_board_and_query(
+    quiet: LadderSettings, path: str
+) -> None:
+    """docs/api.md section 1: a friends scope is its player's (or a key's), which is told
+    without the board or the body, so its 401 and 403 come before a 404 or a 422."""
+    async with api_client(quiet) as client:
+        anonymous = await client.get(path)
+        other = await client.get(path, headers=player("u-2"))
+        key = await client.get(path, headers=SERVER)
+    assert_problem(anonymous, 401)
+    assert_problem(other, 403)
+    assert key.status_code in (404, 422), key.text
+
+
 async def test_the_friends_scope_pages_and_answers_standings(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:

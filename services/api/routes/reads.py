@@ -134,6 +134,7 @@ class EventsOut(BaseModel):
 
 
 Q = TypeVar("Q", bound=BaseModel)
+FRIENDS = "friends:"
 # What the document says of the reads that check their credential themselves: the bearer
 # scheme, as a Reader dependency would declare it, then PUBLIC_READ's empty requirement.
 _READ_SECURITY = [{BEARER.scheme_name: []}, *PUBLIC_READ["security"]]
@@ -143,10 +144,17 @@ async def _read_of(
     request: Request, model: type[Q], *path: str
 ) -> tuple[ApiState, Board, Principal, Q]:
     """The state, board, reader and query of a read, checked in the order of the other routes:
-    the credential (401), the board (404), then every path and query error in one 422."""
+    the credential (401, and for a friends scope 403), the board (404), then every path and
+    query error in one 422."""
     state: ApiState = request.scope["state"]["ladder"]
     caller = authenticate(bearer(authorization(request.scope)), state.settings)
     reader = reader_of(caller, state)
+    # A friends scope is its player's (401, 403), told without the board or the query's other
+    # parameters: judged before them. (The query string is parsed here only if it may name one.)
+    if b"friends" in request.scope["query_string"]:
+        scope = request.query_params.get("scope")
+        if scope is not None and scope.startswith(FRIENDS):
+            views.check_friends_reader(reader, scope.removeprefix(FRIENDS))
     errors = path_errors(request, "board_id")
     board = None
     if not errors:
