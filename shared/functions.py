@@ -120,6 +120,9 @@ the events changed into the regional boards' distinct-score sets, where they hav
 period's keys once a call, each event naming its periods by number, in place of every event
 naming every key of its periods. v5: the board's users' regions hash as the fourth key, each
 event's user's set of the layout before as its third.)"""
+SYNC_DROPPED_FUNCTION = "ladder_sync_dropped_v1"
+"""The distinct-score pair sync alone (the derive step's) of events the aggregator leaves out:
+an erased user's writes changed the regional boards, whose distinct sets no other step syncs."""
 
 # -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
 SEEN_FUNCTION = "ladder_seen_v2"
@@ -173,9 +176,10 @@ HIDE_FUNCTION = "ladder_hide_v1"
 their records, with the views' distinct-score sets."""
 
 # -- erasure (docs/api.md section 8b; services/api/eraser.py) ---------------------------------
-ERASE_USER_FUNCTION = "ladder_erase_user_v2"
+ERASE_USER_FUNCTION = "ladder_erase_user_v3"
 """Erase a user from one board's keys: the views named, feed, hot view, MVPs, badges, names.
-(v2: each hot window's ranking as a key after its hash.)"""
+(v2: each hot window's ranking as a key after its hash. v3: each view's distinct set being
+built as a key after its distinct set.)"""
 UNCOUNT_FUNCTION = "ladder_uncount_v1"
 """Take erased events out of a board's event counters (never below 0)."""
 UNCOUNT_EVENTS_FUNCTION = "ladder_uncount_events_v1"
@@ -200,6 +204,7 @@ REGISTERED: dict[str, str] = {
     "hot_trim": HOT_TRIM_FUNCTION,
     "contribute": CONTRIBUTE_FUNCTION,
     "derive": DERIVE_FUNCTION,
+    "sync_dropped": SYNC_DROPPED_FUNCTION,
     "seen": SEEN_FUNCTION,
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,

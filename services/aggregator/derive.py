@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from shared.boards import Board, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
-from shared.functions import DERIVE_FUNCTION
+from shared.functions import DERIVE_FUNCTION, SYNC_DROPPED_FUNCTION
 from shared.keys import Keys
 from shared.periods import Period
 from shared.ranking import MAX_SCORE, reached_ms, signed, sub_part, tie_key
@@ -147,6 +147,33 @@ class Derive:
                     before = sub_part(result.previous_subscore, order)
                     pairs[(signed(result.previous_score, desc), before)] = None
         return views
+
+    async def sync_dropped(self, events: list[ScoreAccepted]) -> None:
+        """The pair sync alone of events left out (an erased user's, shared/erasure.py's
+        ``skipping``): their writes changed the regional boards (write.lua) all the same, and
+        a pair an event took or left is synced into the distinct sets by no other step; left
+        unsynced, an erased user's score before its last write would stay a distinct score that
+        no entry holds. Idempotent, in any order, and before or after the erasure's pass: each
+        pair is made a member exactly when the view holds it."""
+        by_board: dict[str, list[ScoreAccepted]] = defaultdict(list)
+        for event in events:
+            by_board[event.board_id].append(event)
+        for board_id, board_events in by_board.items():
+            board = await self._catalog.get(board_id) if self._catalog is not None else None
+            if board is None:
+                continue  # a deleted board's events: its keys go
+            for start in range(0, len(board_events), CHUNK):
+                views = self._changed_pairs(board, board_events[start : start + CHUNK])
+                if not views:
+                    continue
+                call_keys: list[str] = []
+                args: list[str | int] = [len(views)]
+                for view, pairs in views.items():
+                    call_keys += [view, self._keys.distinct(view)]
+                    call_keys.append(self._keys.distinct_building(view))
+                    args.append(len(pairs))
+                    args += [part for pair in pairs for part in pair]
+                await self._redis.fcall(SYNC_DROPPED_FUNCTION, len(call_keys), *call_keys, *args)
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         by_board: dict[str, list[ScoreAccepted]] = defaultdict(list)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 
 import structlog
+from redis.asyncio import Redis
 
 from services.aggregator import closer as closes
 from services.aggregator.closer import Closer
@@ -26,6 +27,7 @@ from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
 from shared import service
 from shared.boards import BoardCatalog
+from shared.consumer import Handler
 from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
 from shared.lease import Lease, give_up
@@ -99,6 +101,19 @@ async def tick(
         await give_up(merger.lease, live.lease)
 
 
+def batch_handler(
+    redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings, fresh: FreshRegions
+) -> Handler:
+    """The consumer's handler of a batch: the derived views, the dirty marks, the live views.
+    Erased users' and deleted boards' events in flight change no view; the pairs their writes
+    changed are synced into the regional distinct sets all the same (:meth:`Derive.sync_dropped`),
+    so that those stay exact (the erasure takes the user's entries out)."""
+    derive = Derive(redis, keys, catalog, settings.feed_length)
+    handler = aggregate(derive, MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
+    tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+    return skipping("aggregator", tombstones, handler, on_dropped=derive.sync_dropped)
+
+
 async def run(settings: LadderSettings) -> None:
     """Consume and tick until a signal asks to stop (or either fails, which raises)."""
     keys = Keys(settings.key_prefix)
@@ -113,18 +128,10 @@ async def run(settings: LadderSettings) -> None:
         merger, fresh = Merger(redis, keys, lease), FreshRegions()
         # So are its live views, by a lease of their own: one aggregator computes them.
         live = LiveViews(redis, keys, Lease(redis, keys, ttl=lease.ttl, kind="live"))
-        handler = aggregate(
-            Derive(redis, keys, catalog, settings.feed_length),
-            MarkDirty(redis, keys, fresh),
-            RecordLive(redis, keys, catalog),
-        )
-        # Erased users' and deleted boards' events in flight change no view.
-        tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+        consume = batch_handler(redis, keys, catalog, settings, fresh)
         # Off the push path (its views are pushed by its tickers): a batch takes its whole
         # window and fills.
-        runner = service.consumer(
-            "aggregator", settings, skipping("aggregator", tombstones, handler), idle_gap=None
-        )
+        runner = service.consumer("aggregator", settings, consume, idle_gap=None)
 
         async def ticker(stop: asyncio.Event) -> None:
             await tick(merger, live, catalog, settings.merge_interval, stop, fresh)

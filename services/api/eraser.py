@@ -11,7 +11,7 @@ writes wait until then (services/api/erasing.py): nothing it has in Redis is a f
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
-badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v2``); its
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v3``); its
 friend sets, both directions, and in MySQL its friendships and friend requests both ways; its
 events, taken out of the event counters they were counted in, each once (services/api/
 erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
@@ -282,7 +282,8 @@ class Eraser:
             scopes = [("global", "")] + [(f"region:{r}", r) for r in sorted(regions)]
             for scope, region in scopes:
                 view = keys.board_view(bid, period, period_id, scope)
-                call_keys += [view, keys.distinct(view), keys.ties(view)]
+                call_keys += [view, keys.distinct(view), keys.distinct_building(view)]
+                call_keys.append(keys.ties(view))
                 # A period the definition no longer keeps is not merged: its entry goes, no mark.
                 merged = bool(region) and (period, period_id) in kept
                 marks.append(dirty_member(period, period_id, region, user_id) if merged else "")

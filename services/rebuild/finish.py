@@ -13,7 +13,6 @@ from services.rebuild.keyspace import region_sets, region_views
 from services.rebuild.staging import Staged
 from shared.functions import REBUILD_FINISH_FUNCTION
 from shared.keys import Keys, dirty_member, parse_view
-from shared.ranking import id_of
 from shared.submit import finish_keys
 
 
@@ -65,7 +64,9 @@ async def finish(
 
 async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -> int:
     """Every user of the given regional and global views marked for the next merge: the
-    aggregator then writes each global entry from the rebuilt regions.
+    aggregator then writes each global entry from the rebuilt regions. The users are those with
+    a record in a view's hash, hidden users (a record, no member) among them: the merge keeps
+    their global records too (kept hidden).
 
     A global view in the layout before exact scores (composite scores, bare user ids for
     members, no hash of tie keys beside it) is deleted once its users are marked: the merge
@@ -88,9 +89,16 @@ async def mark_dirty(redis: Redis, keys: Keys, board_id: str, views: set[str]) -
         sample: Any = await redis.hrandfield(keys.ties(key), 1, withvalues=True)
         packed = not sample
         old_layout = packed or "|" not in sample[1]
+        # Each user from the view's hash of records, which holds a hidden user too (a record
+        # with no member, docs/architecture.md "Hidden users"); the members only where the view
+        # has no hash (packed scores with bare ids).
+        users: Any = (
+            (member async for member, _ in redis.zscan_iter(key, count=1000))
+            if packed
+            else (user async for user, _ in redis.hscan_iter(keys.ties(key), count=1000))
+        )
         members: list[str] = []
-        async for member, _ in redis.zscan_iter(key, count=1000):
-            user = member if packed else id_of(member)
+        async for user in users:
             members.append(dirty_member(period, period_id, region, user))
             if len(members) >= 1000:
                 marked += await redis.sadd(dirty, *members)

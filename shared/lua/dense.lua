@@ -5,7 +5,7 @@ kept_distinct(): the set being built follows every change the merge makes from t
 on), the aggregator's derive step for a regional one (derive.lua's sync_pairs(), by each event's
 pairs after its write). So each step
 only adds the pairs that entries hold now; a pair whose last holder leaves is taken out by
-that writer. When the walk passes the last pair, the set is renamed to the view's distinct set,
+that writer, or by the erasure that took the entry out (erase.lua). When the walk passes the last pair, the set is renamed to the view's distinct set,
 which reads then use.
 
 KEYS: the view, its distinct set, the set being built, the board's build set, the board's merge

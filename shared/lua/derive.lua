@@ -291,13 +291,19 @@ local function derived_periods(keys, args, ki, ai, sums_teams)
   return periods, ki, ai + 1 + #periods
 end
 
-local function derive(keys, args)
-  local ki, ai = 5, 7
-  for _ = 1, tonumber(args[6]) do
+-- sync_pairs() of `count` regional boards: their keys, three each, from KEYS[ki]; from
+-- ARGV[ai], per board how many pairs, then the pairs. Returns the next KEYS and ARGV.
+local function sync_boards(keys, args, ki, ai, count)
+  for _ = 1, count do
     local n = tonumber(args[ai])
     sync_pairs(keys[ki], keys[ki + 1], keys[ki + 2], args, ai + 1, n)
     ki, ai = ki + 3, ai + 1 + 2 * n
   end
+  return ki, ai
+end
+
+local function derive(keys, args)
+  local ki, ai = sync_boards(keys, args, 5, 7, tonumber(args[6]))
   local sums_teams = args[3] == '1'
   local b = {sign = args[4] == '1' and 1 or -1, max = tonumber(args[5]), refused = 0}
   local batch_periods
@@ -329,3 +335,17 @@ local function derive(keys, args)
 end
 
 redis.register_function(FUNCTIONS.derive, derive)
+
+--[[
+sync_dropped: the pair sync alone (sync_pairs()) of events the aggregator leaves out (an erased
+user's, services/aggregator/derive.py): their writes changed the regional boards all the same,
+and an event's pairs are synced by no other step. The event's other views stay underived.
+KEYS: three per regional board, as derive takes them. ARGV: how many boards; then per board how
+many pairs, then each pair's signed score and subscore part. Returns the number of boards.
+]]
+local function sync_dropped(keys, args)
+  sync_boards(keys, args, 1, 2, tonumber(args[1]))
+  return tonumber(args[1])
+end
+
+redis.register_function(FUNCTIONS.sync_dropped, sync_dropped)

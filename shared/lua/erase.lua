@@ -1,6 +1,7 @@
 --[[
 Erase a user from one board's keys (docs/api.md section 8b, services/api/eraser.py): the
-entries of every view the caller names, with their records and distinct-score pairs; the
+entries of every view the caller names, with their records and distinct-score pairs (in the
+view's distinct set and in the one being built, each pair once nobody else holds it); the
 user's name, team, regions, badges and rate bucket; its events in the feed and in the hot
 view's event set and windows; its MVP contributions; and the newest event key, if it names the
 user (a rebuild would otherwise wait for an event history never stores). The HyperLogLog of a
@@ -12,8 +13,8 @@ period whose contributions changed is marked for the MVP view.
 
 KEYS: names, user team, feed, badges, the user's regions set (the layout before; the users'
       regions hash is among the hashes below), hot events, newest event, the user's rate
-      bucket, dirty set, MVP dirty set; then three per view (the view, its distinct-score set,
-      its hash of records); then the hashes holding the user as a field (HDEL); then two per
+      bucket, dirty set, MVP dirty set; then four per view (the view, its distinct-score set,
+      the distinct set being built, its hash of records); then the hashes holding the user as a field (HDEL); then two per
       hot view window: its hash ("s:<user>", "c:<user>") and its ranking (live.lua); then the
       sorted sets holding the user as a member (ZREM).
 ARGV: user, views, hashes, windows, sorted sets; then each view's dirty mark ('' none); then
@@ -25,14 +26,18 @@ local function erase_user(keys, args)
   local nv, nh, nw, nz = tonumber(args[2]), tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
   local removed, ki, ai = 0, 11, 6
   for _ = 1, nv do
-    local v = view_of(keys[ki], keys[ki + 1], keys[ki + 2])
+    local v = view_of(keys[ki], keys[ki + 1], keys[ki + 3])
     local old = entry_in(v, user)
     if old ~= nil then
       remove_entry(v, user, old)
+      -- A set being built (dense.lua) may hold the pair already: its walk does not come back.
+      if not held(v.view, old.signed, old.sub) then
+        redis.call('ZREM', keys[ki + 2], distinct_member(old.signed, old.sub))
+      end
       removed = removed + 1
       if args[ai] ~= '' then redis.call('SADD', keys[9], args[ai]) end
     end
-    ki, ai = ki + 3, ai + 1
+    ki, ai = ki + 4, ai + 1
   end
   for _ = 1, nh do redis.call('HDEL', keys[ki], user); ki = ki + 1 end
   for _ = 1, nw do

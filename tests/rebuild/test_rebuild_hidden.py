@@ -16,11 +16,11 @@ from services.rebuild.rebuilder import Rebuilder
 from shared import hidden
 from shared.boards import Board, BoardCatalog
 from shared.db_boards import save_board
-from shared.keys import Keys
+from shared.keys import Keys, dirty_member
 from shared.ranking import id_of
 from shared.settings import LadderSettings
 from tests.api.helpers import assert_problem
-from tests.helpers import ADMIN, api_client
+from tests.helpers import ADMIN, UNREACHABLE_BROKER, api_client, player
 from tests.rebuild.test_rebuild import eu, projection, relay, write
 
 HIDDEN = "/v1/boards/main/users/{}/hidden"
@@ -104,3 +104,47 @@ async def test_a_hide_or_show_refused_for_a_rebuild_changes_nothing(
     async with db.connect() as conn:
         assert await hidden.stored(conn, "main") == ["u-shown-hidden"]
     assert await redis.exists(keys.hidden("main")) == 0
+
+
+async def own_global_standing(settings: LadderSettings) -> tuple[int, Any]:
+    """u2's global standing, read with its own player token (answered as if shown)."""
+    quiet = settings.model_copy(update={"amqp_url": UNREACHABLE_BROKER})
+    async with api_client(quiet) as client:
+        response = await client.get(
+            "/v1/boards/main/users/u2", params={"scope": "global"}, headers=player("u2")
+        )
+    return response.status_code, response.json()
+
+
+async def test_a_rebuild_from_nothing_keeps_the_hidden_users_global_record(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """The rebuild marks every user of the rebuilt views for the merge, hidden users too (a
+    record with no member): after Redis lost every key of the board, the merge makes u2's
+    global record again, and u2's own read of its global standing answers as before."""
+    board = Board(board_id="main", periods=("alltime",))
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+    now = datetime.now(UTC).isoformat()
+    for n, (user, value) in enumerate((("u1", 5), ("u2", 9), ("u3", 7))):
+        await write(redis, keys, settings, board, **eu(f"e{n}", user, value, now))
+    await hidden.store(db, "main", "u2", hidden=True)
+    await redis.sadd(keys.hidden("main"), "u2")
+    await hidden.move(redis, keys, "main", "u2", show=False)
+    await relay(redis, keys, db, board)
+    marks = [dirty_member("alltime", "all", "eu", u) for u in ("u1", "u2", "u3")]
+    await redis.sadd(keys.dirty("main"), *marks)
+    await Merger(redis, keys).merge_board(board)
+    glob = keys.global_view("main", "alltime", "all")
+    before = (await redis.zrange(glob, 0, -1), await redis.hgetall(keys.ties(glob)))
+    assert "u2" in before[1] and await ranked(redis, glob) == ["u3", "u1"]
+    own = await own_global_standing(settings)
+    assert own[0] == 200 and own[1]["score"] == 9, own
+
+    # Redis loses every key of the board; then the rebuild, then the merge.
+    async for key in redis.scan_iter(match=keys.tag("main") + ":*"):
+        await redis.delete(key)
+    await Rebuilder(db, redis, keys, settings, wait_seconds=5).run()
+    await Merger(redis, keys).merge_board(board)
+    assert (await redis.zrange(glob, 0, -1), await redis.hgetall(keys.ties(glob))) == before
+    assert await own_global_standing(settings) == own
