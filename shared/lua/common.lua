@@ -115,6 +115,11 @@ local function regions_in(field)
   return list
 end
 
+-- The field of the board's user-team hash (shared/keys.py user_team) that holds when the team in
+-- a user's own field was given: the accepted_at of its event (RFC 3339 in milliseconds, UTC:
+-- compares as text). A user id starts with a letter or digit, so no user's field begins '@'.
+local function team_stamp(user) return '@' .. user end
+
 -- A view's keys: the sorted set, its distinct-score set (nil where the caller keeps none: a
 -- regional view's is the aggregator's derive step's, derive.lua), its hash of records.
 local function view_of(view, distinct, ties)

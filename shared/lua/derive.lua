@@ -124,6 +124,48 @@ local function add_regions(k, evs)
 end
 
 --[[
+The batch's teams in the board's user-team hash (k.user_team; shared/keys.py): each user's field
+holds the team of its latest event that named one, latest by accepted_at, whatever order the
+events are derived in (batches of different relays come in no set order); the field
+team_stamp(user) holds that accepted_at. Of two events accepted in the same millisecond the team
+greater byte by byte is kept, so that the order does not decide that either. A field without
+its stamp (the layout before kept none) is older than any event: the batch's team replaces it.
+One HMGET and at most one HSET; evs: the events with a team.
+]]
+local function team_later(at, team, than_at, than_team)
+  return bytes_less(than_at, at) or (at == than_at and bytes_less(than_team, team))
+end
+
+local function set_teams(user_team, evs)
+  if #evs == 0 then return end
+  local users, latest = {}, {}
+  for _, ev in ipairs(evs) do
+    local at = string.match(ev.entry, '"accepted_at":"([^"]*)"') or ''
+    local best = latest[ev.user]
+    if best == nil then users[#users + 1] = ev.user end
+    if best == nil or team_later(at, ev.team, best.at, best.team) then
+      latest[ev.user] = {at = at, team = ev.team}
+    end
+  end
+  local fields = {}
+  for _, user in ipairs(users) do
+    fields[#fields + 1] = user
+    fields[#fields + 1] = team_stamp(user)
+  end
+  local stored, changed = redis.call('HMGET', user_team, unpack(fields)), {}
+  for j, user in ipairs(users) do
+    local mine, team, at = latest[user], stored[2 * j - 1], stored[2 * j]
+    if not team or not at or team_later(mine.at, mine.team, at, team) then
+      changed[#changed + 1] = user
+      changed[#changed + 1] = mine.team
+      changed[#changed + 1] = team_stamp(user)
+      changed[#changed + 1] = mine.at
+    end
+  end
+  if #changed > 0 then redis.call('HSET', user_team, unpack(changed)) end
+end
+
+--[[
 The feed: the newest accepted events, newest first, whatever order they are derived in (batches
 of different relays come in no set order; a rebuild replays in its own). An entry's place is its
 accepted_at (RFC 3339 in milliseconds, UTC: compares as text), then its event id and user. The
@@ -190,10 +232,10 @@ end
 -- were accepted; b: {sign (1 descending, -1 ascending), max, refused}.
 local function derive_events(k, evs, feed_length, b)
   if #evs == 0 then return end
-  local entries, teams, periods, sums = {}, {}, {}, {}
+  local entries, with_team, periods, sums = {}, {}, {}, {}
   for i, ev in ipairs(evs) do
     entries[i] = ev.entry
-    if ev.team ~= '' then teams[#teams + 1] = ev.user; teams[#teams + 1] = ev.team end
+    if ev.team ~= '' then with_team[#with_team + 1] = ev end
     for _, p in ipairs(k.periods[i]) do
       local seen = periods[p.events]
       if seen == nil then
@@ -208,7 +250,7 @@ local function derive_events(k, evs, feed_length, b)
   end
   put_teams(sums)
   push_feed(k.feed, entries, feed_length)
-  if #teams > 0 then redis.call('HSET', k.user_team, unpack(teams)) end
+  set_teams(k.user_team, with_team)
   add_regions(k, evs)
   for _, seen in ipairs(periods) do
     local p = seen.p

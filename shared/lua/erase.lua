@@ -54,7 +54,7 @@ local function erase_user(keys, args)
   end
 
   redis.call('HDEL', keys[1], user)
-  redis.call('HDEL', keys[2], user)
+  redis.call('HDEL', keys[2], user, team_stamp(user))
   redis.call('DEL', keys[4], keys[5], keys[8])
   -- The feed: rewritten without the user's entries, in the same order (newest first).
   local feed = redis.call('LRANGE', keys[3], 0, -1)

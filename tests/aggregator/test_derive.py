@@ -5,6 +5,7 @@ counts and sets."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -57,7 +58,7 @@ async def derived(
     state: dict[str, Any] = {
         "feed": [orjson_id(entry) for entry in await redis.lrange(keys.feed(bid), 0, -1)],
         "teams": await read_view(redis, keys.teams_view(bid, "alltime", "all"), True),
-        "user_team": await redis.hgetall(keys.user_team(bid)),
+        "user_team": await user_teams(redis, keys, bid),
         "user_regions": {u: await redis.hget(keys.user_regions(bid), u) for u in users},
     }
     for period, period_id in (("daily", day), ("alltime", "all")):
@@ -67,6 +68,29 @@ async def derived(
             await redis.smembers(keys.regions(bid, period, period_id)),
         )
     return state
+
+
+async def user_teams(redis: Redis, keys: Keys, board_id: str) -> dict[str, str]:
+    """The board's user-team hash, each user's team (the fields of when each was given, which
+    begin with '@', left out)."""
+    fields = await redis.hgetall(keys.user_team(board_id))
+    return {user: team for user, team in fields.items() if not user.startswith("@")}
+
+
+async def red_then_blue(
+    redis: Redis, keys: Keys, settings: LadderSettings, board_id: str
+) -> tuple[ScoreAccepted, ScoreAccepted]:
+    """Two events of user u accepted in turn, the first for team red, the second for blue."""
+    board = Board(board_id=board_id, periods=("alltime",))
+    at = datetime.now(UTC) - timedelta(seconds=5)
+    for i, team in enumerate(("red", "blue")):
+        score = ScoreIn(user_id="u", region="eu", value=5, team_id=team, occurred_at=at)
+        await submit(redis, keys, settings, board, score, f"rb-{i}")
+        await asyncio.sleep(0.005)
+    entries: list[Any] = await redis.xrange(keys.outbox(board_id))
+    red, blue = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    assert red.accepted_at < blue.accepted_at
+    return red, blue
 
 
 def record(keys: Keys, event: ScoreAccepted) -> str:
@@ -301,3 +325,47 @@ async def test_the_feed_keeps_acceptance_order_and_its_length_in_any_delivery_or
     assert await derive(redis, keys, BOARD, [events[0]], short) == 1  # older than all: trimmed
     assert await redis.lrange(keys.feed(BOARD.board_id), 0, 0) == newest
     assert await redis.llen(keys.feed(BOARD.board_id)) == short
+
+
+@pytest.mark.parametrize("one_batch", [True, False], ids=["one-batch", "a-batch-each"])
+async def test_a_users_latest_team_is_its_latest_accepted_events(
+    settings: LadderSettings, redis: Redis, keys: Keys, one_batch: bool
+) -> None:
+    """Red accepted, then blue; the events derived blue first (two relays' batches come in no set
+    order), in one batch or in two: the user's team is blue, as the MVP view's member team says
+    (live.lua contribute), and the time beside it is blue's accepted_at."""
+    red, blue = await red_then_blue(redis, keys, settings, "lt")
+    board = Board(board_id="lt", periods=("alltime",))
+    for part in [[blue, red]] if one_batch else [[blue], [red]]:
+        await derive(redis, keys, board, part, FEED)
+    assert await user_teams(redis, keys, "lt") == {"u": "blue"}
+    stamp = await redis.hget(keys.user_team("lt"), "@u")
+    assert stamp == rfc3339(blue.accepted_at)
+
+
+async def test_a_users_team_of_the_layout_before_gives_way_to_any_event(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A team the layout before kept (the user's field alone, no time beside it) is older than
+    any event derived since: the next one replaces it, and the latest of those is kept."""
+    red, blue = await red_then_blue(redis, keys, settings, "lb")
+    board = Board(board_id="lb", periods=("alltime",))
+    await redis.hset(keys.user_team("lb"), "u", "green")
+    await derive(redis, keys, board, [blue], FEED)
+    assert await user_teams(redis, keys, "lb") == {"u": "blue"}
+    await derive(redis, keys, board, [red], FEED)
+    assert await user_teams(redis, keys, "lb") == {"u": "blue"}
+
+
+@pytest.mark.parametrize("red_first", [True, False], ids=["red-first", "blue-first"])
+async def test_of_two_teams_accepted_in_one_millisecond_the_greater_is_kept(
+    settings: LadderSettings, redis: Redis, keys: Keys, red_first: bool
+) -> None:
+    """Two events of a user accepted in the same millisecond: the team greater byte by byte is
+    kept, in either order of derivation."""
+    red, blue = await red_then_blue(redis, keys, settings, "ms")
+    red = red.model_copy(update={"accepted_at": blue.accepted_at})
+    board = Board(board_id="ms", periods=("alltime",))
+    for event in (red, blue) if red_first else (blue, red):
+        await derive(redis, keys, board, [event], FEED)
+    assert await user_teams(redis, keys, "ms") == {"u": "red"}

@@ -119,6 +119,9 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
         # The users' regions as the derive step keeps them, and as the layout before did.
         await redis.hset(keys.user_regions("main"), mapping={"u-1": "eu na", "u-2": "eu"})
         await redis.sadd(keys.legacy_user_regions("main", "u-1"), "eu")
+        # Each user's latest team, and beside it (field "@<user>") when it was given.
+        teams = {"u-1": "red", "@u-1": "2026-01-01T00:00:00.000Z", "u-2": "blue"}
+        await redis.hset(keys.user_team("main"), mapping=teams)
 
         answer = await client.delete("/v1/users/u-1", headers=ADMIN)
         assert answer.status_code == 202, answer.text
@@ -150,6 +153,7 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
         assert (await client.get("/v1/users/u-2/friends", headers=SERVER)).json()["friends"] == []
         assert not await redis.hexists(keys.names("main"), "u-1")
         assert await redis.hgetall(keys.user_regions("main")) == {"u-2": "eu"}
+        assert await redis.hgetall(keys.user_team("main")) == {"u-2": "blue"}
         assert not await redis.exists(keys.legacy_user_regions("main", "u-1"))
         assert await user_events(engine, "main", "u-1", 10, None) == ([], None)
         assert len((await user_events(engine, "main", "u-2", 10, None))[0]) == 1
