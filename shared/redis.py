@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import hiredis
 import structlog
-from redis.asyncio import Connection, ConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Connection, ConnectionPool, Redis
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, ResponseError
@@ -44,6 +44,11 @@ LUA_FILES = (
     "periods",
     "erase",
 )
+# A process's connections to one Redis, and how long a call waits for one of them when all are
+# in use (a burst of requests behind a slow command) before it fails as Redis being unavailable
+# (503). redis-py's own pool failed a call at once past its 100 connections.
+POOL_SIZE = 100
+POOL_WAIT = 5.0
 _LUA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _REGISTERS = re.compile(r"redis\.register_function\W+(?:function_name = )?FUNCTIONS\.(\w+)")
 
@@ -244,7 +249,15 @@ async def open_redis(
             node.library = library_source()
         client = cast(Redis, node)
     else:
-        client = Redis.from_url(url, decode_responses=True, health_check_interval=15, **options)
+        pool = BlockingConnectionPool.from_url(
+            url,
+            decode_responses=True,
+            health_check_interval=15,
+            max_connections=POOL_SIZE,
+            timeout=POOL_WAIT,
+            **options,
+        )
+        client = Redis.from_pool(pool)
     try:
         backoff = 0.5
         while True:

@@ -139,3 +139,18 @@ async def test_a_send_that_cannot_drain_times_out_and_disconnects(
     assert not connection.is_connected
     monkeypatch.undo()
     assert (await place(redis, board, "u1"))[0] is not None  # connected again
+
+
+async def test_more_calls_in_flight_than_the_pool_holds_wait_their_turn(
+    redis: Redis, keys: Keys
+) -> None:
+    """More calls at once than a process's pool has connections (a burst of requests behind a
+    slow command): each waits for a connection, as it would for Redis itself, rather than failing
+    at once with redis-py's "Too many connections", which the API answered 503 though Redis was
+    fine."""
+    if not isinstance(redis, Redis):
+        pytest.skip("a cluster's client keeps a pool a node")
+    size = redis.connection_pool.max_connections
+    empty = keys.outbox("pool")  # a list nobody pushes to: BLPOP holds its connection 0.2 s
+    replies = await asyncio.gather(*(redis.blpop([empty], timeout=0.2) for _ in range(size + 50)))
+    assert replies == [None] * (size + 50)
