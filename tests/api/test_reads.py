@@ -230,6 +230,27 @@ async def test_a_friends_scope_judges_the_credential_before_the_board_and_query(
     assert key.status_code in (404, 422), key.text
 
 
+@pytest.mark.parametrize("written", ["5.0", "1_0", "+5", " 5", "5 ", "0x5", "1e1", "٥"])
+async def test_a_query_s_integers_are_written_in_digits(
+    quiet: LadderSettings, written: str
+) -> None:
+    """As a body's integers are JSON's: pydantic read 5.0, 1_0 (ten) and +5 as integers."""
+    reads = [
+        ("/v1/boards/main/leaderboard", "limit"),
+        ("/v1/boards/main/users/u-1", "around"),
+        ("/v1/boards/main/hot", "window"),
+        ("/v1/boards/main/users/u-1/events", "limit"),
+    ]
+    async with api_client(quiet) as client:
+        for path, name in reads:
+            response = await client.get(path, params={name: written}, headers=SERVER)
+            problem = assert_problem(response, 422)
+            assert [e["loc"] for e in problem["errors"]] == [["query", name]], problem
+        # Digits are an integer as before.
+        page = await client.get("/v1/boards/main/leaderboard", params={"limit": "5"})
+        assert page.status_code == 200, page.text
+
+
 async def test_the_friends_scope_pages_and_answers_standings(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from services.api.errors import Invalid, problems
 from services.api.reads import views
 from services.api.reads.hot import current_hot
-from services.api.routes.params import PeriodIdQuery, PeriodQuery
+from services.api.routes.params import IN_DIGITS, PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from services.api.strict_json import StrictJsonRoute
 from shared.live_maths import mvp_entries
@@ -93,7 +93,9 @@ async def hot(
     _: Reader,
     # The enum is the document's; the check below keeps the 422's own message.
     window: Annotated[
-        int, Query(description="10 or 60 (seconds)", json_schema_extra={"enum": [10, 60]})
+        int,
+        Query(description="10 or 60 (seconds)", json_schema_extra={"enum": [10, 60]}),
+        IN_DIGITS,
     ] = 60,
 ) -> dict[str, Any]:
     if window not in (10, 60):

@@ -10,7 +10,14 @@ from typing import Annotated, Any, TypeVar, cast
 from fastapi import Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
 from starlette.convertors import StringConvertor
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,6 +26,21 @@ from services.api.reads.styles import RankStyle
 from shared.boards import BOARD_ID_PATTERN
 from shared.events import USER_ID_PATTERN
 from shared.periods import Period
+
+_DIGITS = re.compile(r"-?[0-9]{1,20}")
+
+
+def _in_digits(value: Any) -> Any:
+    """A query's integer as JSON writes one: digits, with a minus sign if negative. pydantic
+    also reads ``5.0``, ``1_0`` (ten), ``+5`` and `` 5`` as integers."""
+    if isinstance(value, str) and not _DIGITS.fullmatch(value):
+        raise ValueError("an integer is written in digits only, such as 10")
+    return value
+
+
+IN_DIGITS = BeforeValidator(_in_digits)
+"""The check of an integer of a query string, given after its ``Field`` or ``Query`` (placed
+before them, it leaves their bounds out of the document's schema)."""
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 ScopeQuery = Annotated[
@@ -98,7 +120,7 @@ class PageQuery(BaseModel):
     ] = "global"
     period: Period = "alltime"
     period_id: _PeriodId = None
-    limit: Annotated[int, Field(ge=1, le=1000)] = 10
+    limit: Annotated[int, Field(ge=1, le=1000), IN_DIGITS] = 10
     cursor: Annotated[str | None, Field(max_length=512)] = None
     rank_style: _RankStyle = "ordinal"
 
@@ -120,7 +142,7 @@ class StandingQuery(BaseModel):
     ] = "global"
     period: Period = "alltime"
     period_id: _PeriodId = None
-    around: Annotated[int, Field(ge=0, le=50)] = 0
+    around: Annotated[int, Field(ge=0, le=50), IN_DIGITS] = 0
     rank_style: _RankStyle = "ordinal"
 
 

@@ -14,6 +14,7 @@ from services.api.errors import Invalid, problems
 from services.api.reads import pages, ranks, standings, views
 from services.api.reads.styles import RankStyle
 from services.api.routes.params import (
+    IN_DIGITS,
     DirectRoute,
     PageQuery,
     PeriodIdItem,
@@ -326,7 +327,7 @@ async def events(
     board: BoardDep,
     user_id: UserIdPath,
     state: State,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Annotated[int, Query(ge=1, le=500), IN_DIGITS] = 50,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> dict[str, Any]:
     """The user's accepted events, newest first, from the history database.
