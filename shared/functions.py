@@ -38,7 +38,10 @@ A change of what a function does with the same keys and arguments keeps its name
 either version then reads and writes the right keys, and whichever library was loaded last
 serves every process (a new name would instead fail the new processes' calls whenever an old one
 restarts and loads its library). So the write and the derive step kept theirs when an entry's
-and a team sum's reach time came to go by when events happened, not the order they come in.
+and a team sum's reach time came to go by when events happened, not the order they come in; and
+the merge kept its when it came to note in the users' regions hash the regions its marks found a
+record in, to hold a global sum past the range at the range's end, and to set the global view's
+expiry only where it has none.
 """
 
 from __future__ import annotations
