@@ -41,7 +41,9 @@ restarts and loads its library). So the write and the derive step kept theirs wh
 and a team sum's reach time came to go by when events happened, not the order they come in; and
 the derive step and the erasure theirs when a user's latest team came to go by when its events
 were accepted (the time kept in a field of the same hash, which the erasure deletes with the
-team).
+team); and the merge kept its when it came to note in the users' regions hash the regions its
+marks found a record in, to hold a global sum past the range at the range's end, and to set the
+global view's expiry only where it has none.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ LUA_FILES = (
     "write",
     "limits",
     "lease",
+    "combine",
     "merge",
     "tops",
     "dense",

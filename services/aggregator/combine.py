@@ -2,7 +2,8 @@
 (``ladder_merge_v6``, shared/lua/merge.lua): the reference the tests hold that function to.
 
 - ``incr``: the sum of the regional scores, reached when the latest of them was, with the
-  metadata of that latest;
+  metadata of that latest; a sum past +-(2**53 - 1) is held at that end of the range (reached and
+  carried as an exact sum is), so that the entry does not depend on when the merge ran;
 - ``best``: the best regional entry (best score, then subscore, reached earliest);
 - ``set``: the latest regional entry.
 """
@@ -15,9 +16,8 @@ from shared.ranking import MAX_SCORE, reached_of, tie_key
 Entry = tuple[int, str, str]
 
 
-def combine(operator: str, entries: list[Entry]) -> Entry | None:
-    """A user's global entry from its regional ones (at least one); ``None`` if out of range,
-    where the merge leaves the user's global entry as it was (its last exact total, or none)."""
+def combine(operator: str, entries: list[Entry]) -> Entry:
+    """A user's global entry from its regional ones (at least one)."""
     if len(entries) == 1:
         return entries[0]
     if operator == "best":
@@ -27,7 +27,12 @@ def combine(operator: str, entries: list[Entry]) -> Entry | None:
     latest = reached.index(max(reached))
     if operator == "set":
         return entries[latest]
-    total = sum(signed for signed, _, _ in entries)
-    if abs(total) > MAX_SCORE:
-        return None
+    total = max(-MAX_SCORE, min(MAX_SCORE, sum(signed for signed, _, _ in entries)))
     return total, tie_key(reached[latest]), entries[latest][2]
+
+
+def out_of_range(operator: str, entries: list[Entry]) -> bool:
+    """Whether the user's global sum is past the range (held at its end by :func:`combine`): the
+    merge reports such users, and the aggregator logs them."""
+    total = sum(signed for signed, _, _ in entries)
+    return operator == "incr" and len(entries) > 1 and abs(total) > MAX_SCORE

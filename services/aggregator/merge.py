@@ -366,7 +366,9 @@ class Merger:
             touched.changed.update(moved.split("|") if moved else ())
             merged += int(users)
             for user in refused:
-                log.warning("global score out of range", user_id=user, period=period)
+                log.warning(
+                    "global score out of range: held at its end", user_id=user, period=period
+                )
 
         # ``depth`` calls at a time, each on a connection of its own: while Redis runs one, this
         # process packs the next and reads the last one's reply.

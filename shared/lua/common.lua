@@ -184,6 +184,15 @@ local function expire_made(made, keys, at)
   if made then expire(keys, at) end
 end
 
+-- expire() of keys that have no expiry yet (EXPIREAT NX): those a write made, where the write
+-- cannot tell cheaply which it made. A key keeps the expiry it was given first, as
+-- expire_made() leaves it.
+local function expire_new(keys, at)
+  if at > 0 then
+    for _, key in ipairs(keys) do redis.call('EXPIREAT', key, at, 'NX') end
+  end
+end
+
 -- Whether a lease (lease.lua: a board's merge or snapshot lease) is held with `token`, its
 -- whole value "<fence>|<owner>" (an owner names one process, so a token is never given twice).
 -- The writes of a board's merge check it in the step that writes, so an aggregator that lost

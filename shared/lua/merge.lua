@@ -37,17 +37,21 @@ KEYS: global view, its distinct set, its records, the set the marks are taken ou
 set, or the dirty set for a round of fresh marks), the distinct set being built,
 the board's dense marker, the board's hidden users, the board's merge lease, the board's
 users' regions (shared/keys.py).
-ARGV: expire-at (0: never), operator, the two ends of a region view's records key (prefix,
-suffix: the key is prefix .. region .. suffix), the two ends of a user's regions set of the
-layout before (read for a user the users' regions hash has no field for yet), the two
-parts of a dirty mark (prefix, separator: the mark is prefix .. region .. separator .. id), the
-marker's member for this scope ('global'), the token the caller holds the lease with (lease.lua),
-how many users the marks name, then the marks in runs (services/aggregator/marks.py in_runs()):
-how many runs, each run's region, each run's count of marks, then the marks, as the merging set
-holds them, run by run, a run the marks of its region (a user with marks in several regions has
-one in each of their runs). An error (FENCED) if the lease is not held with that token: nothing is
-written. Returns {the ids whose global entry changed, joined by '|' (which no id holds), ids
-whose sum was out of range (their entries left as they were), how many users were merged}.
+ARGV: expire-at (0: never; set only on those of the view's keys that have no expiry, so that a
+period's keys keep the one they were made with after a change of retention), operator, the two ends
+of a region view's records key (prefix, suffix: the key is prefix .. region .. suffix), the two
+ends of a user's regions set of the layout before (read for a user the users' regions hash has no
+field for yet), the two parts of a dirty mark (prefix, separator: the mark is prefix .. region ..
+separator .. id), the marker's member for this scope ('global'), the token the caller holds the
+lease with (lease.lua), how many users the marks name, then the marks in runs
+(services/aggregator/marks.py in_runs()): how many runs, each run's region, each run's count of
+marks, then the marks, as the merging set holds them, run by run, a run the marks of its region (a
+user with marks in several regions has one in each of their runs). An error (FENCED) if the lease
+is not held with that token: nothing is written. Returns {the ids whose global entry changed,
+joined by '|' (which no id holds), ids whose sum was out of range (their entries held at the
+range's end on the sum's side, reached when the latest of their regional entries was), how many
+users were merged}. A user's field of the users' regions hash gains the regions where its marks
+found a record that it lacks.
 
 The distinct-score set is kept only where dense reads need it (kept_distinct()): the view's set
 if it has one; else, if the marker names the scope, the set of a new view from its first member,
@@ -65,51 +69,6 @@ user of one region takes its regional record as its global one as it is, and one
 record is that string already costs no write; records are split into fields (parsed()) only
 where a combine or a replaced member needs them.
 ]]
-
-local B32 = 4294967296
-local HI = 2097152 -- 2**21: |total| <= 2**53 - 1 = (2**21 - 1) * 2**32 + (2**32 - 1)
-
--- The exact sum of signed scores, each within +-(2**53 - 1), or nil past that range. Doubles
--- add integers exactly only below 2**53: each score is split at 2**32, and the parts summed.
-local function exact_sum(entries)
-  local hi, lo = 0, 0
-  for _, e in ipairs(entries) do
-    local h = math.floor(e.signed / B32)
-    hi, lo = hi + h, lo + (e.signed - h * B32)
-  end
-  local carry = math.floor(lo / B32)
-  hi, lo = hi + carry, lo - carry * B32 -- now 0 <= lo < 2**32
-  if hi >= HI or hi < -HI or (hi == -HI and lo == 0) then return nil end
-  return hi * B32 + lo
-end
-
--- Whether entry a comes before b where combine() takes the first of equals: regions in
--- Python's sorted order.
-local function before(a, b) return bytes_less(a.region, b.region) end
-
--- A user's global entry (signed, tie, meta) from its regional ones (at least one), as
--- combine() makes it; nil for a sum out of range.
-local function combined(op, entries)
-  local pick = entries[1]
-  if #entries == 1 then return pick.signed, pick.tie, pick.meta end
-  if op == 'best' then
-    for i = 2, #entries do
-      local e = entries[i]
-      if e.signed > pick.signed or (e.signed == pick.signed and (bytes_less(pick.tie, e.tie)
-          or (e.tie == pick.tie and before(e, pick)))) then pick = e end
-    end
-    return pick.signed, pick.tie, pick.meta
-  end
-  -- The latest reached: the smallest time part (the tie key's last 12 hex digits).
-  for i = 2, #entries do
-    local e = entries[i]
-    if e.time < pick.time or (e.time == pick.time and before(e, pick)) then pick = e end
-  end
-  if op == 'set' then return pick.signed, pick.tie, pick.meta end
-  local total = exact_sum(entries)
-  if total == nil then return nil end
-  return total, string.sub(pick.tie, -12), pick.meta
-end
 
 -- A record's fields (shared/ranking.py), as entry_in() reads them; nil for none. Split with
 -- plain finds: a pattern match costs several times as much.
@@ -180,24 +139,41 @@ local function add_record(c, i, rec, r)
 end
 
 -- The regions user i played in beyond those its marks name: those of its field of the users'
--- regions hash, or for a user with no field yet, of its set of the layout before.
+-- regions hash, or for a user with no field yet, of its set of the layout before. A region its
+-- marks name where it has a record (read by then) but which the field lacks (the derive step
+-- trailed) goes into the field here (t.fold, with the set of the layout before folded in and
+-- gone, t.gone, as the derive step's add_regions() does): a later call given the user's mark
+-- in another region then reads this one too, whichever call comes first.
 local function unmarked(t, c, i, field)
-  local listed = field and regions_in(field) or
-                 redis.call('SMEMBERS', t.user_prefix .. c.ids[i] .. t.user_suffix)
-  local seen, extra = {[c.marked[i]] = true}, {}
+  local legacy = not field and t.user_prefix .. c.ids[i] .. t.user_suffix
+  local listed = field and regions_in(field) or redis.call('SMEMBERS', legacy)
+  local seen, extra, all = {[c.marked[i]] = true}, {}, {}
   for _, r in ipairs(c.more[i] or {}) do seen[r] = true end
   for _, r in ipairs(listed) do
+    if not all[r] then all[r], all[#all + 1] = true, r end
     if not seen[r] then seen[r], extra[#extra + 1] = true, r end
+  end
+  local n, found = #all, {c.first[i] ~= nil and (c.first_region[i] or c.marked[i]) or nil}
+  for _, o in ipairs(c.others[i] or {}) do found[#found + 1] = o[2] end
+  for _, r in ipairs(found) do
+    if not all[r] then all[r], all[#all + 1] = true, r end
+  end
+  if #all > n then
+    table.sort(all, bytes_less)
+    local f = #t.fold
+    t.fold[f + 1], t.fold[f + 2] = c.ids[i], table.concat(all, ' ')
+    if legacy and #listed > 0 then t.gone[#t.gone + 1] = legacy end
   end
   return extra
 end
 
 -- Each user's regional records, as stored (add_record() says where), from the regions it played
--- in: those its marks name (so a mark is merged even if the derive step trailed), one HMGET a run
--- of marks, and those of its field of the users' regions hash (one HMGET for the chunk) that
--- its marks do not, one HMGET a region of such users. A region without a record of the user
--- (never in this period, or its view expired) adds nothing. Most users played in the one
--- region their mark names, which is their field as it is: nothing more to read.
+-- in: those its marks name (so a mark is merged even if the derive step trailed, and its region
+-- noted in the user's field, unmarked()), one HMGET a run of marks, and those of its field of the
+-- users' regions hash (one HMGET for the chunk) that its marks do not, one HMGET a region of such
+-- users. A region without a record of the user (never in this period, or its view expired) adds
+-- nothing. Most users played in the one region their mark names, which is their field as it is:
+-- nothing more to read, nothing to note.
 local function read_records(t, c)
   local ids, mark_ids, user, starts, marked, more = c.ids, c.mark_ids, c.user, c.starts,
                                                     c.marked, c.more
@@ -231,6 +207,8 @@ local function read_records(t, c)
       end
     end
   end
+  if #t.fold > 0 then redis.call('HSET', t.users_regions, unpack(t.fold)) end
+  if #t.gone > 0 then redis.call('DEL', unpack(t.gone)) end
   for _, r in ipairs(order) do
     local at, wanted = by_region[r], {}
     for k, i in ipairs(at) do wanted[k] = ids[i] end
@@ -242,7 +220,7 @@ local function read_records(t, c)
 end
 
 -- User i's global record combined from its regional ones (two or more: c.first[i] and
--- c.others[i]); nil for a sum out of range.
+-- c.others[i]), then whether it is a sum past the range (held at the range's end).
 local function combined_record(op, c, i)
   local entries, first = {}, {c.first[i], c.first_region[i] or c.marked[i]}
   for _, found in ipairs({first, unpack(c.others[i])}) do
@@ -250,9 +228,8 @@ local function combined_record(op, c, i)
     e.region, e.time = found[2], tonumber(string.sub(e.tie, -12), 16)
     entries[#entries + 1] = e
   end
-  local signed, tie, meta = combined(op, entries)
-  if signed == nil then return nil end
-  return record_of(tie, signed, meta)
+  local signed, tie, meta, past = combined(op, entries)
+  return record_of(tie, signed, meta), past
 end
 
 -- One user's change to the global view, added to the batch w: its old record (as stored, nil
@@ -352,7 +329,7 @@ local function merge(keys, args)
   if not holds(keys[8], args[10]) then return fenced() end
   local v = view_of(keys[1], keys[2], keys[3])
   local t = {region_prefix = args[3], region_suffix = args[4], user_prefix = args[5],
-             user_suffix = args[6], users_regions = keys[9]}
+             user_suffix = args[6], users_regions = keys[9], fold = {}, gone = {}}
   if #args < RUNS + 3 then return {'', {}, 0} end -- no marks
   local c = users_of(args)
   read_records(t, c)
@@ -372,9 +349,10 @@ local function merge(keys, args)
     -- A user with one record (most) takes it as it is.
     local rec = first[i]
     if others[i] then
-      rec = combined_record(op, c, i)
-      -- A sum past the exact range keeps its last exact entry (as a team does); the caller logs.
-      if rec == nil then refused[#refused + 1], rec = id, olds[i] or nil end
+      local past
+      rec, past = combined_record(op, c, i)
+      -- A sum past the exact range is held at the range's end; the caller logs the user.
+      if past then refused[#refused + 1] = id end
     end
     if rec ~= olds[i] and (rec ~= nil or olds[i]) then
       if hidden[i] == 1 then
@@ -391,7 +369,7 @@ local function merge(keys, args)
   batched('SREM', keys[4], args, c.first_mark)
   local made = {keys[1], keys[3]}
   if w.distinct then made[3] = w.distinct end
-  expire(made, tonumber(args[1]))
+  expire_new(made, tonumber(args[1]))
   return {table.concat(ids, '|', 1, changed), refused, #ids}
 end
 

@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
+from services.aggregator import merge as merge_module
 from services.aggregator.merge import Merger, Pass
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
-from shared.ranking import MAX_SCORE
+from shared.ranking import MAX_SCORE, parse_record
 from shared.settings import LadderSettings
 from tests.helpers import derive_outbox, read_view
 
@@ -73,7 +74,7 @@ async def test_the_global_view_holds_exact_scores_and_ties_to_the_millisecond(
     assert await game.merged() == expected
 
 
-async def test_a_global_sum_past_the_range_stays_at_its_last_exact_total(
+async def test_a_global_sum_past_the_range_is_held_at_the_range_end(
     settings: LadderSettings, redis: Redis
 ) -> None:
     board = Board(board_id="sum", periods=("alltime",), min_value=-MAX_SCORE, max_value=MAX_SCORE)
@@ -83,18 +84,37 @@ async def test_a_global_sum_past_the_range_stays_at_its_last_exact_total(
     await game.post("d", "eu", MAX_SCORE, 0)
     await game.post("e", "eu", -MAX_SCORE, 1)
     assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
+    # Each region holds d and e exactly; their sums would not be: each global entry is held at
+    # the range's end on its side, reached when the latest regional entry was (as an exact sum
+    # is), neither dropped nor wrapped, and reported.
+    await game.post("d", "na", 1, 5)
+    await game.post("e", "na", -1, 2)
+    assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
     view = game.keys.global_view("sum", "alltime", "all")
     records = await redis.hgetall(Keys.ties(view))
-    # Each region holds d exactly; their sum would not be: d's global entry stays at its last
-    # exact total (as a team's does), neither dropped nor wrapped.
-    await game.post("d", "na", 1, 2)
-    assert await game.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
-    assert await redis.hgetall(Keys.ties(view)) == records
+    na = await redis.hgetall(Keys.ties(game.keys.region_view("sum", "alltime", "all", "na")))
+    assert {u: parse_record(r)[:2] for u, r in records.items()} == {
+        "d": (parse_record(na["d"])[0], MAX_SCORE),
+        "e": (parse_record(na["e"])[0], -MAX_SCORE),
+    }
     assert sorted(await redis.zrange(Keys.distinct(view), 0, -1)) == sorted(
         [str(MAX_SCORE), str(-MAX_SCORE)]
     )
+    # The same writes merged together (as after a rebuild, or at a close) make the same entries.
+    again = Game(redis, settings, board.model_copy(update={"board_id": "sum2"}))
+    again.start = game.start
+    for user, region, value, ms in (
+        ("d", "eu", MAX_SCORE, 0),
+        ("e", "eu", -MAX_SCORE, 1),
+        ("d", "na", 1, 5),
+        ("e", "na", -1, 2),
+    ):
+        await again.post(user, region, value, ms)
+    assert await again.merged() == [("d", MAX_SCORE), ("e", -MAX_SCORE)]
+    view2 = again.keys.global_view("sum2", "alltime", "all")
+    assert await redis.hgetall(Keys.ties(view2)) == records
     # Back in range (na's entry taken down below 0): the sum is exact again, and merged.
-    await game.post("d", "na", -3, 3)
+    await game.post("d", "na", -3, 6)
     assert await game.merged() == [("d", MAX_SCORE - 2), ("e", -MAX_SCORE)]
 
 
@@ -136,3 +156,33 @@ async def test_a_mark_the_scan_returns_twice_is_summed_once(
     view = game.keys.global_view(board.board_id, "alltime", "all")
     assert await read_view(redis, view, board.descending) == [("a", 5), ("b", 3)]
     assert await redis.scard(dirty) == 0
+
+
+async def test_a_user_of_two_regions_is_summed_across_rounds_while_the_derive_step_trails(
+    settings: LadderSettings, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write alone (nothing derived: no field in the users' regions hash), each user marked
+    in two regions, in rounds too small to hold both of a user's marks: each call notes in the
+    user's field the regions its marks found a record in, so the call given the other mark reads
+    both. A user with a set of the layout before has it folded in; a mark with no record behind
+    it (a user erased since) notes nothing."""
+    monkeypatch.setattr(merge_module, "ROUND", 20)
+    board = Board(board_id="trail", periods=("alltime",))
+    keys = Keys(settings.key_prefix)
+    users = [f"u{i:03d}" for i in range(60)]
+    at = datetime.now(UTC) - timedelta(seconds=10)
+    plays = [(u, r, v) for u in users for r, v in (("eu", 1), ("na", 2))]
+    for n, (user, region, value) in enumerate([*plays, ("old", "eu", 1), ("old", "ap", 2)]):
+        score = ScoreIn(user_id=user, region=region, value=value, occurred_at=at)
+        await submit(redis, keys, settings, board, score, f"e{n}")
+    await redis.sadd(keys.legacy_user_regions("trail", "old"), "ap")
+    marks = [dirty_member("alltime", "all", r, u) for u, r, _ in [*plays, ("old", "eu", 1)]]
+    await redis.sadd(keys.dirty("trail"), *marks, dirty_member("alltime", "all", "eu", "gone"))
+    await Merger(redis, keys).merge_board(board)
+    view = keys.global_view("trail", "alltime", "all")
+    assert sorted(await read_view(redis, view, board.descending)) == sorted(
+        [(u, 3) for u in [*users, "old"]]
+    )
+    fields = await redis.hgetall(keys.user_regions("trail"))
+    assert fields == {**{u: "eu na" for u in users}, "old": "ap eu"}
+    assert not await redis.exists(keys.legacy_user_regions("trail", "old"))

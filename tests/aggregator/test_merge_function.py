@@ -88,17 +88,14 @@ async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, liste
             await redis.hset(keys.user_regions(bid), user, field)
 
 
-def expected(board: Board, state: dict, before: dict[str, Entry] | None = None) -> dict[str, Entry]:
-    """The reference: combine() over each user's entries in sorted region order; a sum out of
-    range leaves the entry the merge before made (``before``), if any."""
+def expected(board: Board, state: dict) -> dict[str, Entry]:
+    """The reference: combine() over each user's entries in sorted region order (a sum out of
+    range held at the range's end, whatever the merge before made)."""
     out: dict[str, Entry] = {}
     for user, regions in state.items():
         found = [regional(board, regions[r]) for r in sorted(regions)]
-        merged = combine(board.operator, found) if found else None
-        if merged is None and found and before and user in before:
-            merged = before[user]
-        if merged is not None:
-            out[user] = merged
+        if found:
+            out[user] = combine(board.operator, found)
     return out
 
 
@@ -164,7 +161,7 @@ async def scenario(
             if dense != "never":
                 await merger.build_dense(board)
                 assert not await redis.exists(keys.dense_build(board.board_id))
-            want = expected(board, second, merged_first)
+            want = expected(board, second)
             await check(redis, keys, board, want, dense != "never")
         finally:
             found = [k async for k in redis.scan_iter(match="{" + prefix + ":*")]

@@ -13,8 +13,10 @@ from typing import Any, cast
 
 import aio_pika
 import orjson
+import pytest
 from redis.asyncio import Redis
 
+from services.aggregator import merge as merge_module
 from services.aggregator.closer import Closer, tick
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
@@ -319,3 +321,29 @@ async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
         await merger.merge_board(board)
     assert await redis.exists(keys.period_closed("cup", "season", latest.period_id))
     assert await redis.hkeys(keys.as_of("cup")) == [f"season:{kept.period_id}"]
+
+
+async def test_a_close_sums_a_user_of_two_regions_whose_marks_fall_in_two_rounds(
+    settings: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No consumer ran (nothing derived: the users' regions hash is empty), and the close's
+    marks, one a user and region, are merged in rounds too small to hold both of a user's: the
+    round that merges a user's second mark still reads its first region."""
+    monkeypatch.setattr(merge_module, "ROUND", 20)
+    users = [f"user-{i:03d}" for i in range(100)]
+    late_ok = settings.model_copy(update={"allowed_lateness": 60.0})
+    now = datetime.now(UTC)
+    season = window_at("season", now, "UTC", BOARD.schedule)
+    for n, (user, region, value) in enumerate(
+        (u, r, v) for u in users for r, v in (("eu", 3), ("na", 4))
+    ):
+        score = ScoreIn(user_id=user, region=region, value=value, occurred_at=now)
+        await submit(redis, keys, late_ok, BOARD, score, f"e-{n}")
+    assert await redis.hlen(keys.user_regions("cup")) == 0
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=len(users))
+    assert season.end is not None
+    await close_until_done([closer], Merger(redis, keys), season.end + timedelta(seconds=5))
+    [body] = [orjson.loads(f["m"]) for _, f in await redis.xrange(keys.periods_outbox("cup"))]
+    assert body["period_id"] == season.period_id
+    scores = {e["user_id"]: e["score"] for e in body["scopes"]["global"]}
+    assert scores == {user: 7 for user in users}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.aggregator.combine import combine
+from services.aggregator.combine import combine, out_of_range
 from services.notifier.rules import crossings, entered
 from shared.boards import Board
 from shared.events import PeriodResult
@@ -199,14 +199,16 @@ def test_best_combines_by_score_then_subscore_then_reach() -> None:
     assert combine("best", entries) == entries[1]
 
 
-def test_a_global_sum_beyond_the_range_is_refused() -> None:
-    entries = [(MAX_SCORE, tie_key(0), ""), (1, tie_key(5), "")]
-    assert combine("incr", entries) is None
-    assert combine("incr", [(MAX_SCORE, tie_key(0), ""), (0, tie_key(5), "")]) == (
-        MAX_SCORE,
-        tie_key(5),
-        "",
-    )
+def test_a_global_sum_beyond_the_range_is_held_at_its_end() -> None:
+    entries = [(MAX_SCORE, tie_key(0), "a"), (1, tie_key(5), "b")]
+    assert combine("incr", entries) == (MAX_SCORE, tie_key(5), "b")
+    assert out_of_range("incr", entries)
+    below = [(-MAX_SCORE, tie_key(7), "a"), (-2, tie_key(5), "b")]
+    assert combine("incr", below) == (-MAX_SCORE, tie_key(7), "a")
+    assert out_of_range("incr", below)
+    exact = [(MAX_SCORE, tie_key(0), ""), (0, tie_key(5), "")]
+    assert combine("incr", exact) == (MAX_SCORE, tie_key(5), "")
+    assert not out_of_range("incr", exact)
 
 
 @pytest.mark.parametrize("order", ["asc", "desc"])
