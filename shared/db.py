@@ -91,6 +91,11 @@ score_events = _table(
     # the deletion's cut-off in ms (shared/erasure.py finish_board_deletion): a board made later
     # under the name is another board, whose event ids may be the same. (Migration 0008.)
     Column("board_epoch", BigInteger, nullable=False, server_default=text("0")),
+    # The periods the write put the event in, as ``daily=2026-11-29,alltime=all``
+    # (shared/events.py period_ids_text): the rebuild replays the event into these, whatever
+    # the board's periods or schedule are by then. NULL for an event stored before migration
+    # 0010, which the rebuild replays into the periods of the board's definition as it is.
+    Column("periods", String(120), nullable=True),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
     # An event id belongs to its board and user (docs/api.md section 4): another user's event of
     # the same id is another event, and so is an event of a deleted board's successor.

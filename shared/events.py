@@ -8,6 +8,7 @@ sent, when Ladder accepted it, and what the atomic write saw in each period of t
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -23,7 +24,7 @@ from pydantic import (
 )
 
 from shared.boards import BoardId
-from shared.periods import Period
+from shared.periods import PERIODS, Period
 from shared.ranking import MAX_SCORE
 
 SCHEMA_VERSION = 1
@@ -128,3 +129,22 @@ def message_body(entries: list[str]) -> bytes:
 def rfc3339(moment: datetime) -> str:
     """``2026-11-29T17:00:00.123Z``: milliseconds, UTC."""
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def period_ids_text(periods: Mapping[Period, PeriodResult]) -> str:
+    """The periods an event was written to, as the event log keeps them (``score_events.periods``):
+    ``daily=2026-11-29,alltime=all``, in the write's order. No period id holds a comma or an
+    equals sign (shared/periods.py)."""
+    return ",".join(f"{period}={result.period_id}" for period, result in periods.items())
+
+
+def parse_period_ids(text: str) -> list[tuple[Period, str]]:
+    """The (period, period_id) pairs of :func:`period_ids_text`'s text; ValueError if it is not
+    such a text."""
+    pairs: list[tuple[Period, str]] = []
+    for part in text.split(",") if text else ():
+        period, sep, period_id = part.partition("=")
+        if not sep or period not in PERIODS or not period_id:
+            raise ValueError(f"{text!r} is not a list of period ids")
+        pairs.append((period, period_id))
+    return pairs

@@ -228,9 +228,13 @@ def submit_call(
     outbox_max: int,
     feed_length: int,
     journaled: bool = True,
+    periods: Sequence[tuple[Period, str, int]] | None = None,
 ) -> tuple[list[str], list[str | int]]:
     """The keys and arguments of ``submit()`` for ``event`` on ``board``: its keys in the
-    journaled layout, or in the lean one (``journaled=False``); the arguments are the same."""
+    journaled layout, or in the lean one (``journaled=False``); the arguments are the same.
+
+    The event goes into the board's periods at its ``occurred_at``, or into ``periods``
+    (period, period id, expire-at) where given: a replay's, the periods the live write chose."""
     record = _record(board.board_id, event)
     bid = board.board_id
     call_keys = [
@@ -244,14 +248,19 @@ def submit_call(
         call_keys += _lean_board_keys(keys, bid)
         period_keys = _lean_period_keys
     period_args: list[str | int] = []
-    for period in board.periods:
-        window = current_window(period, event.occurred_at, board.timezone, board.schedule)
-        call_keys += period_keys(keys, bid, period, window.period_id, event.region)
-        period_args += [
-            period,
-            window.period_id,
-            expiry_of(window, board.timezone, board.retention.of(period), board.schedule),
-        ]
+    if periods is None:
+        for period in board.periods:
+            window = current_window(period, event.occurred_at, board.timezone, board.schedule)
+            call_keys += period_keys(keys, bid, period, window.period_id, event.region)
+            period_args += [
+                period,
+                window.period_id,
+                expiry_of(window, board.timezone, board.retention.of(period), board.schedule),
+            ]
+    else:
+        for period, period_id, expiry in periods:
+            call_keys += period_keys(keys, bid, period, period_id, event.region)
+            period_args += [period, period_id, expiry]
     args: list[str | int] = [
         body_hash,
         board.operator,
@@ -261,7 +270,7 @@ def submit_call(
         event.display_name or "",
         # Without its closing brace: submit() appends the periods' results to the record.
         orjson.dumps(record).decode()[:-1],
-        len(board.periods),
+        len(board.periods if periods is None else periods),
         idempotency_ttl,
         outbox_max,
         ",".join(str(t) for t in board.notify_top),
@@ -285,6 +294,42 @@ def submit_call(
 
 
 # -- the rebuild's replay of a call ----------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _stored_expiry(
+    timezone: str, retention: int | None, period: Period, period_id: str, schedule: str | None
+) -> int | None:
+    """``_period_expiry``, or None for a period the board no longer tells the window of."""
+    try:
+        return _period_expiry(timezone, retention, period, period_id, schedule)
+    except PeriodIdError:
+        return None
+
+
+def stored_periods(
+    board: Board, stored: Sequence[tuple[Period, str]]
+) -> tuple[list[tuple[Period, str, int]], list[int]]:
+    """The periods a replay writes a stored event to: those its live write chose (``stored``,
+    shared/events.py parse_period_ids), each with its expire-at on the board as it is now; and
+    the indexes of those whose window the board no longer tells (a season of a schedule it no
+    longer has), kept ``FORMER_SEASON_TTL`` from now here, as :func:`period_expiry` keeps them."""
+    periods: list[tuple[Period, str, int]] = []
+    former: list[int] = []
+    tz, schedule = board.timezone, board.schedule
+    for i, (period, period_id) in enumerate(stored):
+        expiry = _stored_expiry(tz, board.retention.of(period), period, period_id, schedule)
+        if expiry is None:
+            former.append(i)
+            expiry = int(time.time()) + FORMER_SEASON_TTL
+        periods.append((period, period_id, expiry))
+    return periods, former
+
+
+def period_call_keys(call_keys: Sequence[str], i: int) -> Sequence[str]:
+    """The keys of a journaled call's ``i``-th period (0-based)."""
+    start = KEYS_BEFORE + i * KEYS_PER_PERIOD
+    return call_keys[start : start + KEYS_PER_PERIOD]
 
 
 def replayed_keys(call_keys: Sequence[str]) -> tuple[list[str], list[str]]:

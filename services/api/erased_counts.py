@@ -11,13 +11,16 @@ in its queue, goes by the same records while they last (:class:`shared.uncount.U
 the bit of what it took out, and the pass then takes nothing of it. An event stored in the
 history database with no such record (it expired, the event older than the idempotency TTL, or
 is of the consumers' marks alone) is taken out by its row, as counted (the safe side: a rebuild
-refuses a board whose live counter is above what the database gives), before its row is deleted.
+refuses a board whose live counter is above what the database gives), before its row is deleted:
+out of the periods its write put it in, which the row keeps (or, for a row stored before it
+did, the board's periods at its ``occurred_at``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import select
@@ -27,6 +30,7 @@ from services.api.erased_rows import delete_user_events
 from services.api.write.submit import response_from_record
 from shared.boards import Board
 from shared.db import from_db_time, score_events, to_db_time
+from shared.events import parse_period_ids
 from shared.keys import Keys, parse_event_ref
 from shared.periods import window_at
 from shared.uncount import uncount, uncount_events
@@ -40,6 +44,19 @@ def periods_told(stored: str | None) -> list[tuple[str, str]] | None:
         return None
     answer = response_from_record(stored[17:], "", "", "", "")
     return sorted((name, period["period_id"]) for name, period in answer["periods"].items())
+
+
+def row_periods(board: Board, row: Any) -> list[tuple[str, str]]:
+    """The (period, period_id) pairs a stored event was counted in: those its write put it in,
+    which the event log keeps; for an event stored before it kept them (NULL), the board's
+    periods at its ``occurred_at``, worked out as the write does."""
+    if row.periods is not None:
+        return list(parse_period_ids(row.periods))
+    occurred = from_db_time(row.occurred_at)
+    return [
+        (period, window_at(period, occurred, board.timezone, board.schedule).period_id)
+        for period in board.periods
+    ]
 
 
 async def take_out_events(
@@ -73,7 +90,7 @@ async def take_out_events(
     async with engine.connect() as conn:
         rows = await conn.execute(
             # A deleted board's kept events (board_epoch set) were counted on no live board.
-            select(t.board_id, t.event_id, t.occurred_at).where(
+            select(t.board_id, t.event_id, t.occurred_at, t.periods).where(
                 t.user_id == user_id, t.accepted_at <= to_db_time(cutoff), t.board_epoch == 0
             )
         )
@@ -81,11 +98,8 @@ async def take_out_events(
             board = boards.get(row.board_id)
             if board is None or (row.board_id, row.event_id) in told:
                 continue
-            occurred = from_db_time(row.occurred_at)
             per_board = counts.setdefault(board.board_id, {})
-            for period in board.periods:  # its periods worked out as the write did
-                window = window_at(period, occurred, board.timezone, board.schedule)
-                named = (period, window.period_id)
+            for named in row_periods(board, row):
                 per_board[named] = per_board.get(named, 0) + 1
     for board_id, per_board in counts.items():
         await uncount(redis, keys, board_id, per_board)

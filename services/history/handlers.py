@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history.snapshotter import changed_views
 from shared.consumer import Handler
 from shared.db import board_deletions, board_epoch_of, from_db_time, score_events, to_db_time
-from shared.events import ScoreAccepted
+from shared.events import ScoreAccepted, period_ids_text
 from shared.keys import Keys
 
 log = structlog.get_logger(__name__)
@@ -49,6 +49,7 @@ COLUMNS = (
     "subscore",
     "metadata",
     "board_epoch",
+    "periods",
 )
 
 # One row's statement, run with the driver's executemany: asyncmy rewrites an INSERT ... VALUES
@@ -68,6 +69,7 @@ def _row(event: ScoreAccepted, epoch: int) -> tuple[Any, ...]:
 
     The metadata is stored as ``orjson.dumps`` writes it: the compact text the API made of the
     object and handed to the write function, which the rebuild hands it again (``SubmitEvent``).
+    The periods are those the write put the event in, which the rebuild replays it into.
     """
     metadata = None if event.metadata is None else orjson.dumps(event.metadata).decode()
     return (
@@ -83,6 +85,8 @@ def _row(event: ScoreAccepted, epoch: int) -> tuple[Any, ...]:
         event.subscore,
         metadata,
         epoch,
+        # A board has a period at least: an event with none tells none (NULL, as before 0010).
+        period_ids_text(event.periods) or None,
     )
 
 

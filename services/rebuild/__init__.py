@@ -13,7 +13,10 @@ again by the aggregator from the rebuilt view where the board is still read dens
 Each event is replayed, in the order the event log stored it, through ``ladder_replay_v10``:
 the very ``submit()`` of the write path, then the aggregator's derive step (feed, counts,
 regions, users' regions and teams), aimed at staging keys, leaving no idempotency answer and no
-outbox entry. So the rebuilt sorted sets hold byte for byte what the writes made, as long as
+outbox entry, into the periods its live write put it in (the event log keeps them; an event
+stored before it did goes into the board's periods as they are now, and a season of a former
+schedule is kept a day past its latest event: :func:`services.rebuild.staging.expire_former`).
+So the rebuilt sorted sets hold byte for byte what the writes made, as long as
 the log holds the events in the order they were applied (one relay a board; with several, events
 accepted within milliseconds of each other may be stored in another order: docs/reliability.md).
 

@@ -20,7 +20,8 @@ def page(board_id: str, after: int) -> Any:
     """A page of the board's events after primary key ``after``, in the order the log stored
     them: the order they were applied in, for the events one relay published (see
     docs/reliability.md). Each row has every field of the event's ``SubmitEvent``, the subscore
-    and the metadata text included (:func:`services.rebuild.staging.replay_call`)."""
+    and the metadata text included, and the periods its write put it in
+    (:func:`services.rebuild.staging.replay_call`)."""
     t = score_events.c
     return (
         select(
@@ -35,6 +36,7 @@ def page(board_id: str, after: int) -> Any:
             t.accepted_at,
             t.subscore,
             t.metadata,
+            t.periods,
         )
         .where(t.board_id == board_id, t.id > after, after_deletion(t.accepted_at, board_id))
         .order_by(t.id)

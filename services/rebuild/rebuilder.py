@@ -18,7 +18,7 @@ from services.rebuild.event_log import held, page
 from services.rebuild.finish import finish, mark_dirty
 from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
 from services.rebuild.keyspace import Existing, dense_builds, existing, region_views
-from services.rebuild.staging import Staged, journaled_refs, replay
+from services.rebuild.staging import Staged, expire_former, journaled_refs, replay
 from shared import hidden
 from shared.boards import Board, BoardCatalog
 from shared.db import from_db_time
@@ -278,6 +278,7 @@ class Rebuilder:
                 refused += await self._replay(board, rows, staged)
                 events += len(rows)
                 await flag.extend()
+            await expire_former(self._redis, self._keys, bid, staged)
             known = await held(conn, bid, journaled_refs(await flag.journaled(), journal))
             await conn.rollback()
         return events, refused, known

@@ -16,6 +16,7 @@ from shared.db import count_events, open_engine
 from shared.erasure import request_erasure
 from shared.events import ScoreAccepted
 from shared.keys import Keys
+from shared.periods import window_at
 from shared.settings import LadderSettings
 from shared.uncount import Uncount
 from tests.api.helpers import post, score
@@ -82,3 +83,29 @@ async def test_the_pass_takes_out_a_counted_event_the_history_has_not_seen(
         await Uncount(redis, keys)([first])
         await eraser.erase_user("u-x", erasure.cutoff)
         assert await redis.get(counter) == "1"
+
+
+async def test_a_stored_event_is_taken_out_of_the_periods_it_was_written_to(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """An event whose record expired, written when the board kept only its all-time period (its
+    stored periods say so): the pass takes it out of that one, not out of the daily counter of
+    its day, which counts other events."""
+    event = accepted_event("h-1", user_id="u-x")  # written to alltime alone
+    day = window_at("daily", event.occurred_at, "UTC").period_id
+    daily, alltime = (
+        keys.event_count("main", "daily", day),
+        keys.event_count("main", "alltime", "all"),
+    )
+    async with api_client(quiet), open_engine(quiet.mysql_url) as engine:
+        await HistoryHandler(engine)([event])
+        await redis.set(alltime, 1)
+        await redis.set(daily, 1)
+
+        erasure = await request_erasure(engine, redis, keys, "u-x", quiet.effective_jwt_secret)
+        await Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0).erase_user(
+            "u-x", erasure.cutoff
+        )
+        assert await count_events(engine, "main", user_id="u-x") == 0
+    assert int(await redis.get(alltime) or 0) == 0
+    assert await redis.get(daily) == "1"

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler
 from shared.db import score_events, user_events
-from shared.events import ScoreAccepted
+from shared.events import ScoreAccepted, parse_period_ids
 from shared.ranking import MAX_SCORE
 from tests.helpers import T0, accepted_event
 
@@ -99,4 +99,32 @@ async def test_the_events_read_shows_subscore_and_metadata(db: AsyncEngine) -> N
         "metadata",
         "occurred_at",
         "accepted_at",
+    ]
+
+
+async def test_the_periods_each_event_was_written_to_are_stored(db: AsyncEngine) -> None:
+    """The periods and ids of the event's write, in its order: what the rebuild replays it into,
+    whatever the board's definition says by then (shared/events.py period_ids_text)."""
+    result = {"score": 5, "rank": 1, "previous_rank": None, "improved": True}
+    written = {
+        "daily": {**result, "period_id": "2026-11-29"},
+        "alltime": {**result, "period_id": "all"},
+        "season": {**result, "period_id": "2026-11-27T18:00"},
+    }
+    event = ScoreAccepted.model_validate(
+        {**wide("e-1", None, None).model_dump(), "periods": written}
+    )
+    await HistoryHandler(db)([event, wide("e-2", None, None)])
+
+    t = score_events.c
+    async with db.connect() as conn:
+        rows = (await conn.execute(select(t.event_id, t.periods).order_by(t.event_id))).all()
+    assert [tuple(row) for row in rows] == [
+        ("e-1", "daily=2026-11-29,alltime=all,season=2026-11-27T18:00"),
+        ("e-2", "alltime=all"),
+    ]
+    assert parse_period_ids(rows[0].periods) == [
+        ("daily", "2026-11-29"),
+        ("alltime", "all"),
+        ("season", "2026-11-27T18:00"),
     ]

@@ -323,6 +323,37 @@ async def test_0009_keeps_one_snapshot_of_a_view_a_time_and_goes_back(db: AsyncE
     await check_schema(db)
 
 
+async def test_0010_keeps_each_event_s_periods_and_goes_back_keeping_the_events(
+    db: AsyncEngine,
+) -> None:
+    """An event stored at 0009 reads NULL periods after the upgrade (the rebuild then works them
+    out from the board's definition); one stored after keeps them; the way back drops the
+    column, every event stays."""
+    url = db.url.render_as_string(hide_password=False)
+    await alembic_to(url, "downgrade", "0009")
+    async with db.begin() as conn:
+        assert "periods" not in await conn.run_sync(_columns)
+        await conn.exec_driver_sql(
+            f"INSERT INTO score_events ({', '.join(COLUMNS[:-1])}) "
+            f"VALUES ({', '.join(['%s'] * (len(COLUMNS) - 1))})",
+            [_row(accepted_event("e-old"), 0)[:-1]],
+        )
+
+    await migrate(url)
+    await check_schema(db)
+    await HistoryHandler(db)([accepted_event("e-new", accepted_at=T0 + timedelta(seconds=5))])
+    async with db.connect() as conn:
+        rows = await conn.execute(text("SELECT event_id, periods FROM score_events ORDER BY id"))
+        assert [tuple(row) for row in rows] == [("e-old", None), ("e-new", "alltime=all")]
+
+    await alembic_to(url, "downgrade", "0009")
+    async with db.connect() as conn:
+        assert "periods" not in await conn.run_sync(_columns)
+        assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
+    await migrate(url)
+    await check_schema(db)
+
+
 @pytest.mark.parametrize(
     ("server", "said"),
     [
