@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 from typing import TextIO
+from urllib.parse import unquote_plus
 
 import structlog
 
@@ -48,16 +49,26 @@ def configure(service: str, level: str = "INFO", stream: TextIO | None = None) -
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
-_SECRET_QUERY = re.compile(r"([?&]token=)[^&\s\"']+")
+# A query parameter of a logged URL: its name (as sent, percent-encoded or not) and value.
+_QUERY_PARAMETER = re.compile(r"([?&])([^=&\s\"']*)=([^&\s\"']+)")
+
+
+def _redacted_parameter(match: re.Match[str]) -> str:
+    name = match.group(2)
+    if unquote_plus(name).lower() != "token":
+        return match.group(0)
+    return f"{match.group(1)}{name}=[redacted]"
 
 
 def _redact(
     _logger: object, _name: str, event: structlog.typing.EventDict
 ) -> structlog.typing.EventDict:
-    """Credentials never reach a log: uvicorn logs a WebSocket's URL, and with it ``?token=``."""
+    """Credentials never reach a log: uvicorn logs a WebSocket's URL, and with it ``?token=``,
+    whose name a client may also write percent-encoded (``%74oken``, which Starlette decodes
+    and takes): every parameter whose decoded name is ``token`` has its value redacted."""
     message = event.get("message")
-    if isinstance(message, str) and "token=" in message:
-        event["message"] = _SECRET_QUERY.sub(r"\1[redacted]", message)
+    if isinstance(message, str) and "=" in message and ("?" in message or "&" in message):
+        event["message"] = _QUERY_PARAMETER.sub(_redacted_parameter, message)
     return event
 
 

@@ -77,6 +77,17 @@ async def test_a_bad_credential_is_closed_with_1008(
     assert reason
 
 
+@pytest.mark.parametrize("query", ["token=", "token=not-a-key&token="])
+async def test_an_empty_token_is_a_bad_credential_not_none(
+    quiet: LadderSettings, redis: Redis, broker: Topology, query: str
+) -> None:
+    """A ``token`` that is there is a credential, empty or not: never an anonymous socket (nor
+    may an empty one after a bad one drop it), as a blank Authorization header is a 401."""
+    async with serve(quiet) as url:
+        code, reason = await close_code(f"{url}?{query}")
+    assert code == 1008, reason
+
+
 async def test_a_foreign_origin_is_refused(
     quiet: LadderSettings, redis: Redis, broker: Topology
 ) -> None:

@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from shared.logs import _redact
 from tests.stack import ROOT, free_port
 
 SCRIPT = """
@@ -27,6 +30,23 @@ def test_a_websocket_token_is_redacted_from_the_log() -> None:
     assert line["level"] == "info"
     assert "eyJhbGciOi" not in done.stdout
     assert line["message"].endswith('"WebSocket /v1/ws?token=[redacted]&x=1" [accepted]')
+
+
+@pytest.mark.parametrize(
+    ("query", "redacted"),
+    [
+        ("?token=eyJhbGciOi.abc.def&x=1", "?token=[redacted]&x=1"),
+        ("?x=1&%74oken=eyJhbGciOi.abc.def", "?x=1&%74oken=[redacted]"),
+        ("?TOKEN=eyJhbGciOi.abc.def", "?TOKEN=[redacted]"),
+        ("?tok%65n=eyJhbGciOi.abc.def&t=2", "?tok%65n=[redacted]&t=2"),
+    ],
+)
+def test_a_token_is_redacted_however_its_name_is_written(query: str, redacted: str) -> None:
+    """A query's names are read decoded (``%74oken`` is ``token``, and authenticates a socket):
+    the log must not carry the value under any spelling of the name."""
+    message = f'127.0.0.1:5 - "WebSocket /v1/ws{query}" [accepted]'
+    event = _redact(None, "info", {"message": message})
+    assert event["message"] == f'127.0.0.1:5 - "WebSocket /v1/ws{redacted}" [accepted]'
 
 
 START = """

@@ -252,8 +252,11 @@ def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
 
 
 def credential_of(websocket: WebSocket) -> str | None:
+    """The socket's credential: its ``token`` query parameter if there is one (the last, empty
+    or not: an empty one is a credential that is not valid, never anonymous), else its
+    ``Authorization`` header."""
     token = websocket.query_params.get("token")
-    return token if token else bearer(websocket.headers.get("authorization"))
+    return token if token is not None else bearer(websocket.headers.get("authorization"))
 
 
 @router.websocket("/v1/ws")

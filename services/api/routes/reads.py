@@ -151,8 +151,10 @@ async def _read_of(
     caller = authenticate(bearer(authorization(request.scope)), state.settings)
     reader = reader_of(caller, state)
     # A friends scope is its player's (401, 403), told without the board or the query's other
-    # parameters: judged before them. (The query string is parsed here only if it may name one.)
-    if b"friends" in request.scope["query_string"]:
+    # parameters: judged before them. (The query string is parsed here only if it may name one:
+    # it says "friends", or has an escape that may spell it.)
+    raw = request.scope["query_string"]
+    if b"friends" in raw or b"%" in raw:
         scope = request.query_params.get("scope")
         if scope is not None and scope.startswith(FRIENDS):
             views.check_friends_reader(reader, scope.removeprefix(FRIENDS))
