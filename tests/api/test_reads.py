@@ -214,6 +214,8 @@ async def test_the_friends_scope_ranks_a_player_among_its_friends_on_the_global_
         "/v1/boards/main/leaderboard?scope=friends:u-1&limit=0",
         "/v1/boards/nope/users/bad!?scope=friends:u-1",
         "/v1/boards/main/leaderboard?scope=friends%3Abad!",
+        "/v1/boards/nope/leaderboard?scope=%66riends:u-1",
+        "/v1/boards/main/leaderboard?scope=%66riends%3Au-1&limit=0",
     ],
 )
 async def test_a_friends_scope_judges_the_credential_before_the_board_and_query(
