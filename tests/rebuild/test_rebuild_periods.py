@@ -42,6 +42,23 @@ def written_to(event: ScoreAccepted, period: Period) -> str:
     return event.periods[period].period_id
 
 
+async def written_across(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine, before: Board, after: Board
+) -> tuple[ScoreAccepted, ScoreAccepted]:
+    """e1 (u1 scores 5) written under the definition ``before``, then e2 (u2 scores 3) under
+    ``after`` (a PUT between the two), each relayed to the history database."""
+    await start(redis, keys, db, before)
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    await write(redis, keys, settings, before, **eu("e1", "u1", 5, at.isoformat()))
+    [e1] = await outbox_events(redis, keys, before)
+    await relay(redis, keys, db, before)
+    await define(redis, keys, db, after)
+    await write(redis, keys, settings, after, **eu("e2", "u2", 3, datetime.now(UTC).isoformat()))
+    [e2] = await outbox_events(redis, keys, after)
+    await relay(redis, keys, db, after)
+    return e1, e2
+
+
 async def rebuilt_equals_live(
     redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
 ) -> dict[str, Any]:
@@ -64,15 +81,7 @@ async def test_a_changed_schedule_rebuilds_each_season_as_it_was_written(
     minute season's keys, which live still holds, are made again."""
     minutes = Board(board_id="sch", schedule="* * * * *", periods=("alltime",))
     hours = Board(board_id="sch", schedule="0 * * * *", periods=("alltime",))
-    await start(redis, keys, db, minutes)
-    at = datetime.now(UTC) - timedelta(seconds=1)
-    await write(redis, keys, settings, minutes, **eu("e1", "u1", 5, at.isoformat()))
-    [e1] = await outbox_events(redis, keys, minutes)
-    await relay(redis, keys, db, minutes)
-    await define(redis, keys, db, hours)
-    await write(redis, keys, settings, hours, **eu("e2", "u2", 3, datetime.now(UTC).isoformat()))
-    [e2] = await outbox_events(redis, keys, hours)
-    await relay(redis, keys, db, hours)
+    e1, e2 = await written_across(redis, keys, settings, db, minutes, hours)
     minute = keys.region_view("sch", "season", written_to(e1, "season"), "eu")
     hour = keys.region_view("sch", "season", written_to(e2, "season"), "eu")
     if minute != hour:  # e1 not in the minute that starts e2's hour
@@ -92,14 +101,7 @@ async def test_a_period_added_holds_only_the_events_written_since(
 ) -> None:
     before = Board(board_id="per", periods=("alltime",))
     after = Board(board_id="per", periods=("daily", "alltime"))
-    await start(redis, keys, db, before)
-    at = datetime.now(UTC) - timedelta(seconds=1)
-    await write(redis, keys, settings, before, **eu("e1", "u1", 5, at.isoformat()))
-    await relay(redis, keys, db, before)
-    await define(redis, keys, db, after)
-    await write(redis, keys, settings, after, **eu("e2", "u2", 3, datetime.now(UTC).isoformat()))
-    [e2] = await outbox_events(redis, keys, after)
-    await relay(redis, keys, db, after)
+    _, e2 = await written_across(redis, keys, settings, db, before, after)
     day = keys.region_view("per", "daily", written_to(e2, "daily"), "eu")
     assert await read_view(redis, day, True) == [("u2", 3)]
 
@@ -115,14 +117,7 @@ async def test_a_period_dropped_keeps_what_was_written_to_it(
     the period comes back): the rebuild makes them again too."""
     before = Board(board_id="per", periods=("daily", "alltime"))
     after = Board(board_id="per", periods=("alltime",))
-    await start(redis, keys, db, before)
-    at = datetime.now(UTC) - timedelta(seconds=1)
-    await write(redis, keys, settings, before, **eu("e1", "u1", 5, at.isoformat()))
-    [e1] = await outbox_events(redis, keys, before)
-    await relay(redis, keys, db, before)
-    await define(redis, keys, db, after)
-    await write(redis, keys, settings, after, **eu("e2", "u2", 3, datetime.now(UTC).isoformat()))
-    await relay(redis, keys, db, after)
+    e1, _ = await written_across(redis, keys, settings, db, before, after)
 
     await rebuilt_equals_live(redis, keys, settings, db)
 
