@@ -89,6 +89,9 @@ class PeriodResult(BaseModel):
     improved: bool
     # bracket T (as a string, JSON keys are) -> the user this write pushed out of the top T
     pushed_out: dict[str, str] = Field(default_factory=dict)
+    # bracket T -> the user a fall of this write's user moved up into the top T (now at rank T,
+    # at T + 1 before); absent from the JSON when nobody, and from entries written before it
+    pulled_in: dict[str, str] = Field(default_factory=dict)
     # Where the write changed an entry the user had (improved): the score it held before, and
     # on boards with a subscore its subscore. Absent otherwise (a first entry, or unchanged).
     # The aggregator keeps a regional view's distinct-score set by the pair before and after.

@@ -43,7 +43,10 @@ the derive step and the erasure theirs when a user's latest team came to go by w
 were accepted (the time kept in a field of the same hash, which the erasure deletes with the
 team); and the merge kept its when it came to note in the users' regions hash the regions its
 marks found a record in, to hold a global sum past the range at the range's end, and to set the
-global view's expiry only where it has none.
+global view's expiry only where it has none. The write kept its name, too, when each period's
+outbox result gained the member ``pulled_in`` (whom its user's fall moved up into a bracket):
+its reply is still {status, payload}, the entry a JSON object a caller of either version passes
+on whole, and the member is absent where nobody was moved, as in every entry written before.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ log = structlog.get_logger(__name__)
 # a file may use the local functions of those before it.
 LUA_FILES = (
     "common",
+    "brackets",
     "write",
     "limits",
     "lease",

@@ -5,15 +5,18 @@ global view is written by the merge, many users at a time, so its brackets are j
 merge instead: the top ``max(notify_top)`` of a view is read before and after each period's
 merge, and
 
-- a user the merge wrote (its own global entry changed) who is now in a top T it was not in
-  before gets ``entered_top``, naming the smallest such T;
+- a user who is now in a top T it was not in before gets ``entered_top``, naming the smallest
+  such T: one the merge wrote (its own global entry rose), or one the merge did not write but
+  moved up, whoever was above it having fallen below it (a lower score on a `set` board, a
+  negative increment);
 - a user who held a top T before and does not now, while its own score did not get worse, was
   pushed out by someone else and gets ``overtaken``, naming the smallest T it left.
 
 ``previous_rank`` of an ``entered_top`` is ``null`` when the user was below the largest bracket
-before the merge (its exact rank there is not read). The messages go to each user's Pub/Sub
-channel, with ``"scope": "global"``, in the shape the notifier uses for regions. A message
-whose PUBLISH fails is published again before the board's next pass
+before the merge (its exact rank there is not read: the top before holds the largest bracket's
+users only, and a user absent from it was outside every bracket). The messages go to each
+user's Pub/Sub channel, with ``"scope": "global"``, in the shape the notifier uses for regions.
+A message whose PUBLISH fails is published again before the board's next pass
 (services/aggregator/pass_pushes.py).
 """
 
@@ -66,15 +69,12 @@ def judge(
     before: Standing,
     after: Standing,
     fallen: dict[str, Place],
-    written: set[str],
     brackets: tuple[int, ...],
 ) -> list[Crossing]:
     """The crossings one merge caused; ``fallen`` holds the current place of the users who were
     in ``before`` and are no longer in ``after``."""
     out: list[Crossing] = []
     for user, (rank, _) in after.entries.items():
-        if user not in written:
-            continue
         previous = before.entries.get(user)
         previous_rank = previous[0] if previous else None
         top = smallest_entered(rank, previous_rank, brackets)
@@ -114,7 +114,6 @@ class GlobalBrackets:
         period: Period,
         period_id: str,
         before: Standing | None,
-        written: set[str],
     ) -> list[RankMessage]:
         """The rank messages of what the merge since ``before`` changed (published by the
         caller: services/aggregator/pass_pushes.py)."""
@@ -137,7 +136,7 @@ class GlobalBrackets:
                     fallen[user] = (int(reply[0]) + 1, (float(reply[1]), str(reply[3][0])))
         current = {**fallen, **after.entries}
         messages: list[RankMessage] = []
-        for crossing in judge(before, after, fallen, written, board.notify_top):
+        for crossing in judge(before, after, fallen, board.notify_top):
             score = score_of(current[crossing.user_id][1][0], board.descending)
             message = rank_message(
                 crossing,

@@ -353,7 +353,7 @@ class Merger:
     ) -> int:
         """Merge the users of ``marks`` (of this period) in Redis, ``CHUNK`` marks a call,
         ``depth`` calls at a time, each call taking its marks out of ``marks_set``; notes in
-        ``touched`` the users whose global entry changed and the regions the marks name; returns
+        ``touched`` the regions the marks name; returns
         how many users were merged (a user whose marks two rounds of the scan share counts in
         each)."""
         token = self.lease.token(board.board_id)
@@ -362,8 +362,7 @@ class Merger:
 
         def took(reply: Any) -> None:
             nonlocal merged
-            moved, refused, users = reply
-            touched.changed.update(moved.split("|") if moved else ())
+            _, refused, users = reply
             merged += int(users)
             for user in refused:
                 log.warning(

@@ -47,12 +47,10 @@ RANK_RETRY_SECONDS = 60.0
 @dataclass(slots=True)
 class Touched:
     """What one merge pass did to one period of a board: the global top before it (read before
-    the pass's first write to the period), the users whose global entry changed, and the
-    regions whose marks it merged."""
+    the pass's first write to the period), and the regions whose marks it merged."""
 
     before: Standing | None = None
     read: bool = False
-    changed: set[str] = field(default_factory=set)
     regions: set[str] = field(default_factory=set)
 
 
@@ -78,9 +76,7 @@ class PassPushes:
             for scope in ["global", *(f"region:{r}" for r in touched.regions)]:
                 self._views.add_view(bid, period, period_id, scope)
             try:
-                messages = await self.brackets.crossings(
-                    board, period, period_id, touched.before, touched.changed
-                )
+                messages = await self.brackets.crossings(board, period, period_id, touched.before)
             except Exception:
                 # The top after the merge is unread: its crossings cannot be judged (later, the
                 # view holds other passes' merges too).

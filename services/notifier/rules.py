@@ -16,12 +16,21 @@ def crossings(user_id: str, result: PeriodResult, brackets: tuple[int, ...]) -> 
 
     ``pushed_out`` was read in the same atomic step as the write: for each bracket T entered,
     the user now at rank T + 1, who held rank T before. Different brackets push out different
-    users, so each displaced user gets one message naming the bracket it left.
+    users, so each displaced user gets one message naming the bracket it left. ``pulled_in``
+    likewise names, for each bracket T the user's fall left, the user now at rank T, who held
+    rank T + 1 before and has entered the top T: it gets ``entered_top``. Different brackets
+    pull in different users too (each the one now at its rank).
     """
     out: list[Crossing] = []
     top = entered(result, brackets)
     if top is not None:
         out.append(Crossing(user_id, "entered_top", top, result.rank, result.previous_rank))
+    pulled: set[str] = set()
+    for bracket, moved in sorted(result.pulled_in.items(), key=lambda kv: int(kv[0])):
+        t = int(bracket)
+        if t in brackets and moved != user_id and moved not in pulled:
+            pulled.add(moved)  # one message a user, naming the smallest bracket
+            out.append(Crossing(moved, "entered_top", t, t, t + 1))
     for bracket, displaced in sorted(result.pushed_out.items(), key=lambda kv: int(kv[0])):
         t = int(bracket)
         if t in brackets and displaced != user_id:

@@ -5,11 +5,11 @@ One call keeps what the answer and the guarantees need, nothing more: check the 
 record and the outbox bound; compute the new score of every period's regional board (refusing
 the whole call if any leaves the range of exact scores); write them with their
 hashes of records (tie key, score, metadata; shared/ranking.py has the layout); read rank and
-previous rank; name whoever this write pushed out of each notify bracket; record the answer
-under the event's board, user and id, its "derive pending" mark set; note the event as the
-board's newest; append it to the outbox, each changed period with the pair (score, subscore)
-its entry held before; journal the call while the board is being rebuilt. Every key shares one
-hash tag.
+previous rank; name whoever this write pushed out of each notify bracket, and whoever a fall
+moved into one (brackets.lua); record the answer under the event's board, user and id, its
+"derive pending" mark set; note the event as the board's newest; append it to the outbox, each
+changed period with the pair (score, subscore) its entry held before; journal the call while
+the board is being rebuilt. Every key shares one hash tag.
 
 What is derived from the event (the team boards, the feed, the period's players, events and
 regions, the user's regions and team, and the regional boards' distinct-score sets where dense
@@ -144,12 +144,13 @@ end
 -- writes 14 significant digits; a score has up to 16), and every string a period name, a period
 -- id, a bracket or a user id, none of which holds a character JSON escapes (shared/events.py,
 -- shared/periods.py). cjson.encode() and the gsub() that put the exact scores back cost about
--- 2 % more of a write's instructions (bench/phases/instructions.py). `pushed` and `previous`
--- are JSON already (pushed_out(), previous_json()).
-local function period_json(name, id, score, rank, prev, improved, pushed, previous)
+-- 2 % more of a write's instructions (bench/phases/instructions.py). `pushed` and `more` are
+-- JSON already (brackets.lua pushed_out(); previous_json() and pulled_in(), the result's last
+-- members, each '' or starting with a comma).
+local function period_json(name, id, score, rank, prev, improved, pushed, more)
   return '"' .. name .. '":{"period_id":"' .. id .. '","score":' .. fmt(score) .. ',"rank":' ..
          fmt(rank) .. ',"previous_rank":' .. (prev and fmt(prev) or 'null') .. ',"improved":' ..
-         (improved and 'true' or 'false') .. ',"pushed_out":{' .. pushed .. '}' .. previous .. '}'
+         (improved and 'true' or 'false') .. ',"pushed_out":{' .. pushed .. '}' .. more .. '}'
 end
 
 -- What every period's write needs to know of the event and its board.
@@ -246,24 +247,6 @@ local function plan_period(e, p)
   return out_of_range(e, p, ' score', p.score)
 end
 
--- The ids whose rank a move from prev (0-based, false: absent) to rank (1-based) pushed below
--- each bracket it crossed, as the members of the outbox result's JSON object "pushed_out" (the
--- bracket's digits, the id), '' for none.
-local function pushed_out(e, board, rank, prev)
-  local pushed, brackets = '', e.brackets
-  for i = 1, #brackets, 2 do
-    local t, name = brackets[i], brackets[i + 1]
-    if rank <= t and (prev == false or prev + 1 > t) then
-      local out = redis.call('ZREVRANGE', board, name, name)
-      if out[1] then
-        pushed = pushed .. (pushed == '' and '"' or ',"') .. name .. '":"' ..
-                 string.sub(out[1], #e.tie + 1) .. '"'
-      end
-    end
-  end
-  return pushed
-end
-
 -- put_entry() of the user's new score into the period's board, reached at p.tie.
 local function put_in_period(e, p)
   put_entry(p, e.user, p.old, p.score * e.sign, p.tie, p.meta)
@@ -298,7 +281,7 @@ end
 -- as JSON (period_json()) and as its part of the compact answer. A hidden user's entry
 -- (shared/lua/hide.lua) is its record alone: its member is put in the view for the length of
 -- this atomic call, so that its answer holds the rank it would have, then taken out again; it
--- pushes nobody out of a bracket (e.brackets is empty).
+-- pushes nobody out of a bracket, nor moves anybody into one (e.brackets is empty).
 local function write_period(e, p)
   local prev = false
   if p.old then
@@ -321,14 +304,16 @@ local function write_period(e, p)
       redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, p.meta))
     end
   end
-  local pushed = pushed_out(e, p.view, rank, prev)
+  local pushed, more = pushed_out(e, p.view, rank, prev), previous_json(e, p)
+  -- A fall moves up whoever it passes (brackets.lua pulled_in()).
+  if prev and rank > prev + 1 then more = more .. pulled_in(e, p.view, rank, prev) end
   if e.hidden then
     local now = p.old
     if p.changed or p.moved then now = entry_in(p, e.user) end
     redis.call('ZREM', p.view, now.member)
   end
   prev = prev and prev + 1
-  return period_json(p.name, p.id, p.score, rank, prev, p.changed, pushed, previous_json(e, p)),
+  return period_json(p.name, p.id, p.score, rank, prev, p.changed, pushed, more),
          compact_part(p.name, p.id, p.changed, p.score, rank, prev)
 end
 

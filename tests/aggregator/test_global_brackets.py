@@ -31,7 +31,7 @@ def standing(*users: str, scores: dict[str, float] | None = None) -> Standing:
 def test_a_written_user_entering_a_top_names_the_smallest_bracket() -> None:
     before = standing("a", "b", "c")
     after = standing("c", "a", "b", scores={"c": 200.0, "a": 100.0, "b": 99.0})
-    crossings = judge(before, after, {}, {"c"}, BRACKETS)
+    crossings = judge(before, after, {}, BRACKETS)
     assert crossings == [
         Crossing("c", "entered_top", 1, 1, 3),
         Crossing("a", "overtaken", 1, 2, 1),
@@ -43,7 +43,7 @@ def test_a_user_from_below_the_largest_bracket_has_no_previous_rank() -> None:
     rows = [(member(TIE, "new"), 1000.0)] + [(member(TIE, f"u{i}"), 100.0 - i) for i in range(99)]
     after = Standing.of(rows)
     fallen = {"u99": (101, (1.0, member(TIE, "u99")))}
-    crossings = judge(before, after, fallen, {"new"}, BRACKETS)
+    crossings = judge(before, after, fallen, BRACKETS)
     assert Crossing("new", "entered_top", 1, 1, None) in crossings
     # Everyone shifted down one: u0 left the top 1, u9 the top 10, u99 the top 100.
     assert Crossing("u0", "overtaken", 1, 2, 1) in crossings
@@ -55,13 +55,26 @@ def test_a_user_from_below_the_largest_bracket_has_no_previous_rank() -> None:
 def test_nobody_is_told_of_what_did_not_cross_or_of_their_own_fall() -> None:
     before = standing("a", "b", scores={"a": 50.0, "b": 40.0})
     # `a` was written but still leads; nobody crossed anything.
-    assert (
-        judge(before, standing("a", "b", scores={"a": 60.0, "b": 40.0}), {}, {"a"}, BRACKETS) == []
-    )
-    # On a `set` board `a` lowered its own score: `b` entered the top 1 only passively (it was
-    # not written) and `a` was not overtaken.
+    assert judge(before, standing("a", "b", scores={"a": 60.0, "b": 40.0}), {}, BRACKETS) == []
+    # On a `set` board `a` lowered its own score: `a` was not overtaken, and `b`, moved up by
+    # that fall though the merge did not write it, entered the top 1.
     after = standing("b", "a", scores={"b": 40.0, "a": 30.0})
-    assert judge(before, after, {}, {"a"}, BRACKETS) == []
+    assert judge(before, after, {}, BRACKETS) == [Crossing("b", "entered_top", 1, 1, 2)]
+
+
+def test_a_fall_tells_each_user_it_moved_up_into_a_bracket_from_wherever_it_was() -> None:
+    # `top` fell from 1st to 150th: everyone moved up one, and `u99`, below the top 100 read
+    # before the merge (the largest bracket), came in from outside every bracket.
+    before = Standing.of(
+        [(member(TIE, "top"), 1000.0)] + [(member(TIE, f"u{i}"), 100.0 - i) for i in range(99)]
+    )
+    after = Standing.of([(member(TIE, f"u{i}"), 100.0 - i) for i in range(100)])
+    fallen = {"top": (150, (-1.0, member(TIE, "top")))}
+    assert judge(before, after, fallen, BRACKETS) == [
+        Crossing("u0", "entered_top", 1, 1, 2),
+        Crossing("u9", "entered_top", 10, 10, 11),
+        Crossing("u99", "entered_top", 100, 100, None),
+    ]
 
 
 async def _messages(pubsub: Any, quiet_for: float = 0.5) -> list[dict[str, Any]]:
@@ -113,3 +126,28 @@ async def test_a_merge_tells_who_entered_and_who_was_overtaken_on_the_global_sco
         ("u-b", "entered_top", 1, 1, None, 20),
     ]
     assert third == []
+
+
+async def test_a_merge_tells_whom_a_fall_moved_into_a_top_on_the_global_scope(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(keys.user_channel("u-a"), keys.user_channel("u-b"))
+    try:
+        async with api_client(quiet) as client:
+            await post(client, user_id="u-a", region="eu", value=100, occurred_at=at(1))
+            await post(client, user_id="u-b", region="us", value=50, occurred_at=at(2))
+            await merge(redis, keys)
+            await _messages(pubsub)
+            # main is an `incr` board taking negative increments: u-a falls below u-b.
+            await post(client, user_id="u-a", region="eu", value=-90, occurred_at=at(3))
+            await merge(redis, keys)
+            fall = await _messages(pubsub)
+    finally:
+        await pubsub.aclose()
+
+    fields = ("user_id", "reason", "top", "rank", "previous_rank", "score", "scope")
+    assert sorted((m["period"], *(m[f] for f in fields)) for m in fall) == sorted(
+        (period, "u-b", "entered_top", 1, 1, 2, 50, "global")
+        for period in ("daily", "weekly", "monthly", "alltime")
+    )

@@ -143,7 +143,7 @@ def response_from_record(
 
 # What a period's outbox result carries for the consumers only, not in the answer (which a
 # duplicate, answered from the record, repeats without them).
-_ENTRY_ONLY = frozenset({"pushed_out", "previous_score", "previous_subscore"})
+_ENTRY_ONLY = frozenset({"pushed_out", "pulled_in", "previous_score", "previous_subscore"})
 
 
 def response_from_entry(entry: str, duplicate: bool) -> dict[str, Any]:
