@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
@@ -77,6 +79,17 @@ def test_a_fall_tells_each_user_it_moved_up_into_a_bracket_from_wherever_it_was(
     ]
 
 
+@asynccontextmanager
+async def _listening(redis: Redis, keys: Keys, *users: str) -> AsyncIterator[Any]:
+    """A Pub/Sub connection subscribed to the users' channels, closed on the way out."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(*(keys.user_channel(u) for u in users))
+    try:
+        yield pubsub
+    finally:
+        await pubsub.aclose()
+
+
 async def _messages(pubsub: Any, quiet_for: float = 0.5) -> list[dict[str, Any]]:
     """Everything published until the channels have been quiet for ``quiet_for`` seconds."""
     out: list[dict[str, Any]] = []
@@ -93,21 +106,16 @@ async def _messages(pubsub: Any, quiet_for: float = 0.5) -> list[dict[str, Any]]
 async def test_a_merge_tells_who_entered_and_who_was_overtaken_on_the_global_scope(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.user_channel("u-a"), keys.user_channel("u-b"))
-    try:
-        async with api_client(quiet) as client:
-            await post(client, user_id="u-a", region="eu", value=10, occurred_at=at(1))
-            await merge(redis, keys)
-            first = await _messages(pubsub)
-            await post(client, user_id="u-b", region="us", value=20, occurred_at=at(2))
-            await merge(redis, keys)
-            second = await _messages(pubsub)
-            await post(client, user_id="u-b", region="us", value=5, occurred_at=at(3))
-            await merge(redis, keys)
-            third = await _messages(pubsub)
-    finally:
-        await pubsub.aclose()
+    async with _listening(redis, keys, "u-a", "u-b") as pubsub, api_client(quiet) as client:
+        await post(client, user_id="u-a", region="eu", value=10, occurred_at=at(1))
+        await merge(redis, keys)
+        first = await _messages(pubsub)
+        await post(client, user_id="u-b", region="us", value=20, occurred_at=at(2))
+        await merge(redis, keys)
+        second = await _messages(pubsub)
+        await post(client, user_id="u-b", region="us", value=5, occurred_at=at(3))
+        await merge(redis, keys)
+        third = await _messages(pubsub)
 
     def alltime(messages: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         return [
@@ -131,20 +139,15 @@ async def test_a_merge_tells_who_entered_and_who_was_overtaken_on_the_global_sco
 async def test_a_merge_tells_whom_a_fall_moved_into_a_top_on_the_global_scope(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.user_channel("u-a"), keys.user_channel("u-b"))
-    try:
-        async with api_client(quiet) as client:
-            await post(client, user_id="u-a", region="eu", value=100, occurred_at=at(1))
-            await post(client, user_id="u-b", region="us", value=50, occurred_at=at(2))
-            await merge(redis, keys)
-            await _messages(pubsub)
-            # main is an `incr` board taking negative increments: u-a falls below u-b.
-            await post(client, user_id="u-a", region="eu", value=-90, occurred_at=at(3))
-            await merge(redis, keys)
-            fall = await _messages(pubsub)
-    finally:
-        await pubsub.aclose()
+    async with _listening(redis, keys, "u-a", "u-b") as pubsub, api_client(quiet) as client:
+        await post(client, user_id="u-a", region="eu", value=100, occurred_at=at(1))
+        await post(client, user_id="u-b", region="us", value=50, occurred_at=at(2))
+        await merge(redis, keys)
+        await _messages(pubsub)
+        # main is an `incr` board taking negative increments: u-a falls below u-b.
+        await post(client, user_id="u-a", region="eu", value=-90, occurred_at=at(3))
+        await merge(redis, keys)
+        fall = await _messages(pubsub)
 
     fields = ("user_id", "reason", "top", "rank", "previous_rank", "score", "scope")
     assert sorted((m["period"], *(m[f] for f in fields)) for m in fall) == sorted(
