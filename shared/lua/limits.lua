@@ -34,10 +34,22 @@ ARGV: user rate a second, user burst, credential rate, credential burst, now in 
       submit()'s arguments.
 Returns submit()'s answer, or {'limited', '<user | credential> <ms until a token is there>'}.
 ]]
--- The refusal of a bucket short of a token (`who` names it), nil if it has one.
-local function short(who, tokens, rate)
-  if tokens >= 1 then return nil end
-  return {'limited', who .. ' ' .. math.ceil((1 - tokens) * 1000 / rate)}
+-- The ms until a bucket holding `tokens` has one (0: it has).
+local function wait_ms(tokens, rate)
+  if tokens >= 1 then return 0 end
+  return math.ceil((1 - tokens) * 1000 / rate)
+end
+
+-- The refusal when either bucket is short of a token, nil if neither is. The credential is named
+-- whenever it is short, the user's bucket too or not: a batch all of whose events the credential
+-- refused is refused as a whole (services/api/routes/scores.py). The wait is until both have one.
+local function short(user, user_rate, credential, key_rate)
+  local for_user, for_credential = wait_ms(user, user_rate), wait_ms(credential, key_rate)
+  if for_credential > 0 then
+    return {'limited', 'credential ' .. math.max(for_user, for_credential)}
+  end
+  if for_user > 0 then return {'limited', 'user ' .. for_user} end
+  return nil
 end
 
 local function limited(keys, args, layout)
@@ -47,7 +59,7 @@ local function limited(keys, args, layout)
   local key_rate, key_burst = tonumber(args[3]), tonumber(args[4])
   local user = tokens_in(states[1], user_rate, user_burst, now)
   local credential = tokens_in(states[2], key_rate, key_burst, now)
-  local refused = short('user', user, user_rate) or short('credential', credential, key_rate)
+  local refused = short(user, user_rate, credential, key_rate)
   -- A retry of an event answered already is answered again (its duplicate, or 409 for another
   -- body) with no token to spare: a client retrying a timed-out burst learns what was stored.
   if refused then return answered({unpack(keys, 3)}, {unpack(args, 6)}) or refused end

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -255,3 +257,55 @@ async def test_users_over_their_rate_are_refused_alone(
     assert results[2]["error"]["type"].endswith("rate-limited")
     assert results[1]["periods"]["alltime"]["score"] == events[1]["value"]
     assert results[3]["periods"]["alltime"]["score"] == events[3]["value"]
+
+
+async def test_an_event_answered_before_the_write_keeps_its_answer_when_the_credential_is_empty(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # A credential of one token a second; the lateness short enough to pass within the test.
+    limited = settings.model_copy(
+        update={"amqp_url": UNREACHABLE_BROKER, "key_rate": 1.0, "allowed_lateness": 1.0}
+    )
+    url = "/v1/boards/main/scores/batch"
+    first = event(1, occurred_at=datetime.now(UTC).isoformat())
+    async with api_client(limited) as client:
+        accepted = await client.post(url, json={"events": [first]}, headers=SERVER)
+        assert accepted.status_code == 200, accepted.text
+        await asyncio.sleep(1.2)  # the token back; the first event past the allowed lateness
+        spent = await client.post(url, json={"events": [event(2)]}, headers=SERVER)
+        assert "error" not in spent.json()["results"][0]
+        # The retry of the first event is answered from its record before the write, with the
+        # credential empty: its answer is given, and only the new event is refused.
+        retry = await client.post(url, json={"events": [first, event(3)]}, headers=SERVER)
+    assert retry.status_code == 200, retry.text
+    results = retry.json()["results"]
+    assert results[0]["duplicate"] is True
+    assert results[0]["periods"] == accepted.json()["results"][0]["periods"]
+    assert results[1]["error"]["status"] == 429
+
+
+async def test_a_batch_the_credential_refuses_whole_is_429_with_the_user_empty_too(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # One token in each bucket: the user's (2 s to the next) and the credential's (1 s).
+    limited = settings.model_copy(
+        update={"amqp_url": UNREACHABLE_BROKER, "key_rate": 1.0, "user_rate": 0.5}
+    )
+    url = "/v1/boards/main/scores/batch"
+    async with api_client(limited) as client:
+        accepted = await client.post(url, json={"events": [event(1, user_id="a")]}, headers=SERVER)
+        assert "error" not in accepted.json()["results"][0]
+        refused = await client.post(
+            url, json={"events": [event(2, user_id="a"), event(3, user_id="b")]}, headers=SERVER
+        )
+        single = await client.post(
+            "/v1/boards/main/scores", json=event(4, user_id="a"), headers=SERVER
+        )
+    # The credential let none through: the batch is refused as a whole. The wait is until both
+    # buckets have a token: the user's, the longer.
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["Retry-After"] == "2"
+    assert single.status_code == 429, single.text
+    assert "credential" in single.json()["detail"]
+    assert single.headers["Retry-After"] == "2"
+    assert await redis.xlen(Keys(limited.key_prefix).outbox("main")) == 1

@@ -243,6 +243,13 @@ def _locate_in_batch(results: list[dict[str, Any] | None]) -> None:
         result["error"] = {**problem, "errors": located}
 
 
+def _answered_early(results: list[dict[str, Any] | None]) -> bool:
+    """Whether an event of the batch was answered before the write: a retry's first answer, a
+    409 for another body, a refusal while its user is erased. A client learns these even with the
+    buckets empty (docs/api.md section 9a); only a 422 of its own input is no such answer."""
+    return any(r is not None and r.get("error", {}).get("status") != 422 for r in results)
+
+
 def _repeats_conflict(events: list[Any], results: list[dict[str, Any] | None]) -> None:
     """Answer 409, in place of its 422, an invalid event whose user and ``event_id`` an earlier
     event of the batch was accepted with.
@@ -320,8 +327,13 @@ async def post_batch(
         ):
             # Their first writes may be on no replica yet (write/durable.py).
             await state.writes.durability.confirm(state.redis, state.keys, board.board_id)
-    if replies and all(r == "limited" and p.startswith("credential ") for r, p in replies):
-        # The credential was over its limit for the whole batch, and nothing was written.
+    if (
+        replies
+        and all(r == "limited" and p.startswith("credential ") for r, p in replies)
+        and not _answered_early(results)
+    ):
+        # The credential was over its limit for the whole batch, nothing was written, and no
+        # event has an answer the client needs whatever the buckets hold.
         raise limits.refusal(replies[0][1], "")
     for (i, call), (status, payload) in zip(calls.items(), replies, strict=True):
         try:
