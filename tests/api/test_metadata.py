@@ -357,6 +357,48 @@ async def test_a_batch_refuses_only_its_events_with_bad_metadata(quiet: LadderSe
     assert [(e["user_id"], canon(e["metadata"])) for e in page["entries"]] == [("u-2", canon(RICH))]
 
 
+def nested(levels: int) -> dict[str, Any]:
+    """An object holding arrays in arrays, ``levels`` levels of them with the object."""
+    inner: Any = 1
+    for _ in range(levels - 1):
+        inner = [inner]
+    return {"a": inner}
+
+
+async def test_metadata_nested_past_32_levels_is_refused_in_a_post_and_in_a_batch(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    # Deeper metadata made a broker message unreadable to the consumers (whose parser stops near
+    # 200 levels: the message's events were dead-lettered, other users' too), or, past orjson's
+    # 254 with the body hash's level, a batch's 500.
+    body = {"user_id": "u-1", "region": "eu", "value": 2}
+    deep = [
+        {"event_id": f"d{n}", "user_id": f"u-{n}", "region": "eu", "value": 3} | {"metadata": m}
+        for n, m in ((33, nested(33)), (197, nested(197)), (253, nested(253)))
+    ]
+    async with api_client(quiet) as client:
+        await make_board(client, "set", "set", None)
+        await write(client, "set", None, "u-1", 1, moment(), {"keep": True})
+        refused = await refused_changes_nothing(
+            client, redis, quiet.key_prefix, body | {"metadata": nested(33)}
+        )
+        accepted = await client.post(
+            "/v1/boards/set/scores", json=body | {"metadata": nested(32)}, headers=SERVER
+        )
+        batch = await client.post(
+            "/v1/boards/set/scores/batch",
+            json={"events": [*deep, {"user_id": "u-2", "region": "eu", "value": 4}]},
+            headers=SERVER,
+        )
+
+    problem = assert_problem(refused, 422)
+    assert any("32 levels" in e["msg"] for e in problem["errors"]), problem
+    assert accepted.status_code == 200, accepted.text
+    assert batch.status_code == 200, batch.text
+    results = batch.json()["results"]
+    assert [r.get("error", {}).get("status", 200) for r in results] == [422, 422, 422, 200]
+
+
 @pytest.mark.parametrize(
     ("operator", "late_value", "kept_metadata"),
     [

@@ -13,6 +13,10 @@ from shared.events import DisplayName, EventId, Region, Rfc3339Time, TeamId, Use
 from shared.ranking import MAX_SCORE
 
 METADATA_MAX_BYTES = 1024
+# Levels of objects and arrays in metadata, the object itself the first. An event's metadata
+# travels four levels down a broker message, whose consumers' parser stops at about 200 levels:
+# deeper metadata would make the whole message, every event of it, unreadable.
+METADATA_MAX_DEPTH = 32
 """The most bytes an entry's metadata may take, serialised as compact JSON."""
 
 
@@ -60,7 +64,8 @@ class ScoreIn(BaseModel):
     )
     metadata: dict[str, Any] | None = Field(
         default=None,
-        description=f"A JSON object of at most {METADATA_MAX_BYTES} bytes as compact JSON, kept "
+        description=f"A JSON object of at most {METADATA_MAX_BYTES} bytes as compact JSON and "
+        f"{METADATA_MAX_DEPTH} levels of objects and arrays, kept "
         "with the entry's score and returned with it (a replay id, a car, a loadout)",
     )
 
@@ -69,6 +74,10 @@ class ScoreIn(BaseModel):
     def _metadata_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is None:
             return None
+        if _deeper_than(value, METADATA_MAX_DEPTH):
+            raise ValueError(
+                f"metadata nests objects and arrays more than {METADATA_MAX_DEPTH} levels deep"
+            )
         try:
             text = metadata_text(value)
         except orjson.JSONEncodeError as exc:
@@ -84,6 +93,17 @@ class ScoreIn(BaseModel):
                 f"metadata is {size} bytes as compact JSON; at most {METADATA_MAX_BYTES}"
             )
         return value
+
+
+def _deeper_than(value: Any, levels: int) -> bool:
+    """Whether objects and arrays nest in ``value`` more than ``levels`` deep (``value`` the
+    first level); it stops at the first branch that does."""
+    if not isinstance(value, dict | list):
+        return False
+    if levels == 0:
+        return True
+    inner = value.values() if isinstance(value, dict) else value
+    return any(_deeper_than(v, levels - 1) for v in inner)
 
 
 def _non_finite(value: Any) -> bool:
