@@ -242,6 +242,7 @@ async def test_a_query_s_integers_are_written_in_digits(
         ("/v1/boards/main/users/u-1", "around"),
         ("/v1/boards/main/hot", "window"),
         ("/v1/boards/main/users/u-1/events", "limit"),
+        ("/v1/boards/main/feed", "limit"),
     ]
     async with api_client(quiet) as client:
         for path, name in reads:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
 from services.api.reads import views
-from services.api.routes.params import PeriodIdQuery, PeriodQuery
+from services.api.routes.params import IN_DIGITS, PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from services.api.strict_json import StrictJsonRoute
 from shared.db import EventRecord
@@ -91,6 +91,7 @@ async def feed(
             description="1 to the feed length, LADDER_FEED_LENGTH (default 1000), 422 past it; "
             "default 20 or the feed length if shorter",
         ),
+        IN_DIGITS,
     ] = None,
 ) -> dict[str, Any]:
     """The newest accepted events of the board, newest first. The feed keeps the last
