@@ -267,7 +267,7 @@ class Listener:
     def __init__(self) -> None:
         self.received: list[str] = []
 
-    def deliver(self, text: str) -> None:
+    def deliver(self, text: str, channel: str = "") -> None:
         self.received.append(text)
 
 

@@ -31,7 +31,7 @@ class Inbox:
     def __init__(self) -> None:
         self.messages: list[str] = []
 
-    def deliver(self, text: str) -> None:
+    def deliver(self, text: str, channel: str = "") -> None:
         self.messages.append(text)
 
 

@@ -53,8 +53,9 @@ PING_MESSAGE = "ladder-hub"
 
 
 class Subscriber(Protocol):
-    def deliver(self, text: str) -> None:
-        """Take a message without blocking."""
+    def deliver(self, text: str, channel: str = "") -> None:
+        """Take a message without blocking: a push of ``channel``, or ("") one to every
+        subscriber (``resync``)."""
 
 
 class Hub:
@@ -237,7 +238,7 @@ class Hub:
 
     def _dispatch(self, channel: str, text: str) -> None:
         for subscriber in list(self._wanted.get(channel, ())):
-            subscriber.deliver(text)
+            subscriber.deliver(text, channel)
             PUSHED.inc()
 
     def _broadcast(self, text: str) -> None:

@@ -86,9 +86,14 @@ class Client:
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=state.settings.ws_send_queue)
         self.too_slow = asyncio.Event()
         self.topics: dict[str, str] = {}
+        # The channels whose current view is being read for a new subscription: whether a push
+        # of the channel came meanwhile (subscribe()).
+        self.priming: dict[str, bool] = {}
         self.flooding = False
 
-    def deliver(self, text: str) -> None:
+    def deliver(self, text: str, channel: str = "") -> None:
+        if channel in self.priming:
+            self.priming[channel] = True
         if self.too_slow.is_set():
             return
         try:
@@ -155,6 +160,7 @@ class Client:
             raise TopicError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per socket")
         channel = await self.channel_of(topic)
         self.topics[topic] = channel
+        self.priming[channel] = False
         try:
             await self.state.hub.subscribe(channel, self)
             # Read once the channel is live: any later change arrives as a push after it.
@@ -162,9 +168,14 @@ class Client:
         except BaseException:
             # Not subscribed after all: the client's retry must subscribe again, and be sent the
             # view's current state.
+            self.priming.pop(channel, None)
             self.unsubscribe(topic)
             raise
-        if current is not None:
+        # A push that came while the view was read may be older than what the read found, or
+        # newer. Either way the read's view comes as a push too (the aggregator stores a view,
+        # then publishes it, and the channel was live before the read): it is sent now only if
+        # no push came, so that no view is ever followed by an older one.
+        if not self.priming.pop(channel) and current is not None:
             self.deliver(current)
 
     def unsubscribe(self, topic: str) -> None:
