@@ -96,6 +96,16 @@ def is_transient(error: BaseException) -> bool:
 # password before an @ without one.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 _CREDENTIALS = re.compile(r"[^\s'\"/@:]+:[^\s'\"/@]+@")
+# A server's address as drivers write it in their errors: a ('host', port) pair (asyncio's and
+# asyncmy's), a host:port (redis-py's "connecting to ..."), an IP literal, a quoted host after
+# "on" or "host" (MySQL's "server on 'db'", "Unknown MySQL server host 'db'").
+_ADDRESS = re.compile(
+    r"\(\s*'[^']*'(?:\s*,\s*\d+)+\s*\)"
+    r"|\[[0-9A-Fa-f:.]+\](?::\d+)?"
+    r"|(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?(?!\w|\.\d)"
+    r"|(?<![\w.-])(?:localhost|(?:[A-Za-z0-9-]+\.)+[A-Za-z][A-Za-z0-9-]*):\d+\b"
+    r"|(?<=\bon )'[^']*'|(?<=\bhost )'[^']*'"
+)
 # SQLAlchemy's pointer to its documentation, at the end of each of its errors.
 _BACKGROUND = re.compile(r"\s*\(Background on this error at: [^)]*\)")
 REASON_MOST = 200
@@ -103,8 +113,9 @@ REASON_MOST = 200
 
 def short_reason(error: BaseException) -> str:
     """``error`` as a short line for ``/readyz`` (its class and message, at most
-    ``REASON_MOST`` characters), with no address that could carry a password in it."""
+    ``REASON_MOST`` characters), with no address in it: none that could carry a password, and
+    no server's host or port (``/readyz`` answers anyone who can reach it)."""
     text = _BACKGROUND.sub("", " ".join(str(error).split()))
-    text = _CREDENTIALS.sub("", _URL.sub("<address>", text))
+    text = _ADDRESS.sub("<address>", _CREDENTIALS.sub("", _URL.sub("<address>", text)))
     line = f"{type(error).__name__}: {text}" if text else type(error).__name__
     return line if len(line) <= REASON_MOST else line[: REASON_MOST - 1] + "…"

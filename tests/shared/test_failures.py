@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import aio_pika
 import pytest
 from redis import exceptions as cluster
 from redis.asyncio import Redis
@@ -11,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from shared.failures import is_transient
+from shared.failures import is_transient, short_reason
 from shared.settings import LadderSettings
 from tests.stack import free_port
 
@@ -94,3 +95,29 @@ def test_a_cluster_failing_over_or_forming_is_transient() -> None:
         cluster.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
     ):
         assert is_transient(error), error
+
+
+async def test_a_reason_names_no_server_address(settings: LadderSettings) -> None:
+    """``/readyz`` answers anyone who can reach it: its reasons say what failed, not where."""
+    port = free_port()
+    mysql = make_url(settings.mysql_url).set(password="s3cret", port=port)
+    away = await mysql_error(mysql.render_as_string(False), "SELECT 1")
+    redis = Redis.from_url(f"redis://:s3cret@127.0.0.1:{port}/0")
+    with pytest.raises(RedisError) as redis_away:
+        await redis.ping()
+    await redis.aclose()
+    with pytest.raises(OSError) as broker_away:
+        await aio_pika.connect(f"amqp://guest:s3cret@127.0.0.1:{port}/", timeout=5)
+    written = [
+        OSError("Error 111 connecting to redis.internal:6379. Connection refused."),
+        OSError("Unknown MySQL server host 'db.internal' (-2)"),
+        OSError("Connect call failed ('::1', 5672, 0, 0)"),
+        OSError("Error 111 connecting to [fd00::7]:6379."),
+    ]
+    reasons = [short_reason(e) for e in (away, redis_away.value, broker_away.value, *written)]
+
+    for reason in reasons:
+        for address in ("127.0.0.1", str(port), "s3cret", "internal", "::1", "fd00"):
+            assert address not in reason, reason
+    assert "Can't connect to MySQL server" in reasons[0], reasons[0]
+    assert reasons[1].startswith("ConnectionError: Error 111 connecting to <address>"), reasons[1]
