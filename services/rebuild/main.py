@@ -12,9 +12,12 @@ import sys
 from collections.abc import Iterable
 
 import structlog
+from redis.exceptions import RedisError
+from sqlalchemy.exc import DBAPIError
 
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
 from shared.db import open_engine
+from shared.failures import short_reason
 from shared.keys import Keys
 from shared.logs import configure
 from shared.redis import open_redis
@@ -66,6 +69,19 @@ def main(argv: list[str] | None = None) -> None:
         done = asyncio.run(rebuild(settings, options.board, options.wait))
     except RebuildFailed as exc:
         log.error("rebuild failed", error=str(exc))
+        sys.exit(1)
+    # A server that does not answer or refuses the URL: one line naming the setting to look at
+    # (short_reason() leaves out the address, whose URL may hold a password), not a traceback.
+    except DBAPIError as exc:
+        log.error(
+            "rebuild failed: the history database (LADDER_MYSQL_URL) cannot be read",
+            error=short_reason(exc),
+        )
+        sys.exit(1)
+    except RedisError as exc:
+        log.error(
+            "rebuild failed: Redis (LADDER_REDIS_URL) cannot be used", error=short_reason(exc)
+        )
         sys.exit(1)
     for board in done:
         print(summary(board))
