@@ -13,11 +13,12 @@ import re
 import sys
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import structlog
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsError as EnvFileError
 
 from shared import settings_checks as checks
 from shared.logs import configure
@@ -362,9 +363,18 @@ def load_settings(service: str = "ladder") -> LadderSettings:
             for e in exc.errors(include_url=False)
         )
         named = list(dict.fromkeys(re.findall(r"\bLADDER_[A-Z0-9_]+", problems)))
-        configure(service, "INFO", stream=sys.stderr)
-        structlog.get_logger(__name__).error(f"invalid settings: {problems}", settings=named)
-        raise SystemExit(2) from None
+        _refuse(service, f"invalid settings: {problems}", settings=named)
+    except (UnicodeDecodeError, OSError, EnvFileError) as exc:
+        # The .env file is not UTF-8 text, cannot be read (a directory, no permission), or holds
+        # a value its parser refuses.
+        _refuse(service, f"invalid settings: the settings file .env cannot be read: {exc}")
+
+
+def _refuse(service: str, message: str, **fields: Any) -> NoReturn:
+    """End the process with status 2 and ``message`` as one JSON log line on stderr."""
+    configure(service, "INFO", stream=sys.stderr)
+    structlog.get_logger(__name__).error(message, **fields)
+    raise SystemExit(2) from None
 
 
 # prometheus-client reads this variable itself, once, when it is first imported: a process

@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -283,6 +284,24 @@ def test_invalid_settings_are_one_json_log_line_naming_them() -> None:
     )
     assert "timestamp" in logged
     assert "secret" not in done.stderr
+
+
+def test_a_settings_file_that_is_not_utf_8_is_one_json_log_line(tmp_path: Path) -> None:
+    """A .env written in another encoding: status 2 and one line, not a traceback."""
+    (tmp_path / ".env").write_bytes(b"LADDER_JWT_SECRET=caf\xe9\n")
+    done = subprocess.run(
+        [sys.executable, "-c", "from shared.settings import load_settings; load_settings('api')"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    logged = json.loads(line)
+    assert logged["message"].startswith("invalid settings: the settings file .env cannot be read")
+    assert (logged["level"], logged["service"]) == ("error", "api")
 
 
 @pytest.mark.skipif(ON_CLUSTER, reason="a Redis Cluster has database 0 only")
