@@ -24,16 +24,19 @@ deterministic seed, so that two runs send the same requests. ``-m "not fuzz"`` s
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+import aiormq
 import hypothesis
 import pytest
 import schemathesis
 from hypothesis import strategies as st
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.python import asgi
@@ -41,10 +44,11 @@ from schemathesis.python import asgi
 from services.aggregator.merge import Merger
 from services.api.app import create_app
 from services.history.handlers import HistoryHandler
+from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, Board
 from shared.db import open_engine
 from shared.db_boards import SnapshotRow, save_snapshots
-from shared.events import ScoreAccepted
+from shared.events import ScoreAccepted, ScoreMessage, message_body
 from shared.keys import Keys, dirty_member
 from shared.periods import CALENDAR_PERIODS, window_at
 from shared.settings import LadderSettings
@@ -422,6 +426,40 @@ def api(
     finally:
         # The lifespan closes its connections before the fixtures drop what they made.
         asgi.shutdown_lifespans()
+    _each_accepted_event_reads_as_the_consumers_read_it(settings)
+
+
+def _each_accepted_event_reads_as_the_consumers_read_it(settings: LadderSettings) -> None:
+    """Whatever the run got accepted is in the history queue the API declared, or still in a
+    board's outbox: each message, and each outbox entry in a message as the relay sends it,
+    must pass the consumers' schema. One event the API takes but a consumer refuses would have
+    its whole message, other users' events with it, dead-lettered."""
+    bodies = asyncio.run(_queued(settings, Topology(prefix=settings.broker_prefix)))
+    keys = Keys(settings.key_prefix)
+    with SyncRedis.from_url(settings.redis_url, decode_responses=True) as redis:
+        for board in BOARDS:
+            bodies += [
+                message_body([fields["e"]])
+                for _, fields in redis.xrange(keys.outbox(board.board_id))
+            ]
+    assert bodies, "the run accepted no event"
+    for body in bodies:
+        ScoreMessage.model_validate_json(body)
+
+
+async def _queued(settings: LadderSettings, topology: Topology) -> list[bytes]:
+    """The bodies of the messages in the test's history queue, if it was declared."""
+    bodies: list[bytes] = []
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        channel = await connection.channel()
+        try:
+            queue = await channel.declare_queue(topology.queue("history"), passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return bodies
+        while (message := await queue.get(no_ack=True, fail=False)) is not None:
+            bodies.append(message.body)
+    return bodies
 
 
 @pytest.fixture
