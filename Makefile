@@ -212,10 +212,9 @@ cluster-start: ## start one process of the rehearsal again: make cluster-start P
 # test-rehearsal: the whole suite with the tests' Redis the rehearsal's cluster and their broker
 # its nodes (each test keeps its own prefixes, database, exchange and queues), then the faults
 # of tests/rehearsal, which kill the rehearsal's processes and start them again.
-# RABBITMQ_NODENAME points rabbitmqctl (make clean lists queues with it) at that node.
 REHEARSAL_TEST_ENV := LADDER_TEST_REDIS_CLUSTER=1 LADDER_TEST_REDIS_URL=redis://127.0.0.1:7000/0 \
 	LADDER_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5673/ \
-	LADDER_TEST_MANAGEMENT_URL=http://127.0.0.1:15673 RABBITMQ_NODENAME=ladder-rabbit-5673@localhost
+	LADDER_TEST_MANAGEMENT_URL=http://127.0.0.1:15673
 
 test-rehearsal: venv infra ## the whole suite against `make cluster-up` (started if need be), then faults on it
 	@bash scripts/cluster.sh ps | grep -q RUNNING || bash scripts/cluster.sh up

@@ -3,22 +3,21 @@
 - Redis: every key of ``LADDER_KEY_PREFIX`` (``P:*`` and the board keys ``{P:*``), found with
   SCAN and removed with UNLINK, a batch at a time. Never FLUSHALL: the server may hold others'
   keys. The Redis Functions library stays (it is shared and holds no data).
-- RabbitMQ: the queues and exchanges of ``LADDER_BROKER_PREFIX`` (``P.*``): those the topology
-  declares, the simulation's control exchange, and any other of the prefix that ``rabbitmqctl``
-  lists when it can reach the broker (the local node, or the one ``RABBITMQ_NODENAME`` names).
-- MySQL: the history database named in ``LADDER_MYSQL_URL``.
+- RabbitMQ: the queues and exchanges Ladder makes under ``LADDER_BROKER_PREFIX``, by name: those
+  the topology declares (shared/topology.py) and the simulation's control exchange. Never every
+  name that begins with the prefix: a prefix may hold dots, so ``ladder.staging`` is another
+  installation whose names all begin with ``ladder.``, and a game backend's own queue (bound to
+  ``ladder.periods``) may be named after Ladder's.
+- MySQL: the history database named in ``LADDER_MYSQL_URL``, quoted as the migration quotes it
+  when it creates it; never one of the server's own schemas.
 
-Safe to run twice: what is already gone is skipped. It does not stop or start services;
-``make clean`` does that around it.
+What it refuses, it refuses before it removes anything. Safe to run twice: what is already gone
+is skipped. It does not stop or start services; ``make clean`` does that around it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-import shutil
-import subprocess
 import sys
 
 import aio_pika
@@ -29,11 +28,13 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from shared.amqp import connect as connect_broker
 from shared.redis import open_redis
 from shared.settings import LadderSettings, load_settings
-from shared.topology import CONSUMERS, Topology
+from shared.topology import Topology
 from sim.control import exchange_name as control_exchange
 
 SCAN_COUNT = 1000
-DATABASE_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+# The server's own schemas, compared in lower case: MySQL's information_schema and
+# performance_schema are that in any case.
+SERVER_SCHEMAS = frozenset({"information_schema", "mysql", "performance_schema", "sys"})
 
 
 async def clean_redis(settings: LadderSettings) -> int:
@@ -51,33 +52,11 @@ async def clean_redis(settings: LadderSettings) -> int:
     return removed
 
 
-def listed(kind: str, prefix: str) -> list[str]:
-    """Names of ``kind`` (``queues`` or ``exchanges``) of the prefix that rabbitmqctl lists; empty
-    when rabbitmqctl is not here or cannot reach the node (a remote broker)."""
-    tool = shutil.which("rabbitmqctl")
-    if tool is None:
-        return []
-    try:
-        done = subprocess.run(
-            [tool, "-q", f"list_{kind}", "name", "--formatter", "json"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        names = [row["name"] for row in json.loads(done.stdout or "[]")]
-    except (subprocess.SubprocessError, OSError, ValueError, KeyError, TypeError):
-        return []
-    return [n for n in names if isinstance(n, str) and n.startswith(f"{prefix}.")]
-
-
 async def clean_broker(settings: LadderSettings) -> tuple[int, int]:
     prefix = settings.broker_prefix
     topology = Topology(prefix=prefix)
-    queues = {topology.queue(c) for c in CONSUMERS} | {topology.dead_queue(c) for c in CONSUMERS}
-    exchanges = {topology.scores_exchange, control_exchange(prefix)}
-    queues |= set(listed("queues", prefix))
-    exchanges |= set(listed("exchanges", prefix))
+    queues = set(topology.queues)
+    exchanges = {*topology.exchanges, control_exchange(prefix)}
     gone_queues = gone_exchanges = 0
     connection = await connect_broker(settings.amqp_urls)
     async with connection:
@@ -102,15 +81,25 @@ async def clean_broker(settings: LadderSettings) -> tuple[int, int]:
     return gone_queues, gone_exchanges
 
 
+def history_database(settings: LadderSettings) -> str | None:
+    """The database ``clean_mysql`` drops, if the URL names one; raises SystemExit for one of
+    the server's own schemas, which no setting should name and nothing may drop."""
+    database = make_url(settings.mysql_url).database
+    if database and database.lower() in SERVER_SCHEMAS:
+        raise SystemExit(
+            f"clean: refusing to drop {database!r}, one of the MySQL server's own schemas "
+            f"(LADDER_MYSQL_URL names it); nothing was removed"
+        )
+    return database or None
+
+
 async def clean_mysql(settings: LadderSettings) -> str | None:
-    url = make_url(settings.mysql_url)
-    database = url.database
-    if not database:
+    database = history_database(settings)
+    if database is None:
         return None
-    if not DATABASE_NAME.match(database):
-        raise SystemExit(f"clean: refusing an unusual database name {database!r}")
-    engine = create_async_engine(url.set(database=""))
+    engine = create_async_engine(make_url(settings.mysql_url).set(database=""))
     try:
+        quoted = engine.dialect.identifier_preparer.quote_identifier(database)
         async with engine.begin() as conn:
             found = await conn.execute(
                 text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :name"),
@@ -118,13 +107,15 @@ async def clean_mysql(settings: LadderSettings) -> str | None:
             )
             if found.first() is None:
                 return None
-            await conn.execute(text(f"DROP DATABASE `{database}`"))
+            await conn.execute(text(f"DROP DATABASE {quoted}"))
     finally:
         await engine.dispose()
     return database
 
 
 async def clean(settings: LadderSettings) -> None:
+    # Refused before anything is removed, so that a refusal leaves the prefixes whole.
+    history_database(settings)
     keys = await clean_redis(settings)
     queues, exchanges = await clean_broker(settings)
     database = await clean_mysql(settings)

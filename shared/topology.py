@@ -63,6 +63,16 @@ class Topology:
     def periods_exchange(self) -> str:
         return f"{self.prefix}.periods"
 
+    @property
+    def exchanges(self) -> tuple[str, ...]:
+        """Every exchange :meth:`declare` makes."""
+        return (self.scores_exchange, self.periods_exchange)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """Every queue :meth:`declare` makes: each consumer's and its dead-letter queue."""
+        return tuple(name for c in CONSUMERS for name in (self.queue(c), self.dead_queue(c)))
+
     def queue(self, consumer: Consumer) -> str:
         return f"{self.prefix}.scores.{consumer}"
 
@@ -107,11 +117,10 @@ class Topology:
 
     async def delete(self, channel: AbstractChannel) -> None:
         """Remove everything :meth:`declare` made (tests and ``make clean``)."""
-        for consumer in CONSUMERS:
-            await channel.queue_delete(self.queue(consumer))
-            await channel.queue_delete(self.dead_queue(consumer))
-        await channel.exchange_delete(self.scores_exchange)
-        await channel.exchange_delete(self.periods_exchange)
+        for name in self.queues:
+            await channel.queue_delete(name)
+        for name in self.exchanges:
+            await channel.exchange_delete(name)
 
 
 # The broker's answer to a declaration that differs from what exists under that name:

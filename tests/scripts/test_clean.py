@@ -3,7 +3,7 @@ nothing else; twice is as good as once; a running Ladder is left running on a fr
 
 from __future__ import annotations
 
-import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -15,12 +15,14 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from scripts.clean import clean, clean_broker
+from services.history.migrate import migrate
 from shared.amqp import connect as connect_broker
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from sim.control import declare_exchange, exchange_name
 from tests.conftest import MYSQL_SERVER_URL
-from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client
+from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, server_statement
 from tests.stack import Stack, redis_env, run
 
 
@@ -34,10 +36,6 @@ def make_clean(settings: LadderSettings, run_dir: Path) -> str:
         "LADDER_MYSQL_URL": settings.mysql_url,
         "LADDER_RUN_DIR": str(run_dir),
     }
-    # The broker node rabbitmqctl asks, where the tests' broker is not the default node
-    # (make test-rehearsal's).
-    if "RABBITMQ_NODENAME" in os.environ:
-        env["RABBITMQ_NODENAME"] = os.environ["RABBITMQ_NODENAME"]
     done = run(["make", "-s", "--no-print-directory", "clean"], env=env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -91,14 +89,15 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
             event = {"event_id": f"e{i}", "user_id": f"u{i}", "region": "eu", "value": 3}
             assert (await api.post("/v1/boards/main/scores", json=event, headers=SERVER)).is_success
         assert (await api.put("/v1/users/u1/friends/u2", headers=SERVER)).status_code == 204
-    # ... its queues and exchanges, the simulation's control exchange and one more queue ...
+    # ... its queues and exchanges and the simulation's control exchange ...
     connection = await connect_broker(settings.amqp_urls)
     async with connection:
         channel = await connection.channel()
         await broker.declare(channel)
         await declare_exchange(channel, settings.broker_prefix)
-        await channel.declare_queue(f"{settings.broker_prefix}.extra", durable=True)
-        # ... next to what is not its own: a longer prefix is another installation.
+        # ... next to what is not its own: a game backend's queue named after Ladder's prefix,
+        # and a longer prefix, which is another installation.
+        await channel.declare_queue(f"{settings.broker_prefix}.periods.game", durable=True)
         await channel.declare_queue(f"{settings.broker_prefix}x.keep", auto_delete=False)
     await redis.set(f"{prefix}x:keep", "1")
     await redis.set("{" + prefix + "x:main}:keep", "1")
@@ -117,15 +116,14 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
         connection = await connect_broker(settings.amqp_urls)
         async with connection:
             gone = [
-                *(("queue", broker.queue(c)) for c in ("aggregator", "history", "notifier")),
-                *(("queue", broker.dead_queue(c)) for c in ("aggregator", "history", "notifier")),
-                ("queue", f"{settings.broker_prefix}.extra"),
-                ("exchange", broker.scores_exchange),
+                *(("queue", name) for name in broker.queues),
+                *(("exchange", name) for name in broker.exchanges),
                 ("exchange", exchange_name(settings.broker_prefix)),
             ]
             for kind, name in gone:
                 assert not await exists(connection, kind, name), name
             assert await exists(connection, "queue", f"{settings.broker_prefix}x.keep")
+            assert await exists(connection, "queue", f"{settings.broker_prefix}.periods.game")
         assert await redis.get(f"{prefix}x:keep") == "1"
         assert await redis.get("{" + prefix + "x:main}:keep") == "1"
     finally:
@@ -134,7 +132,7 @@ async def test_clean_twice_leaves_nothing_of_its_prefixes_and_touches_nothing_el
         async with connection:
             channel = await connection.channel()
             await channel.queue_delete(f"{settings.broker_prefix}x.keep")
-            await channel.queue_delete(f"{settings.broker_prefix}.extra")
+            await channel.queue_delete(f"{settings.broker_prefix}.periods.game")
 
 
 @pytest.mark.stack
@@ -174,3 +172,100 @@ def check_clean(stack: Stack, api: httpx.Client) -> None:
         while not probe():
             assert time.monotonic() < end, f"{probe.__name__}: not within 20 s"
             time.sleep(0.2)
+
+
+async def test_clean_leaves_a_longer_broker_prefix_its_queues_and_their_messages(
+    settings: LadderSettings, broker: Topology
+) -> None:
+    # A prefix may hold dots: "<prefix>.staging" is another installation on the same broker,
+    # whose names all begin with this prefix and a dot.
+    other = Topology(prefix=f"{settings.broker_prefix}.staging")
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await broker.declare(channel)
+        await other.declare(channel)
+        exchange = await other.declare_exchange(channel)
+        await exchange.publish(aio_pika.Message(b"staging's score"), routing_key="")
+    try:
+        await clean_broker(settings)
+        connection = await connect_broker(settings.amqp_urls)
+        async with connection:
+            assert not await exists(connection, "queue", broker.queue("history"))
+            assert not await exists(connection, "exchange", broker.scores_exchange)
+            for name in other.queues:
+                assert await exists(connection, "queue", name), name
+            for name in other.exchanges:
+                assert await exists(connection, "exchange", name), name
+            channel = await connection.channel()
+            queue = await channel.get_queue(other.queue("history"), ensure=True)
+            message = await queue.get(timeout=5, no_ack=True)
+            assert message.body == b"staging's score"
+    finally:
+        connection = await connect_broker(settings.amqp_urls)
+        async with connection:
+            await other.delete(await connection.channel())
+
+
+async def test_clean_removes_the_periods_exchange_where_rabbitmqctl_is_not_at_hand(
+    settings: LadderSettings, broker: Topology, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on a host that runs no broker of its own: nothing can list the broker's names.
+    monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        await broker.declare(await connection.channel())
+    await clean_broker(settings)
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        for name in broker.queues:
+            assert not await exists(connection, "queue", name), name
+        for name in broker.exchanges:
+            assert not await exists(connection, "exchange", name), name
+
+
+async def made(settings: LadderSettings, redis: Redis, broker: Topology) -> None:
+    """A few keys and the topology of ``settings``' prefixes, as a Ladder makes them."""
+    await redis.set(f"{settings.key_prefix}:made", "1")
+    await redis.set("{" + settings.key_prefix + ":main}:made", "1")
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        await broker.declare(await connection.channel())
+
+
+async def test_clean_drops_a_database_whose_name_needs_quoting_with_all_the_rest(
+    settings: LadderSettings, redis: Redis, broker: Topology, test_id: str
+) -> None:
+    # Settings and migrate accept a hyphen in the database's name; migrate quotes it.
+    database = f"ladder-{test_id}"
+    hyphened = settings.model_copy(update={"mysql_url": f"{MYSQL_SERVER_URL}/{database}"})
+    await migrate(hyphened.mysql_url)
+    await made(hyphened, redis, broker)
+    try:
+        await clean(hyphened)
+        assert await keys_of(redis, settings.key_prefix) == []
+        assert not await database_exists(database)
+        connection = await connect_broker(settings.amqp_urls)
+        async with connection:
+            assert not await exists(connection, "queue", broker.queue("history"))
+            assert not await exists(connection, "exchange", broker.scores_exchange)
+    finally:
+        await server_statement(MYSQL_SERVER_URL, f"DROP DATABASE IF EXISTS `{database}`")
+
+
+async def test_clean_refusing_the_database_removes_nothing(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # The server's own schema is never Ladder's history database, whatever the URL says.
+    refused = settings.model_copy(update={"mysql_url": f"{MYSQL_SERVER_URL}/information_schema"})
+    await made(refused, redis, broker)
+    with pytest.raises(SystemExit, match="information_schema"):
+        await clean(refused)
+    assert len(await keys_of(redis, settings.key_prefix)) == 2
+    assert await database_exists("information_schema")
+    connection = await connect_broker(settings.amqp_urls)
+    async with connection:
+        for name in broker.queues:
+            assert await exists(connection, "queue", name), name
+        for name in broker.exchanges:
+            assert await exists(connection, "exchange", name), name
