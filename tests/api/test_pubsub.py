@@ -232,8 +232,8 @@ def watch_overflow(monkeypatch: pytest.MonkeyPatch, arrivals: list[float]) -> li
     received by then."""
     deliver, seen = push.Client.deliver, []
 
-    def watched(client: push.Client, text: str) -> None:
-        deliver(client, text)
+    def watched(client: push.Client, text: str, channel: str = "") -> None:
+        deliver(client, text, channel)
         if client.too_slow.is_set() and not seen:
             seen.extend([json.loads(text)["i"], len(arrivals)])
 
