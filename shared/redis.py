@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import re
 import weakref
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, cast
 
@@ -217,7 +217,12 @@ def library_source() -> str:
 
 @contextlib.asynccontextmanager
 async def open_redis(
-    url: str, *, load_functions: bool = False, cluster: bool = False, wait: bool = False
+    url: str,
+    *,
+    load_functions: bool = False,
+    cluster: bool = False,
+    wait: bool = False,
+    waiting: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[Redis]:
     """A client of ``url`` that decodes replies to ``str``, closed on exit.
 
@@ -227,7 +232,9 @@ async def open_redis(
     comma-separated (any one that answers will do); it offers the
     commands of ``Redis`` that Ladder uses, and is typed as one. With ``wait`` (a service
     starting) a Redis that does not answer yet is tried again, backing off up to 5 s, rather
-    than failed at once: a service that exits is soon given up on by its process manager.
+    than failed at once: a service that exits is soon given up on by its process manager; each
+    failed try is handed to ``waiting``, for the service's ``/readyz`` to say why it is not
+    ready yet.
     """
     options: dict[str, Any] = {}
     if url.startswith("redis://"):
@@ -270,6 +277,8 @@ async def open_redis(
                 # (A cluster not formed yet, or none of its nodes reachable: the same wait.)
                 if not wait:
                     raise
+                if waiting is not None:
+                    waiting(exc)
                 log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
