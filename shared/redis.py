@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import re
 import weakref
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, cast
 
@@ -217,9 +217,15 @@ def library_source() -> str:
 
 @contextlib.asynccontextmanager
 async def open_redis(
-    url: str, *, load_functions: bool = False, cluster: bool = False, wait: bool = False
+    url: str,
+    *,
+    load_functions: bool = False,
+    cluster: bool = False,
+    wait: bool = False,
+    waiting: Callable[[BaseException], None] | None = None,
 ) -> AsyncIterator[Redis]:
-    """A client of ``url`` that decodes replies to ``str``, closed on exit.
+    """A client of ``url`` that decodes replies to ``str``, closed on exit: :func:`redis_client`
+    once :func:`connect` has found it answering.
 
     With ``load_functions`` the Ladder function library is (re)loaded first: loading replaces the
     library atomically, so every process may do it at start-up. With ``cluster`` the client is
@@ -227,8 +233,21 @@ async def open_redis(
     comma-separated (any one that answers will do); it offers the
     commands of ``Redis`` that Ladder uses, and is typed as one. With ``wait`` (a service
     starting) a Redis that does not answer yet is tried again, backing off up to 5 s, rather
-    than failed at once: a service that exits is soon given up on by its process manager.
+    than failed at once: a service that exits is soon given up on by its process manager; each
+    failed try is handed to ``waiting``, for the service's ``/readyz`` to say why it is not
+    ready yet.
     """
+    async with redis_client(url, load_functions=load_functions, cluster=cluster) as client:
+        await connect(client, load_functions=load_functions, wait=wait, waiting=waiting)
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def redis_client(
+    url: str, *, load_functions: bool = False, cluster: bool = False
+) -> AsyncIterator[Redis]:
+    """The client :func:`open_redis` opens, before any connection is made (a process that
+    serves while it waits for Redis to answer), closed on exit."""
     options: dict[str, Any] = {}
     if url.startswith("redis://"):
         options["connection_class"] = PackedConnection
@@ -261,31 +280,44 @@ async def open_redis(
         )
         client = Redis.from_pool(pool)
     try:
-        backoff = 0.5
-        while True:
-            try:
-                await client.ping()
-                break
-            except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
-                # (A cluster not formed yet, or none of its nodes reachable: the same wait.)
-                if not wait:
-                    raise
-                log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except ResponseError as exc:
-                # The server has fewer databases (16 by default) than the URL's index asks.
-                if "DB index is out of range" not in str(exc):
-                    raise
-                raise SettingsError(
-                    "LADDER_REDIS_URL names a database the Redis server has not (its "
-                    "`databases` setting: 16 by default, indexes 0 to 15)"
-                ) from None
-        if load_functions:
-            await client.function_load(library_source(), replace=True)
         yield client
     finally:
         await client.aclose()
+
+
+async def connect(
+    client: Redis,
+    *,
+    load_functions: bool = False,
+    wait: bool = False,
+    waiting: Callable[[BaseException], None] | None = None,
+) -> None:
+    """Return once ``client``'s Redis answers (with ``load_functions``, once the library is
+    loaded too), as :func:`open_redis` describes."""
+    backoff = 0.5
+    while True:
+        try:
+            await client.ping()
+            break
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
+            # (A cluster not formed yet, or none of its nodes reachable: the same wait.)
+            if not wait:
+                raise
+            if waiting is not None:
+                waiting(exc)
+            log.warning("Redis unavailable; retrying", error=repr(exc), in_seconds=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+        except ResponseError as exc:
+            # The server has fewer databases (16 by default) than the URL's index asks.
+            if "DB index is out of range" not in str(exc):
+                raise
+            raise SettingsError(
+                "LADDER_REDIS_URL names a database the Redis server has not (its "
+                "`databases` setting: 16 by default, indexes 0 to 15)"
+            ) from None
+    if load_functions:
+        await client.function_load(library_source(), replace=True)
 
 
 async def ensure_group(redis: Redis, stream: str, group: str) -> None:

@@ -1,11 +1,16 @@
-"""Running a consumer service: signals, the ops endpoints, the consumer and its companions."""
+"""Running a consumer service: signals, the ops endpoints, the consumer and its companions.
+
+The ops endpoints listen first, before the service opens anything it needs: a service that
+starts while Redis, MySQL or the broker is down answers ``/healthz`` at once (a liveness probe
+must not restart it while it waits) and ``/readyz`` with 503, naming what it is waiting for
+and why (:class:`Opening`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
 import structlog
@@ -17,8 +22,9 @@ from typing_extensions import TypedDict, Unpack
 
 from shared.boards import Board, BoardCatalog
 from shared.consumer import ConsumerRunner, Handler
+from shared.failures import short_reason
 from shared.logs import configure
-from shared.ops import Check, serve_ops
+from shared.ops import Check, Reasons, serve_ops
 from shared.settings import LadderSettings, SettingsError, load_settings
 from shared.topology import Consumer, Topology
 
@@ -82,54 +88,101 @@ def checks_of(runner: ConsumerRunner, redis: Redis) -> dict[str, Check]:
     return {"broker": broker, "redis": redis_up}
 
 
+async def _not_open() -> bool:
+    return False
+
+
+class Opening:
+    """What a consumer's ``/readyz`` checks from the moment its ops endpoints listen: each
+    dependency is down until the service has opened it, saying why (``reasons``: not connected
+    yet, connecting, or the error its last try failed on), and then its own check takes over."""
+
+    def __init__(self, dependencies: Iterable[str]) -> None:
+        # Read by the ops endpoints at each request (shared/ops.py), so changed in place.
+        self.checks: dict[str, Check] = {name: _not_open for name in dependencies}
+        self._waiting = {name: "not connected yet" for name in self.checks}
+        self._more: Reasons | None = None
+
+    def connecting(self, name: str) -> Callable[[BaseException], None]:
+        """``name`` is being opened: what its opening calls with each error it waits on."""
+        self._waiting[name] = "connecting"
+
+        def failed(error: BaseException) -> None:
+            self._waiting[name] = short_reason(error)
+
+        return failed
+
+    def opened(self, name: str, check: Check, reasons: Reasons | None = None) -> None:
+        """``name`` is open: ``check`` says whether it is up from now on, and ``reasons`` (if
+        given) why it or something of the service's own is not."""
+        self._waiting.pop(name, None)
+        self.checks[name] = check
+        if reasons is not None:
+            self._more = reasons
+
+    def reasons(self) -> dict[str, str]:
+        return {**self._waiting, **(self._more() if self._more is not None else {})}
+
+
+@contextlib.asynccontextmanager
+async def serving_ops(
+    settings: LadderSettings, port: int, dependencies: Iterable[str]
+) -> AsyncIterator[Opening]:
+    """The ops endpoints on ``port`` for the block, ready once every one of ``dependencies``
+    is opened (:meth:`Opening.opened`) and up."""
+    opening = Opening(dependencies)
+    checks = opening.checks
+    async with serve_ops(settings.ops_host, port, checks, set(checks), opening.reasons):
+        yield opening
+
+
 async def consume(
     runner: ConsumerRunner,
     redis: Redis,
     settings: LadderSettings,
+    opening: Opening,
     *,
-    port: int,
-    more_checks: Mapping[str, Check] | None = None,
     companions: tuple[Companion, ...] = (),
 ) -> None:
-    """Serve ops on ``port``, consume, and run ``companions`` until SIGTERM or SIGINT; then stop
-    taking deliveries and give the batch in hand (and the companions) the shutdown grace to
-    finish. Anything unacked after that is simply delivered again. Readiness checks the broker
-    and Redis, and ``more_checks``.
+    """Consume and run ``companions`` until SIGTERM or SIGINT; then stop taking deliveries and
+    give the batch in hand (and the companions) the shutdown grace to finish. Anything unacked
+    after that is simply delivered again. Readiness (``opening``, whose endpoints listen
+    already) checks the broker and Redis from now on, besides what the service opened itself.
 
     A companion is a loop of the service's own (a ticker) that returns once its event is set.
     A consumer or companion that ends by itself is a crash and raises.
     """
-    checks = {**checks_of(runner, redis), **(more_checks or {})}
+    for name, check in checks_of(runner, redis).items():
+        opening.opened(name, check, runner.reasons)
     grace_seconds = settings.shutdown_grace_seconds
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with serve_ops(settings.ops_host, port, checks, set(checks), runner.reasons):
-            companion_stop = asyncio.Event()
-            tasks = [asyncio.create_task(runner.run(), name="consumer")]
-            tasks += [asyncio.create_task(c(companion_stop), name="companion") for c in companions]
-            stopper = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            for task in done - {stopper}:
-                task.result()
-                raise RuntimeError(f"{task.get_name()} ended by itself")
-            log.info("stopping: finishing the batch in hand", grace_seconds=grace_seconds)
-            runner.stop()
-            companion_stop.set()
-            finished, pending = await asyncio.wait(tasks, timeout=grace_seconds)
-            for task in finished:
-                if not task.cancelled() and (error := task.exception()) is not None:
-                    log.error("failed while stopping", task=task.get_name(), exc_info=error)
-            if pending:
-                log.error("shutdown deadline passed; the unacked batch will be redelivered")
-            for task in pending:
-                task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        companion_stop = asyncio.Event()
+        tasks = [asyncio.create_task(runner.run(), name="consumer")]
+        tasks += [asyncio.create_task(c(companion_stop), name="companion") for c in companions]
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        for task in done - {stopper}:
+            task.result()
+            raise RuntimeError(f"{task.get_name()} ended by itself")
+        log.info("stopping: finishing the batch in hand", grace_seconds=grace_seconds)
+        runner.stop()
+        companion_stop.set()
+        finished, pending = await asyncio.wait(tasks, timeout=grace_seconds)
+        for task in finished:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.error("failed while stopping", task=task.get_name(), exc_info=error)
+        if pending:
+            log.error("shutdown deadline passed; the unacked batch will be redelivered")
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

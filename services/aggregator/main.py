@@ -4,9 +4,9 @@ one, and the live views of play (hot streaks, team MVPs) recomputed, each on its
 ``LADDER_MERGE_INTERVAL``: a merge backlog (thousands of dirty users after a restart) drains in
 bounded passes, one after another, while the live views and their pushes keep their cadence.
 
-Run as ``python -m services.aggregator``. Start-up opens Redis (loading the function library),
-then the ops endpoints, the consumer and the ticker; shutdown goes in reverse (see
-:func:`shared.service.consume`).
+Run as ``python -m services.aggregator``. Start-up serves the ops endpoints (not ready until
+what follows is open), opens Redis (loading the function library), then the consumer and the
+tickers; shutdown goes in reverse (see :func:`shared.service.consume`).
 """
 
 from __future__ import annotations
@@ -117,9 +117,17 @@ def batch_handler(
 async def run(settings: LadderSettings) -> None:
     """Consume and tick until a signal asks to stop (or either fails, which raises)."""
     keys = Keys(settings.key_prefix)
-    async with open_redis(
-        settings.redis_url, cluster=settings.redis_cluster, load_functions=True, wait=True
-    ) as redis:
+    dependencies = ("broker", "redis")
+    async with (
+        service.serving_ops(settings, settings.aggregator_port, dependencies) as opening,
+        open_redis(
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            load_functions=True,
+            wait=True,
+            waiting=opening.connecting("redis"),
+        ) as redis,
+    ):
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()
         # A board's merge lease lasts three merge intervals: the boards of an aggregator that
@@ -150,11 +158,7 @@ async def run(settings: LadderSettings) -> None:
             await closes.tick(closer, catalog, stop)
 
         await service.consume(
-            runner,
-            redis,
-            settings,
-            port=settings.aggregator_port,
-            companions=(ticker, closing, relay.relay_until),
+            runner, redis, settings, opening, companions=(ticker, closing, relay.relay_until)
         )
 
 

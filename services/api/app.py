@@ -43,8 +43,9 @@ from services.api.write.durable import Durability
 from services.api.write.group import group_commit
 from shared.boards import BoardCatalog
 from shared.db import open_engine
+from shared.failures import short_reason
 from shared.keys import Keys
-from shared.redis import open_redis
+from shared.redis import connect, redis_client
 from shared.redis_cluster import LadderCluster, seed_nodes
 from shared.settings import LadderSettings
 
@@ -63,26 +64,96 @@ Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[dict[str, 
 
 @contextlib.asynccontextmanager
 async def _background(
-    coro: Coroutine[Any, Any, None], stop: Callable[[], None], grace: float
+    coro: Coroutine[Any, Any, None],
+    stop: Callable[[], None],
+    grace: float,
+    after: asyncio.Event,
 ) -> AsyncIterator[None]:
-    """Run ``coro`` for the block; on the way out ask it to ``stop`` and give it ``grace``
-    seconds to finish (closing its own connections) before it is cancelled."""
-    task = asyncio.create_task(coro)
+    """Run ``coro`` for the block, once ``after`` is set (Redis open); on the way out ask it to
+    ``stop`` and give it ``grace`` seconds to finish (closing its own connections) before it is
+    cancelled. One that had not begun is dropped at once."""
+
+    async def once_open() -> None:
+        await after.wait()
+        await coro
+
+    task = asyncio.create_task(once_open())
     try:
         yield
     finally:
-        stop()
-        try:
-            await asyncio.wait_for(asyncio.shield(task), grace)
-        except TimeoutError:
+        if after.is_set():
+            stop()
+            try:
+                await asyncio.wait_for(asyncio.shield(task), grace)
+            except TimeoutError:
+                task.cancel()
+        else:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            coro.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+# How long the lifespan waits for Redis's first answer, or refusal, before it serves without it.
+FIRST_TRY_SECONDS = 5.0
+
+
+async def _open(state: ApiState, restorer: Restorer, tried: asyncio.Event) -> None:
+    """Open what the API needs of Redis, waiting for it to answer, then set ``state.opened``:
+    the function library loaded, what Redis lost restored from MySQL (retried in the background
+    if MySQL is away now), board ``main`` defined. ``tried`` is set once that is done or the
+    first try has failed. A failure (a database the Redis server has not, a library it
+    refuses) is ``state.failure``, which stops the server."""
+
+    def failed(error: BaseException) -> None:
+        state.waiting = short_reason(error)
+        tried.set()
+
+    state.waiting = "connecting"
+    try:
+        await connect(state.redis, load_functions=True, wait=True, waiting=failed)
+        await restorer.attempt()
+        await state.catalog.ensure_defaults()
+    except Exception as exc:
+        if tried.is_set():
+            # The API serves already: the lifespan, which raises a failure of the first try,
+            # cannot raise this one.
+            log.exception("api failed to open Redis; stopping")
+        state.waiting = short_reason(exc)
+        state.failure = exc
+        return
+    finally:
+        tried.set()
+    state.opened.set()
+    log.info("api ready", port=state.settings.api_port)
+
+
+@contextlib.asynccontextmanager
+async def _opening(state: ApiState, restorer: Restorer) -> AsyncIterator[None]:
+    """Redis opened for ``state`` in the background (:func:`_open`), until the block ends. The
+    block starts once it is open, as a lifespan that waited for it did, or, if Redis does not
+    answer at once, while it is waited for: ``/healthz`` and ``/readyz`` answer meanwhile.
+    A failure of the first try is raised (the server does not start)."""
+    tried = asyncio.Event()
+    opening = asyncio.create_task(_open(state, restorer, tried))
+    try:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(tried.wait(), FIRST_TRY_SECONDS)
+        if state.failure is not None:
+            raise state.failure
+        yield
+    finally:
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await opening
 
 
 def lifespan_of(settings: LadderSettings) -> Lifespan:
     """The lifespan of an API process: Redis and MySQL opened, what Redis lost restored, then
-    the hub, the relay and the restore's retries in the background; all closed in reverse."""
+    the hub, the relay and the restore's retries in the background; all closed in reverse.
+    A Redis that does not answer at start is waited for in the background while the API serves:
+    ``/healthz`` and ``/readyz`` answer meanwhile, and requests that need Redis answer 503, as
+    on an outage."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, ApiState]]:
@@ -90,11 +161,8 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             log.warning("using development credentials", defaults=used, env=settings.env)
         keys = Keys(settings.key_prefix)
         async with (
-            open_redis(
-                settings.redis_url,
-                cluster=settings.redis_cluster,
-                load_functions=True,
-                wait=True,
+            redis_client(
+                settings.redis_url, cluster=settings.redis_cluster, load_functions=True
             ) as redis,
             open_engine(settings.mysql_url) as engine,
         ):
@@ -103,8 +171,6 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             # that may have lost them (or, friendships, hold some MySQL no longer has); retried
             # in the background if MySQL is away now, then the friend sets reconciled there.
             restorer = Restorer(engine, redis, keys, catalog, settings.friends_reconcile_seconds)
-            await restorer.attempt()
-            await catalog.ensure_defaults()
             relay = Relay(redis, keys, catalog, settings)
             nodes, hub_url = None, settings.redis_url
             if isinstance(redis, LadderCluster):
@@ -113,14 +179,16 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             hub = Hub(hub_url, f"ladder-hub-{settings.key_prefix}", nodes)
             eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
             sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip, redis, keys)
+            opened = asyncio.Event()
             # The relay gets the grace period to hand what is in the outbox to the broker; the
-            # group commit, last in, is drained first, so that the relay sees its writes.
+            # group commit, last in, is drained first, so that the relay sees its writes. Each
+            # starts once Redis is open.
             async with (
-                _background(hub.run(), hub.stop, 5.0),
-                _background(relay.run(), relay.stop, settings.shutdown_grace_seconds),
-                _background(restorer.retry(), restorer.stop, 1.0),
-                _background(eraser.run(), eraser.stop, 2.0),
-                _background(sockets.run(), sockets.stop, 1.0),
+                _background(hub.run(), hub.stop, 5.0, opened),
+                _background(relay.run(), relay.stop, settings.shutdown_grace_seconds, opened),
+                _background(restorer.retry(), restorer.stop, 1.0, opened),
+                _background(eraser.run(), eraser.stop, 2.0, opened),
+                _background(sockets.run(), sockets.stop, 1.0, opened),
                 group_commit(
                     redis,
                     window=settings.write_group_ms / 1000,
@@ -130,10 +198,20 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             ):
                 erasing = ErasingUsers(redis, keys, settings.effective_jwt_secret)
                 state = ApiState(
-                    settings, keys, redis, catalog, engine, relay, hub, writes, sockets, erasing
+                    settings,
+                    keys,
+                    redis,
+                    catalog,
+                    engine,
+                    relay,
+                    hub,
+                    writes,
+                    sockets,
+                    erasing,
+                    opened=opened,
                 )
-                log.info("api ready", port=settings.api_port)
-                yield {"ladder": state}
+                async with _opening(state, restorer):
+                    yield {"ladder": state}
                 # services.api.serving sets it before any connection is closed; under another
                 # server it comes after that server has closed the sockets itself.
                 state.shutting_down.set()

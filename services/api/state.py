@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.auth import Principal, authenticate, bearer
-from services.api.errors import NotFound, Unauthorized
+from services.api.errors import NotFound, Unauthorized, Unavailable
 from services.api.push.lookups import BoardLookups
 from shared.boards import BOARD_ID_PATTERN, Board, BoardCatalog
 from shared.keys import Keys
@@ -40,13 +40,29 @@ class ApiState:
     erasing: ErasingUsers
     shutting_down: asyncio.Event = field(default_factory=asyncio.Event)
     board_lookups: BoardLookups = field(default_factory=BoardLookups)
+    # Set once Redis has answered at start, with the function library loaded and what it lost
+    # restored (services/api/app.py); until then, requests that need Redis answer 503.
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    # Why Redis is not open yet, for /readyz: not tried yet, connecting, or its last try's error.
+    waiting: str = "not connected yet"
+    # What stopped the opening, if anything did: the server then stops (serving/uvicorn_server.py).
+    failure: BaseException | None = None
+
+
+STARTING = "The API is starting and its cache is not open yet; retry shortly."
+
+
+def opened(state: ApiState) -> ApiState:
+    """``state``, once Redis is open; a 503, as on a Redis outage, until then."""
+    if not state.opened.is_set():
+        raise Unavailable(STARTING)
+    return state
 
 
 # The dependencies are coroutines: FastAPI runs a plain function in a worker thread, and a
 # thread hop per dependency per request cost more than the whole score write.
 async def get_state(request: Request) -> ApiState:
-    state: ApiState = request.state.ladder
-    return state
+    return opened(request.state.ladder)
 
 
 State = Annotated[ApiState, Depends(get_state)]

@@ -1,9 +1,10 @@
 """The history service: the ``ladder.scores.history`` queue into the MySQL event log, and the
 top-N snapshots of the views that changed, every ``LADDER_SNAPSHOT_INTERVAL``.
 
-Run as ``python -m services.history``. Start-up opens MySQL (waiting for it while it does not
-answer, and refusing to go on unless the schema is migrated), Redis, then the ops endpoints, the
-consumer and the snapshot ticker; shutdown goes in reverse.
+Run as ``python -m services.history``. Start-up serves the ops endpoints (not ready until what
+follows is open), opens MySQL (waiting for it while it does not answer, and refusing to go on
+unless the schema is migrated), Redis, then the consumer and the snapshot ticker; shutdown goes
+in reverse.
 SIGTERM or SIGINT stops taking messages, lets the batch in hand be stored and acked, and gives
 up after ``LADDER_SHUTDOWN_GRACE_SECONDS``: anything unacked then is simply delivered again.
 """
@@ -43,10 +44,18 @@ def _mysql_check(engine: AsyncEngine) -> Check:
 
 async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
-    async with open_engine(settings.mysql_url, changed_rows=True) as engine:
-        await wait_for_schema(engine)
+    dependencies = ("broker", "redis", "mysql")
+    async with (
+        service.serving_ops(settings, settings.history_port, dependencies) as opening,
+        open_engine(settings.mysql_url, changed_rows=True) as engine,
+    ):
+        await wait_for_schema(engine, waiting=opening.connecting("mysql"))
+        opening.opened("mysql", _mysql_check(engine))
         async with open_redis(
-            settings.redis_url, cluster=settings.redis_cluster, wait=True
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            wait=True,
+            waiting=opening.connecting("redis"),
         ) as redis:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)
@@ -69,14 +78,7 @@ async def run(settings: LadderSettings) -> None:
             async def ticker(stop: asyncio.Event) -> None:
                 await tick(snapshotter, catalog, settings.snapshot_interval, stop)
 
-            await service.consume(
-                runner,
-                redis,
-                settings,
-                port=settings.history_port,
-                more_checks={"mysql": _mysql_check(engine)},
-                companions=(ticker,),
-            )
+            await service.consume(runner, redis, settings, opening, companions=(ticker,))
     log.info("history stopped")
 
 

@@ -10,6 +10,7 @@ MySQL if it does not answer yet).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -151,12 +152,18 @@ async def check_schema(engine: AsyncEngine) -> None:
     raise SchemaNotReady(current, needed)
 
 
-async def wait_for_schema(engine: AsyncEngine, *, retry_seconds: float = 1.0) -> None:
+async def wait_for_schema(
+    engine: AsyncEngine,
+    *,
+    retry_seconds: float = 1.0,
+    waiting: Callable[[BaseException], None] | None = None,
+) -> None:
     """:func:`check_schema`, waiting while MySQL does not answer rather than failing.
 
     A service that starts during a database outage waits for it (logging each failed try, with
-    a back-off up to 15 s) instead of exiting and being given up on by its process manager; a
-    database that answers with the wrong schema still raises :class:`SchemaNotReady` at once.
+    a back-off up to 15 s, and handing it to ``waiting``, for its ``/readyz`` to say why it is
+    not ready yet) instead of exiting and being given up on by its process manager; a database
+    that answers with the wrong schema still raises :class:`SchemaNotReady` at once.
     """
     delay = retry_seconds
     while True:
@@ -164,6 +171,8 @@ async def wait_for_schema(engine: AsyncEngine, *, retry_seconds: float = 1.0) ->
             await check_schema(engine)
             return
         except (DBAPIError, OSError) as error:
+            if waiting is not None:
+                waiting(error)
             log.warning(
                 "MySQL is not answering; waiting for it", retry_in_s=delay, error=str(error)
             )

@@ -1,8 +1,8 @@
 """The notifier: bracket crossings and badge awards, published to Redis Pub/Sub.
 
-Run as ``python -m services.notifier``. Start-up opens Redis (loading the function library),
-then the ops endpoints and the consumer; shutdown goes in reverse (see
-:func:`shared.service.consume`).
+Run as ``python -m services.notifier``. Start-up serves the ops endpoints (not ready until what
+follows is open), opens Redis (loading the function library), then the consumer; shutdown goes
+in reverse (see :func:`shared.service.consume`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ from shared.settings import LadderSettings
 async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     keys = Keys(settings.key_prefix)
-    async with open_redis(
-        settings.redis_url, cluster=settings.redis_cluster, load_functions=True, wait=True
-    ) as redis:
+    async with (
+        service.serving_ops(settings, settings.notifier_port, ("broker", "redis")) as opening,
+        open_redis(
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            load_functions=True,
+            wait=True,
+            waiting=opening.connecting("redis"),
+        ) as redis,
+    ):
         tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
         handler = skipping("notifier", tombstones, Notify(redis, keys, BoardCatalog(redis, keys)))
         runner = service.consumer("notifier", settings, handler)
-        await service.consume(runner, redis, settings, port=settings.notifier_port)
+        await service.consume(runner, redis, settings, opening)
 
 
 def main() -> None:

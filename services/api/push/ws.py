@@ -37,10 +37,10 @@ from redis.exceptions import RedisError
 from starlette.websockets import WebSocketState
 
 from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
-from services.api.errors import Unauthorized, problem_response
+from services.api.errors import Problem, Unauthorized, Unavailable, problem_response
 from services.api.push.admission import TooManySockets
 from services.api.reads.hot import current_hot
-from services.api.state import ApiState
+from services.api.state import STARTING, ApiState
 from shared.boards import BOARD_ID_PATTERN, Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
 from shared.live_maths import HOT_WINDOWS
@@ -273,6 +273,9 @@ def credential_of(websocket: WebSocket) -> str | None:
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
     state: ApiState = websocket.state.ladder
+    if not state.opened.is_set():
+        await _turn_away(websocket, Unavailable(STARTING))
+        return
     address = websocket.client.host if websocket.client is not None else ""
     try:
         async with state.sockets.held(address):
@@ -343,9 +346,10 @@ def _expiry(principal: Principal, leeway: float) -> asyncio.Task[None] | None:
     return asyncio.create_task(asyncio.sleep(max(0.0, principal.expires_at + leeway - time.time())))
 
 
-async def _turn_away(websocket: WebSocket, exc: TooManySockets) -> None:
-    """Refuse a handshake past a cap: 429 with its problem+json, or where the server cannot
-    answer a handshake over HTTP, accept it only to close it with 1013 (try again later)."""
+async def _turn_away(websocket: WebSocket, exc: Problem) -> None:
+    """Refuse a handshake past a cap (429), or while the API is starting (503), with its
+    problem+json, or where the server cannot answer a handshake over HTTP, accept it only to
+    close it with 1013 (try again later)."""
     with contextlib.suppress(Exception):
         if "websocket.http.response" in websocket.scope.get("extensions", {}):
             await websocket.send_denial_response(problem_response(exc))

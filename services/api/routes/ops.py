@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from services.api import errors
 from services.api.relay.outbox import unroutable_boards
-from services.api.state import State
+from services.api.state import ApiState
 from shared.ops import metrics_response, readiness_response, run_checks
 
 router = APIRouter(tags=["operations"])
@@ -47,20 +47,24 @@ async def healthz() -> dict[str, str]:
     responses={
         503: {
             "model": Readiness,
-            "description": "Redis is down (with Retry-After)",
+            "description": "Redis is down, or not open yet at start (with Retry-After)",
             "headers": errors.PROBLEMS[503]["headers"],
         }
     },
 )
-async def readyz(state: State) -> JSONResponse:
-    """Each dependency and its state; 503 only while Redis is down. With the broker down, or
-    returning the relay's messages unroutable (routing down), the API keeps accepting scores
-    into the outbox."""
+async def readyz(request: Request) -> JSONResponse:
+    """Each dependency and its state; 503 only while Redis is down, or not open yet at start.
+    With the broker down, or returning the relay's messages unroutable (routing down), the API
+    keeps accepting scores into the outbox."""
+    # The state as it is, open or not: this answer is for a process that is starting as well.
+    state: ApiState = request.state.ladder
+    reasons: dict[str, str] = {}
 
     async def redis_up() -> bool:
+        if not state.opened.is_set():
+            reasons["redis"] = state.waiting
+            return False
         return bool(await state.redis.ping())
-
-    reasons: dict[str, str] = {}
 
     async def broker_up() -> bool:
         if state.relay.ready:

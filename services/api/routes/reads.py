@@ -34,6 +34,7 @@ from services.api.state import (
     Reader,
     State,
     get_board,
+    opened,
     reader_of,
 )
 from services.api.strict_json import StrictJsonRoute
@@ -150,6 +151,7 @@ async def _read_of(
     state: ApiState = request.scope["state"]["ladder"]
     caller = authenticate(bearer(authorization(request.scope)), state.settings)
     reader = reader_of(caller, state)
+    opened(state)
     # A friends scope is its player's (401, 403), told without the board or the query's other
     # parameters: judged before them. (The query string is parsed here only if it may name one:
     # it says "friends", or has an escape that may spell it.)

@@ -25,7 +25,7 @@ from services.api.errors import (
     problems,
 )
 from services.api.routes.params import DirectRoute, parameters_of, path_errors
-from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board
+from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board, opened
 from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
@@ -133,6 +133,7 @@ async def post_score(request: Request) -> Response:
     caller = authenticate(credential, state.settings)
     if caller.kind == "anonymous":
         raise Unauthorized("Submitting scores needs a server key or a player token.")
+    opened(state)
     # The path's board id checked here, as FastAPI would have before the handler: a parameter of
     # the route made FastAPI solve it through its dependency machinery on every request.
     errors = path_errors(request, "board_id")

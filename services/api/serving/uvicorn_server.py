@@ -102,11 +102,23 @@ class Server(uvicorn.Server):
     # the API's own process, yes; a server run inside another program (the tests) leaves that
     # program's collector as it is.
     settles_heap = True
+    # Whether the application failed to open Redis, which stopped the server.
+    failed_to_open = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started and self.settles_heap:
             settle_heap()
+
+    async def on_tick(self, counter: int) -> bool:
+        # The application serves while it waits for a Redis that did not answer at start
+        # (services/api/app.py); an opening that then fails (a database the Redis server has
+        # not) stops the server, as a failed start does.
+        ladder = self.lifespan.state.get("ladder")
+        if isinstance(ladder, ApiState) and ladder.failure is not None:
+            self.failed_to_open = True
+            return True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for listener in self.servers:
@@ -156,4 +168,4 @@ def serve(settings: LadderSettings, sockets: list[socket.socket] | None = None) 
     server = build_server(settings)
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=sockets)
-    return 0 if server.started else STARTUP_FAILURE
+    return 0 if server.started and not server.failed_to_open else STARTUP_FAILURE
