@@ -25,6 +25,7 @@ from shared.consumer import ConsumerRunner, Handler
 from shared.failures import short_reason
 from shared.logs import configure
 from shared.ops import Check, Reasons, serve_ops
+from shared.redis import open_redis
 from shared.settings import LadderSettings, SettingsError, load_settings
 from shared.topology import Consumer, Topology
 
@@ -111,6 +112,19 @@ class Opening:
             self._waiting[name] = short_reason(error)
 
         return failed
+
+    def redis(
+        self, settings: LadderSettings, *, load_functions: bool = True
+    ) -> contextlib.AbstractAsyncContextManager[Redis]:
+        """The service's Redis for a block, waited for at start with ``redis``'s reasons here
+        (the function library loaded first unless the service calls none)."""
+        return open_redis(
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            load_functions=load_functions,
+            wait=True,
+            waiting=self.connecting("redis"),
+        )
 
     def opened(self, name: str, check: Check, reasons: Reasons | None = None) -> None:
         """``name`` is open: ``check`` says whether it is up from now on, and ``reasons`` (if

@@ -31,7 +31,6 @@ from shared.consumer import Handler
 from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
 from shared.lease import Lease, give_up
-from shared.redis import open_redis
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
@@ -120,13 +119,7 @@ async def run(settings: LadderSettings) -> None:
     dependencies = ("broker", "redis")
     async with (
         service.serving_ops(settings, settings.aggregator_port, dependencies) as opening,
-        open_redis(
-            settings.redis_url,
-            cluster=settings.redis_cluster,
-            load_functions=True,
-            wait=True,
-            waiting=opening.connecting("redis"),
-        ) as redis,
+        opening.redis(settings) as redis,
     ):
         catalog = BoardCatalog(redis, keys)
         await catalog.ensure_defaults()

@@ -26,7 +26,6 @@ from shared.db import open_engine
 from shared.erasure import StoredTombstones, skipping
 from shared.keys import Keys
 from shared.ops import Check
-from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.uncount import Uncount
 
@@ -51,12 +50,7 @@ async def run(settings: LadderSettings) -> None:
     ):
         await wait_for_schema(engine, waiting=opening.connecting("mysql"))
         opening.opened("mysql", _mysql_check(engine))
-        async with open_redis(
-            settings.redis_url,
-            cluster=settings.redis_cluster,
-            wait=True,
-            waiting=opening.connecting("redis"),
-        ) as redis:
+        async with opening.redis(settings, load_functions=False) as redis:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)
             snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)

@@ -12,7 +12,6 @@ from shared import service
 from shared.boards import BoardCatalog
 from shared.erasure import Tombstones, skipping
 from shared.keys import Keys
-from shared.redis import open_redis
 from shared.settings import LadderSettings
 
 
@@ -21,13 +20,7 @@ async def run(settings: LadderSettings) -> None:
     keys = Keys(settings.key_prefix)
     async with (
         service.serving_ops(settings, settings.notifier_port, ("broker", "redis")) as opening,
-        open_redis(
-            settings.redis_url,
-            cluster=settings.redis_cluster,
-            load_functions=True,
-            wait=True,
-            waiting=opening.connecting("redis"),
-        ) as redis,
+        opening.redis(settings) as redis,
     ):
         tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
         handler = skipping("notifier", tombstones, Notify(redis, keys, BoardCatalog(redis, keys)))
