@@ -356,3 +356,18 @@ def refused_publishes() -> Iterator[None]:
         for pipeline in (Pipeline, LadderClusterPipeline):
             patch.setattr(pipeline, "publish", refused)
         yield
+
+
+def assert_waiting_on(health: Any, waiting: Any, dependency: str) -> dict[str, Any]:
+    """``/healthz`` and ``/readyz`` of a service waiting at start for ``dependency``: alive,
+    not ready, the dependency down and why, in one short line with no URL in it. Returns the
+    readiness body."""
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok"}
+    assert waiting.status_code == 503
+    body: dict[str, Any] = waiting.json()
+    assert body["status"] == "not ready"
+    assert body["dependencies"][dependency] == "down"
+    reason = body["reasons"][dependency]
+    assert "connect" in reason.lower() and "://" not in reason, reason
+    return body
