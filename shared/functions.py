@@ -46,7 +46,10 @@ marks found a record in, to hold a global sum past the range at the range's end,
 global view's expiry only where it has none. The write kept its name, too, when each period's
 outbox result gained the member ``pulled_in`` (whom its user's fall moved up into a bracket):
 its reply is still {status, payload}, the entry a JSON object a caller of either version passes
-on whole, and the member is absent where nobody was moved, as in every entry written before.
+on whole, and the member is absent where nobody was moved, as in every entry written before. And
+when it came to leave out a period already past its retention, answering the new status
+``expired`` where none is left: before, such a write failed in Redis halfway (an error reply, a
+503), so a caller of the version before meets the status only where it had an error.
 """
 
 from __future__ import annotations

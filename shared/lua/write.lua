@@ -40,7 +40,8 @@ ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' 
       18 the board's subscore order ('desc', 'asc', '' for none), then three per period: name,
       id, expire-at (0: never).
 Returns {status, payload}: ok / duplicate with the outbox entry, conflict, range, outbox_full,
-rebuilding (a lean call only).
+expired (every period of the event is past its retention: nothing written), rebuilding (a lean
+call only).
 ]]
 
 local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 10, 9, 18, 3
@@ -359,12 +360,21 @@ local function submit(keys, args, layout)
   if hidden and redis.call('SISMEMBER', hidden, e.user) == 1 then
     e.hidden, e.brackets = true, {}
   end
-  -- Every period is planned before any is written: a refusal writes nothing.
-  local plan = {}
+  -- Every period is planned before any is written: a refusal writes nothing. A period whose
+  -- keys have expired already (a late event past the period's retention) is left out: an
+  -- EXPIREAT in the past would delete the keys it writes, and it keeps no view to count in.
+  local plan, now = {}, nil
   for i = 1, tonumber(args[8]) do
-    plan[i] = period_of(keys, args, i, layout)
-    refused = plan_period(e, plan[i])
-    if refused then return refused end
+    local p = period_of(keys, args, i, layout)
+    if p.expire ~= 0 then now = now or tonumber(redis.call('TIME')[1]) end
+    if p.expire == 0 or p.expire > now then
+      plan[#plan + 1] = p
+      refused = plan_period(e, p)
+      if refused then return refused end
+    end
+  end
+  if #plan == 0 then
+    return {'expired', 'every period the event counts toward is past its retention'}
   end
   local results, answers = {}, {}
   for i, p in ipairs(plan) do results[i], answers[i] = write_period(e, p) end
