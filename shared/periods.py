@@ -16,6 +16,8 @@ the clocks went back lasts an hour longer.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -316,7 +318,8 @@ def retention_error(
     """Why a board may not keep ``retention`` periods of ``period`` after each one ends (``None``:
     it may): the walk leaves the calendar (years 1 to 9999), or keeps a period less than
     ``outlast`` seconds after its end (a period must outlive its close). Judged on the period
-    that runs at ``now``; a season's length is its schedule's, which may vary."""
+    that runs at ``now``, and for seasons, whose lengths a schedule may vary (``0,1 * * * *``:
+    one minute, then 59), on the shortest keep of the ``SEASONS_JUDGED`` after it too."""
     current = window_at(period, now, timezone, schedule)
     if current.end is None:
         return None
@@ -328,6 +331,8 @@ def retention_error(
     except PeriodRangeError:
         return f"{retention} {period} periods before the current one begin before the year 1"
     kept = expiry - current.end.timestamp()
+    if period == "season":
+        kept = min(kept, _shortest_season_keep(current.end, timezone, retention, schedule))
     if kept < outlast:
         return (
             f"{retention} {period} periods keep a period {kept:.0f} s after its end; it must be "
@@ -335,3 +340,24 @@ def retention_error(
             "interval after its end) and a minute more"
         )
     return None
+
+
+# Seasons whose keep retention_error() judges after the current one's. A schedule's seasons
+# repeat their lengths in a cycle, mostly of a few (one a day, an hour); a walk of this many is
+# about 30 ms.
+SEASONS_JUDGED = 1000
+
+
+def _shortest_season_keep(
+    end: datetime, timezone: str, retention: int, schedule: str | None
+) -> float:
+    """The shortest time the seasons ending from ``end`` on (the next ``SEASONS_JUDGED``) are
+    kept after their end, ``retention`` seasons each: as far as the calendar goes."""
+    tz = ZoneInfo(timezone)
+    firings = croniter(_season(schedule), end.astimezone(tz))
+    ends = [end.timestamp()]
+    with contextlib.suppress(*_OUT_OF_CALENDAR):
+        for _ in range(SEASONS_JUDGED + retention):
+            ends.append(_next_start(firings, tz).timestamp())
+    keeps = [ends[k + retention] - ends[k] for k in range(len(ends) - retention)]
+    return min(keeps, default=math.inf)

@@ -181,6 +181,16 @@ def test_a_retention_must_stay_in_the_calendar_and_outlast_the_close(
     assert (found is None) if error is None else (found is not None and error in found)
 
 
+@pytest.mark.parametrize("minute", [0, 30], ids=["in-the-one-minute-season", "in-the-long-one"])
+def test_a_retention_is_judged_on_the_shortest_keep_of_seasons_to_come(minute: int) -> None:
+    # Seasons of one minute (hh:00) and of 59 (hh:01 to the next hour), each kept one season
+    # after its end: a long season goes a minute after it ends, before its close. Refused
+    # whichever season runs when the definition is put (it was accepted during a short one).
+    now = datetime(2026, 12, 5, 21, minute, 3, tzinfo=UTC)
+    found = retention_error("season", "UTC", 1, "0,1 * * * *", now, outlast=663.0)
+    assert found is not None and "60 s after its end" in found, found
+
+
 def test_the_hour_clocks_go_back_starts_no_season_of_its_own() -> None:
     # New York, 1 November 2026: 01:30 comes twice (05:30 and 06:30 UTC). The second firing
     # starts no season: the season of 01:30 runs 25 hours, and no id names two seasons.
