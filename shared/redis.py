@@ -320,12 +320,18 @@ async def connect(
         await client.function_load(library_source(), replace=True)
 
 
-async def ensure_group(redis: Redis, stream: str, group: str) -> None:
-    """Consumer group ``group`` on ``stream`` (the stream made if need be), from its first entry;
-    one that exists already is left as it is. Relays call it again after a ``NOGROUP``: Redis
-    lost the group (a flush, a restore) and what was accepted since is still to go out."""
+async def ensure_group(redis: Redis, stream: str, group: str, *, make_stream: bool = True) -> bool:
+    """Consumer group ``group`` on ``stream``, from its first entry; one that exists already is
+    left as it is. The stream is made if need be, or with ``make_stream=False`` left missing:
+    ``False`` then, and no group. The rebuild calls it after Redis lost its data, and the relays
+    after a ``NOGROUP``: the group went away (a flush, a restore, the board's keys unlinked with
+    the board) and what was accepted since is still to go out."""
     try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+        await redis.xgroup_create(stream, group, id="0", mkstream=make_stream)
     except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
+        if "BUSYGROUP" in str(exc):
+            return True
+        if not make_stream and "requires the key to exist" in str(exc):
+            return False
+        raise
+    return True

@@ -8,7 +8,9 @@ process one consumer of it, so each entry goes to one process; both acknowledge 
 entry only once the broker has confirmed its message, and publish it mandatory, so that one no
 queue takes comes back and waits in the stream. What is left here is the rest they have in
 common: the broker connection kept and made again with backoff, the group made where it is
-missing, entries left pending by a dead process claimed, and a stream's entries read.
+missing and again wherever it went away (a board deleted and made again: one board's lost
+group holds back no other board), entries left pending by a dead process claimed, and a
+stream's entries read.
 
 And what they show of it (:class:`RelayMetrics`), the broker away or not: whether the relay is
 connected, each failed connection attempt and each publish that failed, and each board's
@@ -26,7 +28,7 @@ import contextlib
 import os
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -96,6 +98,7 @@ class StreamRelay(ABC):
         self._consumer = f"{socket.gethostname()}-{os.getpid()}"
         self._connection: AbstractRobustConnection | None = None
         self._exchange: AbstractExchange | None = None
+        # The streams whose group this relay made, or found made, since it connected.
         self._groups: set[str] = set()
         # Where the next sweep starts among the boards, by id (``_next_sweep``).
         self._sweep_from = 0
@@ -127,6 +130,9 @@ class StreamRelay(ABC):
                 self._metrics.connected.set(1)
                 self.last_error = None
                 backoff = 0.5
+                # Whatever failed before may have taken groups with it (Redis lost its data, a
+                # board's keys were unlinked): a pump takes none on trust, it makes each again.
+                self._groups.clear()
                 await self._pump(stop)
             except RedisError as exc:
                 self.last_error = f"redis: {short_reason(exc)}"
@@ -247,14 +253,16 @@ class StreamRelay(ABC):
     async def _claim(self, stream: str, count: int) -> bool:
         """Take over up to ``count`` entries another consumer left pending longer than
         ``LADDER_RELAY_CLAIM_IDLE_MS`` (a process that died); whether there were any."""
-        await self._ensure_group(stream)
-        claimed = await self._redis.xautoclaim(
+        claimed = await self._grouped(
             stream,
-            OUTBOX_GROUP,
-            self._consumer,
-            min_idle_time=self._settings.relay_claim_idle_ms,
-            start_id="0-0",
-            count=count,
+            lambda: self._redis.xautoclaim(
+                stream,
+                OUTBOX_GROUP,
+                self._consumer,
+                min_idle_time=self._settings.relay_claim_idle_ms,
+                start_id="0-0",
+                count=count,
+            ),
         )
         return bool(claimed and claimed[1])
 
@@ -262,27 +270,45 @@ class StreamRelay(ABC):
         """Up to ``count`` entries: from ``"0"`` this consumer's pending ones (read before, not
         yet confirmed), from ``">"`` new ones. An entry deleted while pending comes back without
         its fields: it is acknowledged, which ends its pendency, and left out. ``None`` if the
-        stream has no group (its board was deleted, or Redis lost it): the next read makes it
-        again."""
-        await self._ensure_group(stream)
-        try:
-            reply = await self._redis.xreadgroup(
+        stream is gone (its board was deleted) or has no group (:meth:`_grouped`)."""
+        reply = await self._grouped(
+            stream,
+            lambda: self._redis.xreadgroup(
                 OUTBOX_GROUP, self._consumer, {stream: start}, count=count
-            )
-        except ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self._groups.discard(stream)
+            ),
+        )
+        if reply is None:
             return None
         replies = cast(list[Any], reply)
         read: list[tuple[str, dict[str, str] | None]] = replies[0][1] if replies else []
         gone = [entry_id for entry_id, fields in read if not fields]
         if gone:
+            # XACK answers 0 where the group went away meanwhile, it raises no NOGROUP.
             await self._redis.xack(stream, OUTBOX_GROUP, *gone)
         return [(entry_id, fields) for entry_id, fields in read if fields]
 
-    async def _ensure_group(self, stream: str) -> None:
-        if stream in self._groups:
-            return
-        await ensure_group(self._redis, stream, OUTBOX_GROUP)
-        self._groups.add(stream)
+    async def _grouped(self, stream: str, command: Callable[[], Awaitable[Any]]) -> Any:
+        """``command``'s reply, run on ``stream``'s group; ``None`` if the stream is gone.
+
+        The group is made where this relay has not made it yet (``_groups``, emptied on every
+        connection). One it made may have gone since: a board deleted has its keys unlinked,
+        the group with its stream, and a fresh board of its name writes the stream anew; or
+        Redis lost it. Its ``NOGROUP`` drops it from ``_groups``, makes it again from the
+        stream's first entry (nothing the fresh board wrote is skipped) and runs ``command``
+        once more; ``None`` if the group went away again meanwhile (the next pass makes it).
+        So a board's lost group holds back neither the board nor the others a pass relays
+        after it. A stream is not made: a deleted board's outbox stays deleted."""
+        for again in (False, True):
+            if stream not in self._groups:
+                if not await ensure_group(self._redis, stream, OUTBOX_GROUP, make_stream=False):
+                    return None
+                self._groups.add(stream)
+                if again:
+                    log.info("consumer group lost; made again", relay=self._owner[1], stream=stream)
+            try:
+                return await command()
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self._groups.discard(stream)
+        return None

@@ -244,7 +244,7 @@ class Relay(StreamRelay):
             entries = await self._read(stream, start, self._settings.relay_batch * IN_FLIGHT)
             self._read_took = time.perf_counter() - started
             if entries is None:
-                return 0  # the group is made again at the next read
+                return 0  # its stream is gone, or its group went away twice: next pass
             if entries:
                 self._settled.discard(stream)
                 if not await self._publish(board_id, stream, entries):
