@@ -46,6 +46,12 @@ call only).
 
 local KEYS_BEFORE, KEYS_PER_PERIOD, ARGS_BEFORE, ARGS_PER_PERIOD = 10, 9, 18, 3
 
+-- Seconds past an event's time beyond which its periods' keys are surely still there when it is
+-- written: a day (the longest LADDER_ALLOWED_LATENESS) and a minute.
+local SURELY_KEPT = 86400 + 60
+-- A tie key's time part is this less the Unix ms it was reached at (shared/ranking.py tie_key).
+local TIME_MAX = 2 ^ 48 - 1
+
 -- The two layouts of KEYS (above): the keys before the periods', the keys of a period, where
 -- among them the regional board's tie keys are, and where the names, the newest event and (a
 -- journaled call only) the journal are. Both start with the record, the record of the layout
@@ -363,18 +369,22 @@ local function submit(keys, args, layout)
   -- Every period is planned before any is written: a refusal writes nothing. A period whose
   -- keys have expired already (a late event past the period's retention) is left out: an
   -- EXPIREAT in the past would delete the keys it writes, and it keeps no view to count in.
+  -- Only a period that expires within the longest lateness of the event's time can have; the
+  -- clock is read for those alone.
   local plan, now = {}, nil
   for i = 1, tonumber(args[8]) do
     local p = period_of(keys, args, i, layout)
-    if p.expire ~= 0 then now = now or tonumber(redis.call('TIME')[1]) end
-    if p.expire == 0 or p.expire > now then
+    if p.expire ~= 0 and p.expire <= (TIME_MAX - e.at) / 1000 + SURELY_KEPT then
+      now = now or tonumber(redis.call('TIME')[1])
+    end
+    if now == nil or p.expire == 0 or p.expire > now then
       plan[#plan + 1] = p
       refused = plan_period(e, p)
       if refused then return refused end
     end
   end
   if #plan == 0 then
-    return {'expired', 'every period the event counts toward is past its retention'}
+    return {'expired', 'every period it counts toward is past its retention, its views gone'}
   end
   local results, answers = {}, {}
   for i, p in ipairs(plan) do results[i], answers[i] = write_period(e, p) end

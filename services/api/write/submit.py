@@ -301,11 +301,7 @@ def answer(status: str, payload: str, call: Call) -> dict[str, Any]:
     if status == "range":
         raise Invalid(f"The score cannot be ranked exactly: {payload}.", loc=("body", "value"))
     if status == "expired":
-        raise Invalid(
-            "The event is too late for every period it counts toward: each is past its "
-            "retention, and its views are gone.",
-            loc=("body", "occurred_at"),
-        )
+        raise Invalid(f"The event is too late: {payload}.", loc=("body", "occurred_at"))
     if status == "outbox_full":
         raise Unavailable("The broker is behind and the outbox is full; retry shortly.", 5)
     if status == "limited":
