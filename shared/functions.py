@@ -146,9 +146,11 @@ AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
 
 # -- period ends (docs/api.md section 8b) -------------------------------------------------------
-CLOSE_PERIOD_FUNCTION = "ladder_close_period_v1"
+CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
 """Claim a period's close, queue its ``period.closed`` message and publish its
-``period_closed`` pushes, exactly once."""
+``period_closed`` pushes, exactly once. (v2: the message's id comes as an argument, kept in its
+outbox entry, since a season's is named by its end too; and a period that ends at or before its
+kind's watermark is refused, claimed or not under the claim's name.)"""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v10"

@@ -270,19 +270,19 @@ class Keys:
         return f"{self.tag(board_id)}:hidden"
 
     # -- period ends (services/aggregator/closer.py, shared/lua/periods.lua) -----------------
-    def period_closed(self, board_id: str, period: str, period_id: str) -> str:
-        """The claim of a period's close: set once (``SET NX`` in the close function), with
-        the time it closed; whoever sets it writes the ``period.closed`` message."""
-        return f"{self.tag(board_id)}:closed:{period}:{period_id}"
+    def period_closed(self, board_id: str, period: str, name: str) -> str:
+        """The claim of a period's close (``name``: shared.periods.close_name), set once (``SET
+        NX``) with the time it closed; whoever sets it writes the ``period.closed`` message."""
+        return f"{self.tag(board_id)}:closed:{period}:{name}"
 
     def period_watermark(self, board_id: str, period: str) -> str:
         """The end (Unix seconds) of the latest closed period of that kind: a restart closes
         the periods that ended since, and none before."""
         return f"{self.tag(board_id)}:closed:{period}"
 
-    def period_closing(self, board_id: str, period: str, period_id: str) -> str:
+    def period_closing(self, board_id: str, period: str, name: str) -> str:
         """Set once a period's close marked its users for a last merge: the take count after."""
-        return f"{self.tag(board_id)}:closing:{period}:{period_id}"
+        return f"{self.tag(board_id)}:closing:{period}:{name}"
 
     def periods_outbox(self, board_id: str) -> str:
         """``period.closed`` messages the broker has not confirmed (consumer group ``relay``)."""

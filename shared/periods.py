@@ -69,6 +69,17 @@ class PeriodWindow:
     end: datetime | None
 
 
+def close_name(window: PeriodWindow) -> str:
+    """What names a period's close, in its claim and its ``period.closed`` message id: the
+    period id, and for a season its end as well, in Unix seconds
+    (``2026-12-04T18:00/1797012000``). A season id is a start only: a changed schedule (or
+    timezone) may start a season at the same minute as one of the schedule before, of another
+    length, which is another period."""
+    if window.period != "season" or window.end is None:
+        return window.period_id
+    return f"{window.period_id}/{int(window.end.timestamp())}"
+
+
 def _local_midnight(day: date, tz: ZoneInfo) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(UTC)
 

@@ -1,4 +1,4 @@
-"""Period ends: one ``period.closed`` message per board, period and period id (docs/api.md 8b).
+"""Period ends: one ``period.closed`` message per period of a board (docs/api.md 8b).
 
 Every ``CLOSE_TICK`` seconds the aggregator looks at each board's periods (daily, weekly,
 monthly, season; all-time never ends). A period is due once its end plus
@@ -23,6 +23,16 @@ next tick if this one did not get there (a restart, an error, another aggregator
    the board's channels that the API forwards to WebSocket subscribers (top 10 of each scope),
    all in one atomic step under the board's hash tag. A second aggregator, or one restarted
    after the claim, finds the claim set and does nothing.
+
+A period's claim, its close marker and its message's ``message_id`` are named by
+:func:`shared.periods.close_name`: the period id, and for a season its end as well, since a
+changed schedule may start a season whose id a closed season of the schedule before had (the
+same minute, another length); named by the id alone, it would find that season's claim and never
+be announced. The version before named a season's claim and marker by the id alone. Its marker
+is not looked for (a season it marked is marked again: a merge of final records more). Its claim
+is not looked for either: it moved the watermark to the season's end in the same step, and the
+close function refuses a period that ends at or before its kind's watermark, so a season it
+claimed is not claimed again under the new name, even by a close that began before its claim.
 
 :class:`services.aggregator.period_relay.PeriodRelay` takes the message from the outbox to the
 ``ladder.periods`` exchange with publisher confirms. A period in which nobody scored closes
@@ -51,6 +61,7 @@ from shared.keys import Keys, dirty_member
 from shared.periods import (
     PeriodRangeError,
     PeriodWindow,
+    close_name,
     previous_window,
     window_at,
     windows_before,
@@ -154,12 +165,12 @@ class Closer:
         before, None while it waits (its marks just made, their merge not done, or ``claim``
         not set: an older period of its kind still waits)."""
         keys, bid = self._keys, board.board_id
-        period, pid = window.period, window.period_id
-        claimed = keys.period_closed(bid, period, pid)
+        period, pid, name = window.period, window.period_id, close_name(window)
+        claimed = keys.period_closed(bid, period, name)
         if await self._redis.exists(claimed):
             return False
         regions = await self._regions(board, window)
-        closing = keys.period_closing(bid, period, pid)
+        closing = keys.period_closing(bid, period, name)
         expiry = kept_until = board_period_expiry(board, period, pid)
         if expiry:
             expiry = max(expiry, int(now.timestamp()) + MARK_FLOOR)
@@ -174,7 +185,8 @@ class Closer:
             return None
         scopes = await self._tops(board, window, regions)
         closed_at = rfc3339(now)
-        args: list[Any] = [closed_at, expiry, int(window.end.timestamp()) if window.end else 0]
+        ended = int(window.end.timestamp()) if window.end else 0
+        args: list[Any] = [closed_at, expiry, ended, f"{bid}:{period}:{name}"]
         if any(scopes.values()):
             body = {
                 "schema": SCHEMA,
@@ -219,7 +231,7 @@ class Closer:
                 period=period,
                 period_id=pid,
                 scopes=len(scopes),
-                sent=bool(args[3]),
+                sent=bool(args[4]),
             )
             await self._forget_as_of(board, window)
         return done

@@ -11,7 +11,10 @@ are shared/relaying.py's). Each poll finds the outboxes that hold entries with o
 ``XLEN`` for up to ``SWEEP_MOST`` boards, the next ones at the next poll (every board at a
 claim, every ``CLAIM_EVERY_SECONDS``), and reads those alone. Only a process that dies between
 the broker's confirm and the acknowledgement publishes a message twice: the copies carry the
-same ``message_id`` (``<board>:<period>:<period_id>``), by which a consumer can tell them apart.
+same ``message_id``, by which a consumer can tell them apart. The close keeps it in the entry
+(``<board>:<period>:<period_id>``, a season's with its end, ``/<Unix seconds>``); an entry that
+the version before queued has none, and goes out with the id it made from the body, the one it
+went out with before if it did.
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ CLAIM_EVERY_SECONDS = 5.0
 READ = 50
 
 
-def message_id(body: str) -> str:
-    fields = orjson.loads(body)
+def message_id(entry: dict[str, str]) -> str:
+    """The ``message_id`` of an outbox entry's message (the module's docstring)."""
+    if entry.get("i"):
+        return entry["i"]
+    fields = orjson.loads(entry["m"])
     return f"{fields['board_id']}:{fields['period']}:{fields['period_id']}"
 
 
@@ -106,7 +112,7 @@ class PeriodRelay(StreamRelay):
             for entry_id, fields in entries or []:
                 if fields.get("m"):
                     try:
-                        await self._publish(fields["m"])
+                        await self._publish(fields)
                     except (orjson.JSONDecodeError, KeyError, TypeError):
                         log.error("period outbox entry is no message; dropped", entry=entry_id)
                     except aio_pika.exceptions.DeliveryError:
@@ -122,15 +128,15 @@ class PeriodRelay(StreamRelay):
                 return done
         return done
 
-    async def _publish(self, body: str) -> None:
+    async def _publish(self, entry: dict[str, str]) -> None:
         exchange = self._exchange
         if exchange is None:
             raise aio_pika.exceptions.AMQPConnectionError("no channel")
         message = aio_pika.Message(
-            body.encode(),
+            entry["m"].encode(),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=message_id(body),
+            message_id=message_id(entry),
             type="period.closed",
         )
         try:

@@ -25,7 +25,7 @@ from services.api.write.submit import submit
 from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog, Retention
 from shared.keys import REGIONS_SEPARATOR, Keys
-from shared.periods import previous_window, window_at
+from shared.periods import close_name, previous_window, window_at
 from shared.settings import CLOSE_GRACE, LadderSettings
 from shared.topology import Topology
 
@@ -63,11 +63,11 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     after = season.end + timedelta(seconds=5)
     # Not due before end + lateness + merge interval + grace.
     assert await closers[0].close_board(BOARD, season.end + timedelta(seconds=2)) == 0
-    assert not await redis.exists(keys.period_closed("cup", "season", season.period_id))
+    assert not await redis.exists(keys.period_closed("cup", "season", close_name(season)))
 
     # The season, and the latest day, week and month (nobody scored then: no message).
     assert await close_until_done(closers, Merger(redis, keys), after) == 4
-    assert await redis.exists(keys.period_closed("cup", "season", season.period_id))
+    assert await redis.exists(keys.period_closed("cup", "season", close_name(season)))
     outbox = await redis.xrange(keys.periods_outbox("cup"))
     assert len(outbox) == 1
     body = orjson.loads(outbox[0][1]["m"])
@@ -107,7 +107,7 @@ async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_
     last_second = season.end - timedelta(seconds=1)
     await write(redis, keys, late_ok, last_second)
     closers = [Closer(redis, keys, lateness=lateness, merge_interval=0.2, size=100)]
-    merger, claim = Merger(redis, keys), keys.period_closed("cup", "season", season.period_id)
+    merger, claim = Merger(redis, keys), keys.period_closed("cup", "season", close_name(season))
 
     # Within the lateness (by this test's clock, as by the closer's): the season stays open.
     await close_until_done(closers, merger, datetime.now(UTC))
@@ -152,7 +152,7 @@ async def test_the_close_waits_for_a_batch_taken_after_its_marks_without_scannin
     now = datetime.now(UTC)
     season = window_at("season", now, "UTC", BOARD.schedule)
     assert season.end is not None
-    claim = keys.period_closed("cup", "season", season.period_id)
+    claim = keys.period_closed("cup", "season", close_name(season))
     await write(redis, keys, settings.model_copy(update={"allowed_lateness": 60.0}), now)
     # A backlog of another period's marks, as a restart leaves it, and the users' regions that
     # the derive step (not run here) keeps: a user's marks may fall in different rounds.
@@ -268,7 +268,7 @@ async def test_a_season_whose_keys_expired_before_its_close_is_still_closed(
     for _ in range(5):
         await closer.close_board(board, now)
         await merger.merge_board(board)
-    assert await redis.exists(keys.period_closed("cup", "season", season.period_id))
+    assert await redis.exists(keys.period_closed("cup", "season", close_name(season)))
 
 
 async def test_an_older_period_waiting_for_its_merge_is_closed_before_a_newer_one(
@@ -294,7 +294,7 @@ async def test_an_older_period_waiting_for_its_merge_is_closed_before_a_newer_on
     assert before.end is not None
     # Closed up to the season before those two.
     await redis.set(keys.period_watermark("cup", "season"), before.end.timestamp())
-    claimed = [keys.period_closed("cup", "season", w.period_id) for w in (older, latest)]
+    claimed = [keys.period_closed("cup", "season", close_name(w)) for w in (older, latest)]
     await closer.close_board(board, now)  # both marked
     await closer.close_board(board, now)  # the older one still merging: neither claimed
     assert [await redis.exists(key) for key in claimed] == [0, 0]
@@ -319,7 +319,7 @@ async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
     for _ in range(3):
         await closer.close_board(board, now)
         await merger.merge_board(board)
-    assert await redis.exists(keys.period_closed("cup", "season", latest.period_id))
+    assert await redis.exists(keys.period_closed("cup", "season", close_name(latest)))
     assert await redis.hkeys(keys.as_of("cup")) == [f"season:{kept.period_id}"]
 
 

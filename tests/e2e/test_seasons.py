@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 
 from shared.amqp import connect as connect_broker
 from shared.keys import Keys
+from shared.periods import close_name, window_of
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import ADMIN, SERVER, eventually, player_token
@@ -36,6 +37,7 @@ from tests.stack import ROOT, Stack, answers_ok, free_port, open_socket
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(300)]
 
 LATENESS = "2"
+MINUTES = "* * * * *"
 # A minute's season, its lateness, the merge and the close's grace, and time to spare.
 CLOSE_WITHIN = 90.0
 
@@ -117,7 +119,8 @@ async def first_message(
             continue
         body: dict[str, Any] = json.loads(message.body)
         if body["board_id"] == board_id and body["period"] == "season":
-            assert message.message_id == f"{board_id}:season:{body['period_id']}"
+            season = window_of("season", body["period_id"], "UTC", MINUTES)
+            assert message.message_id == f"{board_id}:season:{close_name(season)}"
             return body
     raise AssertionError(f"no period.closed of {board_id} within {within} s")
 
@@ -179,7 +182,7 @@ async def test_a_minute_season_closes_once_with_two_aggregators(
             never = await admin.put(f"/v1/boards/{board}", json={"schedule": "0 0 31 2 *"})
             assert never.status_code == 422, never.text
             made = await admin.put(
-                f"/v1/boards/{board}", json={"schedule": "* * * * *", "regions": ["eu", "na"]}
+                f"/v1/boards/{board}", json={"schedule": MINUTES, "regions": ["eu", "na"]}
             )
             assert made.status_code == 201, made.text
             assert made.json()["periods"][-1] == "season"
@@ -257,7 +260,7 @@ async def test_a_season_closed_while_the_broker_is_away_is_published_once_it_is_
     board = f"s-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=stack.api, headers=ADMIN, timeout=10) as admin:
         made = await admin.put(
-            f"/v1/boards/{board}", json={"schedule": "* * * * *", "regions": ["eu", "na"]}
+            f"/v1/boards/{board}", json={"schedule": MINUTES, "regions": ["eu", "na"]}
         )
         assert made.status_code == 201, made.text
     # The stack's aggregator makes way for two that cannot reach the broker: no event reaches
@@ -272,7 +275,9 @@ async def test_a_season_closed_while_the_broker_is_away_is_published_once_it_is_
         await start_of_a_minute()
         async with httpx.AsyncClient(base_url=stack.api, headers=SERVER, timeout=10) as api:
             season = await play_a_season(api, board)
-        claim = keys.period_closed(board, "season", season)
+        claim = keys.period_closed(
+            board, "season", close_name(window_of("season", season, "UTC", MINUTES))
+        )
 
         async def claimed() -> bool:
             return bool(await redis.exists(claim))
