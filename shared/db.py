@@ -166,6 +166,9 @@ board_deletions = _table(
     Column("cutoff", DATETIME(fsp=6), nullable=False),
     Column("purge", Boolean, nullable=False),
     Column("done_at", DATETIME(fsp=6), nullable=True),
+    # The cut-off of the board's deletion before this one (NULL for its first): the snapshots
+    # taken up to it are an earlier board's, which a purge of this one leaves. (Migration 0011.)
+    Column("previous_cutoff", DATETIME(fsp=6), nullable=True),
     Index(None, "done_at"),
 )
 

@@ -207,10 +207,14 @@ class Erasure:
 
 @dataclass(frozen=True)
 class BoardDeletion:
+    """A board's deletion as stored; ``previous_cutoff`` is that of the deletion of an earlier
+    board of the name (None for a name's first), up to which the snapshots are that board's."""
+
     board_id: str
     cutoff: datetime
     purge: bool
     done_at: datetime | None
+    previous_cutoff: datetime | None = None
 
 
 async def request_erasure(
@@ -269,21 +273,35 @@ async def finish_erasure(engine: AsyncEngine, erasure: Erasure) -> None:
 
 
 async def record_board_deletion(conn: AsyncConnection, board_id: str, purge: bool) -> BoardDeletion:
-    """Record a board's deletion, pending (in the caller's transaction: committed with it)."""
+    """Record a board's deletion, pending (in the caller's transaction: committed with it). The
+    name's row holds its last deletion: the cut-off of the one before, done, is read first and
+    kept beside the new one, so that a purge leaves the snapshots of the earlier board."""
     cutoff = datetime.now(UTC) + timedelta(seconds=BOARD_SETTLE_SECONDS)
+    before = await board_deletion_of(conn, board_id)
+    previous = None
+    if before is not None:
+        previous = before.cutoff if before.done_at is not None else before.previous_cutoff
     statement = insert(board_deletions).values(
-        board_id=board_id, cutoff=to_db_time(cutoff), purge=purge, done_at=None
+        board_id=board_id,
+        cutoff=to_db_time(cutoff),
+        purge=purge,
+        done_at=None,
+        previous_cutoff=None if previous is None else to_db_time(previous),
     )
     statement = statement.on_duplicate_key_update(
-        cutoff=statement.inserted.cutoff, purge=statement.inserted.purge, done_at=None
+        cutoff=statement.inserted.cutoff,
+        purge=statement.inserted.purge,
+        done_at=None,
+        previous_cutoff=statement.inserted.previous_cutoff,
     )
     await conn.execute(statement)
-    return BoardDeletion(board_id, cutoff, purge, None)
+    return BoardDeletion(board_id, cutoff, purge, None, previous)
 
 
 def _deletion(row: Any) -> BoardDeletion:
     done = None if row.done_at is None else from_db_time(row.done_at)
-    return BoardDeletion(row.board_id, from_db_time(row.cutoff), bool(row.purge), done)
+    previous = None if row.previous_cutoff is None else from_db_time(row.previous_cutoff)
+    return BoardDeletion(row.board_id, from_db_time(row.cutoff), bool(row.purge), done, previous)
 
 
 async def board_deletion_of(

@@ -10,7 +10,8 @@ import orjson
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.db import score_events, snapshots, to_db_time
+from shared.db import board_epoch_of, score_events, snapshots, to_db_time
+from shared.erasure import BoardDeletion
 
 DELETE_CHUNK = 5000  # MySQL rows a DELETE statement
 SNAPSHOT_PAGE = 200
@@ -63,19 +64,30 @@ async def erase_from_snapshots(engine: AsyncEngine, user_id: str) -> None:
         after = rows[-1].id
 
 
-async def purge_board(engine: AsyncEngine, board_id: str, cutoff: datetime) -> None:
-    """A deleted board's events and snapshots up to ``cutoff`` (a deletion with ``purge``)."""
-    at = to_db_time(cutoff)
-    for table, column in (
-        (score_events, score_events.c.accepted_at),
-        (snapshots, snapshots.c.taken_at),
-    ):
+async def purge_board(engine: AsyncEngine, deletion: BoardDeletion) -> None:
+    """A deleted board's own events and snapshots up to its cut-off (a deletion with ``purge``).
+
+    An earlier board of the name, deleted without purge, keeps its history beside it: its
+    events under its deletion's epoch (shared/erasure.py ``finish_board_deletion``), its
+    snapshots taken up to that deletion's cut-off. This board's events are those of epoch 0
+    (not set apart yet) and of this deletion's own epoch (an event stored after the deletion
+    was recorded, services/history/handlers.py); its snapshots those taken after the cut-off
+    before."""
+    at = to_db_time(deletion.cutoff)
+    e, s = score_events.c, snapshots.c
+    own_events = (
+        e.board_id == deletion.board_id,
+        e.board_epoch.in_([0, board_epoch_of(deletion.cutoff)]),
+        e.accepted_at <= at,
+    )
+    own_snapshots = [s.board_id == deletion.board_id, s.taken_at <= at]
+    if deletion.previous_cutoff is not None:
+        own_snapshots.append(s.taken_at > to_db_time(deletion.previous_cutoff))
+    for table, own in ((score_events, own_events), (snapshots, tuple(own_snapshots))):
         while True:
             async with engine.begin() as conn:
                 result = await conn.execute(
-                    delete(table)
-                    .where(table.c.board_id == board_id, column <= at)
-                    .with_dialect_options(mysql_limit=DELETE_CHUNK)
+                    delete(table).where(*own).with_dialect_options(mysql_limit=DELETE_CHUNK)
                 )
             if result.rowcount < DELETE_CHUNK:
                 break

@@ -19,7 +19,8 @@ records naming it, found by one ``SCAN`` of the keyspace; its entries in stored 
 (rewritten without them).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
-``UNLINK`` in batches), and with ``purge`` its events and snapshots in MySQL up to the cut-off.
+``UNLINK`` in batches), and with ``purge`` its own events and snapshots in MySQL up to the
+cut-off (an earlier board of the name keeps its history).
 """
 
 from __future__ import annotations
@@ -358,7 +359,7 @@ class Eraser:
             gone += await self._redis.unlink(*batch)
         for deletion in deletions:
             if deletion.purge:
-                await purge_board(self._engine, deletion.board_id, deletion.cutoff)
+                await purge_board(self._engine, deletion)
         return gone
 
 

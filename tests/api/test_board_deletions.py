@@ -1,6 +1,7 @@
 """Boards deleted together (docs/api.md section 8b): each one's keys go, a board whose id starts
 like a deleted one's keeps every key, and the deletions a worker round takes find their keys
-with one ``SCAN`` of the keyspace rather than one each."""
+with one ``SCAN`` of the keyspace rather than one each. A board made again under a deleted
+one's name: its purge leaves the earlier board's kept history."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import select
 
 from services.api.eraser import Eraser
+from services.history.handlers import HistoryHandler
 from shared.boards import BoardCatalog
+from shared.db import open_engine, score_events, snapshots
+from shared.db_boards import save_snapshots
 from shared.erasure import BoardDeletion
+from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
@@ -94,3 +101,70 @@ async def test_a_round_s_deletions_walk_the_keyspace_once(redis: Redis, keys: Ke
     # A deletion alone walks its own board's keys.
     assert await eraser.delete_boards([BoardDeletion(KEPT, now, False, None)]) == 1
     assert counting.walks[-1] == keys.board_match(KEPT)
+
+
+async def make(client: httpx.AsyncClient, board_id: str) -> None:
+    answer = await client.put(f"/v1/boards/{board_id}", json={}, headers=ADMIN)
+    assert answer.status_code == 201, answer.text
+
+
+async def delete_board(client: httpx.AsyncClient, board_id: str, purge: bool = False) -> None:
+    """Delete the board and wait until the deletion is done."""
+    params = {"purge": "true"} if purge else {}
+    answer = await client.delete(f"/v1/boards/{board_id}", params=params, headers=ADMIN)
+    assert answer.status_code == 202, answer.text
+
+    async def done() -> bool:
+        status = await client.get(f"/v1/board-deletions/{board_id}", headers=ADMIN)
+        return bool(status.json()["status"] == "done")
+
+    await eventually(done, within=20)
+
+
+async def written(
+    client: httpx.AsyncClient, redis: Redis, keys: Keys, board_id: str, event_id: str
+) -> ScoreAccepted:
+    """Post ``event_id`` for u-1 on the board; the event as its outbox holds it (the tests'
+    broker is unreachable, so it stays there)."""
+    await post(client, score(user_id="u-1", event_id=event_id), board=board_id)
+    entries: list[Any] = await redis.xrange(keys.outbox(board_id))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+    return next(e for e in events if e.event_id == event_id)
+
+
+def snapshot_of(board_id: str, taken_at: datetime) -> Any:
+    return {
+        "board_id": board_id,
+        "scope": "global",
+        "period": "alltime",
+        "period_id": "all",
+        "taken_at": taken_at,
+        "entries": [{"rank": 1, "user_id": "u-1", "score": 5}],
+    }
+
+
+async def test_a_purge_leaves_the_kept_history_of_an_earlier_board_of_the_name(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await make(client, "cup")
+        first = await written(client, redis, keys, "cup", "first")
+        await HistoryHandler(engine)([first])
+        await save_snapshots(engine, [snapshot_of("cup", datetime.now(UTC))])
+        await delete_board(client, "cup")
+
+        await make(client, "cup")
+        second = await written(client, redis, keys, "cup", "second")
+        await HistoryHandler(engine)([second])
+        await save_snapshots(engine, [snapshot_of("cup", datetime.now(UTC))])
+        await delete_board(client, "cup", purge=True)
+
+        async with engine.connect() as conn:
+            events = await conn.execute(
+                select(score_events.c.event_id).where(score_events.c.board_id == "cup")
+            )
+            assert list(events.scalars()) == ["first"]
+            taken = await conn.execute(
+                select(snapshots.c.taken_at).where(snapshots.c.board_id == "cup")
+            )
+            assert len(taken.all()) == 1, "the first board's snapshot stays, the second's goes"

@@ -265,8 +265,9 @@ async def test_a_deleted_board_is_404_and_its_name_takes_a_fresh_board(
         assert user not in set().union(*views.values())
         assert f"n-{tag}" in views["alltime/global"]
 
-        # Purged: its history goes too (the fresh board's events included, up to the cut-off).
+        # Purged: the fresh board's history goes; the first board's, kept by its deletion, stays.
         purged = await api.delete(f"/v1/boards/{board}", params={"purge": "true"}, headers=ADMIN)
         assert purged.status_code == 202 and purged.json()["purge"] is True
         await eventually(lambda: deletion_done(api, board), within=30)
-        assert await count_events(engine, board) == 0
+        assert await count_events(engine, board) == 1
+        assert await count_events(engine, board, event_id=f"old-{tag}") == 1

@@ -354,6 +354,17 @@ async def test_0010_keeps_each_event_s_periods_and_goes_back_keeping_the_events(
     await check_schema(db)
 
 
+async def test_0011_adds_the_previous_cut_off_and_goes_back(db: AsyncEngine) -> None:
+    """The way back drops board_deletions.previous_cutoff; the way up makes the schema whole."""
+    url = db.url.render_as_string(hide_password=False)
+    await alembic_to(url, "downgrade", "0010")
+    async with db.connect() as conn:
+        found = await conn.run_sync(lambda c: inspect(c).get_columns("board_deletions"))
+        assert "previous_cutoff" not in [column["name"] for column in found]
+    await migrate(url)
+    await check_schema(db)
+
+
 @pytest.mark.parametrize(
     ("server", "said"),
     [
