@@ -86,13 +86,14 @@ def _ms_of(moment: datetime) -> int:
 # -- the filter the consumers run ---------------------------------------------------------------
 
 
+# A batch as a filter splits it: the events a consumer handles, and those left out for a user's
+# erasure alone (see skipping).
+Split = tuple[list[ScoreAccepted], list[ScoreAccepted]]
+
+
 class Tombstones:
     """Which events belong to an erased user or a deleted board, read from the Redis projections
-    (one round trip a batch: the batch's distinct users and boards).
-
-    ``purged_only``: a board's events are left out only if its deletion purges its history (the
-    history consumer keeps a deleted board's events otherwise: its history stays).
-    """
+    (one round trip a batch: the batch's distinct users and boards)."""
 
     def __init__(self, redis: Redis, keys: Keys, secret: str) -> None:
         self._redis = redis
@@ -115,47 +116,64 @@ class Tombstones:
             {b: int(c) for b, c in zip(boards, by_board, strict=True) if c is not None},
         )
 
-    async def keep(self, events: list[ScoreAccepted]) -> list[ScoreAccepted]:
-        """``events`` without those of erased users and deleted boards."""
+    async def split(self, events: list[ScoreAccepted]) -> Split:
+        """``events`` without those of erased users and deleted boards; and those left out for a
+        user's erasure alone."""
         if not events:
-            return events
+            return events, []
         users, boards = await self.cutoffs(events)
         if not users and not boards:
-            return events
-        return [e for e in events if not _dropped(e, users, boards)]
+            return events, []
+        return _split(events, users, boards, set(boards))
 
 
-def _dropped(event: ScoreAccepted, users: dict[str, int], boards: dict[str, int]) -> bool:
-    at = _ms_of(event.accepted_at)
-    user, board = users.get(event.user_id), boards.get(event.board_id)
-    return (user is not None and at <= user) or (board is not None and at <= board)
+def _split(
+    events: list[ScoreAccepted],
+    users: dict[str, int],
+    boards: dict[str, int],
+    leaving: set[str],
+) -> Split:
+    """``events`` without those of erased users and of the deleted boards in ``leaving``; and
+    those left out for a user's erasure whose board was not deleted at them. An event of a
+    deleted board has nothing to take back: the board's counters and views went with its keys,
+    and a board made since under its name, whose records may bear the same ids, is another."""
+    kept: list[ScoreAccepted] = []
+    erased: list[ScoreAccepted] = []
+    for event in events:
+        at = _ms_of(event.accepted_at)
+        user, board = users.get(event.user_id), boards.get(event.board_id)
+        of_deleted_board = board is not None and at <= board
+        if user is not None and at <= user:
+            if not of_deleted_board:
+                erased.append(event)
+        elif not (of_deleted_board and event.board_id in leaving):
+            kept.append(event)
+    return kept, erased
 
 
 class StoredTombstones:
     """:class:`Tombstones` read from MySQL itself, for the history consumer: the event log must
     stay right even while Redis has lost its projections. A deleted board's events are left out
-    only when its deletion purges its history."""
+    only when its deletion purges its history: the event log keeps them otherwise."""
 
     def __init__(self, engine: AsyncEngine, secret: str) -> None:
         self._engine = engine
         self._secret = secret
 
-    async def keep(self, events: list[ScoreAccepted]) -> list[ScoreAccepted]:
+    async def split(self, events: list[ScoreAccepted]) -> Split:
         if not events:
-            return events
+            return events, []
         users = sorted({e.user_id for e in events})
         async with self._engine.connect() as conn:
             erased = await stored_tombstones(conn, users, self._secret)
-            rows = await conn.execute(
-                select(board_deletions.c.board_id, board_deletions.c.cutoff).where(
-                    board_deletions.c.board_id.in_(sorted({e.board_id for e in events})),
-                    board_deletions.c.purge.is_(True),
-                )
-            )
-            boards = {row.board_id: to_ms(from_db_time(row.cutoff)) for row in rows}
-        if not erased and not boards:
-            return events
-        return [e for e in events if not _dropped(e, erased, boards)]
+            t = board_deletions.c
+            ids = sorted({e.board_id for e in events})
+            query = select(t.board_id, t.cutoff, t.purge).where(t.board_id.in_(ids))
+            rows = (await conn.execute(query)).all()
+        if not erased and not rows:
+            return events, []
+        boards = {row.board_id: to_ms(from_db_time(row.cutoff)) for row in rows}
+        return _split(events, erased, boards, {row.board_id for row in rows if row.purge})
 
 
 def skipping(
@@ -165,15 +183,16 @@ def skipping(
     on_dropped: Handler | None = None,
 ) -> Handler:
     """``handler`` given each batch without the events of erased users and deleted boards;
-    ``on_dropped`` given those left out (the history consumer's :class:`Uncount`)."""
+    ``on_dropped`` given those left out for a user's erasure (the history consumer's
+    :class:`Uncount`, the aggregator's pair sync), and never a deleted board's: what those
+    take back went with the board's keys, and a board made since under its name is another."""
 
     async def handle(events: list[ScoreAccepted]) -> None:
-        kept = await tombstones.keep(events)
+        kept, erased = await tombstones.split(events)
         if len(kept) != len(events):
             SKIPPED.labels(consumer).inc(len(events) - len(kept))
-            if on_dropped is not None:
-                held = {id(e) for e in kept}
-                await on_dropped([e for e in events if id(e) not in held])
+        if on_dropped is not None and erased:
+            await on_dropped(erased)
         if kept:
             await handler(kept)
 

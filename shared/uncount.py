@@ -53,7 +53,9 @@ class Uncount:
     database will never hold it, while the aggregator may have counted it (derived before the
     erasure). So it is taken out of its periods' counters if it was counted, once, by its record
     (:func:`uncount_events`); an event whose record the erasure's pass deleted already was taken
-    out by the pass (services/api/erased_counts.py)."""
+    out by the pass (services/api/erased_counts.py). It is never given a deleted board's event
+    (shared/erasure.py ``skipping``): that board's counters went with its keys, and the record
+    of the same ids may be a board's made since under the name."""
 
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis

@@ -161,7 +161,7 @@ class Derive:
         for board_id, board_events in by_board.items():
             board = await self._catalog.get(board_id) if self._catalog is not None else None
             if board is None:
-                continue  # a deleted board's events: its keys go
+                continue  # deleted since: its keys go
             for start in range(0, len(board_events), CHUNK):
                 views = self._changed_pairs(board, board_events[start : start + CHUNK])
                 if not views:

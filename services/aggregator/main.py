@@ -104,9 +104,11 @@ def batch_handler(
     redis: Redis, keys: Keys, catalog: BoardCatalog, settings: LadderSettings, fresh: FreshRegions
 ) -> Handler:
     """The consumer's handler of a batch: the derived views, the dirty marks, the live views.
-    Erased users' and deleted boards' events in flight change no view; the pairs their writes
-    changed are synced into the regional distinct sets all the same (:meth:`Derive.sync_dropped`),
-    so that those stay exact (the erasure takes the user's entries out)."""
+    Erased users' and deleted boards' events in flight change no view; the pairs an erased user's
+    writes changed are synced into the regional distinct sets all the same
+    (:meth:`Derive.sync_dropped`), so that those stay exact (the erasure takes the user's entries
+    out). A deleted board's are not: its views went with its keys, and a board made since under
+    its name is another (shared/erasure.py ``skipping``)."""
     derive = Derive(redis, keys, catalog, settings.feed_length)
     handler = aggregate(derive, MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
     tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 import structlog
+from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,6 +23,7 @@ from services.history.migrate import wait_for_schema
 from services.history.snapshotter import Snapshotter, tick
 from shared import service
 from shared.boards import BoardCatalog
+from shared.consumer import Handler
 from shared.db import open_engine
 from shared.erasure import StoredTombstones, skipping
 from shared.keys import Keys
@@ -41,6 +43,18 @@ def _mysql_check(engine: AsyncEngine) -> Check:
     return check
 
 
+def batch_handler(
+    engine: AsyncEngine, redis: Redis, keys: Keys, settings: LadderSettings
+) -> Handler:
+    """The consumer's handler of a batch: the event log, then the marks of the views it
+    changed."""
+    # The event log first: the views are marked only for events that are stored.
+    handler = in_order(HistoryHandler(engine), MarkChangedViews(redis, keys))
+    # Erased users' and purged boards' events in flight are not stored (from MySQL).
+    tombstones = StoredTombstones(engine, settings.effective_jwt_secret)
+    return skipping("history", tombstones, handler, Uncount(redis, keys))
+
+
 async def run(settings: LadderSettings) -> None:
     """Consume until a signal asks to stop (or the consumer fails, which raises)."""
     dependencies = ("broker", "redis", "mysql")
@@ -54,15 +68,10 @@ async def run(settings: LadderSettings) -> None:
             keys = Keys(settings.key_prefix)
             catalog = BoardCatalog(redis, keys)
             snapshotter = Snapshotter(redis, keys, engine, settings.snapshot_size)
-            # The event log first: the views are marked only for events that are stored.
-            handler = in_order(HistoryHandler(engine), MarkChangedViews(redis, keys))
-            # Erased users' and purged boards' events in flight are not stored (from MySQL).
-            tombstones = StoredTombstones(engine, settings.effective_jwt_secret)
-            handler = skipping("history", tombstones, handler, Uncount(redis, keys))
             runner = service.consumer(
                 "history",
                 settings,
-                handler,
+                batch_handler(engine, redis, keys, settings),
                 batch_size=settings.history_batch,
                 flush_ms=settings.history_flush_ms,
                 # Off the push path: a batch takes its whole window and fills.

@@ -1,7 +1,8 @@
 """Boards deleted together (docs/api.md section 8b): each one's keys go, a board whose id starts
 like a deleted one's keeps every key, and the deletions a worker round takes find their keys
 with one ``SCAN`` of the keyspace rather than one each. A board made again under a deleted
-one's name: its purge leaves the earlier board's kept history."""
+one's name: its purge leaves the earlier board's kept history, and the events of the boards
+before it, late in a queue, do not touch its counters."""
 
 from __future__ import annotations
 
@@ -16,15 +17,16 @@ from sqlalchemy import select
 
 from services.api.eraser import Eraser
 from services.history.handlers import HistoryHandler
+from services.history.main import batch_handler
 from shared.boards import BoardCatalog
 from shared.db import open_engine, score_events, snapshots
 from shared.db_boards import save_snapshots
-from shared.erasure import BoardDeletion
+from shared.erasure import BoardDeletion, Tombstones, skipping, to_ms, user_hash
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
-from tests.helpers import ADMIN, api_client, eventually
+from tests.helpers import ADMIN, T0, accepted_event, api_client, derive_outbox, eventually
 
 GONE = ["cup", "cup-2", "league"]
 KEPT = "cup2"
@@ -168,3 +170,56 @@ async def test_a_purge_leaves_the_kept_history_of_an_earlier_board_of_the_name(
                 select(snapshots.c.taken_at).where(snapshots.c.board_id == "cup")
             )
             assert len(taken.all()) == 1, "the first board's snapshot stays, the second's goes"
+
+
+async def test_a_purged_board_s_event_late_in_the_queue_leaves_the_fresh_board_s_stats(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The old board's ``e-1`` reaches the history consumer after the fresh board counted its
+    own ``e-1`` of the same user: the fresh board's event stays counted."""
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await make(client, "cup")
+        old = await written(client, redis, keys, "cup", "e-1")
+        await delete_board(client, "cup", purge=True)
+        await make(client, "cup")
+        await written(client, redis, keys, "cup", "e-1")
+        board = await BoardCatalog(redis, keys).get("cup", fresh=True)
+        assert board is not None
+        assert await derive_outbox(redis, keys, board, quiet.feed_length) == 1
+
+        async def counted() -> int:
+            stats = await client.get("/v1/boards/cup/stats", params={"period": "alltime"})
+            assert stats.status_code == 200, stats.text
+            return int(stats.json()["events"])
+
+        assert await counted() == 1
+        await batch_handler(engine, redis, keys, quiet)([old])
+        assert await counted() == 1
+
+
+async def test_only_an_erasure_s_events_are_handed_on_as_left_out(redis: Redis, keys: Keys) -> None:
+    """The aggregator's filter (the Redis projections) hands its pair sync the events a user's
+    erasure left out, none of a deleted board's, the erased user's there included."""
+    cutoff = to_ms(T0) + 1000
+    await redis.hset(keys.erased, user_hash("u-x", "secret"), cutoff)
+    await redis.hset(keys.deleted_boards, "cup", cutoff)
+    handled: list[str] = []
+    dropped: list[str] = []
+
+    async def handle(events: list[ScoreAccepted]) -> None:
+        handled.extend(e.event_id for e in events)
+
+    async def drop(events: list[ScoreAccepted]) -> None:
+        dropped.extend(e.event_id for e in events)
+
+    tombstones = Tombstones(redis, keys, "secret")
+    await skipping("aggregator", tombstones, handle, on_dropped=drop)(
+        [
+            accepted_event("erased", user_id="u-x"),
+            accepted_event("erased-on-cup", user_id="u-x", board_id="cup"),
+            accepted_event("on-cup", board_id="cup"),
+            accepted_event("kept"),
+        ]
+    )
+    assert handled == ["kept"]
+    assert dropped == ["erased"]

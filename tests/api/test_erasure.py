@@ -171,8 +171,9 @@ async def test_an_erasure_leaves_a_tombstone_naming_nobody_and_erases_cache_and_
         )
         other = accepted_event("other", user_id="u-2")
         for tombstones in (Tombstones(redis, keys, secret), StoredTombstones(engine, secret)):
-            kept = await tombstones.keep([old, fresh, other])
+            kept, erased = await tombstones.split([old, fresh, other])
             assert [e.event_id for e in kept] == ["fresh", "other"]
+            assert [e.event_id for e in erased] == ["late"]
 
 
 async def test_a_board_deleted_is_404_its_name_refused_until_done_then_fresh(
