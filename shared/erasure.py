@@ -153,12 +153,14 @@ def _split(
 
 class StoredTombstones:
     """:class:`Tombstones` read from MySQL itself, for the history consumer: the event log must
-    stay right even while Redis has lost its projections. A deleted board's events are left out
-    only when its deletion purges its history: the event log keeps them otherwise."""
+    stay right even while Redis has lost its projections. ``purged_only`` (the event log): a
+    deleted board's events are left out only when its deletion purges its history, which stays
+    otherwise; without it, whatever the purge (the marks of its views, whose keys went)."""
 
-    def __init__(self, engine: AsyncEngine, secret: str) -> None:
+    def __init__(self, engine: AsyncEngine, secret: str, *, purged_only: bool = True) -> None:
         self._engine = engine
         self._secret = secret
+        self._purged_only = purged_only
 
     async def split(self, events: list[ScoreAccepted]) -> Split:
         if not events:
@@ -173,7 +175,8 @@ class StoredTombstones:
         if not erased and not rows:
             return events, []
         boards = {row.board_id: to_ms(from_db_time(row.cutoff)) for row in rows}
-        return _split(events, erased, boards, {row.board_id for row in rows if row.purge})
+        leaving = {row.board_id for row in rows if row.purge or not self._purged_only}
+        return _split(events, erased, boards, leaving)
 
 
 def skipping(

@@ -47,12 +47,16 @@ def batch_handler(
     engine: AsyncEngine, redis: Redis, keys: Keys, settings: LadderSettings
 ) -> Handler:
     """The consumer's handler of a batch: the event log, then the marks of the views it
-    changed."""
+    changed. Erased users' and purged boards' events in flight are not stored (read from MySQL);
+    a board's deleted without purge are, its history staying, but mark nothing: its keys went
+    within seconds of the deletion, and a late event must not bring one back (nor mark the
+    views of a board made since under its name)."""
+    secret = settings.effective_jwt_secret
+    deleted = StoredTombstones(engine, secret, purged_only=False)
+    marks = skipping("history_marks", deleted, MarkChangedViews(redis, keys))
     # The event log first: the views are marked only for events that are stored.
-    handler = in_order(HistoryHandler(engine), MarkChangedViews(redis, keys))
-    # Erased users' and purged boards' events in flight are not stored (from MySQL).
-    tombstones = StoredTombstones(engine, settings.effective_jwt_secret)
-    return skipping("history", tombstones, handler, Uncount(redis, keys))
+    handler = in_order(HistoryHandler(engine), marks)
+    return skipping("history", StoredTombstones(engine, secret), handler, Uncount(redis, keys))
 
 
 async def run(settings: LadderSettings) -> None:

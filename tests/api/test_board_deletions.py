@@ -2,7 +2,7 @@
 like a deleted one's keeps every key, and the deletions a worker round takes find their keys
 with one ``SCAN`` of the keyspace rather than one each. A board made again under a deleted
 one's name: its purge leaves the earlier board's kept history, and the events of the boards
-before it, late in a queue, do not touch its counters."""
+before it, late in a queue, neither touch its counters nor bring their own keys back."""
 
 from __future__ import annotations
 
@@ -223,3 +223,23 @@ async def test_only_an_erasure_s_events_are_handed_on_as_left_out(redis: Redis, 
     )
     assert handled == ["kept"]
     assert dropped == ["erased"]
+
+
+async def test_a_deleted_board_s_event_late_in_the_queue_brings_none_of_its_keys_back(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A history consumer more than the deletion's few seconds behind: the deleted board's
+    event is stored (its history stays) and marks no view of it for a snapshot."""
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await make(client, "cup")
+        late = await written(client, redis, keys, "cup", "e-1")
+        await delete_board(client, "cup")
+        assert await keys_of(redis, keys, "cup") == []
+
+        await batch_handler(engine, redis, keys, quiet)([late])
+        assert await keys_of(redis, keys, "cup") == []
+        async with engine.connect() as conn:
+            stored = await conn.execute(
+                select(score_events.c.event_id).where(score_events.c.board_id == "cup")
+            )
+            assert list(stored.scalars()) == ["e-1"]
