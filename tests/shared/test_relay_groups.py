@@ -30,6 +30,7 @@ from shared.relaying import StreamRelay
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import catalog_of, eventually, tap_fanout
+from tests.shared.test_relay_outage import relaying
 
 # "cup" sorts before "main": a pass that stopped at the board made again would never reach it.
 BOARDS = ["cup", "main"]
@@ -106,14 +107,9 @@ async def taken(tap: AbstractQueue, count: int) -> list[bytes]:
 @contextlib.asynccontextmanager
 async def running(relay: StreamRelay) -> AsyncIterator[None]:
     """The relay relaying, the redis-unavailable warnings it logs meanwhile none."""
-    stop = asyncio.Event()
     with capture_logs() as logs:
-        task = asyncio.create_task(relay.relay_until(stop))
-        try:
+        async with relaying(relay):
             yield
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 10)
     assert not [line for line in logs if line["event"] == "redis unavailable to the relay"]
 
 
