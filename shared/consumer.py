@@ -10,8 +10,15 @@ only when it returns acks the whole batch with one ``multiple`` ack.
 
 What fails, and what the runner does (docs/reliability.md, "A handler failure"):
 
-- A message that is not a valid :class:`ScoreMessage` (bad JSON, unknown schema version) is
-  poison: rejected without requeue, so the queue dead-letters it at once.
+- A message that is not a valid :class:`ScoreMessage` as a whole but has its envelope (a known
+  schema version, a list of events) is read event by event (:func:`shared.events.split_message`):
+  each event failing the schema is logged and counted, the others go to the handler with the
+  batch, and once they are handled the message is rejected without requeue (before the batch's
+  ``multiple`` ack, which leaves a settled delivery alone): dead-lettered whole at once, so that
+  ``<queue>.dead`` keeps the refused events, and a replay hands the others again, which every
+  handler takes once (idempotent on event_id). Its other events refused, it is requeued (below).
+- Any other message that is not a valid :class:`ScoreMessage` (not JSON, an unknown schema
+  version) is poison: rejected without requeue, so the queue dead-letters it at once.
 - A handler that fails because something it needs is away (:func:`shared.failures.is_transient`:
   MySQL or Redis down, a timeout) holds the batch unacked and retries it with backoff for as
   long as the outage lasts. Nothing is given back to the queue, so nothing counts toward the
@@ -47,7 +54,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from shared import amqp
-from shared.events import ScoreAccepted, ScoreMessage
+from shared.events import ScoreAccepted, ScoreMessage, split_message
 from shared.failures import is_transient, short_reason
 from shared.heap import settle_heap
 from shared.topology import (
@@ -62,14 +69,18 @@ log = structlog.get_logger(__name__)
 
 Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
 
+# A message, its events for the handler, and whether to dead-letter it once they are handled.
+Decoded = tuple[AbstractIncomingMessage, list[ScoreAccepted], bool]
+
 MESSAGES = Counter("ladder_consumer_messages_total", "Messages taken", ["consumer", "outcome"])
 EVENTS = Counter("ladder_consumer_events_total", "Events handed to the handler", ["consumer"])
 BATCH_SECONDS = Histogram("ladder_consumer_batch_seconds", "Handler time a batch", ["consumer"])
 RETRIES = Counter("ladder_consumer_handler_failures_total", "Handler failures", ["consumer"])
 EVENTS_REFUSED = Counter(
     "ladder_consumer_events_refused_total",
-    "Events the handler refused (not an outage): their messages go back toward the delivery limit",
-    ["consumer"],
+    "Events refused: by the handler (not an outage; their messages go back toward the delivery"
+    " limit), or by the schema (their messages dead-lettered once their other events are handled)",
+    ["consumer", "reason"],
 )
 CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"])
 
@@ -242,39 +253,31 @@ class ConsumerRunner:
             await self._process(batch)
 
     async def _process(self, batch: list[AbstractIncomingMessage]) -> None:
-        decoded: list[tuple[AbstractIncomingMessage, list[ScoreAccepted]]] = []
-        for message in batch:
-            try:
-                decoded.append((message, ScoreMessage.model_validate_json(message.body).events))
-            except ValidationError as exc:
-                log.warning(
-                    "poison message dead-lettered",
-                    message_id=message.message_id,
-                    error=str(exc.errors(include_url=False)[:3]),
-                )
-                MESSAGES.labels(self.name, "poison").inc()
-                # A channel lost meanwhile gives it back to the queue, to be refused again.
-                with contextlib.suppress(Exception):
-                    await message.reject(requeue=False)
+        decoded = [read for message in batch if (read := await self._decode(message)) is not None]
         if not decoded:
             return
         kept = decoded
-        error = await self._handle([event for _, events in decoded for event in events])
+        error = await self._handle([event for _, events, _ in decoded for event in events])
         if error is not None:
             # Something in the batch is refused: find what, handling one message at a time
             # (and one event at a time within a refused one), so that every event that can be
             # handled is, and only the messages holding a refused event go back to the queue.
             log.warning("batch refused; handling its messages one by one", error=repr(error))
             kept = []
-            for message, events in decoded:
-                if await self._split(events):
-                    kept.append((message, events))
+            for read in decoded:
+                if await self._split(read[1]):
+                    kept.append(read)
                 else:
-                    await self._refuse(message)
+                    await self._refuse(read[0])
+        # A message holding an event the schema refused is dead-lettered now that its other events
+        # are handled, and before the multiple ack, which would otherwise cover it.
+        for message, events, _ in [read for read in kept if read[2]]:
+            await self._dead_letter(message, len(events))
+        kept = [read for read in kept if not read[2]]
         if not kept:
             return
         try:
-            # Refused messages are settled already: a multiple ack covers only the others.
+            # Refused and dead-lettered messages are settled: a multiple ack covers the others.
             await kept[-1][0].ack(multiple=True)
         except Exception as exc:
             # The channel went away with the batch: the broker delivers it again, and every
@@ -282,7 +285,54 @@ class ConsumerRunner:
             log.warning("ack lost with the channel; the batch will be redelivered", error=repr(exc))
             return
         MESSAGES.labels(self.name, "ok").inc(len(kept))
-        EVENTS.labels(self.name).inc(sum(len(events) for _, events in kept))
+        EVENTS.labels(self.name).inc(sum(len(events) for _, events, _ in kept))
+
+    async def _decode(self, message: AbstractIncomingMessage) -> Decoded | None:
+        """A message's events for the handler, or ``None`` for a message settled here: poison,
+        or read event by event and holding no valid event (both dead-lettered at once)."""
+        try:
+            return message, ScoreMessage.model_validate_json(message.body).events, False
+        except ValidationError as exc:
+            error = str(exc.errors(include_url=False)[:3])
+        if (split := split_message(message.body)) is None:
+            log.warning("poison message dead-lettered", message_id=message.message_id, error=error)
+            MESSAGES.labels(self.name, "poison").inc()
+            await self._reject(message)
+            return None
+        valid, refused = split
+        for refusal in refused:
+            log.error(
+                "event refused by the schema",
+                message_id=message.message_id,
+                board_id=refusal.board_id,
+                event_id=refusal.event_id,
+                error=refusal.error,
+            )
+        EVENTS_REFUSED.labels(self.name, "schema").inc(len(refused))
+        if valid:
+            # Dead-lettered once they are handled; or, with no event refused (each valid alone:
+            # the whole nested only just too deep for pydantic's parser), acked as any other.
+            return message, valid, bool(refused)
+        await self._dead_letter(message, 0)
+        return None
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, handled: int) -> None:
+        """Dead-letter, whole, a message holding an event the schema refused, its ``handled``
+        other events handled: the operator finds the refused events in ``<queue>.dead``."""
+        log.warning(
+            "message with an event the schema refuses dead-lettered; its other events handled",
+            message_id=message.message_id,
+            handled=handled,
+        )
+        MESSAGES.labels(self.name, "poison-split").inc()
+        EVENTS.labels(self.name).inc(handled)
+        await self._reject(message)
+
+    @staticmethod
+    async def _reject(message: AbstractIncomingMessage) -> None:
+        # A channel lost meanwhile gives it back to the queue, to be read again.
+        with contextlib.suppress(Exception):
+            await message.reject(requeue=False)
 
     async def _handle(self, events: list[ScoreAccepted]) -> BaseException | None:
         """Hand ``events`` to the handler until it succeeds (``None``) or refuses them (the
@@ -328,7 +378,7 @@ class ConsumerRunner:
                 event_id=event.event_id,
                 error=repr(err),
             )
-        EVENTS_REFUSED.labels(self.name).inc(len(refusals))
+        EVENTS_REFUSED.labels(self.name, "handler").inc(len(refusals))
         return not refusals
 
     async def _refuse(self, message: AbstractIncomingMessage) -> None:

@@ -3,12 +3,16 @@
 A broker message body is a :class:`ScoreMessage`: ``{"schema": 1, "events": [...]}``, one event or
 several in the order they were accepted. Each event is a :class:`ScoreAccepted`: what the client
 sent, when Ladder accepted it, and what the atomic write saw in each period of the user's region.
+A body that is not a valid message as a whole but has the message's envelope is read event by
+event (:func:`split_message`), so that one event failing the schema costs the others nothing.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -20,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationError,
     WithJsonSchema,
 )
 
@@ -122,6 +127,61 @@ class ScoreMessage(BaseModel):
 
     schema_version: Literal[1] = Field(alias="schema")
     events: list[ScoreAccepted] = Field(min_length=1)
+
+
+class MessageEnvelope(BaseModel):
+    """A :class:`ScoreMessage` with its events unread: the schema version and a list."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = Field(alias="schema")
+    events: list[Any] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class EventRefusal:
+    """An event of a message that fails the schema alone: what can be read of it, and why."""
+
+    board_id: str | None
+    event_id: str | None
+    error: str
+
+
+def _readable(event: object, name: str) -> str | None:
+    """A field of an event that failed the schema, for the log, if it is a string at all."""
+    value = event.get(name) if isinstance(event, dict) else None
+    return value[:100] if isinstance(value, str) else None
+
+
+def _why(exc: BaseException) -> str:
+    """A validation error's first few errors, without the input (an event's own data)."""
+    if isinstance(exc, ValidationError):
+        return str(exc.errors(include_url=False, include_input=False)[:3])
+    return repr(exc)
+
+
+def split_message(body: bytes) -> tuple[list[ScoreAccepted], list[EventRefusal]] | None:
+    """The events of a body that is not a valid :class:`ScoreMessage` as a whole, each validated
+    alone as the whole would have been (its JSON through ``model_validate_json``): the valid
+    ones, in order, and a refusal for each other one. ``None`` when the body is not JSON or
+    not the message's envelope (another schema version, no events): nothing in it is read.
+
+    The body is read by the standard library's parser, which takes JSON nested deeper than
+    pydantic's (about 200 levels), so that an event with metadata that deep is refused alone."""
+    try:
+        envelope = MessageEnvelope.model_validate(json.loads(body))
+    except (ValueError, RecursionError):  # bad JSON and ValidationError are ValueErrors
+        return None
+    valid: list[ScoreAccepted] = []
+    refused: list[EventRefusal] = []
+    for event in envelope.events:
+        try:
+            valid.append(ScoreAccepted.model_validate_json(json.dumps(event)))
+        except (ValueError, RecursionError) as exc:  # a ValidationError is a ValueError
+            refused.append(
+                EventRefusal(_readable(event, "board_id"), _readable(event, "event_id"), _why(exc))
+            )
+    return valid, refused
 
 
 def message_body(entries: list[str]) -> bytes:
