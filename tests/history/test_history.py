@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import uuid
@@ -24,6 +25,7 @@ from services.history.migrate import SchemaNotReady, check_schema, migrate
 from shared.consumer import ConsumerRunner
 from shared.db import BadCursor, count_events, open_engine, score_events, user_events
 from shared.events import ScoreAccepted, message_body
+from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import T0, server_statement
@@ -322,6 +324,37 @@ async def test_a_poison_message_is_dead_lettered_and_the_stream_flows_on(
             message = await anext(messages)
         await message.ack()
     assert message.body == b"{not json"
+
+
+async def test_an_event_failing_the_schema_costs_the_others_of_its_message_nothing(
+    settings: LadderSettings, broker: Topology, channel: AbstractChannel, db: AsyncEngine
+) -> None:
+    """The middle event of three has a value out of range: the two others are stored, the
+    message is dead-lettered whole, and published again from there it stores nothing twice."""
+    bad = accepted("e-2").model_dump(mode="json") | {"value": MAX_SCORE + 1}
+    body = message_body(
+        [accepted("e-1").model_dump_json(), json.dumps(bad), accepted("e-3").model_dump_json()]
+    )
+    handler = Recording(HistoryHandler(db))
+    dead = await channel.declare_queue(broker.dead_queue("history"), passive=True)
+
+    async def dead_letter() -> bytes:
+        async with dead.iterator() as messages, asyncio.timeout(WAIT):
+            message = await anext(messages)
+            await message.ack()
+        return message.body
+
+    async with consuming(settings, broker, handler):
+        await publish(channel, broker, body)
+        await publish(channel, broker, message_body([accepted("e-4").model_dump_json()]))
+        await handler.wait_handled(3)
+        assert await dead_letter() == body
+        # The operator's replay: e-1 and e-3 handled again, e-2 dead-lettered again.
+        await publish(channel, broker, body)
+        await handler.wait_handled(5)
+        assert await dead_letter() == body
+
+    assert [await count_events(db, "main", e) for e in ("e-1", "e-2", "e-3", "e-4")] == [1, 0, 1, 1]
 
 
 async def test_the_service_is_ready_then_drains_on_sigterm(
