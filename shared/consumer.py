@@ -293,7 +293,7 @@ class ConsumerRunner:
         try:
             return message, ScoreMessage.model_validate_json(message.body).events, False
         except ValidationError as exc:
-            error = str(exc.errors(include_url=False)[:3])
+            error = str(exc.errors(include_url=False, include_input=False)[:3])
         if (split := split_message(message.body)) is None:
             log.warning("poison message dead-lettered", message_id=message.message_id, error=error)
             MESSAGES.labels(self.name, "poison").inc()
