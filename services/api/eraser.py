@@ -69,6 +69,11 @@ UNLINK_BATCH = 500
 SECOND_PASS_MARGIN = timedelta(seconds=0.5)
 
 
+def _unsuffixed(key: str) -> str:
+    """A view's key from the key of its records (``<view>:ties``)."""
+    return key.removesuffix(":ties")
+
+
 @dataclass(slots=True)
 class Found:
     """What the keyspace holds of one board: its views' periods and regions."""
@@ -218,7 +223,9 @@ class Eraser:
             name = key.decode() if isinstance(key, bytes) else key
             if self._keys.record_user(name) == user_id:
                 records.append(name)
-            elif (view := self._keys.view_of(name)) is not None:
+            # A view's sorted set, or its records: a view whose only entries are hidden users'
+            # has records and no sorted set (a region named "ties" has a view that ends so).
+            elif view := self._keys.view_of(name) or self._keys.view_of(_unsuffixed(name)):
                 found = views.setdefault(view[0], Found())
                 found.windows.add((view[1], view[2]))
                 if view[3] is not None:
