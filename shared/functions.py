@@ -49,7 +49,9 @@ its reply is still {status, payload}, the entry a JSON object a caller of either
 on whole, and the member is absent where nobody was moved, as in every entry written before. And
 when it came to leave out a period already past its retention, answering the new status
 ``expired`` where none is left: before, such a write failed in Redis halfway (an error reply, a
-503), so a caller of the version before meets the status only where it had an error.
+503), so a caller of the version before meets the status only where it had an error. The write
+and the merge kept theirs, too, when a set entry's record came to keep the time of its latest
+write beside its reach time: a record without it reads as one written when reached, as before.
 """
 
 from __future__ import annotations

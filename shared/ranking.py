@@ -29,6 +29,15 @@ Each id's value in the hash is its **record**: ``<tie key>|<signed score>|<metad
 metadata the JSON object kept with the entry (empty for none). A write finds the id's member
 and score in one ``HGET``; a read of entries finds their metadata in one ``HMGET``.
 
+On a ``set`` board, an entry set again to the score (and subscore) it holds keeps the reach time
+of its first reach, for ties, and its record keeps the time of that latest write too, against
+which the lateness of the events after it is judged (shared/lua/write.lua ``new_score()``), and
+which says which region's entry the global one takes. Its record is then
+``<tie key>|<signed score>|<written>|<metadata>``, ``<written>`` 12 hex digits in the form of a
+tie key's time part, kept only where it is not the reach time. The metadata is empty or starts
+with ``{``, so the field's first character tells; a record without it (every record of another
+operator, and every one written before it was kept) was last written when it was reached.
+
 This module is the only definition of the tie key and of the record.
 """
 
@@ -127,20 +136,37 @@ def score_of(stored: float | str, descending: bool) -> int:
 # -- records ---------------------------------------------------------------------------------
 
 
-def record(tie: str, signed_score: int, metadata: str = "") -> str:
-    """An id's record in a view's hash: tie key, signed score, metadata JSON ("" for none)."""
-    return f"{tie}|{signed_score}|{metadata}"
+def record(tie: str, signed_score: int, metadata: str = "", written: int | None = None) -> str:
+    """An id's record in a view's hash: tie key, signed score, metadata JSON ("" for none), and
+    the Unix ms of the latest write where it is not the reach time (``set`` boards only)."""
+    if written is None or written == reached_of(tie):
+        return f"{tie}|{signed_score}|{metadata}"
+    return f"{tie}|{signed_score}|{tie_key(written)}|{metadata}"
+
+
+def _rest(rest: str) -> tuple[int | None, str]:
+    """The latest write's Unix ms (``None``: none kept) and the metadata, of a record's part
+    after its score."""
+    if rest[:1] in ("", "{"):
+        return None, rest
+    return _TIME_MAX - int(rest[:_TIME_WIDTH], 16), rest[_TIME_WIDTH + 1 :]
 
 
 def parse_record(raw: str) -> tuple[str, int, str]:
     """``(tie key, signed score, metadata JSON or "")`` of a record."""
-    tie, score, metadata = raw.split("|", 2)
-    return tie, int(score), metadata
+    tie, score, rest = raw.split("|", 2)
+    return tie, int(score), _rest(rest)[1]
+
+
+def written_of(raw: str) -> int | None:
+    """The Unix ms of the latest write to a record's entry, where the record keeps it (a ``set``
+    entry set again to its score after reaching it); ``None`` where that is its reach time."""
+    return _rest(raw.split("|", 2)[2])[0]
 
 
 def metadata_of(raw: str | None) -> dict[str, Any] | None:
     """The metadata object of a record (``None``: no record, or none kept)."""
     if raw is None:
         return None
-    metadata = raw.split("|", 2)[2]
+    metadata = _rest(raw.split("|", 2)[2])[1]
     return orjson.loads(metadata) if metadata else None

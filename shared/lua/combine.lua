@@ -40,7 +40,8 @@ local function combined(op, entries)
     end
     return pick.signed, pick.tie, pick.meta, false
   end
-  -- The latest reached: the smallest time part (the tie key's last 12 hex digits).
+  -- The latest: the smallest time part (e.time: the tie key's last 12 hex digits; on set, the
+  -- latest write's, merge.lua combined_record()).
   for i = 2, #entries do
     local e = entries[i]
     if e.time < pick.time or (e.time == pick.time and before(e, pick)) then pick = e end

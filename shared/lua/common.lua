@@ -126,7 +126,9 @@ local function view_of(view, distinct, ties)
   return {view = view, distinct = distinct, ties = ties}
 end
 
--- An id's record in a view's hash (shared/ranking.py): tie key, signed score, metadata.
+-- An id's record in a view's hash (shared/ranking.py): tie key, signed score, metadata. On a
+-- set board, an entry set again to the score it holds, after it reached it, keeps that write's
+-- time beside its reach time, in the meta argument (with_written()).
 local function record_of(tie, signed, meta) return tie .. '|' .. fmt(signed) .. '|' .. meta end
 
 -- An id's entry in a view: {tie, member, signed, meta, sub}, or nil if it has none. A member is
@@ -136,6 +138,24 @@ local function entry_in(v, id)
   if not rec then return nil end
   local tie, score, meta = string.match(rec, '^([^|]*)|([^|]*)|(.*)$')
   return {tie = tie, member = tie .. id, signed = tonumber(score), meta = meta, sub = sub_of(tie)}
+end
+
+-- The time part (tie_time()) of an entry's latest write on a set board (entry_in()): the one its
+-- record keeps before the metadata (with_written()), or where none is kept its reach time. The
+-- metadata is empty or a JSON object, '{' (123): a record says by that byte whether it keeps one.
+local function written_of(entry)
+  local first = string.byte(entry.meta, 1)
+  if first == nil or first == 123 then return tie_time(entry.tie) end
+  return tonumber(string.sub(entry.meta, 1, 12), 16)
+end
+
+-- A set entry's meta field for metadata meta, reached at tie key `tie` and last written at tie
+-- key `at`'s time: that time, then '|', kept before the metadata only where it is not the reach
+-- time (shared/ranking.py), so that a record of every other entry is as before.
+local function with_written(tie, at, meta)
+  local written = string.sub(at, -12)
+  if written == string.sub(tie, -12) then return meta end
+  return written .. '|' .. meta
 end
 
 -- Put an id's entry in a view at new_signed, reached at tie (a tie key), with metadata meta, in

@@ -220,12 +220,15 @@ local function read_records(t, c)
 end
 
 -- User i's global record combined from its regional ones (two or more: c.first[i] and
--- c.others[i]), then whether it is a sum past the range (held at the range's end).
+-- c.others[i]), then whether it is a sum past the range (held at the range's end). On set the
+-- latest is the entry written last (written_of(): its record's written time, kept beside its
+-- reach time, goes with it into the global record, as the meta field).
 local function combined_record(op, c, i)
   local entries, first = {}, {c.first[i], c.first_region[i] or c.marked[i]}
   for _, found in ipairs({first, unpack(c.others[i])}) do
     local e = parsed(found[1], c.ids[i])
-    e.region, e.time = found[2], tonumber(string.sub(e.tie, -12), 16)
+    e.region = found[2]
+    e.time = op == 'set' and written_of(e) or tonumber(string.sub(e.tie, -12), 16)
     entries[#entries + 1] = e
   end
   local signed, tie, meta, past = combined(op, entries)

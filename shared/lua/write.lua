@@ -196,42 +196,36 @@ local function beats(e, old)
 end
 
 -- The new score under the board's operator from the old entry (nil: none), whether the score
--- changed, and the tie key the entry is reached at. Each rule goes by when the events happened,
--- not by the order they come in, so that late events rank as if they had come in time (and a
--- rebuild, replaying in another order, ranks alike):
+-- changed, the tie key the entry is reached at, and the metadata it keeps (docs/api.md section
+-- 4). Each rule goes by when the events happened, not by the order they come in, so that late
+-- events rank as if they had come in time (and a rebuild, replaying in another order, ranks
+-- alike):
 --   incr: a total is reached when its last increment happened, the later of the entry's time and
---     the event's (an increment of 0 too: it moves the entry's reach time, not its score);
+--     the event's (an increment of 0 too: it moves the entry's reach time, not its score); the
+--     metadata is the latest event's by time;
 --   best: a better pair replaces the entry; an equal one reached earlier (a late event) makes
---     the entry reached then, its score unchanged (not improved);
---   set: the latest event by time holds; one older than the entry's changes nothing. An equal
---     value keeps the entry's first reach time.
+--     the entry reached then, its score unchanged (not improved); the metadata is that of the
+--     event that reached the best first (one that improved, or a late equal one that moved it);
+--   set: the latest event by time holds, with its metadata; one older than the entry's latest
+--     write changes nothing. An equal pair keeps the entry's first reach time, for ties, and
+--     its record that write's time (with_written()), against which lateness is judged.
 -- A late event (events may come up to the allowed lateness after they happened) is one
--- reached_before() the entry it is written to; the fourth value says whether it is.
+-- reached_before() the entry it is written to (on set boards, written before: written_of()); it
+-- leaves the entry's metadata.
 local function new_score(e, old)
-  if old == nil then return e.value, true, e.tie, false end
+  if old == nil then return e.value, true, e.tie, e.meta end
   local old_score, late = old.signed * e.sign, e.at > tie_time(old.tie)
   if e.op == 'incr' then
-    return old_score + e.value, e.value ~= 0, late and old.tie or e.tie, late
+    return old_score + e.value, e.value ~= 0, late and old.tie or e.tie,
+           late and old.meta or e.meta
   elseif e.op == 'best' then
-    if beats(e, old) then return e.value, true, e.tie, late end
-    local equal = e.value * e.sign == old.signed and e.sub == old.sub
-    return old_score, false, (equal and late) and e.tie or old.tie, late
+    if beats(e, old) then return e.value, true, e.tie, e.meta end
+    local moved = late and e.value * e.sign == old.signed and e.sub == old.sub
+    return old_score, false, moved and e.tie or old.tie, moved and e.meta or old.meta
   end
-  if late or (e.value == old_score and e.sub == old.sub) then
-    return old_score, false, old.tie, late
-  end
-  return e.value, true, e.tie, late
-end
-
--- The metadata an entry keeps after the write (docs/api.md section 4): on best boards that of
--- the event that reached the best first (one that improved, or a late equal one that moved it),
--- on set and incr boards the latest event's by time (a late one, or a stale set, leaves the
--- entry's). So it too does not depend on the order events come in.
-local function new_meta(e, p)
-  if p.old == nil then return e.meta end
-  if e.op == 'best' then return (p.changed or p.moved) and e.meta or p.old.meta end
-  if p.late then return p.old.meta end
-  return e.meta
+  if e.at > written_of(old) then return old_score, false, old.tie, old.meta end
+  if e.value ~= old_score or e.sub ~= old.sub then return e.value, true, e.tie, e.meta end
+  return old_score, false, old.tie, with_written(old.tie, e.tie, e.meta)
 end
 
 local function out_of_range(e, p, what, score)
@@ -246,11 +240,10 @@ end
 -- one would leave the range of exact scores, else nil.
 local function plan_period(e, p)
   p.old = entry_in(p, e.user)
-  p.score, p.changed, p.tie, p.late = new_score(e, p.old)
+  p.score, p.changed, p.tie, p.meta = new_score(e, p.old)
   -- An entry whose score stands but whose reach time moved (best: reached earlier; incr: by an
   -- increment of 0) moves too.
   p.moved = not p.changed and p.tie ~= p.old.tie
-  p.meta = new_meta(e, p)
   return out_of_range(e, p, ' score', p.score)
 end
 
@@ -306,7 +299,7 @@ local function write_period(e, p)
     rank = redis.call('ZREVRANK', p.view, p.tie .. e.user) + 1
   else
     rank = prev + 1
-    -- An unchanged entry keeps its place; it may take the write's metadata (new_meta()).
+    -- An unchanged entry keeps its place; it may take the write's metadata (new_score()).
     if p.old.meta ~= p.meta then
       redis.call('HSET', p.ties, e.user, record_of(p.old.tie, p.old.signed, p.meta))
     end

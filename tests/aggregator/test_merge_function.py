@@ -20,7 +20,15 @@ from services.aggregator.combine import Entry, combine
 from services.aggregator.merge import Merger
 from shared.boards import Board
 from shared.keys import REGIONS_SEPARATOR, Keys, dirty_member
-from shared.ranking import MAX_SCORE, member, parse_record, record, sub_part, tie_key
+from shared.ranking import (
+    MAX_SCORE,
+    member,
+    parse_record,
+    record,
+    sub_part,
+    tie_key,
+    written_of,
+)
 from shared.redis import open_redis
 from tests.conftest import ON_CLUSTER
 
@@ -32,8 +40,11 @@ scores = st.one_of(
     st.integers(-MAX_SCORE, MAX_SCORE),
 )
 metas = st.sampled_from(["", '{"k":1}', '{"s":"a|b"}'])
-# One regional entry: score, reach time (ms), subscore, metadata.
-entries = st.tuples(scores, st.integers(0, 3), st.integers(-3, 3), metas)
+# One regional entry: score, reach time (ms), subscore, metadata, and on set boards how long
+# after its reach time it was last written (its score set again: None or 0, when reached).
+entries = st.tuples(
+    scores, st.integers(0, 3), st.integers(-3, 3), metas, st.none() | st.integers(0, 3)
+)
 # A state of the board: user -> region -> entry (a region left out holds no record).
 states = st.dictionaries(
     st.sampled_from(USERS), st.dictionaries(st.sampled_from(REGIONS), entries, max_size=4)
@@ -58,10 +69,11 @@ listings = st.builds(
 )
 
 
-def regional(board: Board, raw: tuple[int, int, int, str]) -> Entry:
-    score, reached, subscore, meta = raw
+def regional(board: Board, raw: tuple[int, int, int, str, int | None]) -> Entry:
+    score, reached, subscore, meta, later = raw
     signed = score if board.descending else -score
-    return signed, tie_key(reached, sub_part(subscore, board.subscore_order)), meta
+    written = reached + later if later and board.operator == "set" else None
+    return signed, tie_key(reached, sub_part(subscore, board.subscore_order)), meta, written
 
 
 async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, listed: Listing) -> None:
@@ -73,10 +85,10 @@ async def write_state(redis: Redis, keys: Keys, board: Board, state: dict, liste
         await redis.delete(view, Keys.ties(view))
     for user, regions in state.items():
         for region, raw in regions.items():
-            signed, tie, meta = regional(board, raw)
+            signed, tie, meta, written = regional(board, raw)
             view = keys.region_view(bid, "alltime", "all", region)
             await redis.zadd(view, {member(tie, user): signed})
-            await redis.hset(Keys.ties(view), user, record(tie, signed, meta))
+            await redis.hset(Keys.ties(view), user, record(tie, signed, meta, written))
             await redis.sadd(keys.dirty(bid), dirty_member("alltime", "all", region, user))
     for user, regions in listed.regions.items():
         await redis.delete(keys.legacy_user_regions(bid, user))
@@ -101,12 +113,12 @@ def expected(board: Board, state: dict) -> dict[str, Entry]:
 
 def parsed(raw: str) -> Entry:
     tie, signed, meta = parse_record(raw)
-    return signed, tie, meta
+    return signed, tie, meta, written_of(raw)
 
 
 def pairs_of(want: dict[str, Entry]) -> set[str]:
     """The distinct set's members the entries make: subscore part, then signed score."""
-    return {f"{tie[:15] if tie.startswith('s') else ''}{s}" for s, tie, _ in want.values()}
+    return {f"{tie[:15] if tie.startswith('s') else ''}{s}" for s, tie, *_ in want.values()}
 
 
 async def check(
@@ -116,7 +128,7 @@ async def check(
     records = await redis.hgetall(Keys.ties(view))
     assert {u: parsed(r) for u, r in records.items()} == want
     members = dict(await redis.zrange(view, 0, -1, withscores=True))
-    assert members == {member(tie, u): float(s) for u, (s, tie, _) in want.items()}
+    assert members == {member(tie, u): float(s) for u, (s, tie, *_) in want.items()}
     if dense:
         assert set(await redis.zrange(Keys.distinct(view), 0, -1)) == pairs_of(want)
         assert not await redis.exists(Keys.distinct_building(view))

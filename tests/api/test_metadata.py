@@ -419,3 +419,29 @@ async def test_a_late_write_keeps_the_metadata_of_when_it_happened(
         await write(client, operator, None, "u-1", 5, start + timedelta(seconds=1), {"a": 1})
         await write(client, operator, None, "u-1", late_value, start, {"a": 2})
         assert await held(client, operator) == kept_metadata
+
+
+@pytest.mark.parametrize("sub_order", [None, "asc"])
+async def test_a_set_late_to_a_later_write_of_the_same_score_keeps_that_writes_metadata(
+    quiet: LadderSettings, redis: Redis, keys: Keys, sub_order: str | None
+) -> None:
+    """A set board's entry set again to the score it holds (reached first before) takes that
+    later write's metadata, and a write that happened between the two is late: the score and
+    the metadata stay the later write's, in the region and in global, on every period."""
+    start = moment()
+    async with api_client(quiet) as client:
+        await make_board(client, "set", "set", sub_order)
+        await write(client, "set", sub_order, "u-1", 5, start, {"a": 1})
+        await write(client, "set", sub_order, "u-1", 5, start + timedelta(seconds=2), {"a": 2})
+        late = await write(
+            client, "set", sub_order, "u-1", 9, start + timedelta(seconds=1), {"a": 3}
+        )
+        await merge_board(redis, keys, "set")
+        final = [
+            await held(client, "set", scope, period=period)
+            for period in PERIODS
+            for scope in ("region:eu", "global")
+        ]
+
+    assert {(p["score"], p["improved"]) for p in late["periods"].values()} == {(5, False)}
+    assert final == [{"a": 2}] * len(final)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board
 from shared.keys import Keys
+from shared.ranking import SubscoreOrder
 from shared.settings import LadderSettings
 from tests.api.test_reads import merge
 from tests.helpers import read_view
@@ -27,13 +29,16 @@ class Game:
         # module loads could be older than the allowed lateness by the time a long run gets here.
         self.start = datetime.now(UTC) - timedelta(seconds=300)
 
-    async def post(self, user: str, value: int, second: int, region: str = "eu") -> dict[str, Any]:
+    async def post(
+        self, user: str, value: int, second: int, region: str = "eu", subscore: int | None = None
+    ) -> dict[str, Any]:
         self.n += 1
         score = ScoreIn(
             user_id=user,
             region=region,
             value=value,
             occurred_at=self.start + timedelta(seconds=second),
+            subscore=subscore,
         )
         answer = await submit(self.redis, self.keys, self.settings, self.board, score, f"e{self.n}")
         return dict(answer["periods"]["alltime"])
@@ -170,3 +175,42 @@ async def test_a_late_set_in_another_region_is_not_the_global_latest(
     await merge(redis, game.keys, board)
     world = game.keys.global_view("rating", "alltime", "all")
     assert sorted(await read_view(redis, world, True)) == [("one", 10), ("two", 10)]
+
+
+@pytest.mark.parametrize("sub_order", [None, "desc"])
+async def test_a_late_set_does_not_replace_a_later_write_of_the_same_score(
+    settings: LadderSettings, redis: Redis, sub_order: SubscoreOrder | None
+) -> None:
+    """Setting the score it holds again keeps an entry's first reach time, for ties, but a set
+    that happened before that later write is late all the same: it does not replace the
+    score, on a board with a subscore (the same pair set again) as on one without."""
+    game = Game(redis, settings, Board(board_id="level", operator="set", subscore_order=sub_order))
+    sub = 0 if sub_order else None
+    await game.post("ana", 4, 0, subscore=sub)
+    await game.post("bo", 4, 10, subscore=sub)
+    again = await game.post("ana", 4, 50, subscore=sub)
+    assert (again["score"], again["improved"], again["rank"]) == (4, False, 1)
+    late = await game.post("ana", 3, 20, subscore=sub)
+    assert (late["score"], late["improved"], late["rank"]) == (4, False, 1)
+    # ana still reached 4 first (second 0), before bo (second 10).
+    assert await game.order() == [("ana", 4), ("bo", 4)]
+    # A set after the latest write still replaces it.
+    newer = await game.post("ana", 3, 60, subscore=sub)
+    assert (newer["score"], newer["improved"], newer["rank"]) == (3, True, 2)
+
+
+async def test_the_global_set_is_the_regional_score_written_last(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    """The global entry on set is the regional one written last, by when it happened: a region
+    whose score was set again, to the same score, after another region's set holds the global
+    entry, with the reach time of its score's first reach."""
+    board = Board(board_id="rating", operator="set")
+    game = Game(redis, settings, board)
+    await game.post("one", 4, 0, "eu")
+    await game.post("one", 3, 20, "na")
+    await game.post("one", 4, 50, "eu")  # eu's 4 again, written after na's 3
+    await game.post("two", 4, 10, "eu")
+    await merge(redis, game.keys, board)
+    world = game.keys.global_view("rating", "alltime", "all")
+    assert await read_view(redis, world, True) == [("one", 4), ("two", 4)]

@@ -23,7 +23,7 @@ from shared.db import score_events
 from shared.db_boards import save_board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
-from shared.ranking import MAX_SCORE, parse_record, record
+from shared.ranking import MAX_SCORE, parse_record, record, written_of
 from shared.settings import LadderSettings
 from shared.submit import SubmitEvent, submit_call
 from tests.rebuild.test_rebuild import projection, relay, write
@@ -80,6 +80,28 @@ def wide_scores(board: Board, count: int, seed: int) -> list[dict[str, Any]]:
             body["metadata"] = metadata
         bodies.append(body)
     return bodies
+
+
+def set_again(board: Board) -> list[dict[str, Any]]:
+    """On a set board, user w's score set, set again to the same (its record keeps that later
+    write's time beside the reach time), then a late set that happened between the two and
+    changes nothing; none on another board."""
+    if board.operator != "set":
+        return []
+    base = datetime.now(UTC) - timedelta(seconds=30)
+    more = {"subscore": 3} if board.subscore_order is not None else {}
+    return [
+        {
+            "event_id": f"{board.board_id}-w{i}",
+            "user_id": "w",
+            "region": "eu",
+            "value": value,
+            "occurred_at": (base + timedelta(milliseconds=ms)).isoformat(),
+            "metadata": {"step": i},
+            **more,
+        }
+        for i, (value, ms) in enumerate([(4, 0), (4, 2000), (3, 1000)])
+    ]
 
 
 # --- a replay makes the live write's call (the event log's side alone) -------------------------
@@ -162,7 +184,7 @@ async def test_a_rebuild_gives_back_subscores_and_metadata_byte_for_byte(
     for n, board in enumerate(BOARDS):
         await save_board(db, board)
         await BoardCatalog(redis, keys).put(board)
-        for body in wide_scores(board, 60, seed=n):
+        for body in wide_scores(board, 60, seed=n) + set_again(board):
             sent[body["event_id"]] = body
             await write(redis, keys, settings, board, **body)
         await relay(redis, keys, db, board)
@@ -189,6 +211,8 @@ async def test_a_rebuild_gives_back_subscores_and_metadata_byte_for_byte(
     assert all(any(v.startswith(keys.tag(b.board_id)) for v in views) for b in BOARDS)
     assert any(parse_record(r)[2] for hashed in records.values() for r in hashed.values())
     assert any(r.startswith("s") for hashed in records.values() for r in hashed.values())
+    # And set entries set again to their score after reaching it, which keep that write's time.
+    assert any(written_of(r) for hashed in records.values() for r in hashed.values())
 
     for view in views[::2]:
         await redis.delete(view, Keys.ties(view))
@@ -203,10 +227,10 @@ async def test_a_rebuild_gives_back_subscores_and_metadata_byte_for_byte(
     after = await projection(redis, settings)
 
     assert [(r.board_id, r.events, r.refused) for r in done] == [
-        ("level", 60, 0),
+        ("level", 63, 0),
         ("main", 0, 0),
         ("race", 60, 0),
-        ("stage", 60, 0),
+        ("stage", 63, 0),
     ]
     missing = sorted(before.keys() - after.keys())
     extra = sorted(after.keys() - before.keys())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,6 +36,7 @@ from shared.ranking import (
     sub_part,
     subscore_of,
     tie_key,
+    written_of,
 )
 
 NOON = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -181,10 +183,10 @@ def test_global_combines_regions(
 ) -> None:
     board = Board(board_id="b", operator=operator, order=order)  # type: ignore[arg-type]
     # Each regional entry's metadata names its reach time, to see whose the merge keeps.
-    entries = [(signed(s, board.descending), tie_key(t), f'{{"t":{t}}}') for s, t in regional]
+    entries = [(signed(s, board.descending), tie_key(t), f'{{"t":{t}}}', None) for s, t in regional]
     merged = combine(board.operator, entries)
     assert merged is not None
-    score, tie, metadata = merged
+    score, tie, metadata, _ = merged
     assert (score_of(score, board.descending), reached_of(tie)) == expected
     assert metadata == f'{{"t":{expected[1]}}}'
 
@@ -192,22 +194,22 @@ def test_global_combines_regions(
 def test_best_combines_by_score_then_subscore_then_reach() -> None:
     faster, slower = sub_part(30, "asc"), sub_part(45, "asc")
     entries = [
-        (3, tie_key(1, slower), "a"),  # three stars, slow, reached first
-        (3, tie_key(9, faster), "b"),  # three stars, fast, reached later: the better pair
-        (2, tie_key(0, sub_part(1, "asc")), "c"),
+        (3, tie_key(1, slower), "a", None),  # three stars, slow, reached first
+        (3, tie_key(9, faster), "b", None),  # three stars, fast, reached later: the better pair
+        (2, tie_key(0, sub_part(1, "asc")), "c", None),
     ]
     assert combine("best", entries) == entries[1]
 
 
 def test_a_global_sum_beyond_the_range_is_held_at_its_end() -> None:
-    entries = [(MAX_SCORE, tie_key(0), "a"), (1, tie_key(5), "b")]
-    assert combine("incr", entries) == (MAX_SCORE, tie_key(5), "b")
+    entries = [(MAX_SCORE, tie_key(0), "a", None), (1, tie_key(5), "b", None)]
+    assert combine("incr", entries) == (MAX_SCORE, tie_key(5), "b", None)
     assert out_of_range("incr", entries)
-    below = [(-MAX_SCORE, tie_key(7), "a"), (-2, tie_key(5), "b")]
-    assert combine("incr", below) == (-MAX_SCORE, tie_key(7), "a")
+    below = [(-MAX_SCORE, tie_key(7), "a", None), (-2, tie_key(5), "b", None)]
+    assert combine("incr", below) == (-MAX_SCORE, tie_key(7), "a", None)
     assert out_of_range("incr", below)
-    exact = [(MAX_SCORE, tie_key(0), ""), (0, tie_key(5), "")]
-    assert combine("incr", exact) == (MAX_SCORE, tie_key(5), "")
+    exact = [(MAX_SCORE, tie_key(0), "", None), (0, tie_key(5), "", None)]
+    assert combine("incr", exact) == (MAX_SCORE, tie_key(5), "", None)
     assert not out_of_range("incr", exact)
 
 
@@ -234,3 +236,26 @@ def test_a_record_keeps_tie_score_and_metadata_with_bars_in_it() -> None:
     assert metadata_of(raw) == {"note": "a|b"}
     assert metadata_of(record(tie, 0)) is None
     assert metadata_of(None) is None
+    assert written_of(raw) is None
+
+
+@pytest.mark.parametrize("metadata", ["", '{"note":"a|b"}'])
+def test_a_set_record_keeps_its_latest_write_beside_its_reach_time(metadata: str) -> None:
+    tie = tie_key(5, sub_part(-3, "asc"))
+    raw = record(tie, 7, metadata, written=9)
+    assert raw == f"{tie}|7|{tie_key(9)}|{metadata}"
+    assert parse_record(raw) == (tie, 7, metadata)
+    assert metadata_of(raw) == (orjson.loads(metadata) if metadata else None)
+    assert written_of(raw) == 9
+    # Written when reached: the record is as one that keeps no latest write.
+    assert record(tie, 7, metadata, written=5) == record(tie, 7, metadata)
+
+
+def test_set_combines_to_the_region_written_last() -> None:
+    # eu reached 4 at 0 and set it again at 50, after na set 3 at 20: eu's entry, as it is.
+    eu = (4, tie_key(0), '{"r":"eu"}', 50)
+    na = (3, tie_key(20), '{"r":"na"}', None)
+    assert combine("set", [eu, na]) == eu
+    assert combine("set", [na, eu]) == eu
+    # A record that keeps no latest write was written when its score was reached.
+    assert combine("set", [(4, tie_key(0), "", None), na]) == na
