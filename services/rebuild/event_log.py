@@ -77,6 +77,8 @@ def page(board_id: str, after: After) -> Any:
             t.outbox_seq,
         )
         .where(t.board_id == board_id, later, after_deletion(t.accepted_at, board_id))
+        # Without a position, by id alone (both are NULL throughout): MariaDB then reads the
+        # index in its order rather than sorting what it found.
         .order_by(*((t.id,) if after.ms is None else (t.outbox_ms, t.outbox_seq, t.id)))
         .limit(PAGE)
     )
