@@ -96,6 +96,12 @@ score_events = _table(
     # the board's periods or schedule are by then. NULL for an event stored before migration
     # 0010, which the rebuild replays into the periods of the board's definition as it is.
     Column("periods", String(120), nullable=True),
+    # The event's entry id in its board's outbox stream (shared/events.py ``outbox_id``), as
+    # two numbers, since ids do not sort as text: the order the board's writes were applied in,
+    # which the rebuild replays (services/rebuild/event_log.py), whatever order the relays
+    # published them in. NULL for an event stored before migration 0012. (Migration 0012.)
+    Column("outbox_ms", BigInteger, nullable=True),
+    Column("outbox_seq", BigInteger, nullable=True),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
     # An event id belongs to its board and user (docs/api.md section 4): another user's event of
     # the same id is another event, and so is an event of a deleted board's successor.
@@ -103,6 +109,9 @@ score_events = _table(
     UniqueConstraint("board_id", "board_epoch", "user_id", "event_id"),
     # A user's events newest first, and the keyset cursor, are one range scan of this index.
     Index(None, "board_id", "user_id", "accepted_at", "id"),
+    # A board's events in the rebuild's order, one range scan a page: those without a position
+    # first (NULL sorts first), in id order, then by position.
+    Index(None, "board_id", "outbox_ms", "outbox_seq", "id"),
 )
 
 # A board definition as JSON text (MEDIUMTEXT: MariaDB's JSON is a LONGTEXT alias that alembic

@@ -37,11 +37,23 @@ SCHEMA_VERSION = 1
 USER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 EVENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 REGION_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+# A Redis stream entry id, <ms>-<seq>: each part an unsigned 64-bit number.
+OUTBOX_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
 
 UserId = Annotated[str, Field(pattern=USER_ID_PATTERN)]
 EventId = Annotated[str, Field(pattern=EVENT_ID_PATTERN)]
 Region = Annotated[str, Field(pattern=REGION_PATTERN)]
 TeamId = Annotated[str, Field(pattern=REGION_PATTERN)]
+
+
+def _stream_id(value: str) -> str:
+    # Each part must fit the event log's signed BIGINT; a stream id from Redis always does.
+    if any(int(part) >= 2**63 for part in value.split("-")):
+        raise ValueError("each part of a stream id must be under 2**63")
+    return value
+
+
+OutboxId = Annotated[str, Field(pattern=OUTBOX_ID_PATTERN), AfterValidator(_stream_id)]
 
 
 def _printable(value: str) -> str:
@@ -120,6 +132,11 @@ class ScoreAccepted(BaseModel):
     occurred_at: AwareDatetime
     accepted_at: AwareDatetime
     periods: dict[Period, PeriodResult]
+    # The event's entry id in its board's outbox stream, which the relay adds as it publishes:
+    # the stream orders a board's writes exactly as they were applied, whichever relay publishes
+    # them, and the event log keeps it so that a rebuild replays in that order. Absent from
+    # events published before it was added.
+    outbox_id: OutboxId | None = None
 
 
 class ScoreMessage(BaseModel):
@@ -187,6 +204,23 @@ def split_message(body: bytes) -> tuple[list[ScoreAccepted], list[EventRefusal]]
 def message_body(entries: list[str]) -> bytes:
     """A message body from outbox entries, each already a :class:`ScoreAccepted` JSON object."""
     return (f'{{"schema":{SCHEMA_VERSION},"events":[{",".join(entries)}]}}').encode()
+
+
+def with_outbox_id(entry_id: str, event: str) -> str:
+    """The outbox entry ``event`` (a :class:`ScoreAccepted` JSON object, as the write function
+    made it: ``{"event_id":...}``) with its stream id ``entry_id`` as ``outbox_id``, spliced in
+    at the front of its text rather than parsed and written again. Text that is no object is
+    left as it is: the consumers reject its message as they would have without the id."""
+    if not event.startswith("{") or event.startswith("{}"):
+        return event
+    return f'{{"outbox_id":"{entry_id}",{event[1:]}'
+
+
+def outbox_position(outbox_id: str) -> tuple[int, int]:
+    """The (milliseconds, sequence) of a stream entry id: ids compare by these as numbers, not
+    as text ("9-0" comes before "10-0")."""
+    ms, _, seq = outbox_id.partition("-")
+    return int(ms), int(seq)
 
 
 def rfc3339(moment: datetime) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history.snapshotter import changed_views
 from shared.consumer import Handler
 from shared.db import board_deletions, board_epoch_of, from_db_time, score_events, to_db_time
-from shared.events import ScoreAccepted, period_ids_text
+from shared.events import ScoreAccepted, outbox_position, period_ids_text
 from shared.keys import Keys
 
 log = structlog.get_logger(__name__)
@@ -50,6 +50,8 @@ COLUMNS = (
     "metadata",
     "board_epoch",
     "periods",
+    "outbox_ms",
+    "outbox_seq",
 )
 
 # One row's statement, run with the driver's executemany: asyncmy rewrites an INSERT ... VALUES
@@ -69,9 +71,12 @@ def _row(event: ScoreAccepted, epoch: int) -> tuple[Any, ...]:
 
     The metadata is stored as ``orjson.dumps`` writes it: the compact text the API made of the
     object and handed to the write function, which the rebuild hands it again (``SubmitEvent``).
-    The periods are those the write put the event in, which the rebuild replays it into.
+    The periods are those the write put the event in, which the rebuild replays it into; the
+    outbox position is where the write put it in the board's order, which the rebuild replays
+    it in (NULL for an event published without one, by a relay of the release before).
     """
     metadata = None if event.metadata is None else orjson.dumps(event.metadata).decode()
+    position = (None, None) if event.outbox_id is None else outbox_position(event.outbox_id)
     return (
         event.event_id,
         event.board_id,
@@ -87,6 +92,7 @@ def _row(event: ScoreAccepted, epoch: int) -> tuple[Any, ...]:
         epoch,
         # A board has a period at least: an event with none tells none (NULL, as before 0010).
         period_ids_text(event.periods) or None,
+        *position,
     )
 
 

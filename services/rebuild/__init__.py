@@ -10,15 +10,17 @@ every view dirty, so the aggregator merges the global views again through its ow
 regional view's distinct-score set (kept on demand by the aggregator) is dropped, and built
 again by the aggregator from the rebuilt view where the board is still read densely there.
 
-Each event is replayed, in the order the event log stored it, through ``ladder_replay_v10``:
+Each event is replayed, in the order its write was applied in (its position in the board's
+outbox stream, which the event log keeps), through ``ladder_replay_v10``:
 the very ``submit()`` of the write path, then the aggregator's derive step (feed, counts,
 regions, users' regions and teams), aimed at staging keys, leaving no idempotency answer and no
 outbox entry, into the periods its live write put it in (the event log keeps them; an event
 stored before it did goes into the board's periods as they are now, and a season of a former
 schedule is kept a day past its latest event: :func:`services.rebuild.staging.expire_former`).
-So the rebuilt sorted sets hold byte for byte what the writes made, as long as
-the log holds the events in the order they were applied (one relay a board; with several, events
-accepted within milliseconds of each other may be stored in another order: docs/reliability.md).
+So the rebuilt sorted sets hold byte for byte what the writes made, however many relays
+published the events and in whatever order history stored them. Events stored before the log
+kept positions (migration 0012) are replayed first, in the order they were stored: the order
+they were applied in where one relay published them (docs/reliability.md).
 
 Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuilder`):
 
@@ -31,8 +33,8 @@ Writes may go on meanwhile. Per board (:class:`services.rebuild.rebuilder.Rebuil
 2. Wait until MySQL holds those, and the aggregator has derived them: then both hold every
    event applied before the flag (the relay publishes, and history stores and the aggregator
    derives, in outbox order).
-3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of the primary
-   key (memory stays bounded by a page), replaying each onto staging
+3. Read the board's events in one consistent snapshot of MySQL, in keyset pages of their
+   outbox position (memory stays bounded by a page), replaying each onto staging
    (:mod:`services.rebuild.event_log`, :mod:`services.rebuild.staging`).
 4. In the same snapshot, look up which journaled events it held.
 5. ``ladder_rebuild_finish_v10``, one atomic step: replay the other journaled events onto staging,

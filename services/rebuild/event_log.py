@@ -3,10 +3,11 @@ of events it holds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import and_, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from shared.db import after_deletion, score_events
@@ -16,13 +17,48 @@ PAGE = 2000  # events a MySQL page, and replays a Redis round trip
 ID_CHUNK = 1000  # events an IN (...) lookup
 
 
-def page(board_id: str, after: int) -> Any:
-    """A page of the board's events after primary key ``after``, in the order the log stored
-    them: the order they were applied in, for the events one relay published (see
-    docs/reliability.md). Each row has every field of the event's ``SubmitEvent``, the subscore
+@dataclass(frozen=True, slots=True)
+class After:
+    """Where a page of :func:`page` starts: after the event of primary key ``id``, whose outbox
+    position was (``ms``, ``seq``), or none (``None``, ``None``: stored without one). The start
+    of a board's events is ``After()``; of those with a position, ``POSITIONED``."""
+
+    ms: int | None = None
+    seq: int | None = None
+    id: int = 0
+
+    @classmethod
+    def of(cls, row: Any) -> After:
+        """The cursor after ``row``, the last of a page."""
+        return cls(row.outbox_ms, row.outbox_seq, row.id)
+
+
+POSITIONED = After(-1, -1, 0)  # before every position: a stream id's parts are never negative
+
+
+def page(board_id: str, after: After) -> Any:
+    """A page of the board's events after ``after``, in the order the board's writes were
+    applied in: by their outbox position (the stream entry id the relay put in the event's
+    message, which history stores), whichever relay published them and whatever order history
+    stored them in. A cursor without a position pages only the events stored without one
+    (before migration 0012), in the order the log stored them: the order they were applied in,
+    for the events one relay published (see docs/reliability.md); :func:`pages` reads those
+    first. Either is one range scan of the index on (board_id, outbox_ms, outbox_seq, id), a
+    page, however far in. Each row has every field of the event's ``SubmitEvent``, the subscore
     and the metadata text included, and the periods its write put it in
     (:func:`services.rebuild.staging.replay_call`)."""
     t = score_events.c
+    if after.ms is None:
+        later: Any = and_(t.outbox_ms.is_(None), t.outbox_seq.is_(None), t.id > after.id)
+    else:
+        # (outbox_ms, outbox_seq, id) > after's, spelled out so that MySQL reads it as a range.
+        later = or_(
+            t.outbox_ms > after.ms,
+            and_(
+                t.outbox_ms == after.ms,
+                or_(t.outbox_seq > after.seq, and_(t.outbox_seq == after.seq, t.id > after.id)),
+            ),
+        )
     return (
         select(
             t.id,
@@ -37,11 +73,30 @@ def page(board_id: str, after: int) -> Any:
             t.subscore,
             t.metadata,
             t.periods,
+            t.outbox_ms,
+            t.outbox_seq,
         )
-        .where(t.board_id == board_id, t.id > after, after_deletion(t.accepted_at, board_id))
-        .order_by(t.id)
+        .where(t.board_id == board_id, later, after_deletion(t.accepted_at, board_id))
+        # Without a position, by id alone (both are NULL throughout): MariaDB then reads the
+        # index in its order rather than sorting what it found.
+        .order_by(*((t.id,) if after.ms is None else (t.outbox_ms, t.outbox_seq, t.id)))
         .limit(PAGE)
     )
+
+
+async def pages(conn: AsyncConnection, board_id: str) -> AsyncIterator[Sequence[Any]]:
+    """Every page of the board's events (:func:`page`) in replay order: those stored without an
+    outbox position first, then the others by position. A short page ends each part."""
+    after = After()
+    while True:
+        rows = (await conn.execute(page(board_id, after))).all()
+        if rows:
+            yield rows
+            after = After.of(rows[-1])
+        if len(rows) < PAGE:
+            if after.ms is not None:
+                return
+            after = POSITIONED
 
 
 async def held(conn: AsyncConnection, board_id: str, refs: Iterable[str]) -> set[str]:

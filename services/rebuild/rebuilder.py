@@ -14,7 +14,7 @@ import structlog
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.rebuild.event_log import held, page
+from services.rebuild.event_log import held, pages
 from services.rebuild.finish import finish, mark_dirty
 from services.rebuild.flag import FLAG_TTL_MS, BoardFlag, FlagLost, ensure_outbox_group
 from services.rebuild.keyspace import Existing, dense_builds, existing, region_views
@@ -266,15 +266,10 @@ class Rebuilder:
             # Every page below, and the journal lookup after them, read this one snapshot.
             await conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             await self._stage_hidden(conn, bid, staged)
-            after = 0
-            while True:
-                rows = (await conn.execute(page(bid, after))).all()
-                if not rows:
-                    break
-                after = rows[-1].id
+            async for page in pages(conn, bid):
                 # An erased user's events that history stored after the erasure deleted them
                 # (in flight then) are not replayed: the tombstone's cut-off says whose they are.
-                rows = await self._unerased(conn, rows)
+                rows = await self._unerased(conn, page)
                 refused += await self._replay(board, rows, staged)
                 events += len(rows)
                 await flag.extend()

@@ -48,7 +48,7 @@ from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, Board
 from shared.db import open_engine
 from shared.db_boards import SnapshotRow, save_snapshots
-from shared.events import ScoreAccepted, ScoreMessage, message_body
+from shared.events import ScoreAccepted, ScoreMessage, message_body, with_outbox_id
 from shared.keys import Keys, dirty_member
 from shared.periods import CALENDAR_PERIODS, window_at
 from shared.settings import LadderSettings
@@ -439,8 +439,8 @@ def _each_accepted_event_reads_as_the_consumers_read_it(settings: LadderSettings
     with SyncRedis.from_url(settings.redis_url, decode_responses=True) as redis:
         for board in BOARDS:
             bodies += [
-                message_body([fields["e"]])
-                for _, fields in redis.xrange(keys.outbox(board.board_id))
+                message_body([with_outbox_id(entry_id, fields["e"])])
+                for entry_id, fields in redis.xrange(keys.outbox(board.board_id))
             ]
     assert bodies, "the run accepted no event"
     for body in bodies:

@@ -8,12 +8,20 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
+import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler
 from shared.db import score_events, user_events
-from shared.events import ScoreAccepted, parse_period_ids
+from shared.events import (
+    ScoreAccepted,
+    ScoreMessage,
+    message_body,
+    parse_period_ids,
+    with_outbox_id,
+)
 from shared.ranking import MAX_SCORE
 from tests.helpers import T0, accepted_event
 
@@ -128,3 +136,43 @@ async def test_the_periods_each_event_was_written_to_are_stored(db: AsyncEngine)
         ("alltime", "all"),
         ("season", "2026-11-27T18:00"),
     ]
+
+
+async def test_the_outbox_position_of_each_event_is_stored_from_its_message(
+    db: AsyncEngine,
+) -> None:
+    """A message as the relay makes it, each outbox entry's text with its stream id spliced in:
+    history stores the id's two numbers, which the rebuild replays the board's events by. An
+    event published without one (by a relay of the release before) stores NULL in both."""
+    entries = [wide(f"e-{i}", None, None).model_dump_json(exclude={"outbox_id"}) for i in (1, 2, 3)]
+    body = message_body(
+        [
+            with_outbox_id("1764435600123-11", entries[0]),
+            with_outbox_id("1764435600999-0", entries[1]),
+            entries[2],
+        ]
+    )
+    events = ScoreMessage.model_validate_json(body).events
+    assert [e.outbox_id for e in events] == ["1764435600123-11", "1764435600999-0", None]
+
+    await HistoryHandler(db)(events)
+
+    t = score_events.c
+    async with db.connect() as conn:
+        rows = await conn.execute(select(t.event_id, t.outbox_ms, t.outbox_seq).order_by(t.id))
+        assert [tuple(row) for row in rows] == [
+            ("e-1", 1764435600123, 11),
+            ("e-2", 1764435600999, 0),
+            ("e-3", None, None),
+        ]
+
+
+@pytest.mark.parametrize(
+    "outbox_id", ["1764435600123", "1764435600123-", "a-1", "-1", "1-2-3", "9223372036854775808-0"]
+)
+def test_an_outbox_id_that_is_no_stream_id_is_refused(outbox_id: str) -> None:
+    """Not ``<ms>-<seq>``, or a part beyond the event log's BIGINT: the message is refused (the
+    consumers dead-letter it as poison) rather than stored out of order."""
+    text = with_outbox_id(outbox_id, wide("e-1", None, None).model_dump_json(exclude={"outbox_id"}))
+    with pytest.raises(ValidationError, match="outbox_id"):
+        ScoreAccepted.model_validate_json(text)

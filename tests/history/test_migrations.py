@@ -16,7 +16,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from services.history.handlers import COLUMNS, HistoryHandler, _row
@@ -169,15 +169,21 @@ async def test_friend_requests_downgrade_and_upgrade_keeping_the_friendships(
     assert (pending, kept) == (0, 2)
 
 
-async def store_before_0008(engine: AsyncEngine, events: list[ScoreAccepted]) -> None:
-    """Events as the history service stored them between 0003 and 0008: no board_epoch."""
-    columns = COLUMNS[: COLUMNS.index("board_epoch")]
+async def store_before(conn: AsyncConnection, column: str, events: list[ScoreAccepted]) -> None:
+    """Events as the history service stored them before ``column`` was added: the columns
+    of COLUMNS before it."""
+    columns = COLUMNS[: COLUMNS.index(column)]
     statement = (
         f"INSERT INTO score_events ({', '.join(columns)}) "
         f"VALUES ({', '.join(['%s'] * len(columns))})"
     )
+    await conn.exec_driver_sql(statement, [_row(e, 0)[: len(columns)] for e in events])
+
+
+async def store_before_0008(engine: AsyncEngine, events: list[ScoreAccepted]) -> None:
+    """Events as the history service stored them between 0003 and 0008: no board_epoch."""
     async with engine.begin() as conn:
-        await conn.exec_driver_sql(statement, [_row(e, 0)[: len(columns)] for e in events])
+        await store_before(conn, "board_epoch", events)
 
 
 def _unique_keys(connection: Connection) -> list[list[str]]:
@@ -333,11 +339,7 @@ async def test_0010_keeps_each_event_s_periods_and_goes_back_keeping_the_events(
     await alembic_to(url, "downgrade", "0009")
     async with db.begin() as conn:
         assert "periods" not in await conn.run_sync(_columns)
-        await conn.exec_driver_sql(
-            f"INSERT INTO score_events ({', '.join(COLUMNS[:-1])}) "
-            f"VALUES ({', '.join(['%s'] * (len(COLUMNS) - 1))})",
-            [_row(accepted_event("e-old"), 0)[:-1]],
-        )
+        await store_before(conn, "periods", [accepted_event("e-old")])
 
     await migrate(url)
     await check_schema(db)
@@ -361,6 +363,47 @@ async def test_0011_adds_the_previous_cut_off_and_goes_back(db: AsyncEngine) -> 
     async with db.connect() as conn:
         found = await conn.run_sync(lambda c: inspect(c).get_columns("board_deletions"))
         assert "previous_cutoff" not in [column["name"] for column in found]
+    await migrate(url)
+    await check_schema(db)
+
+
+def _indexes(connection: Connection) -> list[list[str | None]]:
+    return [i["column_names"] for i in inspect(connection).get_indexes("score_events")]
+
+
+async def test_0012_keeps_each_event_s_outbox_position_and_goes_back_keeping_the_events(
+    db: AsyncEngine,
+) -> None:
+    """An event stored at 0011 reads NULL positions after the upgrade (the rebuild replays such
+    events first, in id order); one stored after keeps its position, and the index the rebuild
+    pages by is there; the way back drops both columns and the index, every event stays."""
+    url = db.url.render_as_string(hide_password=False)
+    order = ["board_id", "outbox_ms", "outbox_seq", "id"]
+    await alembic_to(url, "downgrade", "0011")
+    async with db.begin() as conn:
+        assert "outbox_ms" not in await conn.run_sync(_columns)
+        await store_before(conn, "outbox_ms", [accepted_event("e-old")])
+
+    await migrate(url)
+    await check_schema(db)
+    positioned = accepted_event("e-new", accepted_at=T0 + timedelta(seconds=5))
+    await HistoryHandler(db)([positioned.model_copy(update={"outbox_id": "1764435600123-4"})])
+    async with db.connect() as conn:
+        assert order in await conn.run_sync(_indexes)
+        rows = await conn.execute(
+            text("SELECT event_id, outbox_ms, outbox_seq FROM score_events ORDER BY id")
+        )
+        assert [tuple(row) for row in rows] == [
+            ("e-old", None, None),
+            ("e-new", 1764435600123, 4),
+        ]
+
+    await alembic_to(url, "downgrade", "0011")
+    async with db.connect() as conn:
+        columns = await conn.run_sync(_columns)
+        assert "outbox_ms" not in columns and "outbox_seq" not in columns
+        assert order not in await conn.run_sync(_indexes)
+        assert (await conn.execute(text("SELECT COUNT(*) FROM score_events"))).scalar() == 2
     await migrate(url)
     await check_schema(db)
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.handlers import HistoryHandler
-from services.rebuild.event_log import page
+from services.rebuild.event_log import After, page
 from services.rebuild.rebuilder import Rebuilder
 from services.rebuild.staging import replay_call
 from shared.boards import Board, BoardCatalog
@@ -159,7 +159,7 @@ async def test_a_replay_of_a_stored_event_makes_the_live_writes_call(
     replayed = {}
     async with db.connect() as conn:
         for board in BOARDS:
-            for row in (await conn.execute(page(board.board_id, 0))).all():
+            for row in (await conn.execute(page(board.board_id, After()))).all():
                 replayed[row.event_id] = replay_call(keys, settings, board, row)
 
     assert replayed == live

@@ -134,14 +134,14 @@ async def test_the_score_relay_goes_on_relaying_a_board_made_again_and_the_other
             await redis.xadd(keys.outbox(board_id), {"e": event(board_id, 1)})
         await taken(tap, 2)
         await redis.unlink(keys.outbox("cup"))
-        for board_id in BOARDS:
-            await redis.xadd(keys.outbox(board_id), {"e": event(board_id, 2)})
+        ids = [await redis.xadd(keys.outbox(b), {"e": event(b, 2)}) for b in BOARDS]
 
         bodies = await taken(tap, 2)
         events = [e for body in bodies for e in orjson.loads(body)["events"]]
+        # Each event with its entry's id, which the event log orders the board's events by.
         assert sorted(events, key=lambda e: e["board_id"]) == [
-            {"board_id": "cup", "n": 2},
-            {"board_id": "main", "n": 2},
+            {"outbox_id": ids[0], "board_id": "cup", "n": 2},
+            {"outbox_id": ids[1], "board_id": "main", "n": 2},
         ]
         for board_id in BOARDS:
             assert await redis.xlen(keys.outbox(board_id)) == 0

@@ -3,9 +3,11 @@
 Each board's outbox is a Redis stream read through the consumer group ``relay``; every API
 process (every worker) is one consumer of it, so each entry goes to one of them. A read takes up
 to ``IN_FLIGHT`` batches of ``LADDER_RELAY_BATCH`` entries; each batch becomes one persistent
-message (see :mod:`shared.events`), all of them published at once with their publisher confirms
-awaited together; only once the broker has confirmed every one are the entries acknowledged and
-deleted, in one round trip. Under load the outbox fills between two reads and the messages fill
+message (see :mod:`shared.events`), each event in it carrying its entry id as ``outbox_id`` (the
+order of the board's writes, which the event log keeps for a rebuild, whichever of the relays
+publishes it), all of them published at once with their publisher confirms awaited together;
+only once the broker has confirmed every one are the entries acknowledged and deleted, in one
+round trip. Under load the outbox fills between two reads and the messages fill
 up: the broker, which tops out at a few thousand persistent messages a second to the three
 quorum queues, sees a few hundred events in each.
 
@@ -45,7 +47,7 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 
 from shared.boards import BoardCatalog
-from shared.events import message_body
+from shared.events import message_body, with_outbox_id
 from shared.keys import OUTBOX_GROUP, Keys
 from shared.relaying import Entry, RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
@@ -327,7 +329,7 @@ class Relay(StreamRelay):
     ) -> PublishError | None:
         """One message of ``batch``, confirmed: ``None``, or the return if no queue took it."""
         message = aio_pika.Message(
-            message_body([fields["e"] for _, fields in batch]),
+            message_body([with_outbox_id(entry_id, fields["e"]) for entry_id, fields in batch]),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=f"{board_id}:{batch[0][0]}:{batch[-1][0]}",
