@@ -9,7 +9,8 @@ MVP views, so that the aggregator pushes the new tops and MVPs and history snaps
 as they now are.
 
 MySQL's ``hidden_users`` is the truth (the API writes it first); the rebuild fills the Redis set
-from it.
+from it, and the API's start (:func:`restore`) puts back in it whoever a Redis that lost its data
+no longer names.
 """
 
 from __future__ import annotations
@@ -120,3 +121,32 @@ async def stored(conn: AsyncConnection, board_id: str) -> list[str]:
     t = hidden_table
     rows = await conn.execute(select(t.c.user_id).where(t.c.board_id == board_id))
     return sorted(row.user_id for row in rows)
+
+
+async def restore(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
+    """Hide again, in Redis, every user MySQL holds hidden whom its board's Redis set lacks (a
+    Redis that lost its data, or a hide whose Redis step failed): the set, then :func:`move`, as
+    the hide does. Boards under a rebuild are left to it (it stages the set from MySQL). Only
+    adds: a user the set names and MySQL does not is a show under way, which its own route
+    finishes. Returns how many users were hidden again."""
+    t = hidden_table
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(t.c.board_id, t.c.user_id))).all()
+    by_board: dict[str, set[str]] = {}
+    for row in rows:
+        by_board.setdefault(row.board_id, set()).add(row.user_id)
+    restored = 0
+    for board_id, users in sorted(by_board.items()):
+        if await redis.exists(keys.rebuilding(board_id)):
+            continue
+        missing = users - await hidden_users(redis, keys, board_id)
+        if not missing:
+            continue
+        # Asked again just before: a show stored since the first read is not undone.
+        async with engine.connect() as conn:
+            missing &= set(await stored(conn, board_id))
+        for user_id in sorted(missing):
+            await redis.sadd(keys.hidden(board_id), user_id)
+            await move(redis, keys, board_id, user_id, show=False)
+            restored += 1
+    return restored

@@ -1,4 +1,4 @@
-"""Redis brought back to the history database: board definitions and friendships.
+"""Redis brought back to the history database: board definitions, friendships and hidden users.
 
 Redis may keep nothing across a restart; MySQL keeps both for good. The API restores them as it
 starts (:meth:`Restorer.attempt`) and, should MySQL be away then, keeps trying in the background
@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from shared import hidden
 from shared.boards import BoardCatalog
 from shared.db_boards import LockTimeout
 from shared.erasure import restore_projections
@@ -50,11 +51,13 @@ class Restorer:
         self.done = False
 
     async def restore(self) -> None:
-        """Write every stored definition over Redis and make the friend sets what MySQL holds;
-        store board ``main`` in MySQL first if it is not there yet."""
+        """Write every stored definition over Redis, make the friend sets what MySQL holds and
+        hide again whom a Redis that lost its data no longer hides; store board ``main`` in
+        MySQL first if it is not there yet."""
         stored = await restore_definitions(self._engine, self._catalog)
         await restore_projections(self._engine, self._redis, self._keys)
         friends = await reconcile_friendships(self._engine, self._redis, self._keys)
+        rehidden = await hidden.restore(self._engine, self._redis, self._keys)
         self.done = True
         log.info(
             "restored from the history database",
@@ -62,6 +65,7 @@ class Restorer:
             friend_sets=friends.users,
             added=friends.added,
             removed=friends.removed,
+            hidden_again=rehidden,
         )
 
     async def attempt(self) -> bool:

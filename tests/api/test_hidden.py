@@ -413,3 +413,23 @@ async def test_a_write_made_while_a_show_puts_members_back_is_answered(
             client, "/v1/boards/bb/leaderboard", scope="region:eu", rank_style="dense"
         )
         assert [(e["user_id"], e["rank"]) for e in page["entries"]] == [("u-a", 1), ("u-b", 2)]
+
+
+async def test_a_redis_that_lost_its_data_hides_the_user_again_at_the_apis_start(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """MySQL keeps who is hidden: an API that starts on a Redis that lost its data hides them
+    again before a write of theirs shows them (security: a lost Redis is no way back in)."""
+    async with api_client(quiet) as client:
+        assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+    lost = [key async for key in redis.scan_iter(match=f"*{keys.prefix}*")]
+    assert keys.hidden("main") in lost
+    await redis.delete(*lost)
+    async with api_client(quiet) as client:
+        assert await redis.smembers(keys.hidden("main")) == {"u-a"}
+        await post_score(client, "u-b", "eu", "red", 10)
+        await post_score(client, "u-a", "eu", "red", 50)
+        page = await get_ok(client, LEADERBOARD, scope="region:eu", period="alltime")
+        assert [e["user_id"] for e in page["entries"]] == ["u-b"]
+        mine = await client.get("/v1/boards/main/users/u-a", params={"scope": "region:eu"})
+        assert_problem(mine, 404)
