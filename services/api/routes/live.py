@@ -84,7 +84,8 @@ class MvpOut(BaseModel):
         "server clock (one stamped up to 5 s ahead counts at once). An event accepted more "
         "than 5 s after its `occurred_at` counts toward its periods but not here. Ties: more "
         "events, then the smaller user id. The view is the one the aggregator computed on its "
-        "last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
+        "last tick (every `LADDER_MERGE_INTERVAL`), less any user hidden on the board since, the "
+        "others' ranks closed up (a top of 10 lists 9 until the next tick). " + HOT_PUSH
     ),
 )
 async def hot(
