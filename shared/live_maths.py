@@ -92,6 +92,16 @@ def hot_current(board_id: str, window: int, stored: Any, quiet: Any) -> dict[str
     return view
 
 
+def without_hidden(entries: list[dict[str, Any]], hidden: set[str]) -> list[dict[str, Any]]:
+    """A stored view's entries (hot or MVP) but those of ``hidden`` users, ranked again from 1 in
+    the order they keep: what the aggregator's next computation, which leaves hidden users out,
+    lists, but for the users it takes in after the last (a top of 10 has 9 until then). Both
+    views rank their entries one after another, without shared ranks, so closing up is
+    numbering them again."""
+    kept = [entry for entry in entries if entry["user_id"] not in hidden]
+    return [{**entry, "rank": rank} for rank, entry in enumerate(kept, start=1)]
+
+
 def hot_entries(top: list[str]) -> list[dict[str, Any]]:
     """The hot view's entries from the top of a window's ranking (shared/lua/live.lua's
     ``hot_top``: member, score, ...; a member is its user's count as 12 digits, then ``|`` and

@@ -9,6 +9,8 @@ brings it all back."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import websockets
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -29,14 +32,15 @@ from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.db import open_engine
 from shared.events import ScoreAccepted
 from shared.keys import Keys
-from shared.settings import LadderSettings
+from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, get_ok, rfc
-from tests.helpers import ADMIN, SERVER, api_client, derive, player
+from tests.helpers import ADMIN, SERVER, api_client, derive, player, serve
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
 FEED_LENGTH: int = LadderSettings.model_fields["feed_length"].default
 HIDDEN = "/v1/boards/main/users/{}/hidden"
+HOT, MVPS = "/v1/boards/main/hot", "/v1/boards/main/mvps"
 # (user, region, team, value): u-a leads, in eu, for team red.
 SCORES = [
     ("u-a", "eu", "red", 50),
@@ -433,3 +437,77 @@ async def test_a_redis_that_lost_its_data_hides_the_user_again_at_the_apis_start
         assert [e["user_id"] for e in page["entries"]] == ["u-b"]
         mine = await client.get("/v1/boards/main/users/u-a", params={"scope": "region:eu"})
         assert_problem(mine, 404)
+
+
+def ranked(entries: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(e["rank"], e["user_id"]) for e in entries]
+
+
+async def test_the_hot_view_leaves_a_hidden_user_out_from_the_hide_on_not_from_the_next_tick(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """The hot view the aggregator stored before a hide is read without the user, the others'
+    ranks closed up as the aggregator's next tick stores them; a show puts it back at that
+    tick."""
+    aggregator = Aggregator(redis, keys, db)
+    async with api_client(quiet) as client:
+        for user, value in (("u-a", 50), ("u-b", 10), ("u-c", 5)):
+            await post_score(client, user, "eu", "red", value)
+        await aggregator.run()
+        before = await get_ok(client, HOT, window=60)
+        assert ranked(before["entries"]) == [(1, "u-a"), (2, "u-b"), (3, "u-c")]
+        assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+        for window in (10, 60):
+            at_once = await get_ok(client, HOT, window=window)
+            assert ranked(at_once["entries"]) == [(1, "u-b"), (2, "u-c")], window
+        await aggregator.run()
+        ticked = await get_ok(client, HOT, window=60)
+        assert ticked["entries"] == at_once["entries"]
+        assert (await client.delete(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        shown = await get_ok(client, HOT, window=60)
+        assert shown["entries"] == before["entries"]
+
+
+async def until_pong(ws: websockets.ClientConnection) -> list[dict[str, Any]]:
+    """What the socket is sent before the answer to a ping sent now."""
+    await ws.send(json.dumps({"op": "ping"}))
+    seen = []
+    async with asyncio.timeout(5):
+        while (message := json.loads(await ws.recv()))["type"] != "pong":
+            seen.append(message)
+    return seen
+
+
+async def test_a_new_subscriber_of_the_live_views_is_sent_them_without_a_hidden_user(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """The first message of a subscription to the MVP or hot topic, sent between a hide and the
+    aggregator's next tick, leaves the user out as the reads do, and holds what that tick then
+    pushes."""
+    aggregator = Aggregator(redis, keys, db)
+    async with serve(quiet) as url, websockets.connect(f"{url}?token={DEV_SERVER_KEY}") as ws:
+        api = url.replace("ws://", "http://").removesuffix("/v1/ws")
+        async with httpx.AsyncClient(base_url=api) as client:
+            for user, region, team, value in SCORES:
+                await post_score(client, user, region, team, value)
+            await aggregator.run()
+            assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+            mvps = await get_ok(client, MVPS, period="alltime")
+            hot = await get_ok(client, HOT, window=60)
+            sent: dict[str, dict[str, Any]] = {}
+            for topic in ("leaderboard:main:mvps:alltime", "leaderboard:main:hot:60"):
+                await ws.send(json.dumps({"op": "subscribe", "topic": topic}))
+                [sent[topic]] = await until_pong(ws)
+            await aggregator.run()
+            pushed: dict[str, Any] = {}
+            async with asyncio.timeout(5):
+                while len(pushed) < 2:
+                    message = json.loads(await ws.recv())
+                    pushed[message["view"]] = message["entries"]
+    first_mvps = sent["leaderboard:main:mvps:alltime"]["entries"]
+    assert ranked(first_mvps) == [(1, "u-c"), (2, "u-b"), (3, "u-d")]
+    assert first_mvps == mvps["entries"] == pushed["mvps"]
+    first_hot = sent["leaderboard:main:hot:60"]["entries"]
+    assert ranked(first_hot) == [(1, "u-b"), (2, "u-c"), (3, "u-d")]
+    assert first_hot == hot["entries"] == pushed["hot"]

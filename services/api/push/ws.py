@@ -39,7 +39,7 @@ from starlette.websockets import WebSocketState
 from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
 from services.api.errors import Problem, Unauthorized, Unavailable, problem_response
 from services.api.push.admission import TooManySockets
-from services.api.reads.hot import current_hot
+from services.api.reads.live import current_hot, current_mvps
 from services.api.state import STARTING, ApiState
 from shared.boards import BOARD_ID_PATTERN, Board
 from shared.events import REGION_PATTERN, USER_ID_PATTERN
@@ -142,14 +142,14 @@ class Client:
         return board
 
     async def current_view(self, topic: str) -> str | None:
-        """A live view's current state, sent to a new subscriber (None: none, or no live topic).
-        A hot view is the one the API's read answers (services/api/reads/hot.py)."""
+        """A live view's current state, sent to a new subscriber (None: none, or no live topic):
+        the view the aggregator stored, without the users hidden on the board since, as the
+        API's reads answer (services/api/reads/live.py)."""
         if (m := _LIVE_TOPIC.fullmatch(topic)) is None:
             return None
         redis, keys = self.state.redis, self.state.keys
         if m["window"] is None:
-            stored: Any = await redis.get(keys.mvp_view(m["board"], m["period"]))
-            return None if stored is None else str(stored)
+            return await current_mvps(redis, keys, m["board"], m["period"])
         view = await current_hot(redis, keys, m["board"], int(m["window"]))
         return None if view is None else orjson.dumps(view).decode()
 

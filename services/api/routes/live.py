@@ -2,7 +2,7 @@
 
 The hot view is the one the aggregator computed on its last tick (``as_of`` says when; an empty
 view is not computed again until its board has an event, and is as of the aggregator's last
-pass: services/api/reads/hot.py); the MVP
+pass; a user hidden since is left out of it: services/api/reads/live.py); the MVP
 view is computed at the read from the teams board and the aggregator's member contributions, so
 that any retained period can be read. The rules of both are in :mod:`shared.live_maths`.
 """
@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from services.api.errors import Invalid, problems
 from services.api.reads import views
-from services.api.reads.hot import current_hot
+from services.api.reads.live import current_hot
 from services.api.routes.params import IN_DIGITS, PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from services.api.strict_json import StrictJsonRoute
@@ -84,7 +84,8 @@ class MvpOut(BaseModel):
         "server clock (one stamped up to 5 s ahead counts at once). An event accepted more "
         "than 5 s after its `occurred_at` counts toward its periods but not here. Ties: more "
         "events, then the smaller user id. The view is the one the aggregator computed on its "
-        "last tick (every `LADDER_MERGE_INTERVAL`). " + HOT_PUSH
+        "last tick (every `LADDER_MERGE_INTERVAL`), less any user hidden on the board since, the "
+        "others' ranks closed up (a top of 10 lists 9 until the next tick). " + HOT_PUSH
     ),
 )
 async def hot(
