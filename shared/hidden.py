@@ -128,7 +128,10 @@ async def restore(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
     Redis that lost its data, or a hide whose Redis step failed): the set, then :func:`move`, as
     the hide does. Boards under a rebuild are left to it (it stages the set from MySQL). Only
     adds: a user the set names and MySQL does not is a show under way, which its own route
-    finishes. Returns how many users were hidden again."""
+    finishes; and MySQL is read again after the adds, so that a show stored meanwhile (its
+    row deleted, then its user taken out of the set) is not undone: whichever comes second,
+    the show's ``SREM`` or this check, shows the user. Returns how many users were hidden
+    again."""
     t = hidden_table
     async with engine.connect() as conn:
         rows = (await conn.execute(select(t.c.board_id, t.c.user_id))).all()
@@ -142,11 +145,13 @@ async def restore(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
         missing = users - await hidden_users(redis, keys, board_id)
         if not missing:
             continue
-        # Asked again just before: a show stored since the first read is not undone.
-        async with engine.connect() as conn:
-            missing &= set(await stored(conn, board_id))
         for user_id in sorted(missing):
             await redis.sadd(keys.hidden(board_id), user_id)
             await move(redis, keys, board_id, user_id, show=False)
-            restored += 1
+        async with engine.connect() as conn:
+            shown = missing - set(await stored(conn, board_id))
+        for user_id in sorted(shown):
+            await redis.srem(keys.hidden(board_id), user_id)
+            await move(redis, keys, board_id, user_id, show=True)
+        restored += len(missing - shown)
     return restored

@@ -511,3 +511,33 @@ async def test_a_new_subscriber_of_the_live_views_is_sent_them_without_a_hidden_
     first_hot = sent["leaderboard:main:hot:60"]["entries"]
     assert ranked(first_hot) == [(1, "u-b"), (2, "u-c"), (3, "u-d")]
     assert first_hot == hot["entries"] == pushed["hot"]
+
+
+async def test_a_show_stored_while_the_start_hides_again_is_not_undone(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine, monkeypatch: Any
+) -> None:
+    """Another API process shows the user while this one's start puts it back in the set: the
+    start reads MySQL again after its adds, so the show stands."""
+    async with api_client(quiet) as client:
+        await post_score(client, "u-a", "eu", "red", 50)
+        await post_score(client, "u-b", "eu", "red", 10)
+        assert (await client.put(HIDDEN.format("u-a"), headers=ADMIN)).status_code == 204
+        await redis.delete(keys.hidden("main"))  # the set lost
+        move = hidden.move
+        shown: list[httpx.Response] = []
+        calls: list[bool] = []
+
+        async def move_then_show(*args: Any, **kwargs: Any) -> int:
+            moved = await move(*args, **kwargs)
+            if not calls:  # the show lands between the start's hide and its check
+                calls.append(True)
+                shown.append(await client.delete(HIDDEN.format("u-a"), headers=ADMIN))
+            return moved
+
+        monkeypatch.setattr(hidden, "move", move_then_show)
+        assert await hidden.restore(db, redis, keys) == 0
+        monkeypatch.undo()
+        assert shown[0].status_code == 204
+        page = await get_ok(client, LEADERBOARD, scope="region:eu", period="alltime")
+        assert [e["user_id"] for e in page["entries"]] == ["u-a", "u-b"]
+        assert await redis.smembers(keys.hidden("main")) == set()
