@@ -31,6 +31,7 @@ from shared.boards import Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
 from shared.periods import retention_error, window_at, windows_before
+from shared.season_keys import raise_expiry
 
 router = APIRouter(prefix="/v1/boards", tags=["boards"], route_class=StrictJsonRoute)
 
@@ -138,7 +139,9 @@ async def put_board(
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
     scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422). A
     retention that reaches outside years 1 to 9999, or lets a period expire before its close
-    (the allowed lateness and a merge interval after its end, and a minute more), is 422."""
+    (the allowed lateness and a merge interval after its end, and a minute more), is 422. A
+    changed schedule keeps the keys its seasons share with the old one's (those starting at the
+    same minute) as long as it keeps its own seasons."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")
@@ -164,6 +167,11 @@ async def put_board(
             await state.catalog.put(board)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
+    if previous is not None and previous.schedule != board.schedule:
+        # A new season that starts at the same minute as one of the old schedule writes into
+        # that season's keys: they must be kept as long as the new one (shared/season_keys.py).
+        ahead = state.settings.future_tolerance_seconds
+        await raise_expiry(state.redis, state.keys, board, datetime.now(UTC), ahead)
     if previous is None:
         response.status_code = 201
         response.headers["Location"] = f"/v1/boards/{board_id}"
