@@ -186,6 +186,10 @@ MAIN_BOARD = Board(board_id=MAIN_BOARD_ID)
 BOARD_CACHE_SIZE = 10_000
 """The most board definitions a :class:`BoardCatalog` remembers."""
 
+DEFINITION_TTL = 5.0
+"""Seconds a :class:`BoardCatalog` keeps a definition it read: a changed definition reaches every
+process within that time."""
+
 
 class BoardCatalog:
     """Reads board definitions from Redis, caching each one found for a few seconds.
@@ -197,7 +201,11 @@ class BoardCatalog:
     """
 
     def __init__(
-        self, redis: Redis, keys: Keys, ttl: float = 5.0, maxsize: int = BOARD_CACHE_SIZE
+        self,
+        redis: Redis,
+        keys: Keys,
+        ttl: float = DEFINITION_TTL,
+        maxsize: int = BOARD_CACHE_SIZE,
     ) -> None:
         self._redis = redis
         self._keys = keys

@@ -1,6 +1,5 @@
-"""The whole Redis key layout of Ladder, in one place.
-
-No other module builds a Redis key or a Pub/Sub channel name.
+"""The whole Redis key layout of Ladder, in one place: no other module builds a Redis key or a
+Pub/Sub channel name.
 
 Every key of a board carries the hash tag ``{<prefix>:<board_id>}``, so that every multi-key
 operation Ladder makes (the atomic write, the global merge, a relay read) touches one hash slot
@@ -304,9 +303,10 @@ class Keys:
         """``P:deleted-boards`` (hash): board_id -> cut-off (ms); its events up to it are gone."""
         return f"{self.prefix}:deleted-boards"
 
-    def board_match(self, board_id: str) -> str:
-        """A ``SCAN`` pattern of every key of a board (board ids hold no glob characters)."""
-        return f"{self.tag(board_id)}:*"
+    def board_match(self, board_id: str, within: str = "*") -> str:
+        """A ``SCAN`` pattern of every key of a board (board ids hold no glob characters), or of
+        those whose name after the hash tag ``within`` matches (``*:season:*``: seasons')."""
+        return f"{self.tag(board_id)}:{within}"
 
     def idempotency_match(self, user_id: str) -> str:
         """A ``SCAN`` pattern of the event records naming ``user_id`` on every board (no glob

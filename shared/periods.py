@@ -50,6 +50,11 @@ class PeriodIdError(ValueError):
     """A period id that does not name a period."""
 
 
+class PeriodOutOfCalendar(PeriodIdError):
+    """An id of a period that begins or ends outside the calendar (years 1 to 9999, in UTC):
+    ``9999-12-31``, ``0001-01-01`` east of UTC. Reads answer it as a period not kept (404)."""
+
+
 class PeriodRangeError(PeriodIdError):
     """A walk over periods that leaves the calendar (years 1 to 9999): a retention of yearly
     seasons in the thousands, say."""
@@ -167,6 +172,12 @@ def _season_bounds(schedule: str, moment: datetime, tz: ZoneInfo) -> tuple[datet
     return start.astimezone(UTC), end.astimezone(UTC)
 
 
+def _season_id(local: datetime) -> str:
+    """A season's id, from its start in local time: the year in four digits, which ``%Y`` does
+    not give before the year 1000."""
+    return f"{local.year:04d}{local.strftime(SEASON_ID_FORMAT[2:])}"
+
+
 def _season(schedule: str | None) -> str:
     if schedule is None:
         raise PeriodIdError("season is a period of boards with a schedule only")
@@ -182,7 +193,7 @@ def window_at(
     if period == "season":
         tz = ZoneInfo(timezone)
         start, end = _season_bounds(_season(schedule), moment, tz)
-        return PeriodWindow(period, start.astimezone(tz).strftime(SEASON_ID_FORMAT), start, end)
+        return PeriodWindow(period, _season_id(start.astimezone(tz)), start, end)
     if period == "alltime":
         return PeriodWindow(period, ALLTIME_ID, ALLTIME_EPOCH, None)
     tz = ZoneInfo(timezone)
@@ -219,8 +230,8 @@ def window_of(
     try:
         start = _local_midnight(first, tz)
         end = _local_midnight(_next_first_day(period, first), tz)
-    except OverflowError as exc:  # begins or ends outside years 1 to 9999 (in UTC)
-        raise PeriodIdError(f"{period_id!r} is out of range") from exc
+    except OverflowError as exc:
+        raise PeriodOutOfCalendar(f"{period_id!r} begins or ends outside years 1 to 9999") from exc
     return PeriodWindow(period, period_id, start, end)
 
 
@@ -229,15 +240,32 @@ def _season_of(period_id: str, timezone: str, schedule: str) -> PeriodWindow:
     tz = ZoneInfo(timezone)
     try:
         local = datetime.strptime(period_id, SEASON_ID_FORMAT).replace(tzinfo=tz)
-        start = local.astimezone(UTC)
-        window = window_at("season", start, timezone, schedule)
-    except (ValueError, OverflowError) as exc:
+    except ValueError as exc:
         raise PeriodIdError(f"{period_id!r} is not a season id") from exc
-    except Exception as exc:  # croniter's: no firing within its search
-        raise PeriodIdError(f"{period_id!r} is out of range") from exc
+    try:
+        window = window_at("season", local.astimezone(UTC), timezone, schedule)
+    except Exception as exc:  # the calendar's ends, or croniter's: no firing within its search
+        if _starts_a_season(local, timezone, schedule):
+            raise PeriodOutOfCalendar(
+                f"{period_id!r} begins or ends outside years 1 to 9999"
+            ) from exc
+        raise PeriodIdError(f"{period_id!r} is not a start of the board's schedule") from exc
     if window.period_id != period_id:
         raise PeriodIdError(f"{period_id!r} is not a start of the board's schedule")
     return window
+
+
+def _starts_a_season(local: datetime, timezone: str, schedule: str) -> bool:
+    """Whether ``local``, a time near an end of the calendar, starts a season: judged 400 years
+    nearer its middle, where croniter can walk around it. The Gregorian calendar repeats every
+    400 years (20,871 weeks), and so do the schedule's firings and the timezone's offsets there
+    (its rule for the far future, its local mean time far back)."""
+    moved = local.replace(year=local.year + (-400 if local.year > 5000 else 400))
+    try:
+        window = window_at("season", moved.astimezone(UTC), timezone, schedule)
+    except Exception:  # croniter's: no firing within its search
+        return False
+    return window.start == moved.astimezone(UTC)
 
 
 def windows_before(
@@ -257,9 +285,7 @@ def windows_before(
             try:
                 local = _previous_start(firings, tz)
                 if local.astimezone(tz).utcoffset() == end.astimezone(tz).utcoffset():
-                    season = PeriodWindow(
-                        "season", local.strftime(SEASON_ID_FORMAT), local.astimezone(UTC), end
-                    )
+                    season = PeriodWindow("season", _season_id(local), local.astimezone(UTC), end)
                 else:  # across a change of offset, the season as the forward walk finds it
                     season = window_at("season", end - timedelta(seconds=1), timezone, schedule)
                     firings = croniter(_season(schedule), season.start.astimezone(tz))

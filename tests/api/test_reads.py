@@ -506,11 +506,18 @@ async def alltime_board(redis: Redis, keys: Keys) -> None:
     await redis.hset(keys.boards, "forever", board.model_dump_json())
 
 
+async def tokyo_board(redis: Redis, keys: Keys) -> None:
+    board = Board(board_id="tokyo", timezone="Asia/Tokyo")
+    await redis.hset(keys.boards, "tokyo", board.model_dump_json())
+
+
 def read(path: str, headers: dict[str, str] | None = None, **params: Any) -> dict[str, Any]:
     return {"path": path, "params": params, "headers": SERVER if headers is None else headers}
 
 
 RANKS = "/v1/boards/main/users/u-seed/ranks"
+# A board east of UTC: its 1 January of year 1 begins in year 0 in UTC.
+TOKYO = "/v1/boards/tokyo/leaderboard"
 ERRORS = [
     pytest.param(401, read(LEADERBOARD, {}, scope="friends:u-seed"), id="401-friends-anonymous"),
     pytest.param(
@@ -578,18 +585,54 @@ ERRORS = [
         id="422-ranks-two-daily-ids",
     ),
     pytest.param(422, read(RANKS, period_id=["all"] * 6), id="422-ranks-too-many-ids"),
-    # Periods that end past the last instant of year 9999: out of range, not a server error.
+    # Periods that end past the last instant of year 9999 are periods not yet begun, and one
+    # that begins before year 1 in UTC one past retention: 404, as any other.
     pytest.param(
-        422,
+        404,
         read(LEADERBOARD, period="daily", period_id="9999-12-31"),
-        id="422-a-day-past-the-calendar",
+        id="404-a-day-past-the-calendar",
+    ),
+    pytest.param(
+        404,
+        read("/v1/boards/main/users/u-seed", period="daily", period_id="9999-12-31"),
+        id="404-standing-a-day-past-the-calendar",
+    ),
+    pytest.param(
+        404,
+        read(LEADERBOARD, period="weekly", period_id="9999-W52"),
+        id="404-a-week-past-the-calendar",
+    ),
+    pytest.param(
+        404,
+        read("/v1/boards/main/stats", period="weekly", period_id="9999-W52"),
+        id="404-stats-a-week-past-the-calendar",
+    ),
+    pytest.param(
+        404,
+        read("/v1/boards/main/users/u-seed", period="monthly", period_id="9999-12"),
+        id="404-standing-a-month-past-the-calendar",
+    ),
+    pytest.param(404, read(RANKS, period_id="9999-12"), id="404-a-month-past-the-calendar"),
+    pytest.param(
+        404,
+        read(TOKYO, period="daily", period_id="0001-01-01"),
+        id="404-a-day-before-the-calendar",
+    ),
+    pytest.param(
+        404,
+        read(TOKYO.replace("leaderboard", "users/u-seed"), period="daily", period_id="0001-01-01"),
+        id="404-standing-a-day-before-the-calendar",
     ),
     pytest.param(
         422,
-        read("/v1/boards/main/stats", period="weekly", period_id="9999-W52"),
-        id="422-a-week-past-the-calendar",
+        read(LEADERBOARD, period="weekly", period_id="2027-W53"),
+        id="422-a-week-2027-does-not-have",
     ),
-    pytest.param(422, read(RANKS, period_id="9999-12"), id="422-a-month-past-the-calendar"),
+    pytest.param(
+        422,
+        read("/v1/boards/main/users/u-seed", period="weekly", period_id="2027-W53"),
+        id="422-standing-a-week-2027-does-not-have",
+    ),
     # Digits of another script: int() reads them, but no period id is written with them.
     pytest.param(
         422,
@@ -610,9 +653,11 @@ async def test_an_error_is_a_problem_and_changes_nothing(
 ) -> None:
     await best_board(redis, keys)
     await alltime_board(redis, keys)
+    await tokyo_board(redis, keys)
     async with api_client(quiet) as client:
         await post(client, user_id="u-seed", region="eu", value=5, team_id="red")
         await post(client, board="forever", user_id="u-seed", region="eu", value=5)
+        await post(client, board="tokyo", user_id="u-seed", region="eu", value=5)
         await befriend(redis, keys, ("u-seed", "u-1"))
         before = await snapshot(redis, quiet.key_prefix)
         response = await client.get(

@@ -162,6 +162,10 @@ async def test_a_snapshot_answers_its_entries_as_they_were_taken(
         ({"period": "hourly"}, 422, "period"),
         ({"period": "weekly", "period_id": "2026-48"}, 422, "period_id"),
         ({"period": "weekly", "period_id": "2026-W48"}, 404, None),
+        ({"period": "weekly", "period_id": "2027-W53"}, 422, "period_id"),  # 2027 has 52 weeks
+        # Periods that end past the last instant of year 9999 are periods: none was snapshotted.
+        ({"period": "weekly", "period_id": "9999-W52"}, 404, None),
+        ({"period": "monthly", "period_id": "9999-12"}, 404, None),
         ({"at": "1000-01-01T00:00:00Z"}, 404, None),
     ],
 )

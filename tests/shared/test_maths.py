@@ -15,6 +15,7 @@ from shared.boards import Board
 from shared.events import PeriodResult
 from shared.periods import (
     PeriodIdError,
+    PeriodOutOfCalendar,
     expire_at,
     previous_window,
     window_at,
@@ -85,13 +86,41 @@ def test_window_of_inverts_window_at(period: str) -> None:
         ("monthly", "9999-12", "America/New_York"),
         # Midnight of 1 January of year 1 in UTC+14 is still in year 0 in UTC.
         ("daily", "0001-01-01", "Etc/GMT-14"),
+        ("daily", "0001-01-01", "Asia/Tokyo"),
     ],
 )
-def test_a_period_outside_the_calendar_is_no_period_id(
+def test_a_period_outside_the_calendar_is_told_from_no_period(
     period: str, period_id: str, timezone: str
 ) -> None:
-    with pytest.raises(PeriodIdError, match="out of range"):
+    # A period all the same (reads answer 404: not yet begun, or past retention), not an id
+    # that names none (422).
+    with pytest.raises(PeriodOutOfCalendar, match="outside years 1 to 9999"):
         window_of(period, period_id, timezone)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("period_id", "timezone", "schedule", "a_season"),
+    [
+        ("9999-12-31T23:59", "UTC", "* * * * *", True),
+        ("9999-12-31T23:00", "UTC", "0 * * * *", True),
+        ("9999-12-31T18:00", "Europe/Berlin", "0 18 * * 5", True),  # a Friday
+        ("0001-01-01T00:00", "Asia/Tokyo", "0 0 * * *", True),
+        ("9999-12-31T23:05", "UTC", "0 * * * *", False),
+        ("9999-12-30T18:00", "Europe/Berlin", "0 18 * * 5", False),  # a Thursday
+    ],
+)
+def test_a_season_outside_the_calendar_is_one_if_the_schedule_fires_then(
+    period_id: str, timezone: str, schedule: str, a_season: bool
+) -> None:
+    with pytest.raises(PeriodIdError) as raised:
+        window_of("season", period_id, timezone, schedule)
+    assert isinstance(raised.value, PeriodOutOfCalendar) is a_season, raised.value
+
+
+def test_a_season_before_the_year_1000_is_named_with_four_digits() -> None:
+    season = window_of("season", "0001-01-01T00:00", "UTC", "0 0 1 1 *")
+    assert season.period_id == "0001-01-01T00:00"
+    assert season.end == datetime(2, 1, 1, tzinfo=UTC)
 
 
 def test_retention_and_previous_windows() -> None:

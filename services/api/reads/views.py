@@ -21,6 +21,7 @@ from shared.periods import (
     PERIODS,
     Period,
     PeriodIdError,
+    PeriodOutOfCalendar,
     PeriodRangeError,
     PeriodWindow,
     matches_id,
@@ -119,13 +120,16 @@ def resolve_window(board: Board, period: Period, period_id: str | None) -> Perio
     current = current_window(period, datetime.now(UTC), board.timezone, board.schedule)
     if period_id is None or period_id == current.period_id:
         return current
+    not_kept = f"Period {period_id!r} is not kept (retention or not yet begun)."
     try:
         window = window_of(period, period_id, board.timezone, board.schedule)
+    except PeriodOutOfCalendar as exc:  # at an end of the calendar: past retention, or to come
+        raise NotFound(not_kept) from exc
     except PeriodIdError as exc:
         raise Invalid(str(exc), loc=("query", "period_id")) from exc
     oldest = _oldest_kept(current, board.timezone, board.retention.of(period) or 0, board.schedule)
     if window.start > current.start or (oldest is not None and window.start < oldest):
-        raise NotFound(f"Period {period_id!r} is not kept (retention or not yet begun).")
+        raise NotFound(not_kept)
     return window
 
 
@@ -150,6 +154,8 @@ def period_of_id(board: Board, period_id: str) -> Period:
             raise NotFound(f"Board {board.board_id!r} does not keep a season period.")
         try:
             window_of(period, period_id, board.timezone, board.schedule)
+        except PeriodOutOfCalendar:
+            pass  # a period of this kind all the same (resolve_window: not kept)
         except PeriodIdError:
             continue
         if period not in board.periods:

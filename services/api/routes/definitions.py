@@ -12,7 +12,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Response
+import structlog
+from fastapi import APIRouter, BackgroundTasks, Depends, Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from services.api.auth import Principal
@@ -27,10 +28,13 @@ from services.api.state import (
     State,
 )
 from services.api.strict_json import StrictJsonRoute
-from shared.boards import Board, BoardId, BoardSpec
+from shared.boards import DEFINITION_TTL, Board, BoardId, BoardSpec
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
 from shared.periods import retention_error, window_at, windows_before
+from shared.season_keys import raise_expiry
+
+log = structlog.get_logger(__name__)
 
 router = APIRouter(prefix="/v1/boards", tags=["boards"], route_class=StrictJsonRoute)
 
@@ -132,13 +136,20 @@ async def get_board(board: BoardDep, _: Reader) -> Board:
     },
 )
 async def put_board(
-    board_id: BoardIdPath, spec: BoardIn, response: Response, state: State, _: Admin
+    board_id: BoardIdPath,
+    spec: BoardIn,
+    response: Response,
+    after: BackgroundTasks,
+    state: State,
+    _: Admin,
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
     scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422). A
     retention that reaches outside years 1 to 9999, or lets a period expire before its close
-    (the allowed lateness and a merge interval after its end, and a minute more), is 422."""
+    (the allowed lateness and a merge interval after its end, and a minute more), is 422. A
+    changed schedule keeps the keys its seasons share with the old one's (those starting at the
+    same minute) as long as it keeps its own seasons."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")
@@ -164,6 +175,11 @@ async def put_board(
             await state.catalog.put(board)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
+    if previous is not None and previous.schedule != board.schedule:
+        # A new season that starts at the same minute as one of the old schedule writes into
+        # that season's keys: they must be kept as long as the new one (shared/season_keys.py).
+        await _raise_season_expiry(state, board)
+        after.add_task(_raise_season_expiry_again, state, board)
     if previous is None:
         response.status_code = 201
         response.headers["Location"] = f"/v1/boards/{board_id}"
@@ -172,6 +188,29 @@ async def put_board(
 
 # How long a period's keys must outlive its close, beyond the close's own delay.
 CLOSE_MARGIN = 60.0
+
+# Past the definitions' cache lifetime, before the second raise of a changed schedule's seasons'
+# keys: for a request that read the old definition just before, and writes just after.
+RAISE_AGAIN_MARGIN = 1.0
+
+
+async def _raise_season_expiry(state: ApiState, board: Board) -> None:
+    """Raise the expiry of the keys of ``board``'s seasons now written (shared/season_keys.py)."""
+    ahead = state.settings.future_tolerance_seconds
+    await raise_expiry(state.redis, state.keys, board, datetime.now(UTC), ahead)
+
+
+async def _raise_season_expiry_again(state: ApiState, board: Board) -> None:
+    """:func:`_raise_season_expiry` once more, after the ``PUT`` has answered, when no process
+    holds the old definition any more (:data:`shared.boards.DEFINITION_TTL`): a key of a shared
+    season that one made meanwhile got the old season's expiry."""
+    await asyncio.sleep(DEFINITION_TTL + RAISE_AGAIN_MARGIN)
+    try:
+        await _raise_season_expiry(state, board)
+    except Exception:  # the answer is sent: logged, as nobody else can be told
+        log.exception(
+            "season keys not raised again after a change of schedule", board_id=board.board_id
+        )
 
 
 async def _check_retention(board: Board, outlast: float) -> None:

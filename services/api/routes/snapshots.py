@@ -20,7 +20,7 @@ from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from services.api.strict_json import StrictJsonRoute
 from shared.db_boards import snapshot_at
 from shared.events import REGION_PATTERN, Rfc3339Time, rfc3339
-from shared.periods import Period, PeriodIdError, window_of
+from shared.periods import Period, PeriodIdError, PeriodOutOfCalendar, window_of
 
 router = APIRouter(prefix="/v1/boards", tags=["history"], route_class=StrictJsonRoute)
 
@@ -85,6 +85,10 @@ async def snapshot(
     if period_id is not None:
         try:
             window_of(period, period_id, board.timezone, board.schedule)
+        except PeriodOutOfCalendar as exc:  # a period no snapshot can have been taken of
+            raise NotFound(
+                f"No snapshot of {period} {period_id!r}: it begins or ends outside years 1 to 9999."
+            ) from exc
         except PeriodIdError as exc:
             raise Invalid(str(exc), loc=("query", "period_id")) from exc
     try:
