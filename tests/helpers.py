@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 
 import httpx
 import jwt
+import orjson
 import pytest
 import uvicorn
+import websockets
 from asgi_lifespan import LifespanManager
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -150,6 +152,19 @@ async def serve(
     )
     async with running(_Server(config)):
         yield f"ws://127.0.0.1:{port}/v1/ws"
+
+
+async def until_pong(
+    ws: websockets.ClientConnection, *ops: dict[str, Any], within: float = 5
+) -> list[dict[str, Any]]:
+    """Send ``ops`` then a ping: what the socket was sent before the pong, in order."""
+    for op in (*ops, {"op": "ping"}):
+        await ws.send(orjson.dumps(op).decode())
+    seen = []
+    async with asyncio.timeout(within):
+        while (message := orjson.loads(await ws.recv()))["type"] != "pong":
+            seen.append(message)
+    return seen
 
 
 class _InProcess(Server):

@@ -43,6 +43,7 @@ from tests.helpers import (
     republish,
     serve,
     snapshot,
+    until_pong,
 )
 from tests.stack import Stack
 
@@ -429,12 +430,7 @@ async def recv(ws: websockets.ClientConnection, within: float = 5.0) -> dict[str
 
 async def subscribe(ws: websockets.ClientConnection, topic: str) -> list[dict[str, Any]]:
     """Subscribe; what arrived before the answer to a ping sent after it."""
-    await ws.send(json.dumps({"op": "subscribe", "topic": topic}))
-    await ws.send(json.dumps({"op": "ping"}))
-    answers = []
-    while (message := await recv(ws))["type"] != "pong":
-        answers.append(message)
-    return answers
+    return await until_pong(ws, {"op": "subscribe", "topic": topic})
 
 
 async def test_live_topics_push_changes_and_send_the_current_view_on_subscribe(

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from shared.boards import Board
 from shared.keys import Keys
-from tests.helpers import SERVER
+from tests.helpers import ADMIN, SERVER
 
 SCORES = "/v1/boards/main/scores"
 LEADERBOARD = "/v1/boards/main/leaderboard"
@@ -101,6 +101,13 @@ async def get_ok(
 async def add_board(redis: Redis, keys: Keys, board: Board) -> None:
     """Store a board definition where the catalog reads it (boards have no write route yet)."""
     await redis.hset(keys.boards, board.board_id, board.model_dump_json())
+
+
+async def done(client: httpx.AsyncClient, path: str) -> bool:
+    """Whether the job at ``path`` (an erasure or a board deletion) says it is done."""
+    response = await client.get(path, headers=ADMIN)
+    assert response.status_code == 200, response.text
+    return bool(response.json()["status"] == "done")
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
@@ -36,7 +35,7 @@ from shared.erasure import (
 from shared.keys import Keys
 from shared.ranking import tie_key
 from shared.settings import LadderSettings
-from tests.api.helpers import assert_problem, post, score
+from tests.api.helpers import assert_problem, done, post, score
 from tests.helpers import (
     ADMIN,
     SERVER,
@@ -55,12 +54,6 @@ BOARD = "arena"
 def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
     """The suite's quiet settings, on the test's own migrated database."""
     return quiet
-
-
-async def done(client: httpx.AsyncClient, path: str) -> bool:
-    response = await client.get(path, headers=ADMIN)
-    assert response.status_code == 200, response.text
-    return bool(response.json()["status"] == "done")
 
 
 async def test_only_an_admin_key_erases_or_deletes_and_refusals_change_nothing(

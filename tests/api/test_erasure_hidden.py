@@ -15,17 +15,13 @@ from redis.asyncio import Redis
 from shared.events import rfc3339
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from tests.api.helpers import done
 from tests.helpers import ADMIN, SERVER, api_client, eventually
 
 
 @pytest.fixture
 def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
     return quiet
-
-
-async def erased(client: httpx.AsyncClient, user_id: str) -> bool:
-    response = await client.get(f"/v1/erasures/{user_id}", headers=ADMIN)
-    return bool(response.json()["status"] == "done")
 
 
 async def put_board(client: httpx.AsyncClient, periods: list[str]) -> None:
@@ -54,7 +50,7 @@ async def test_a_hidden_users_records_go_from_a_period_the_board_no_longer_names
         await write(client, 50, {"email": "ana@example.com"})
         await put_board(client, ["alltime"])
         assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
-        await eventually(lambda: erased(client, "u-a"), within=15)
+        await eventually(lambda: done(client, "/v1/erasures/u-a"), within=15)
 
         left = [
             key

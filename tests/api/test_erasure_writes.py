@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -17,18 +16,13 @@ from shared.db import open_engine
 from shared.erasure import pending_erasures, request_erasure, user_hash
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import assert_problem, post, score
+from tests.api.helpers import assert_problem, done, post, score
 from tests.helpers import ADMIN, SERVER, api_client, eventually
 
 
 @pytest.fixture
 def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
     return quiet
-
-
-async def erased(client: httpx.AsyncClient, user_id: str) -> bool:
-    response = await client.get(f"/v1/erasures/{user_id}", headers=ADMIN)
-    return bool(response.json()["status"] == "done")
 
 
 async def test_writes_wait_for_the_erasure_and_a_fresh_user_s_first_events_stay(
@@ -55,7 +49,7 @@ async def test_writes_wait_for_the_erasure_and_a_fresh_user_s_first_events_stay(
         assert "error" not in second
         assert not await redis.exists(keys.idempotency("main", "b-1", "u-9"))
 
-        await eventually(lambda: erased(client, "u-9"), within=15)
+        await eventually(lambda: done(client, "/v1/erasures/u-9"), within=15)
         assert not await redis.hexists(keys.erasing, user_hash("u-9", quiet.effective_jwt_secret))
         await asyncio.sleep(0.6)  # the process's read of the pending erasures ages out
         fresh = await post(client, score(user_id="u-9", value=7, event_id="new-1"))

@@ -34,7 +34,7 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, get_ok, rfc
-from tests.helpers import ADMIN, SERVER, api_client, derive, player, serve
+from tests.helpers import ADMIN, SERVER, api_client, derive, player, serve, until_pong
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -467,16 +467,6 @@ async def test_the_hot_view_leaves_a_hidden_user_out_from_the_hide_on_not_from_t
         await aggregator.run()
         shown = await get_ok(client, HOT, window=60)
         assert shown["entries"] == before["entries"]
-
-
-async def until_pong(ws: websockets.ClientConnection) -> list[dict[str, Any]]:
-    """What the socket is sent before the answer to a ping sent now."""
-    await ws.send(json.dumps({"op": "ping"}))
-    seen = []
-    async with asyncio.timeout(5):
-        while (message := json.loads(await ws.recv()))["type"] != "pong":
-            seen.append(message)
-    return seen
 
 
 async def test_a_new_subscriber_of_the_live_views_is_sent_them_without_a_hidden_user(

@@ -26,7 +26,7 @@ from shared.keys import Keys
 from shared.redis_cluster import LadderCluster
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually, production_server, serve
+from tests.helpers import eventually, production_server, serve, until_pong
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -35,11 +35,8 @@ TOKEN = f"token={DEV_SERVER_KEY}"
 
 async def subscribe(ws: websockets.ClientConnection, topic: str) -> None:
     """Subscribe and wait until the server has done it."""
-    await ws.send(json.dumps({"op": "subscribe", "topic": topic}))
-    await ws.send(json.dumps({"op": "ping"}))
-    async with asyncio.timeout(5):
-        while (answer := json.loads(await ws.recv()))["type"] != "pong":
-            assert answer["type"] != "error", answer
+    answers = await until_pong(ws, {"op": "subscribe", "topic": topic})
+    assert all(answer["type"] != "error" for answer in answers), answers
 
 
 async def next_message(ws: websockets.ClientConnection, within: float) -> dict[str, Any]:

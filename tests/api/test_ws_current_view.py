@@ -3,9 +3,7 @@ then every change, and never a view older than one it was sent before."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +14,7 @@ from services.api.push.ws import Client
 from shared.keys import Keys
 from shared.live_maths import hot_message
 from shared.settings import DEV_SERVER_KEY, LadderSettings
-from tests.helpers import eventually, serve
+from tests.helpers import eventually, serve, until_pong
 
 TOPIC = "leaderboard:main:hot:10"
 
@@ -25,16 +23,6 @@ def view(as_of: str, score: float) -> bytes:
     return orjson.dumps(
         hot_message("main", 10, as_of, [{"rank": 1, "user_id": "u-1", "score": score}])
     )
-
-
-async def until_pong(ws: websockets.ClientConnection) -> list[dict[str, Any]]:
-    """What the socket is sent before the answer to a ping sent now."""
-    await ws.send(json.dumps({"op": "ping"}))
-    seen = []
-    async with asyncio.timeout(5):
-        while (message := json.loads(await ws.recv()))["type"] != "pong":
-            seen.append(message)
-    return seen
 
 
 async def test_a_push_that_comes_while_the_current_view_is_read_is_not_followed_by_an_older_view(
