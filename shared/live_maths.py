@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from shared.boards import Board
 from shared.events import ScoreAccepted
-from shared.keys import Keys
+from shared.keys import DERIVED_FIELD, Keys
 from shared.periods import Period
 from shared.ranking import id_of, score_of
 
@@ -116,14 +116,26 @@ def hot_entries(top: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-async def mvp_entries(
+async def mvp_view(
     redis: Redis, keys: Keys, board: Board, period: Period, period_id: str
-) -> list[dict[str, Any]]:
+) -> tuple[str | None, list[dict[str, Any]]]:
     """The MVP top 10 of one period of an ``incr`` board, from the teams board (totals) and the
-    aggregator's member contributions. A user hidden on the board is not listed; its
-    contribution stays in its team's total (docs/api.md section 8b)."""
+    aggregator's member contributions, and its ``as_of``: when the aggregator last applied a
+    batch of the board's events (None before its first), read before the totals, so that every
+    event applied before it counts. A user hidden on the board is not listed; its contribution
+    stays in its team's total (docs/api.md section 8b)."""
     bid = board.board_id
-    hidden = cast(set[str], await redis.smembers(keys.hidden(bid)))
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.smembers(keys.hidden(bid))
+        pipe.hget(keys.as_of(bid), DERIVED_FIELD)
+        hidden, as_of = cast(tuple[set[str], str | None], await pipe.execute())
+    return as_of, await _mvp_entries(redis, keys, board, period, period_id, hidden)
+
+
+async def _mvp_entries(
+    redis: Redis, keys: Keys, board: Board, period: Period, period_id: str, hidden: set[str]
+) -> list[dict[str, Any]]:
+    bid = board.board_id
     teams_key = keys.teams_view(bid, period, period_id)
     # The MVP_TEAMS teams of the largest positive totals, not every team: the read's cost is
     # bounded whatever number of teams the board has (a stored score is the total, negated on

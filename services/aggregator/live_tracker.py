@@ -49,7 +49,7 @@ from shared.live_maths import (
     hot_entries,
     hot_member,
     hot_message,
-    mvp_entries,
+    mvp_view,
 )
 from shared.live_maths import on_time as is_on_time
 from shared.periods import Period
@@ -318,6 +318,7 @@ class LiveViews:
             window = current_window(period, now, board.timezone, board.schedule)
             if not full and f"{period}|{window.period_id}" not in dirty:
                 continue
+            as_of, entries = await mvp_view(self._redis, keys, board, period, window.period_id)
             message = {
                 "type": "leaderboard",
                 "view": "mvps",
@@ -325,7 +326,8 @@ class LiveViews:
                 "scope": "mvps",
                 "period": period,
                 "period_id": window.period_id,
-                "entries": await mvp_entries(self._redis, keys, board, period, window.period_id),
+                "as_of": as_of,
+                "entries": entries,
             }
             # Cached: a season's expiry walks its schedule (croniter) once a period kept, and
             # the first pass after a start computes every board's views.

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import websockets
 from redis.asyncio import Redis
@@ -31,7 +32,7 @@ from services.aggregator.live_tracker import LiveViews, RecordLive
 from shared.amqp import connect as connect_broker
 from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.events import ScoreAccepted, rfc3339
-from shared.keys import Keys
+from shared.keys import DERIVED_FIELD, Keys
 from shared.lease import Lease
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.helpers import (
@@ -306,6 +307,32 @@ async def test_mvps_rank_users_by_their_share_of_their_team(
     assert daily["entries"] == alltime["entries"] and daily["period"] == "daily"
     team_scores = {e["team_id"]: e["score"] for e in teams["entries"]}
     assert all(e["team_score"] == team_scores[e["team_id"]] for e in alltime["entries"])
+
+
+async def test_mvps_say_as_of_when_the_events_they_sum_were_applied(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The totals and shares trail the writes as the teams scope does: ``as_of`` is null before
+    the aggregator applied a batch of the board, then the time it last did, on the read and on
+    the view it pushes; a later batch that changes no share moves the read's ``as_of`` alone."""
+    live = LiveViews(redis, keys)
+    async with api_client(quiet) as client:
+        await post(client, user_id="u-1", value=3, team_id="red")
+        before = await get_ok(client, MVPS)
+        await consumer(redis, keys)(await outbox(redis, keys))
+        applied = await redis.hget(keys.as_of("main"), DERIVED_FIELD)
+        after = await get_ok(client, MVPS)
+        teams = await get_ok(client, "/v1/boards/main/leaderboard", scope="teams")
+        assert await live.mvps(MAIN_BOARD) == 4
+        stored = orjson.loads(await redis.get(keys.mvp_view("main", "alltime")))
+        await post(client, user_id="u-9", value=4)  # no team: no share changes
+        await consumer(redis, keys)([(await outbox(redis, keys))[-1]])
+        later = await get_ok(client, MVPS)
+    assert (before["as_of"], before["entries"]) == (None, [])
+    assert applied is not None and after["as_of"] == applied == teams["as_of"]
+    assert ranking(after["entries"], "user_id", "share") == [("u-1", 1.0)]
+    assert stored["as_of"] == applied and stored["entries"] == after["entries"]
+    assert later["as_of"] > applied and later["entries"] == after["entries"]
 
 
 async def test_mvps_keep_only_the_top_ten(quiet: LadderSettings, redis: Redis, keys: Keys) -> None:

@@ -21,7 +21,7 @@ from services.api.reads.live import current_hot
 from services.api.routes.params import IN_DIGITS, PeriodIdQuery, PeriodQuery
 from services.api.state import PUBLIC_READ, BoardDep, Reader, State
 from services.api.strict_json import StrictJsonRoute
-from shared.live_maths import mvp_entries
+from shared.live_maths import mvp_view
 from shared.periods import Period
 
 router = APIRouter(prefix="/v1/boards", tags=["live views"], route_class=StrictJsonRoute)
@@ -34,8 +34,9 @@ HOT_PUSH = (
 MVP_PUSH = (
     "The current period's view is pushed over the WebSocket to subscribers of "
     '`leaderboard:{board_id}:mvps:{period}` as `{"type": "leaderboard", "view": "mvps", '
-    '"scope": "mvps", "board_id", "period", "period_id", "entries"}` whenever its entries or '
-    "its period change; a subscriber is sent the current view at once."
+    '"scope": "mvps", "board_id", "period", "period_id", "as_of", "entries"}` whenever its '
+    "entries or its period change (not for a later `as_of` alone); a subscriber is sent the "
+    "current view at once."
 )
 
 
@@ -70,6 +71,11 @@ class MvpOut(BaseModel):
     board_id: str
     period: Period
     period_id: str
+    as_of: str | None = Field(
+        description="When the aggregator last applied a batch of the board's events (RFC 3339; "
+        "null: none yet): the teams' totals and members' shares are summed from them, and an "
+        "event accepted since may not count yet"
+    )
     entries: list[MvpEntry] = Field(description="At most 10, the largest share first")
 
 
@@ -139,10 +145,11 @@ async def mvps(
             loc=("path", "board_id"),
         )
     window = views.resolve_window(board, period, period_id)
-    entries = await mvp_entries(state.redis, state.keys, board, period, window.period_id)
+    as_of, entries = await mvp_view(state.redis, state.keys, board, period, window.period_id)
     return {
         "board_id": board.board_id,
         "period": period,
         "period_id": window.period_id,
+        "as_of": as_of,
         "entries": entries,
     }
