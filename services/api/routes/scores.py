@@ -334,8 +334,9 @@ async def post_batch(
         and not _answered_early(results)
     ):
         # The credential was over its limit for the whole batch, nothing was written, and no
-        # event has an answer the client needs whatever the buckets hold.
-        raise limits.refusal(replies[0][1], "")
+        # event has an answer the client needs whatever the buckets hold. Its wait is the
+        # longest of its events' (a user's bucket may take longer than the credential's).
+        raise limits.refusal(limits.longest(payload for _, payload in replies), "")
     for (i, call), (status, payload) in zip(calls.items(), replies, strict=True):
         try:
             results[i] = answer(status, payload, call)
