@@ -309,3 +309,25 @@ async def test_a_batch_the_credential_refuses_whole_is_429_with_the_user_empty_t
     assert "credential" in single.json()["detail"]
     assert single.headers["Retry-After"] == "2"
     assert await redis.xlen(Keys(limited.key_prefix).outbox("main")) == 1
+
+
+async def test_a_batch_refused_whole_waits_for_the_longest_wait_of_its_events(
+    settings: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    # One token in each bucket: a user's (2 s to the next) and the credential's (1 s).
+    limited = settings.model_copy(
+        update={"amqp_url": UNREACHABLE_BROKER, "key_rate": 1.0, "user_rate": 0.5}
+    )
+    url = "/v1/boards/main/scores/batch"
+    async with api_client(limited) as client:
+        accepted = await client.post(url, json={"events": [event(1, user_id="a")]}, headers=SERVER)
+        assert "error" not in accepted.json()["results"][0]
+        # The empty user second: its wait, the longer, is the batch's all the same. After the
+        # credential's second alone, user a's event would be refused again.
+        refused = await client.post(
+            url, json={"events": [event(3, user_id="b"), event(2, user_id="a")]}, headers=SERVER
+        )
+    assert refused.status_code == 429, refused.text
+    assert "credential" in refused.json()["detail"]
+    assert refused.headers["Retry-After"] == "2"
+    assert await redis.xlen(Keys(limited.key_prefix).outbox("main")) == 1

@@ -89,6 +89,32 @@ async def test_with_the_broker_down_the_api_is_ready_and_accepts_scores(
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 1
 
 
+async def test_refused_scores_are_counted_as_rejected_in_a_post_as_in_a_batch(
+    quiet: LadderSettings, redis: Redis, mysql_database: str
+) -> None:
+    # The credential's bucket holds one token, so that a batch after one write is refused whole.
+    limited = quiet.model_copy(update={"key_rate": 1.0})
+    async with api_client(limited) as client:
+        before = (await client.get("/metrics")).text
+        await post(client, score(event_id="r-1", value=1))
+        conflict = await client.post(SCORES, json=score(event_id="r-1", value=2), headers=SERVER)
+        invalid = await client.post(SCORES, json=score(value=2**53), headers=SERVER)
+        middle = (await client.get("/metrics")).text
+        batch = await client.post(
+            SCORES + "/batch",
+            json={"events": [score(event_id="r-2"), score(event_id="r-3")]},
+            headers=SERVER,
+        )
+        after = (await client.get("/metrics")).text
+
+    assert (conflict.status_code, invalid.status_code, batch.status_code) == (409, 422, 429)
+    assert scores_counted(middle, "accepted") == scores_counted(before, "accepted") + 1
+    # Each refused single POST counts, as each refused event of a batch does...
+    assert scores_counted(middle, "rejected") == scores_counted(before, "rejected") + 2
+    # ... and so does each event of a batch the credential refused whole.
+    assert scores_counted(after, "rejected") == scores_counted(middle, "rejected") + 2
+
+
 async def test_shutdown_closes_the_hubs_redis_connection(
     settings: LadderSettings,
     redis: Redis,

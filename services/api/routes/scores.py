@@ -13,7 +13,7 @@ from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from services.api.answers import json_answer
-from services.api.auth import authenticate, bearer
+from services.api.auth import Principal, authenticate, bearer
 from services.api.erasing import refusal
 from services.api.errors import (
     Conflict,
@@ -37,11 +37,17 @@ from services.api.write.submit import (
     submit_many,
     write_one,
 )
+from shared.boards import Board
 from shared.events import EVENT_ID_PATTERN
 
 router = APIRouter(prefix="/v1/boards/{board_id}", tags=["scores"], route_class=StrictJsonRoute)
 
-SCORES = Counter("ladder_api_scores_total", "Score submissions answered", ["outcome"])
+SCORES = Counter(
+    "ladder_api_scores_total",
+    "Score events answered: accepted, duplicate, or rejected (refused, on its own or with its "
+    "request, once the credential and the board are judged)",
+    ["outcome"],
+)
 WRITE_SECONDS = Histogram(
     "ladder_api_score_write_seconds",
     "Time of the atomic score write",
@@ -49,6 +55,7 @@ WRITE_SECONDS = Histogram(
 )
 # The single POST's outcomes, looked up once rather than by label on every request.
 _ACCEPTED, _DUPLICATE = SCORES.labels("accepted"), SCORES.labels("duplicate")
+_REJECTED = SCORES.labels("rejected")
 
 
 # How a submission may be refused as a whole (docs/api.md sections 1, 4 and 9a).
@@ -146,6 +153,22 @@ async def post_score(request: Request) -> Response:
             if not board.player_writes
             else "Players may submit scores to this board once it declares its regions."
         )
+    try:
+        result = await _write_score(request, state, caller, credential, board)
+    except Exception:
+        # Refused (its body, its conflict, a limit, an outage): counted as a batch's refused
+        # events are, so that the counter holds every submission's outcome.
+        _REJECTED.inc()
+        raise
+    (_DUPLICATE if result["duplicate"] else _ACCEPTED).inc()
+    return json_answer(result)
+
+
+async def _write_score(
+    request: Request, state: ApiState, caller: Principal, credential: str | None, board: Board
+) -> dict[str, Any]:
+    """The single POST's event, validated and written once its credential and board are judged:
+    its answer, or a refusal raised."""
     score, idempotency_key = await _score_of(request)
     if not caller.is_server:
         if caller.user_id != score.user_id:
@@ -169,8 +192,7 @@ async def post_score(request: Request) -> Response:
         if result["duplicate"]:
             # Its first write may be on no replica yet (write/durable.py).
             await state.writes.durability.confirm(state.redis, state.keys, board.board_id)
-    (_DUPLICATE if result["duplicate"] else _ACCEPTED).inc()
-    return json_answer(result)
+    return result
 
 
 router.add_api_route(
@@ -334,8 +356,10 @@ async def post_batch(
         and not _answered_early(results)
     ):
         # The credential was over its limit for the whole batch, nothing was written, and no
-        # event has an answer the client needs whatever the buckets hold.
-        raise limits.refusal(replies[0][1], "")
+        # event has an answer the client needs whatever the buckets hold. Its wait is the
+        # longest of its events' (a user's bucket may take longer than the credential's).
+        _REJECTED.inc(len(results))
+        raise limits.refusal(limits.longest(payload for _, payload in replies), "")
     for (i, call), (status, payload) in zip(calls.items(), replies, strict=True):
         try:
             results[i] = answer(status, payload, call)

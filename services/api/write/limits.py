@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -75,6 +76,13 @@ def quota(
         settings.user_rate,
         settings.key_rate,
     )
+
+
+def longest(payloads: Iterable[str]) -> str:
+    """Of the write function's ``limited`` payloads (``"<bucket> <ms>"``), the one that waits
+    longest: a batch refused as a whole waits until every one of its events could go, each
+    until both its buckets have a token (docs/api.md section 9a), not only its first event."""
+    return max(payloads, key=lambda payload: float(payload.partition(" ")[2] or "0"))
 
 
 def refusal(payload: str, user_id: str) -> RateLimited:
