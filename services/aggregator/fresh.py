@@ -7,6 +7,7 @@ that did not go out are kept in one too (services/aggregator/pass_pushes.py), an
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 
@@ -15,6 +16,16 @@ from shared.boards import Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.periods import Period
+from shared.submit import current_window
+
+
+def is_current(board: Board, period: Period, period_id: str, now: datetime) -> bool:
+    """Whether ``period_id`` names the board's current period of its kind at ``now``. A topic
+    (``leaderboard:{board}:{scope}:{period}``) pushes that period's top alone: the top of a
+    period past (a late event's) or not yet begun (an event ahead of the clock) would follow,
+    or come before, the current one's on the same channel, an older top after a newer one. A
+    period's final top comes in its ``period_closed`` push (docs/api.md sections 8b and 9)."""
+    return current_window(period, now, board.timezone, board.schedule).period_id == period_id
 
 
 class FreshRegions:
@@ -45,14 +56,16 @@ class FreshRegions:
 
     async def push(self, redis: Redis, keys: Keys, board: Board) -> int:
         """The top-10 pushes of ``board``'s views noted since the last call, whatever the merge
-        has yet to do; returns how many views were looked at. If a push fails, the views are
+        has yet to do, of its current periods only (:func:`is_current`; the others are dropped);
+        returns how many views were looked at. If a push fails, the views are
         noted again for the next call, which pushes each whose last push did not go out (its
         fingerprint was not stored: services/aggregator/tops.py); so is a view that other
         aggregators' pushes kept reaching first."""
         views = self.take(board.board_id)
         by_period: dict[tuple[Period, str], list[str]] = defaultdict(list)
+        now = datetime.now(UTC)
         for period, period_id, scope in views:
-            if period in board.periods:
+            if period in board.periods and is_current(board, period, period_id, now):
                 by_period[(period, period_id)].append(scope)
         try:
             for (period, period_id), scopes in by_period.items():

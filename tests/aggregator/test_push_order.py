@@ -25,11 +25,15 @@ from services.aggregator.live_tracker import LiveViews
 from services.aggregator.main import merges
 from services.aggregator.merge import Merger
 from services.aggregator.tops import fingerprint_of
+from services.api.write.models import ScoreIn
+from services.api.write.submit import submit
 from shared.boards import MAIN_BOARD, Board
 from shared.events import ScoreAccepted
 from shared.keys import Keys
+from shared.periods import window_at
 from shared.settings import LadderSettings
 from tests.aggregator.test_live_views import consumer, outbox, post, recorder
+from tests.api.helpers import add_board
 from tests.api.test_reads import at
 from tests.helpers import api_client, derive, made, refused_publishes
 from tests.notifier.test_badges import listening
@@ -260,3 +264,39 @@ async def test_an_older_top_is_never_pushed_after_a_newer_one(
     # What was pushed last is what the fingerprint holds: the view's top now.
     pushed = fingerprint_of(await redis.get(fingerprint))
     assert [e["user_id"] for e in orjson.loads(pushed or "[]")] == ["u-2", "u-1"]
+
+
+MINUTES = Board(board_id="cup", periods=("season",), schedule="* * * * *", regions=("eu",))
+
+
+async def test_a_topic_pushes_its_current_period_s_top_and_no_late_event_s_older_one(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A topic names a period kind, not an id: a late event's change to the period before (or an
+    event ahead of the clock's to the next one) would push that period's top on the same channel,
+    an older top after the current one. Only the current period's is pushed; a period's final
+    top comes in its period_closed push."""
+    await add_board(redis, keys, MINUTES)
+    if datetime.now(UTC).second >= 50:  # the current season (a minute) must outlast the test
+        await asyncio.sleep(61 - datetime.now(UTC).second)
+    now = datetime.now(UTC)
+    current = window_at("season", now, "UTC", MINUTES.schedule)
+    scopes = ("global", "region:eu")
+    merger = Merger(redis, keys)
+    async with (
+        listening(redis, keys.board_channel("cup", scopes[0], "season")) as top,
+        listening(redis, keys.board_channel("cup", scopes[1], "season")) as eu,
+    ):
+        for n, (user, moment) in enumerate(
+            [("a", now), ("b", current.start - timedelta(seconds=5))]
+        ):
+            score = ScoreIn(user_id=user, region="eu", value=10 + n, occurred_at=moment)
+            await submit(redis, keys, settings, MINUTES, score, f"e-{n}")
+            entries: list[Any] = await redis.xrange(keys.outbox("cup"))
+            events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries[-1:]]
+            await derive(redis, keys, MINUTES, events, 50)
+            await MarkDirty(redis, keys)(events)
+            assert await merger.merge_board(MINUTES) > 0
+        for channel in (top, eu):
+            pushed = await channel.drain()
+            assert [(m["period_id"], users([m])[0]) for m in pushed] == [(current.period_id, ["a"])]
