@@ -295,8 +295,7 @@ class Eraser:
                 # A period the definition no longer keeps is not merged: its entry goes, no mark.
                 merged = bool(region) and (period, period_id) in kept
                 marks.append(dirty_member(period, period_id, region, user_id) if merged else "")
-                if region:
-                    tops.append(keys.last_top(bid, period, period_id, scope))
+                tops.append(keys.last_top(bid, period, period_id, scope))
         hashes = [keys.user_regions(bid)] + [keys.member_team(bid, p, pid) for p, pid in windows]
         hot = [key for w in HOT_WINDOWS for key in (keys.hot_window(bid, w), keys.hot_rank(bid, w))]
         members = sorted(
@@ -310,8 +309,9 @@ class Eraser:
         removed = int(
             await self._redis.fcall(ERASE_USER_FUNCTION, len(call_keys), *call_keys, *args)
         )
-        # The top 10 last pushed of the regional views: they may name the user; the next push
-        # of each view compares with nothing and sends its top afresh.
+        # The top 10 last pushed of each view: it may name the user (a global view of a period
+        # no longer kept is never merged again to replace it); the next push of each view
+        # compares with nothing and sends its top afresh.
         for start in range(0, len(tops), UNLINK_BATCH):
             await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
         return removed

@@ -318,6 +318,11 @@ async def test_an_erasure_reaches_teams_the_user_left_and_periods_no_longer_kept
     for key in teams:
         await redis.zincrby(key, 5, "u-1")
         await redis.zincrby(key, 2, "u-2")
+    # The tops last pushed of that period's views name the user; its global view is never
+    # merged again to push another.
+    pushed = [keys.last_top("main", "daily", "2020-01-01", s) for s in ("global", "region:eu")]
+    for key in pushed:
+        await redis.set(key, '1|[{"rank":1,"user_id":"u-1","score":7,"display_name":"Ana"}]')
     async with api_client(quiet) as client:
         await post(client, score(user_id="u-1", value=3, team_id="blue"))
         assert (await client.delete("/v1/users/u-1", headers=ADMIN)).status_code == 202
@@ -326,6 +331,7 @@ async def test_an_erasure_reaches_teams_the_user_left_and_periods_no_longer_kept
     assert await redis.hkeys(Keys.ties(old)) == ["u-2"]
     for key in teams:
         assert await redis.zrange(key, 0, -1) == ["u-2"], key
+    assert await redis.exists(*pushed) == 0
 
 
 async def test_an_erasure_waits_for_a_rebuild_under_way(
