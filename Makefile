@@ -80,7 +80,7 @@ down: ## stop what `make up` started
 	@bash scripts/infra.sh stop-started
 
 rebuild: venv ## recreate every board in Redis exactly from MySQL (safe while writes go on)
-	$(PY) -m services.rebuild $(if $(BOARD),--board $(BOARD))
+	$(PY) -m services.rebuild $(if $(BOARD),--board $(BOARD)) $(if $(RESTORED),--restored)
 
 ps: ## each service and whether it runs
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \

@@ -74,12 +74,16 @@ class Rebuilder:
         keys: Keys,
         settings: LadderSettings,
         wait_seconds: float = 120.0,
+        restored: bool = False,
     ) -> None:
         self._engine = engine
         self._redis = redis
         self._keys = keys
         self._settings = settings
         self._wait_seconds = wait_seconds
+        # The history database was restored from a backup: it may lack for good events Redis
+        # applied (stored after the backup was taken), which a rebuild then leaves out.
+        self._restored = restored
         self._flags: dict[str, BoardFlag] = {}
 
     async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
@@ -167,7 +171,14 @@ class Rebuilder:
                 stored = await held(conn, board_id, set(pending))
             return [ref for ref in pending if ref not in stored]
 
-        await self._wait(board_id, refs, unstored, "not in the history database", "history")
+        await self._wait(
+            board_id,
+            refs,
+            unstored,
+            "not in the history database",
+            "history",
+            lost=self._restored,
+        )
 
     async def _wait_derived(self, board_id: str, refs: list[str]) -> None:
         """Until the aggregator has derived every one of the events ``refs`` names (their
@@ -201,15 +212,25 @@ class Rebuilder:
         left: Callable[[list[str]], Awaitable[list[str]]],
         state: str,
         consumer: str,
+        lost: bool = False,
     ) -> None:
         """Poll ``left`` (which of the events it is given are still waited for) until it names
         none, keeping the board's flag; ``RebuildFailed`` after the wait's limit, saying which
-        events are still ``state`` and which ``consumer`` to look at."""
+        events are still ``state`` and which ``consumer`` to look at; or, where those may be
+        ``lost`` (a restored history database lacks them for good), a warning naming them."""
         pending = list(dict.fromkeys(refs))  # once each, in order
         end = time.monotonic() + self._wait_seconds
         while pending:
             pending = await left(pending)
             if not pending:
+                return
+            if time.monotonic() > end and lost:
+                log.warning(
+                    "events applied in Redis that the restored history database lacks are left out",
+                    board_id=board_id,
+                    events=len(pending),
+                    example=sorted(pending)[:3],
+                )
                 return
             if time.monotonic() > end:
                 raise RebuildFailed(
@@ -241,6 +262,12 @@ class Rebuilder:
             events, refused, known = await self._stage(board, staged, journal)
         except FlagLost:
             return "the flag lapsed", set()
+        if self._restored:
+            # Redis's event counters count events the restored database lacks: they are replaced
+            # with the staged ones unchecked (the check would refuse the board every time).
+            for keys in (staged, journal):
+                keys.others |= keys.counters
+                keys.counters = set()
         status, detail, made = await finish(
             self._redis, self._keys, flag, staged, journal, live, known
         )
