@@ -1,8 +1,8 @@
 """The command line of the rebuild: ``python -m services.rebuild [--board ID ...] [--wait S]
 [--restored]``.
 
-Opens MySQL and Redis, rebuilds, and prints one summary line a board; exits with status 1 (the
-reason logged) if a board could not be rebuilt.
+Opens MySQL and Redis, rebuilds, and prints one summary line a board rebuilt; exits with status
+1 (the reason logged) if a board could not be rebuilt, once every other board is.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         done = asyncio.run(rebuild(settings, options.board, wait, options.restored))
     except RebuildFailed as exc:
+        for board in exc.done:
+            print(summary(board))
         log.error("rebuild failed", error=str(exc))
         sys.exit(1)
     # A server that does not answer or refuses the URL: one line naming the setting to look at

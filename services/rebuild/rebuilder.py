@@ -48,7 +48,11 @@ def _pending(first: Any) -> bool:
 
 class RebuildFailed(RuntimeError):
     """A board could not be rebuilt (MySQL never caught up, or the rebuild kept losing its
-    flag); Redis keeps what it had."""
+    flag); Redis keeps what it had for it. ``done``: the boards rebuilt all the same."""
+
+    def __init__(self, message: str, done: list[BoardRebuild] | None = None) -> None:
+        super().__init__(message)
+        self.done = done or []
 
 
 @dataclass
@@ -107,7 +111,20 @@ class Rebuilder:
         found = await existing(
             self._redis, self._keys, [b.board_id for b in chosen], "{" + self._keys.prefix + ":"
         )
-        return [await self.board(b, found[b.board_id]) for b in chosen]
+        # A board that cannot be rebuilt holds back none after it: Redis may have lost them all.
+        done: list[BoardRebuild] = []
+        failed: list[str] = []
+        for board in chosen:
+            try:
+                done.append(await self.board(board, found[board.board_id]))
+            except RebuildFailed as exc:
+                log.error("board not rebuilt; the others go on", board_id=board.board_id)
+                failed.append(str(exc))
+        if failed:
+            raise RebuildFailed(
+                f"{len(failed)} of {len(chosen)} boards not rebuilt: " + "; ".join(failed), done
+            )
+        return done
 
     async def board(self, board: Board, found: Existing | None = None) -> BoardRebuild:
         """Rebuild one board (see :mod:`services.rebuild`); ``found``: its keys as they were
