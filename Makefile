@@ -80,7 +80,7 @@ down: ## stop what `make up` started
 	@bash scripts/infra.sh stop-started
 
 rebuild: venv ## recreate every board in Redis exactly from MySQL (safe while writes go on)
-	$(PY) -m services.rebuild $(if $(BOARD),--board $(BOARD))
+	$(PY) -m services.rebuild $(if $(BOARD),--board $(BOARD)) $(if $(RESTORED),--restored)
 
 ps: ## each service and whether it runs
 	@if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \
@@ -121,7 +121,7 @@ logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
 
 # The game simulation (sim/) feeding board arena: `make demo` runs it under supervisord beside
 # the services (its program is not started by `make up`); `make sim` runs one in the foreground.
-.PHONY: sim sim-set demo clean
+.PHONY: sim sim-set demo clean replay-dead
 
 demo: up ## Ladder with the game simulation feeding it; prints the dashboard's address
 	@$(call start_with_env,sim) >/dev/null
@@ -138,6 +138,9 @@ sim-set: venv ## change a running simulation: make sim-set NAME=robot_share VALU
 
 # clean: services that run are stopped first (so that nothing is recreated halfway), then started
 # again on a fresh schema and topology; with nothing running, nothing of the prefixes is left.
+replay-dead: venv ## a consumer's dead letters back to its own queue (QUEUE=history)
+	$(PY) scripts/replay_dead.py $(QUEUE)
+
 clean: venv ## remove all Ladder made: its keys, queues, exchanges and history database
 	@running=""; \
 	if $(SUPERVISORCTL) pid >/dev/null 2>&1; then \

@@ -173,6 +173,7 @@ class StreamRelay(ABC):
         ``SWEEP_MOST`` boards. Redis away too: the gauge keeps its last value."""
         try:
             boards = [board.board_id for board in await self._catalog.all()]
+            self._forget_gone(boards)
             self._set_backlog(boards, await self._lengths(boards))
         except Exception as exc:
             log.debug("stream lengths not read", relay=self._owner[1], error=repr(exc))
@@ -188,6 +189,13 @@ class StreamRelay(ABC):
             elif board_id in self._gauged:
                 self._emptied(board_id)
                 self._gauged.discard(board_id)
+
+    def _forget_gone(self, boards: list[str]) -> None:
+        """The gauges of the boards no longer among ``boards`` (every board defined) set to 0: a
+        board deleted takes its stream with it, and no later look would find it to say so."""
+        for board_id in self._gauged.difference(boards):
+            self._emptied(board_id)
+            self._gauged.discard(board_id)
 
     def _emptied(self, board_id: str) -> None:
         """A board's stream found empty after it held entries: its gauges go to 0."""

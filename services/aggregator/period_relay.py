@@ -93,6 +93,7 @@ class PeriodRelay(StreamRelay):
             if claim:
                 claim_at = loop.time() + CLAIM_EVERY_SECONDS
             boards = [board.board_id for board in await self._catalog.all()]
+            self._forget_gone(boards)
             swept = boards if claim else self._next_sweep(boards)
             lengths = await self._lengths(swept)
             self._set_backlog(swept, lengths)

@@ -1,13 +1,15 @@
 """``make rebuild``: every board recreated in Redis, exactly, from the history database.
 
-An operator's tool, not a service: run as ``python -m services.rebuild [--board ID ...]
-[--wait SECONDS]``. Redis is a projection of MySQL (the design invariants in
-docs/architecture.md): this puts back, from MySQL alone, the board definitions and friendships
-(:mod:`shared.restore`, which the API runs at start-up too), and for each board its regional
-views of every period still retained, team boards and their distinct-score sets, feed, player
-and event counts, each user's regions and team, and display names; then it marks every user of
-every view dirty, so the aggregator merges the global views again through its own code. A
-regional view's distinct-score set (kept on demand by the aggregator) is dropped, and built
+An operator's tool, not a service: run as ``python -m services.rebuild [--board ID ...] [--wait
+SECONDS] [--restored]`` (``--restored``: after the history database was restored from a backup,
+what it lacks of what Redis applied is left out rather than waited for; step 2 and the counter
+check of step 5 below give way, docs/operations.md). Redis is a projection of MySQL (the design
+invariants in docs/architecture.md): this puts back, from MySQL alone, the board definitions and
+friendships (:mod:`shared.restore`, which the API runs at start-up too), and for each board its
+regional views of every period still retained, team boards and their distinct-score sets, feed,
+player and event counts, each user's regions and team, and display names; then it marks every
+user of every view dirty, so the aggregator merges the global views again through its own code.
+A regional view's distinct-score set (kept on demand by the aggregator) is dropped, and built
 again by the aggregator from the rebuilt view where the board is still read densely there.
 
 Each event is replayed, in the order its write was applied in (its position in the board's

@@ -1,7 +1,8 @@
-"""The command line of the rebuild: ``python -m services.rebuild [--board ID ...] [--wait S]``.
+"""The command line of the rebuild: ``python -m services.rebuild [--board ID ...] [--wait S]
+[--restored]``.
 
-Opens MySQL and Redis, rebuilds, and prints one summary line a board; exits with status 1 (the
-reason logged) if a board could not be rebuilt.
+Opens MySQL and Redis, rebuilds, and prints one summary line a board rebuilt; exits with status
+1 (the reason logged) if a board could not be rebuilt, once every other board is.
 """
 
 from __future__ import annotations
@@ -27,17 +28,21 @@ log = structlog.get_logger(__name__)
 
 
 async def rebuild(
-    settings: LadderSettings, only: Iterable[str] = (), wait_seconds: float = 120.0
+    settings: LadderSettings,
+    only: Iterable[str] = (),
+    wait_seconds: float = 120.0,
+    restored: bool = False,
 ) -> list[BoardRebuild]:
     """Open MySQL and Redis (loading the function library, which a Redis that lost its data
-    lacks too) and rebuild."""
+    lacks too) and rebuild (``restored``: the history database was restored from a backup)."""
     async with (
         open_engine(settings.mysql_url) as engine,
         open_redis(
             settings.redis_url, cluster=settings.redis_cluster, load_functions=True
         ) as redis,
     ):
-        rebuilder = Rebuilder(engine, redis, Keys(settings.key_prefix), settings, wait_seconds)
+        keys = Keys(settings.key_prefix)
+        rebuilder = Rebuilder(engine, redis, keys, settings, wait_seconds, restored)
         return await rebuilder.run(only)
 
 
@@ -59,15 +64,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--wait",
         type=float,
-        default=120.0,
-        help="seconds to wait for history to store events Redis applied already (120)",
+        default=None,
+        help="seconds to wait for history to store events Redis applied already (120; 10 with "
+        "--restored)",
+    )
+    parser.add_argument(
+        "--restored",
+        action="store_true",
+        help="the history database was restored from a backup: events Redis applied that it "
+        "still lacks after the wait are lost with it, and left out",
     )
     options = parser.parse_args(argv)
+    wait = options.wait if options.wait is not None else 10.0 if options.restored else 120.0
     settings = load_settings("rebuild")
     configure("rebuild", settings.log_level)
     try:
-        done = asyncio.run(rebuild(settings, options.board, options.wait))
+        done = asyncio.run(rebuild(settings, options.board, wait, options.restored))
     except RebuildFailed as exc:
+        for board in exc.done:
+            print(summary(board))
         log.error("rebuild failed", error=str(exc))
         sys.exit(1)
     # A server that does not answer or refuses the URL: one line naming the setting to look at

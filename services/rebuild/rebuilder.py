@@ -48,7 +48,11 @@ def _pending(first: Any) -> bool:
 
 class RebuildFailed(RuntimeError):
     """A board could not be rebuilt (MySQL never caught up, or the rebuild kept losing its
-    flag); Redis keeps what it had."""
+    flag); Redis keeps what it had for it. ``done``: the boards rebuilt all the same."""
+
+    def __init__(self, message: str, done: list[BoardRebuild] | None = None) -> None:
+        super().__init__(message)
+        self.done = done or []
 
 
 @dataclass
@@ -74,12 +78,16 @@ class Rebuilder:
         keys: Keys,
         settings: LadderSettings,
         wait_seconds: float = 120.0,
+        restored: bool = False,
     ) -> None:
         self._engine = engine
         self._redis = redis
         self._keys = keys
         self._settings = settings
         self._wait_seconds = wait_seconds
+        # The history database was restored from a backup: it may lack for good events Redis
+        # applied (stored after the backup was taken), which a rebuild then leaves out.
+        self._restored = restored
         self._flags: dict[str, BoardFlag] = {}
 
     async def run(self, only: Iterable[str] = ()) -> list[BoardRebuild]:
@@ -103,7 +111,20 @@ class Rebuilder:
         found = await existing(
             self._redis, self._keys, [b.board_id for b in chosen], "{" + self._keys.prefix + ":"
         )
-        return [await self.board(b, found[b.board_id]) for b in chosen]
+        # A board that cannot be rebuilt holds back none after it: Redis may have lost them all.
+        done: list[BoardRebuild] = []
+        failed: list[str] = []
+        for board in chosen:
+            try:
+                done.append(await self.board(board, found[board.board_id]))
+            except RebuildFailed as exc:
+                log.error("board not rebuilt; the others go on", board_id=board.board_id)
+                failed.append(str(exc))
+        if failed:
+            raise RebuildFailed(
+                f"{len(failed)} of {len(chosen)} boards not rebuilt: " + "; ".join(failed), done
+            )
+        return done
 
     async def board(self, board: Board, found: Existing | None = None) -> BoardRebuild:
         """Rebuild one board (see :mod:`services.rebuild`); ``found``: its keys as they were
@@ -167,7 +188,14 @@ class Rebuilder:
                 stored = await held(conn, board_id, set(pending))
             return [ref for ref in pending if ref not in stored]
 
-        await self._wait(board_id, refs, unstored, "not in the history database", "history")
+        await self._wait(
+            board_id,
+            refs,
+            unstored,
+            "not in the history database",
+            "history",
+            lost=self._restored,
+        )
 
     async def _wait_derived(self, board_id: str, refs: list[str]) -> None:
         """Until the aggregator has derived every one of the events ``refs`` names (their
@@ -201,15 +229,25 @@ class Rebuilder:
         left: Callable[[list[str]], Awaitable[list[str]]],
         state: str,
         consumer: str,
+        lost: bool = False,
     ) -> None:
         """Poll ``left`` (which of the events it is given are still waited for) until it names
         none, keeping the board's flag; ``RebuildFailed`` after the wait's limit, saying which
-        events are still ``state`` and which ``consumer`` to look at."""
+        events are still ``state`` and which ``consumer`` to look at; or, where those may be
+        ``lost`` (a restored history database lacks them for good), a warning naming them."""
         pending = list(dict.fromkeys(refs))  # once each, in order
         end = time.monotonic() + self._wait_seconds
         while pending:
             pending = await left(pending)
             if not pending:
+                return
+            if time.monotonic() > end and lost:
+                log.warning(
+                    "events applied in Redis that the restored history database lacks are left out",
+                    board_id=board_id,
+                    events=len(pending),
+                    example=sorted(pending)[:3],
+                )
                 return
             if time.monotonic() > end:
                 raise RebuildFailed(
@@ -241,6 +279,12 @@ class Rebuilder:
             events, refused, known = await self._stage(board, staged, journal)
         except FlagLost:
             return "the flag lapsed", set()
+        if self._restored:
+            # Redis's event counters count events the restored database lacks: they are replaced
+            # with the staged ones unchecked (the check would refuse the board every time).
+            for keys in (staged, journal):
+                keys.others |= keys.counters
+                keys.counters = set()
         status, detail, made = await finish(
             self._redis, self._keys, flag, staged, journal, live, known
         )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from services.aggregator import period_relay
@@ -109,3 +110,43 @@ async def test_a_poll_that_claims_asks_about_every_board(
         await redis.xadd(keys.periods_outbox("b19"), {"m": "{}"})
         await drained(redis, keys, "b00", "b19")
         assert set(relay.reads) == {"b00", "b19"}
+
+
+class Keeping(PeriodRelay):
+    """A period relay whose reads publish nothing and leave the outboxes as they are."""
+
+    async def relay_board(self, board_id: str, claim: bool) -> int:
+        return 0
+
+
+async def test_a_board_deleted_leaves_no_backlog_gauge_behind(
+    redis: Redis, keys: Keys, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A board's period outbox holds messages, and the backlog gauge says how many; the board
+    deleted (its outbox with it), the gauge goes to 0 rather than keep its last value."""
+    monkeypatch.setattr(period_relay, "POLL_SECONDS", 0.02)
+    catalog = await catalog_of(redis, keys, ["kept", "gone"])
+    relay = Keeping(redis, keys, catalog, settings)
+    await redis.xadd(keys.periods_outbox("gone"), {"m": "{}"})
+    await redis.xadd(keys.periods_outbox("gone"), {"m": "{}"})
+
+    def backlog(board_id: str) -> float | None:
+        return REGISTRY.get_sample_value("ladder_periods_backlog", {"board_id": board_id})
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay._pump(stop))
+    try:
+        await until_true(lambda: backlog("gone") == 2)
+        await catalog.remove("gone")
+        await redis.delete(keys.periods_outbox("gone"))
+        await until_true(lambda: backlog("gone") == 0)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+
+async def until_true(condition: Callable[[], bool]) -> None:
+    async def holds() -> bool:
+        return condition()
+
+    await eventually(holds)

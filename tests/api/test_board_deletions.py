@@ -6,6 +6,7 @@ before it, late in a queue, neither touch its counters nor bring their own keys 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -243,3 +244,32 @@ async def test_a_deleted_board_s_event_late_in_the_queue_brings_none_of_its_keys
                 select(score_events.c.event_id).where(score_events.c.board_id == "cup")
             )
             assert list(stored.scalars()) == ["e-1"]
+
+
+def gauge(text: str, name: str, board_id: str) -> float:
+    """The sum of a metric's samples for one board in ``/metrics`` text."""
+    found = re.findall(rf'^{name}\{{[^}}]*board_id="{board_id}"[^}}]*\}} (\S+)$', text, re.M)
+    return sum(float(value) for value in found)
+
+
+async def test_a_board_deleted_with_events_in_its_outbox_leaves_no_backlog_gauge(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The broker away, board ``cup``'s events wait in its outbox and the relay's backlog gauge
+    says so; the board deleted, its outbox goes with it, and the gauge goes to 0 (the outbox
+    holds nothing more), rather than keep its last value for as long as the process runs: an
+    alert on a backlog that no longer exists."""
+    async with api_client(quiet) as client:
+        await make(client, "cup")
+        for n in range(3):
+            await post(client, score(event_id=f"e-{n}", user_id=f"u-{n}"), board="cup")
+
+        async def backlog(expected: float) -> bool:
+            text = (await client.get("/metrics")).text
+            return gauge(text, "ladder_relay_backlog", "cup") == expected
+
+        # The relay reads the outboxes' lengths at each attempt to reach the broker (5 s apart).
+        await eventually(lambda: backlog(3), within=15)
+        await delete_board(client, "cup")
+        assert await redis.xlen(keys.outbox("cup")) == 0
+        await eventually(lambda: backlog(0), within=15)

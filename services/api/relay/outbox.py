@@ -183,6 +183,7 @@ class Relay(StreamRelay):
             if now >= boards_at:
                 boards = [b.board_id for b in await self._catalog.all()]
                 boards_at = now + _BOARDS_REFRESH_SECONDS
+                self._forget_gone(boards)
             written, self._written = self._written, set()
             if not written.issubset(boards):
                 boards = sorted({*boards, *written})
