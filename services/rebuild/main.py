@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Iterable
 
@@ -55,6 +56,17 @@ def summary(board: BoardRebuild) -> str:
     )
 
 
+def seconds(text: str) -> float:
+    """A ``--wait``: a finite number of seconds, 0 or more (``nan`` would wait for ever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, 0 or more")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m services.rebuild",
@@ -63,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--board", action="append", default=[], help="only this board (repeatable)")
     parser.add_argument(
         "--wait",
-        type=float,
+        type=seconds,
         default=None,
         help="seconds to wait for history to store events Redis applied already (120; 10 with "
         "--restored)",

@@ -45,3 +45,19 @@ def test_a_server_the_rebuild_cannot_use_is_named_by_its_setting(
     setting = {"mysql": "LADDER_MYSQL_URL", "redis": "LADDER_REDIS_URL"}[away]
     assert setting in line["message"] and line["level"] == "error", line
     assert "s3cret" not in done.stdout and str(port) not in done.stdout
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf", "-1", "soon"])
+def test_a_wait_that_is_not_a_number_of_seconds_is_refused_before_anything_is_opened(
+    wait: str,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "services.rebuild", "--wait", wait],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "LADDER_REDIS_URL": "redis://127.0.0.1:1/0"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--wait" in done.stderr and "not a number of seconds" in done.stderr, done.stderr
