@@ -88,23 +88,6 @@ async def test_an_empty_token_is_a_bad_credential_not_none(
     assert code == 1008, reason
 
 
-async def test_without_public_reads_a_socket_without_a_credential_is_closed_with_1008(
-    quiet: LadderSettings, redis: Redis, broker: Topology
-) -> None:
-    """With LADDER_PUBLIC_READS=false the socket is opened with a credential only: one without
-    is closed at once with 1008, as a bad credential's is, while a credential opens it."""
-    private = quiet.model_copy(update={"public_reads": False})
-    async with serve(private) as url:
-        code, reason = await close_code(url)
-        assert (code, "credential" in reason) == (1008, True)
-        # A bad credential keeps its own reason.
-        code, reason = await close_code(f"{url}?token=not-a-key")
-        assert (code, "credential is not a valid" in reason) == (1008, True)
-        for token in (DEV_SERVER_KEY, player_token("u-1")):
-            async with websockets.connect(f"{url}?token={token}") as ws:
-                assert (await ask(ws, {"op": "subscribe", "topic": TOPIC}))["type"] == "ok"
-
-
 async def test_a_foreign_origin_is_refused(
     quiet: LadderSettings, redis: Redis, broker: Topology
 ) -> None:

@@ -3,10 +3,10 @@
 Each connection is a receiver (client ops) and a sender (its bounded queue) run together; the
 first to finish ends both. A client whose queue fills is closed with 1013 and never holds back
 the hub or other clients; when the server stops, every socket is closed with 1001. A bad
-credential, or none while reads are not public, is refused before any subscription is made: the
-socket is accepted only to be closed with 1008 and a reason. A socket opened with a player token
-is closed with 1008 once the token is past its ``exp`` and the leeway ``authenticate`` grants: a
-token is checked once, at the handshake, and a client that stays on reconnects with a fresh one.
+credential is refused before any subscription is made: the socket is accepted only to be closed
+with 1008 and a reason. A socket opened with a player token is closed with 1008 once the token is
+past its ``exp`` and the leeway ``authenticate`` grants: a token is checked once, at the
+handshake, and a client that stays on reconnects with a fresh one.
 
 Before the server closes a socket, its receiver and sender are stopped: a sender may be waiting
 for a peer that stopped reading to make room, and nothing may follow the close frame. The close
@@ -50,9 +50,7 @@ log = structlog.get_logger(__name__)
 router = APIRouter(tags=["websocket"])
 
 CONNECTIONS = Gauge("ladder_ws_connections", "Open WebSocket connections")
-REFUSED = Counter(
-    "ladder_ws_refused_total", "Sockets closed at once: bad or missing credential, or Origin"
-)
+REFUSED = Counter("ladder_ws_refused_total", "Sockets closed at once: bad credential or Origin")
 
 MAX_SUBSCRIPTIONS = 64
 MAX_FRAME = 4096
@@ -298,10 +296,6 @@ async def _serve(websocket: WebSocket, state: ApiState) -> None:
             principal = authenticate(credential_of(websocket), state.settings)
         except Unauthorized as exc:
             refusal = exc.detail
-        if refusal is None and principal.kind == "anonymous" and not state.settings.public_reads:
-            # Without public reads an anonymous socket may do nothing: it is not opened at all,
-            # as an anonymous request to /v1/ is a 401 then (docs/api.md sections 1 and 9).
-            refusal = "a credential is required (LADDER_PUBLIC_READS=false)"
     await websocket.accept()
     if refusal is not None:
         REFUSED.inc()
