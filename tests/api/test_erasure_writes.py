@@ -11,6 +11,8 @@ import pytest
 from redis.asyncio import Redis
 
 from services.api.eraser import Eraser
+from services.api.erasing import ErasingUsers
+from services.api.errors import Unavailable
 from shared.boards import BoardCatalog
 from shared.db import open_engine
 from shared.erasure import pending_erasures, request_erasure, user_hash
@@ -75,3 +77,24 @@ async def test_the_worker_keeps_the_waiting_users_to_the_pending_erasures(
         await eraser.round()
         assert [e.user_id for e in await pending_erasures(engine)] == ["u-1"]
         assert await redis.hkeys(keys.erasing) == [user_hash("u-1", secret)]
+
+
+async def test_a_write_just_after_the_erasure_is_done_is_taken(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A process keeps its read of the pending erasures half a second: a user found in it is
+    looked up again before its write is refused, so that once its erasure is done (its entry
+    gone) the next write is a fresh user's at once, not a 503 for another half second."""
+    secret = quiet.effective_jwt_secret
+    erasing = ErasingUsers(redis, keys, secret)
+    await redis.hset(keys.erasing, mapping={user_hash(u, secret): 1 for u in ("u-1", "u-2")})
+    with pytest.raises(Unavailable):
+        await erasing.check("u-1")
+    assert await erasing.erasing(["u-1", "u-2", "u-3"]) == {"u-1", "u-2"}
+    # The worker is done with u-1: its entry goes (services/api/eraser.py), well within the
+    # half second the process keeps what it read.
+    await redis.hdel(keys.erasing, user_hash("u-1", secret))
+    await erasing.check("u-1")
+    assert await erasing.erasing(["u-1", "u-2", "u-3"]) == {"u-2"}
+    with pytest.raises(Unavailable):
+        await erasing.check("u-2")

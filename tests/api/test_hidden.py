@@ -277,6 +277,47 @@ async def test_ranks_close_up_in_every_rank_style_and_period(
         ]
 
 
+async def test_a_friends_scope_whose_only_friend_is_hidden_ranks_the_player_alone(
+    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+) -> None:
+    """The ranks read's friends scope closes up as if the hidden friend were not there: the
+    player ranked alone, as beside a friend with no score, not a scope gone (which would tell
+    the player its friend is hidden). The leaderboard's friends scope says the same."""
+    aggregator = Aggregator(redis, keys, db)
+    alone = {"rank": 1, "score": 10, "total": 1}
+    async with api_client(quiet) as client:
+        await post_score(client, "u-a", "eu", "red", 10)
+        await post_score(client, "u-b", "eu", "red", 20)
+        for a, b in (("u-a", "u-b"), ("u-c", "u-d")):
+            answer = await client.put(f"/v1/users/{a}/friends/{b}", headers=SERVER)
+            assert answer.status_code == 204, answer.text
+        await post_score(client, "u-c", "eu", "red", 10)  # u-d: a friend with no score
+        await aggregator.run()
+        assert (await client.put(HIDDEN.format("u-b"), headers=ADMIN)).status_code == 204
+        await aggregator.run()
+        for reader in (player("u-a"), SERVER):
+            ranks = await get_ok(client, "/v1/boards/main/users/u-a/ranks", headers=reader)
+            for period in MAIN_BOARD.periods:
+                assert ranks["periods"][period]["scopes"]["friends"] == alone, (period, reader)
+        unscored = await get_ok(client, "/v1/boards/main/users/u-c/ranks", headers=player("u-c"))
+        assert unscored["periods"]["alltime"]["scopes"]["friends"] == alone
+        page = await get_ok(client, LEADERBOARD, scope="friends:u-a", headers=player("u-a"))
+        assert ([e["user_id"] for e in page["entries"]], page["total"]) == (["u-a"], 1)
+        # Shown again, the friend is back in the scope.
+        assert (await client.delete(HIDDEN.format("u-b"), headers=ADMIN)).status_code == 204
+        ranks = await get_ok(client, "/v1/boards/main/users/u-a/ranks", headers=player("u-a"))
+        assert ranks["periods"]["alltime"]["scopes"]["friends"] == {
+            "rank": 2,
+            "score": 10,
+            "total": 2,
+        }
+        # A player with no friends at all has no friends scope.
+        await post_score(client, "u-e", "eu", "red", 5)
+        await aggregator.run()
+        lone = await get_ok(client, "/v1/boards/main/users/u-e/ranks", headers=player("u-e"))
+        assert "friends" not in lone["periods"]["alltime"]["scopes"]
+
+
 async def test_hide_and_unhide_are_idempotent_and_kept_in_mysql(
     quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
 ) -> None:

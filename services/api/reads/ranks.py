@@ -68,10 +68,13 @@ async def user_ranks(
     regions, team, friends, as_of = await _memberships(
         redis, keys, board, user_id, with_friends, own
     )
-    group = [*friends, user_id]
+    # A user with friends has its friends scope, even where every friend is hidden on the board:
+    # it then ranks alone, as among friends with no score (docs/api.md section 8b: the view is
+    # as if the hidden user were not there).
+    group = None if friends is None else [*friends, user_id]
     probes = _probes(keys, board.board_id, user_id, windows, regions, team)
     found, group_scores = await _read(
-        redis, keys, board.board_id, probes, windows, friends, group, style, own
+        redis, keys, board.board_id, probes, windows, group, style, own
     )
     ranks = [f.position if f.above is None else 1 + f.above for f in found]
 
@@ -89,6 +92,7 @@ async def user_ranks(
             entry = {"team_id": f.probe.member, **entry}
         periods[period]["scopes"][f.probe.scope] = entry
     for w, flat in zip(windows, group_scores, strict=False):
+        assert group is not None  # group scores are read only for a group
         among = _among_friends(board, user_id, group, flat, style)
         if among is not None:
             periods[w.period]["scopes"]["friends"] = among
@@ -97,10 +101,12 @@ async def user_ranks(
 
 async def _memberships(
     redis: Redis, keys: Keys, board: Board, user_id: str, with_friends: bool, own: bool
-) -> tuple[list[str], str | None, list[str], str | None]:
-    """The user's regions, team (incr boards) and friends (``with_friends``), and when the
-    aggregator, which keeps the regions and team, last applied a batch of the board (its as_of);
-    404 if it has no region, having never scored on the board (or not yet derived)."""
+) -> tuple[list[str], str | None, list[str] | None, str | None]:
+    """The user's regions, team (incr boards) and friends not hidden on the board (``None``
+    without ``with_friends`` or for a user with no friends at all; a list, perhaps empty, for a
+    user with friends), and when the aggregator, which keeps the regions and team, last applied
+    a batch of the board (its as_of); 404 if it has no region, having never scored on the board
+    (or not yet derived)."""
     bid = board.board_id
     declared = list(board.regions) if board.regions is not None else None
     async with redis.pipeline(transaction=False) as pipe:
@@ -128,7 +134,9 @@ async def _memberships(
         raise NotFound(f"User {user_id!r} has no score on board {bid!r}.")
     regions = _regions(declared, field, legacy_read)
     team: str | None = team_of if board.operator == "incr" else None
-    friends = sorted(set(learned[5]) - {user_id} - hidden)[:MAX_FRIENDS] if with_friends else []
+    friends = None
+    if with_friends and set(learned[5]) - {user_id}:
+        friends = sorted(set(learned[5]) - {user_id} - hidden)[:MAX_FRIENDS]
     return regions, team, friends, as_of
 
 
@@ -175,13 +183,12 @@ async def _read(
     bid: str,
     probes: list[_Probe],
     windows: list[PeriodWindow],
-    friends: list[str],
-    group: list[str],
+    group: list[str] | None,
     style: RankStyle,
     own: bool = False,
 ) -> tuple[list[_Found], list[Any]]:
-    """Every probe's score, position, size and style count, and (with friends) the whole group's
-    scores in each period's global view: one round trip."""
+    """Every probe's score, position, size and style count, and (with a ``group``: the user and
+    its friends) the whole group's scores in each period's global view: one round trip."""
     async with redis.pipeline(transaction=False) as pipe:
         for probe in probes:
             # Position, score, size and style count of the probe's entry (no neighbours): {} if
@@ -190,7 +197,7 @@ async def _read(
             # A user's own read places it even while hidden ('self'); a team is never hidden.
             own_read = "self" if own and probe.scope != "teams" else ""
             pipe.fcall_ro(PLACE_FUNCTION, 4, *view_keys, probe.member, 0, style, own_read)
-        if friends:
+        if group is not None:
             for w in windows:
                 queue_entries(pipe, keys.global_view(bid, w.period, w.period_id), group)
         replies = await pipe.execute()
