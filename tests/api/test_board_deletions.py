@@ -26,7 +26,16 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
-from tests.helpers import ADMIN, T0, accepted_event, api_client, derive_outbox, eventually
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    T0,
+    accepted_event,
+    api_client,
+    derive_outbox,
+    eventually,
+    snapshot,
+)
 
 GONE = ["cup", "cup-2", "league"]
 KEPT = "cup2"
@@ -243,3 +252,26 @@ async def test_a_deleted_board_s_event_late_in_the_queue_brings_none_of_its_keys
                 select(score_events.c.event_id).where(score_events.c.board_id == "cup")
             )
             assert list(stored.scalars()) == ["e-1"]
+
+
+async def test_a_deletion_judges_the_board_before_its_query(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    """The board of the path (404, and 409 for ``main``) before the query's 422 (docs/api.md
+    section 1), and a refused deletion changes nothing."""
+    async with api_client(quiet) as client:
+        await make(client, "cup")
+        before = await snapshot(redis, quiet.key_prefix)
+        for bad in ("banana", ""):
+            answer = await client.delete("/v1/boards/nope", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 404, answer.text
+            answer = await client.delete("/v1/boards/main", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 409, answer.text
+            answer = await client.delete("/v1/boards/cup", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["errors"][0]["loc"] == ["query", "purge"]
+        unknown = await client.delete("/v1/boards/nope", params={"purge": "x"}, headers=SERVER)
+        assert unknown.status_code == 403, unknown.text
+        assert await snapshot(redis, quiet.key_prefix) == before
+        assert (await client.get("/v1/boards/cup")).status_code == 200
+        assert (await client.get("/v1/board-deletions/cup", headers=ADMIN)).status_code == 404
