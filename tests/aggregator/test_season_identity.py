@@ -120,3 +120,34 @@ async def test_a_season_claimed_by_the_version_before_is_not_claimed_again(
     assert await close(following) == 1
     [(_, entry)] = await redis.xrange(keys.periods_outbox("cup"))
     assert message_id(entry) == f"cup:season:{close_name(following)}"
+
+
+async def test_a_season_ended_but_not_closed_when_its_schedule_changes_is_not_closed(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The limit docs/api.md section 3 states: the closer knows the schedule in force only, so
+    a season of the old schedule that ended within its close's delay before the change (the
+    lateness, here 2 s, and a merge interval and a second) is never announced."""
+    now = datetime.now(UTC)
+    late_ok = settings.model_copy(update={"allowed_lateness": 900.0})
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    merger = Merger(redis, keys)
+    after = timedelta(seconds=5)  # past the close's delay, 3.2 s
+    first = window_at("season", now - timedelta(minutes=4), "UTC", MINUTES.schedule)
+    assert first.end is not None
+    a = ScoreIn(user_id="a", region="eu", value=1, occurred_at=first.start)
+    await submit(redis, keys, late_ok, MINUTES, a, "e-a")
+    await close_until_claimed(closer, merger, MINUTES, first.end + after)
+    # The next minute season ends; the schedule changes before its close is due.
+    second = window_at("season", first.end, "UTC", MINUTES.schedule)
+    assert second.end is not None
+    b = ScoreIn(user_id="b", region="eu", value=5, occurred_at=second.start)
+    await submit(redis, keys, late_ok, MINUTES, b, "e-b")
+    await close_until_claimed(closer, merger, MINUTES, second.end + timedelta(seconds=1))
+    hours = MINUTES.model_copy(update={"schedule": "0 * * * *"})
+    await close_until_claimed(closer, merger, hours, second.end + after)
+    await close_until_claimed(closer, merger, hours, second.end + 3 * after)
+
+    assert [body["period_id"] for _, body in await season_messages(redis, keys)] == [
+        first.period_id
+    ]

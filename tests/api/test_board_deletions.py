@@ -27,7 +27,16 @@ from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
-from tests.helpers import ADMIN, T0, accepted_event, api_client, derive_outbox, eventually
+from tests.helpers import (
+    ADMIN,
+    SERVER,
+    T0,
+    accepted_event,
+    api_client,
+    derive_outbox,
+    eventually,
+    snapshot,
+)
 
 GONE = ["cup", "cup-2", "league"]
 KEPT = "cup2"
@@ -273,3 +282,26 @@ async def test_a_board_deleted_with_events_in_its_outbox_leaves_no_backlog_gauge
         await delete_board(client, "cup")
         assert await redis.xlen(keys.outbox("cup")) == 0
         await eventually(lambda: backlog(0), within=15)
+
+
+async def test_a_deletion_judges_the_board_before_its_query(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    """The board of the path (404, and 409 for ``main``) before the query's 422 (docs/api.md
+    section 1), and a refused deletion changes nothing."""
+    async with api_client(quiet) as client:
+        await make(client, "cup")
+        before = await snapshot(redis, quiet.key_prefix)
+        for bad in ("banana", ""):
+            answer = await client.delete("/v1/boards/nope", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 404, answer.text
+            answer = await client.delete("/v1/boards/main", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 409, answer.text
+            answer = await client.delete("/v1/boards/cup", params={"purge": bad}, headers=ADMIN)
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["errors"][0]["loc"] == ["query", "purge"]
+        unknown = await client.delete("/v1/boards/nope", params={"purge": "x"}, headers=SERVER)
+        assert unknown.status_code == 403, unknown.text
+        assert await snapshot(redis, quiet.key_prefix) == before
+        assert (await client.get("/v1/boards/cup")).status_code == 200
+        assert (await client.get("/v1/board-deletions/cup", headers=ADMIN)).status_code == 404

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -178,3 +178,37 @@ async def post_score(client: httpx.AsyncClient, user: str) -> dict[str, Any]:
     assert posted.status_code == 200, posted.text
     answer: dict[str, Any] = posted.json()
     return answer
+
+
+async def test_a_former_schedule_s_season_is_read_no_more_after_a_change(
+    quiet: LadderSettings,
+) -> None:
+    """The limit docs/api.md section 3 states: a season id that is no firing of the schedule in
+    force is a 422 on reads, a closed season of the schedule before included, snapshots too."""
+    async with api_client(quiet) as client:
+        kept = {"season": 5000}
+        made = await client.put(
+            "/v1/boards/cup", json={"schedule": "*/2 * * * *", "retention": kept}, headers=ADMIN
+        )
+        assert made.status_code == 201, made.text
+        past = datetime.now(UTC) - timedelta(minutes=3)
+        if past.minute < 2:  # a season of the hour's first two minutes: a firing of both
+            past -= timedelta(minutes=4)
+        body = {"user_id": "u-1", "region": "eu", "value": 7, "occurred_at": past.isoformat()}
+        wrote = await client.post("/v1/boards/cup/scores", json=body, headers=SERVER)
+        assert wrote.status_code == 200, wrote.text
+        season = wrote.json()["periods"]["season"]["period_id"]
+        assert not season.endswith(":00")
+        read = {"scope": "region:eu", "period": "season", "period_id": season}
+        page = await client.get("/v1/boards/cup/leaderboard", params=read)
+        assert page.status_code == 200, page.text
+        assert [e["user_id"] for e in page.json()["entries"]] == ["u-1"]
+
+        changed = await client.put(
+            "/v1/boards/cup", json={"schedule": "0 * * * *", "retention": kept}, headers=ADMIN
+        )
+        assert changed.status_code == 200, changed.text
+        for path in ("leaderboard", "snapshots"):
+            gone = await client.get(f"/v1/boards/cup/{path}", params=read)
+            assert gone.status_code == 422, gone.text
+            assert gone.json()["errors"][0]["loc"] == ["query", "period_id"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import delete
 
@@ -88,6 +88,18 @@ async def erasure_status(user_id: UserIdPath, state: State, _: Admin) -> Erasure
     return ErasureOut(user_id=user_id, status=status, cutoff=rfc3339(erasure.cutoff))
 
 
+async def board_to_delete(board_id: BoardIdPath, state: State, _: Admin) -> str:
+    """The path's board, judged before the query (docs/api.md section 1: the board's 404 comes
+    before a query's 422): 409 for board ``main``, 404 for a board that does not exist. Judged
+    again under the definitions lock, where the deletion is recorded."""
+    if board_id == MAIN_BOARD_ID:
+        raise Conflict("Board main exists out of the box and is not deleted.")
+    found = await state.catalog.get(board_id, fresh=True)
+    if found is None and await load_board(state.engine, board_id) is None:
+        raise NotFound(f"There is no board {board_id!r}.")
+    return board_id
+
+
 @router.delete(
     "/v1/boards/{board_id}",
     status_code=202,
@@ -97,17 +109,14 @@ async def erasure_status(user_id: UserIdPath, state: State, _: Admin) -> Erasure
     ),
 )
 async def delete_board(
-    board_id: BoardIdPath,
+    board_id: Annotated[str, Depends(board_to_delete)],
     response: Response,
     state: State,
-    _: Admin,
     purge: Annotated[bool, Query(description="Delete its history too")] = False,
 ) -> DeletionOut:
     """Delete the board: its definition at once, its cached keys within seconds, its history
     only with ``purge=true``. Its name then takes a fresh board, none of the old scores showing.
     Board ``main`` is not deleted (409)."""
-    if board_id == MAIN_BOARD_ID:
-        raise Conflict("Board main exists out of the box and is not deleted.")
     try:
         async with definitions_lock(state.engine) as conn:
             found = await load_board(conn, board_id) or await state.catalog.get(
