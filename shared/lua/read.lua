@@ -182,14 +182,17 @@ end
 --[[
 A user's place in one view with the entries around it and the counts of its style rank, read in
 one step (the standing read). KEYS: the view, its hash of records, the board's display names, its
-distinct-score set. ARGV: user, how many entries either side, rank style, 'self' where the
-reader is the user (a hidden user's own read answers: standing_hidden()) or ''. Returns {} if
+distinct-score set, and optionally the board's as_of hash. ARGV: user, how many entries either
+side, rank style, 'self' where the reader is the user (a hidden user's own read answers:
+standing_hidden()) or '', and optionally the as_of field ('' or none: not read). Returns {} if
 the user has no score in the view; else standing()'s reply, then the style_count() of the user's
-entry and of the first entry around it.
+entry and of the first entry around it, then the as_of field's value (false: not read or unset).
 ]]
 local function placed(keys, args)
   local found = standing(keys, args)
   if #found == 0 then return found end
+  found[9] = false
+  if keys[5] and args[5] and args[5] ~= '' then found[9] = redis.call('HGET', keys[5], args[5]) end
   local rows, style = found[4], args[3]
   local own = 2 * (found[1] - math.max(found[1] - tonumber(args[2]), 0)) + 1
   found[7] = style_count(keys[1], keys[4], style, tonumber(rows[own + 1]), sub_of(rows[own]))

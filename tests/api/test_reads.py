@@ -177,6 +177,27 @@ class Friends:
         await merge(redis, keys)
 
 
+async def test_a_standing_says_as_of_as_the_leaderboard_of_its_scope_does(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The global and friends scopes trail the regions by the merge: a standing there says when
+    the view was last merged, as the page does; a region's, which the write keeps, is as of the
+    read."""
+    async with api_client(quiet) as client:
+        await Friends().seed(client, redis, keys)
+        merged = await redis.hget(keys.as_of("main"), "alltime:all")
+        before = datetime.now(UTC).replace(microsecond=0)
+        answers = {
+            scope: await get_ok(client, "/v1/boards/main/users/u-1", headers=SERVER, scope=scope)
+            for scope in ("global", "friends:u-1", "region:eu")
+        }
+        page = await get_ok(client, LEADERBOARD, scope="global")
+    assert merged is not None
+    assert answers["global"]["as_of"] == answers["friends:u-1"]["as_of"] == merged
+    assert page["as_of"] == merged
+    assert datetime.fromisoformat(answers["region:eu"]["as_of"]) >= before
+
+
 async def test_the_friends_scope_ranks_a_player_among_its_friends_on_the_global_view(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:

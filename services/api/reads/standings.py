@@ -43,10 +43,13 @@ async def standing(
     style: RankStyle = "ordinal",
     *,
     own: bool = False,
+    as_of_field: str = "",
 ) -> dict[str, Any]:
     """A user's rank, score and neighbours in one view; 404 if it has no score there, or is
     hidden on the board and ``own`` (the read is the user's own, with its player token) is not
-    set: a hidden user's own read places it where it would be (docs/api.md section 8b)."""
+    set: a hidden user's own read places it where it would be (docs/api.md section 8b).
+    ``"as_of"``: the field ``as_of_field`` of the board's as_of hash, read in the same step
+    (``None`` where it is not set or not asked for)."""
     if view.kind == "teams":
         raise Invalid(
             "The standing read takes a user; a team's place is in the teams leaderboard and in "
@@ -54,7 +57,7 @@ async def standing(
             loc=("query", "scope"),
         )
     if view.kind == "friends":
-        group = await friends_rows(redis, keys, view)
+        group = await friends_rows(redis, keys, view, as_of_field)
         rows = group.rows
         at = next((i for i, (m, _) in enumerate(rows) if id_of(m) == user_id), None)
         if at is None:
@@ -70,17 +73,25 @@ async def standing(
         return {
             **_standing_body(near[at - start], ranks[at], at + 1, len(rows)),
             "around": near,
+            "as_of": group.as_of,
         }
     # One round trip: position, score, size, the entries around, their names and records, and
     # the counts of the style's ranks of the user and of the first entry around.
     found: list[Any] = await fcall_ro(
         redis,
         PLACE_FUNCTION,
-        (view.key, view.ties, keys.names(view.board.board_id), keys.distinct(view.key)),
+        (
+            view.key,
+            view.ties,
+            keys.names(view.board.board_id),
+            keys.distinct(view.key),
+            keys.as_of(view.board.board_id),
+        ),
         user_id,
         around,
         style,
         "self" if own else "",
+        as_of_field,
     )
     if not found:
         raise NotFound(f"User {user_id!r} has no score in this view.")
@@ -93,4 +104,9 @@ async def standing(
     start = max(rank0 - around, 0)
     rank = rank0 + 1 if style == "ordinal" else 1 + int(found[6])
     near = entries_of(view, rows, start + 1, style, iter([found[4], found[5], found[7]]))
-    return {**_standing_body(near[rank0 - start], rank, rank0 + 1, total), "around": near}
+    return {
+        **_standing_body(near[rank0 - start], rank, rank0 + 1, total),
+        "around": near,
+        # (A library of the version before, loaded by an older process, replies without it.)
+        "as_of": found[8] if len(found) > 8 else None,
+    }

@@ -100,6 +100,10 @@ class StandingOut(BaseModel):
     metadata: dict[str, Any] | None = Field(description=_METADATA)
     subscore: int | None = Field(default=None, description=_SUBSCORE)
     around: list[Entry]
+    as_of: str | None = Field(
+        description="As in the leaderboard read of the same scope: for the global and friends "
+        "scopes when the view was last merged (null: never), for a region the time of the read"
+    )
 
 
 class ScopeRank(BaseModel):
@@ -172,6 +176,18 @@ async def _read_of(
     return state, board, reader, query
 
 
+def _as_of_field(state: ApiState, view: views.View) -> str:
+    """The field of the board's as_of hash that says how far ``view`` may trail: the merge's of
+    its period for the global view (which a friends scope is ranked on), the derive step's for
+    the teams view; '' for a region's, which the write keeps (its as_of is the read's time)."""
+    bid, period, period_id = view.board.board_id, view.period, view.period_id
+    if view.key == state.keys.global_view(bid, period, period_id):
+        return f"{period}:{period_id}"
+    if view.key == state.keys.teams_view(bid, period, period_id):
+        return DERIVED_FIELD
+    return ""
+
+
 async def leaderboard(request: Request) -> Response:
     """A page of a board, best first.
 
@@ -182,13 +198,7 @@ async def leaderboard(request: Request) -> Response:
     entries carry ``team_id`` and no ``display_name``."""
     state, board, reader, q = await _read_of(request, PageQuery)
     view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
-    merged = view.key == state.keys.global_view(board.board_id, q.period, view.period_id)
-    if merged:
-        as_of_field = f"{q.period}:{view.period_id}"
-    elif view.key == state.keys.teams_view(board.board_id, q.period, view.period_id):
-        as_of_field = DERIVED_FIELD
-    else:
-        as_of_field = ""
+    as_of_field = _as_of_field(state, view)
     body = await pages.page(
         state.redis, state.keys, view, q.limit, q.cursor, q.rank_style, as_of_field
     )
@@ -229,17 +239,20 @@ async def standing(request: Request) -> Response:
     state, board, reader, q = await _read_of(request, StandingQuery, "user_id")
     view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
     user_id = request.path_params["user_id"]
-    return json_answer(
-        await standings.standing(
-            state.redis,
-            state.keys,
-            view,
-            user_id,
-            q.around,
-            q.rank_style,
-            own=reader.kind == "player" and reader.user_id == user_id,
-        )
+    as_of_field = _as_of_field(state, view)
+    body = await standings.standing(
+        state.redis,
+        state.keys,
+        view,
+        user_id,
+        q.around,
+        q.rank_style,
+        own=reader.kind == "player" and reader.user_id == user_id,
+        as_of_field=as_of_field,
     )
+    if not as_of_field:
+        body["as_of"] = rfc3339(datetime.now(UTC))
+    return json_answer(body)
 
 
 router.add_api_route(
