@@ -194,3 +194,16 @@ async def test_snapshots_of_an_unknown_board_or_period_are_404(
 
     assert_problem(unknown, 404)
     assert_problem(not_kept, 404)
+
+
+async def test_the_teams_scope_of_a_board_that_sums_no_teams_is_a_422_as_on_its_leaderboard(
+    quiet: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
+) -> None:
+    async with api_client(quiet) as client:
+        await BoardCatalog(redis, keys).put(LAPS)
+        snapshot = await client.get("/v1/boards/laps/snapshots", params={"scope": "teams"})
+        page = await client.get("/v1/boards/laps/leaderboard", params={"scope": "teams"})
+
+    for answer in (snapshot, page):
+        body = assert_problem(answer, 422)
+        assert body["errors"][0]["loc"] == ["query", "scope"], body

@@ -80,6 +80,12 @@ async def snapshot(
         raise Invalid(
             "scope must be 'global', 'region:<region>' or 'teams'.", loc=("query", "scope")
         )
+    if scope == "teams" and board.operator != "incr":
+        raise Invalid(
+            f"The teams scope sums members' scores and exists only on incr boards; board "
+            f"{board.board_id!r} is {board.operator}.",
+            loc=("query", "scope"),
+        )
     if period not in board.periods:
         raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
     if period_id is not None:
