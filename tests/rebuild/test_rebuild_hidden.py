@@ -109,13 +109,17 @@ async def test_a_hide_or_show_refused_for_a_rebuild_changes_nothing(
 
 
 async def own_global_standing(settings: LadderSettings) -> tuple[int, Any]:
-    """u2's global standing, read with its own player token (answered as if shown)."""
+    """u2's global standing, read with its own player token (answered as if shown), but its
+    ``as_of``: the rebuild's merge is another merge."""
     quiet = settings.model_copy(update={"amqp_url": UNREACHABLE_BROKER})
     async with api_client(quiet) as client:
         response = await client.get(
             "/v1/boards/main/users/u2", params={"scope": "global"}, headers=player("u2")
         )
-    return response.status_code, response.json()
+    body = response.json()
+    if response.status_code == 200:
+        assert body.pop("as_of") is not None
+    return response.status_code, body
 
 
 async def test_a_rebuild_from_nothing_keeps_the_hidden_users_global_record(
