@@ -99,8 +99,10 @@ class Merger:
         # Each board's batch (take count) and when it was taken, its as_of: a later mark waits for
         # the next batch. One this merger did not see taken (a restart before) moves no as_of.
         self._taken: dict[str, tuple[int, str]] = {}
-        # Dense builds under way: build set member -> the cursor to go on from.
-        self._building: dict[str, list[str]] = {}
+        # Dense builds under way: (board, build set member) -> the cursor to go on from. A
+        # member names a view within its board only ("alltime|all|global"): another board's
+        # cursor would skip pairs of this one's view.
+        self._building: dict[tuple[str, str], list[str]] = {}
         self.build_step = BUILD_STEP
         self.behind: set[str] = set()
         """Boards whose batch a pass left partway (its budget spent): more to merge now."""
@@ -268,16 +270,16 @@ class Merger:
         build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
         build_keys += [keys.dense_build(bid), keys.merge_lease(bid)]
         token = self.lease.token(bid)
-        cursor: list[str] = self._building.get(item, ["", ""])
+        cursor: list[str] = self._building.get((bid, item), ["", ""])
         while True:
             reply: Any = await self._call(
                 DENSE_BUILD_FUNCTION, build_keys, expiry, item, *cursor, self.build_step, token
             )
             if not reply:
-                self._building.pop(item, None)
+                self._building.pop((bid, item), None)
                 return True
             cursor = [str(reply[0]), str(reply[1])]
-            self._building[item] = cursor
+            self._building[(bid, item)] = cursor
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
