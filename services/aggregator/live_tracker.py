@@ -236,8 +236,12 @@ class LiveViews:
         for board, events, dirty in zip(boards, found[::2], found[1::2], strict=True):
             bid = board.board_id
             hot = events or bid not in self._settled
-            mvps = dirty or self._full_due(bid)
+            # Only an incr board keeps MVPs: another's is never computed, and a mark left on it
+            # (by an erasure of the version before) goes rather than stay for good.
+            mvps = board.operator == "incr" and (dirty or self._full_due(bid))
             with board_step(board, "live views"):
+                if dirty and board.operator != "incr":
+                    await self._redis.delete(self._keys.mvp_dirty(bid))
                 if (hot or mvps) and not await self.lease.hold(bid):
                     # Another aggregator's: this one looks again when events come, or at the
                     # next full pass of MVPs (in case that one is gone).

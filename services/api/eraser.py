@@ -303,7 +303,9 @@ class Eraser:
             | seen.team_sets
         )
         call_keys += hashes + hot + members
-        mvp_marks = [f"{p}|{pid}" for p, pid in windows if (p, pid) in kept]
+        # Only an incr board keeps MVPs: another's marks would never be taken.
+        incr = board.operator == "incr"
+        mvp_marks = [f"{p}|{pid}" for p, pid in windows if incr and (p, pid) in kept]
         args: list[str | int] = [user_id, len(marks), len(hashes), len(HOT_WINDOWS), len(members)]
         args += [*marks, len(mvp_marks), *mvp_marks]
         removed = int(
