@@ -126,7 +126,14 @@ class Merger:
         building = {bid for bid, n in zip(boards, found[1::2], strict=True) if n}
         self.behind &= merging | building
         self._partway &= merging
+        # A batch or build of a board with none left (drained or finished elsewhere, or the
+        # board deleted) is forgotten, so that nothing is kept of boards gone.
         self._scans = {bid: scan for bid, scan in self._scans.items() if bid in merging}
+        self._taken = {bid: taken for bid, taken in self._taken.items() if bid in merging}
+        self._merged = defaultdict(set, {b: p for b, p in self._merged.items() if b in merging})
+        self._building = {at: c for at, c in self._building.items() if at[0] in building}
+        self.lease.keep_only(boards)
+        self._pushes.keep_only(set(boards))
         return merging, building
 
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
