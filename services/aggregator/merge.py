@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
-from services.aggregator.marks import GLOBAL, by_user, call_head, in_runs
+from services.aggregator.marks import GLOBAL, REGION, buildable, by_user, call_head, in_runs
 from services.aggregator.pass_pushes import PassPushes, Touched
 from shared.boards import Board
 from shared.events import rfc3339
@@ -64,9 +64,6 @@ IN_FLIGHT_BACKLOG = 4
 # Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
-# The start of a regional view's scope in the build set ("region:<region>"); the global view's
-# is marks.GLOBAL.
-REGION = "region:"
 # Members a step of a dense build takes (ladder_dense_build_v2): about a millisecond of Redis.
 BUILD_STEP = 2000
 
@@ -242,21 +239,22 @@ class Merger:
         built up to date meanwhile)."""
         keys, bid = self._keys, board.board_id
         wanted = [str(item) for item in await self._redis.smembers(keys.dense_build(bid))]
-        if not wanted or not await self.lease.hold(bid):
+        # A view never built (marks.buildable): its ask goes, or the board would be probed, held
+        # and let go every pass for good (a period kept again is asked for by its next read).
+        never = [item for item in wanted if not buildable(board, item)]
+        if never:
+            await self._redis.srem(keys.dense_build(bid), *never)
+        if not (wanted := sorted(set(wanted) - set(never))) or not await self.lease.hold(bid):
             return 0
         deadline = None if budget is None else time.monotonic() + budget
         done = 0
         try:
-            for item in sorted(wanted):
+            for item in wanted:
                 period, period_id, scope = item.split("|", 2)
-                if period not in board.periods:
-                    continue
                 if scope == GLOBAL:
                     view = keys.global_view(bid, period, period_id)
-                elif scope.startswith(REGION):
-                    view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
                 else:
-                    continue  # a team board keeps its set always (the derive step's put_entry)
+                    view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
                 if not await self._build_view(board, item, view, deadline):
                     self.behind.add(bid)
                     return done

@@ -233,3 +233,19 @@ async def test_a_board_without_mvps_is_left_alone_and_a_stray_mvp_mark_goes(
     assert live.computed == ["best"] and live.looked == []
     assert lease.held == ["best"]
     assert not await redis.exists(keys.mvp_dirty("best"))
+
+
+async def test_an_ask_for_a_dense_build_never_made_goes(redis: Redis, keys: Keys) -> None:
+    """A dense read asked for a daily view's set, then the board stopped keeping daily before
+    the build: that view is never built, and its ask goes at the next pass instead of leaving
+    the board with a build to do (probed, its lease taken and given up) every pass for good. So
+    does an ask for a team view's set, which the derive step keeps always."""
+    board = Board(board_id="b1", periods=("alltime",))
+    never = ["daily|2026-12-06|global", "daily|2026-12-06|region:eu", "alltime|all|teams"]
+    await redis.sadd(keys.dense_build("b1"), *never, "alltime|all|region:teams")
+    merger = Merger(redis, keys)
+    assert await merger.with_work(["b1"]) == (set(), {"b1"})
+
+    assert await merger.build_dense(board) == 1  # the regional view of the region "teams"
+    assert await merger.with_work(["b1"]) == (set(), set())
+    assert not await redis.exists(keys.dense_build("b1"))
