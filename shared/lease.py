@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Iterable
 
 import structlog
 from redis.asyncio import Redis
@@ -118,6 +119,12 @@ class Lease:
         """The lease of ``board_id`` was given up by another call (``ladder_snapshot_done_v2``
         deletes it in its own step): no token to give up any more."""
         self._tokens.pop(board_id, None)
+
+    def keep_only(self, board_ids: Iterable[str]) -> None:
+        """Forget the tokens of every board but ``board_ids`` (those defined now): a deleted
+        board's lease went with its keys, and its token would stay for the life of the process."""
+        kept = set(board_ids)
+        self._tokens = {bid: token for bid, token in self._tokens.items() if bid in kept}
 
     async def release_all(self) -> int:
         """Give up every lease this process holds, each as :meth:`release`; how many were."""

@@ -191,11 +191,13 @@ class StreamRelay(ABC):
                 self._gauged.discard(board_id)
 
     def _forget_gone(self, boards: list[str]) -> None:
-        """The gauges of the boards no longer among ``boards`` (every board defined) set to 0: a
-        board deleted takes its stream with it, and no later look would find it to say so."""
+        """What is kept of the boards no longer among ``boards`` (every board defined) forgotten:
+        their gauges set to 0 (a board deleted takes its stream with it, and no later look would
+        find it to say so), and the groups made on their streams."""
         for board_id in self._gauged.difference(boards):
             self._emptied(board_id)
             self._gauged.discard(board_id)
+        self._groups &= {self._stream_of(board_id) for board_id in boards}
 
     def _emptied(self, board_id: str) -> None:
         """A board's stream found empty after it held entries: its gauges go to 0."""

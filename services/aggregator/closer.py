@@ -136,6 +136,11 @@ class Closer:
             self._quiet[board.board_id] = (board, next_due)
         return closed
 
+    def keep_only(self, board_ids: set[str]) -> None:
+        """Forget the boards found quiet but those defined now: a deleted board's definition
+        would stay for the life of the process."""
+        self._quiet = {bid: quiet for bid, quiet in self._quiet.items() if bid in board_ids}
+
     async def _due(self, board: Board, current: PeriodWindow) -> list[PeriodWindow]:
         """The periods before ``current`` that ended after the watermark, oldest first; the
         latest alone if none of this kind was closed yet."""
@@ -326,7 +331,9 @@ async def tick(closer: Closer, catalog: BoardCatalog, stop: asyncio.Event) -> No
     """Close what is due on every board every ``CLOSE_TICK`` seconds until ``stop``."""
     while not stop.is_set():
         try:
-            for board in await catalog.all():
+            boards = await catalog.all()
+            closer.keep_only({board.board_id for board in boards})
+            for board in boards:
                 # One board's failure is its own: the boards after it still close on time.
                 with board_step(board, "period close"):
                     await closer.close_board(board)

@@ -48,6 +48,11 @@ class FreshRegions:
     def add_view(self, board_id: str, period: Period, period_id: str, scope: str) -> None:
         self._views[board_id].add((period, period_id, scope))
 
+    def keep_only(self, board_ids: set[str]) -> None:
+        """Forget the views of every board but ``board_ids`` (those defined now): a deleted
+        board's would stay for the life of the process."""
+        self._views = defaultdict(set, {b: v for b, v in self._views.items() if b in board_ids})
+
     def take(self, board_id: str) -> set[tuple[Period, str, str]]:
         return self._views.pop(board_id, set())
 

@@ -227,6 +227,7 @@ class LiveViews:
         are computed where contributions marked them, or when all are due. So an idle board costs
         the pass that round trip's share, not four calls of its own."""
         probed = rfc3339(datetime.now(UTC))
+        self._keep_only({board.board_id for board in boards})
         async with self._redis.pipeline(transaction=False) as pipe:
             for board in boards:
                 pipe.exists(self._keys.hot_events(board.board_id))
@@ -236,8 +237,12 @@ class LiveViews:
         for board, events, dirty in zip(boards, found[::2], found[1::2], strict=True):
             bid = board.board_id
             hot = events or bid not in self._settled
-            mvps = dirty or self._full_due(bid)
+            # Only an incr board keeps MVPs: another's is never computed, and a mark left on it
+            # (by an erasure of the version before) goes rather than stay for good.
+            mvps = board.operator == "incr" and (dirty or self._full_due(bid))
             with board_step(board, "live views"):
+                if dirty and board.operator != "incr":
+                    await self._redis.delete(self._keys.mvp_dirty(bid))
                 if (hot or mvps) and not await self.lease.hold(bid):
                     # Another aggregator's: this one looks again when events come, or at the
                     # next full pass of MVPs (in case that one is gone).
@@ -252,6 +257,13 @@ class LiveViews:
         # them as of it or later.
         await self._redis.set(self._keys.live_quiet(), probed, ex=HOT_VIEW_TTL_SECONDS)
         return pushed
+
+    def _keep_only(self, board_ids: set[str]) -> None:
+        """What this process keeps of each board, for the boards defined now only: a deleted
+        board's would stay for the life of the process."""
+        self._settled &= board_ids
+        self._full_pass_at = {b: at for b, at in self._full_pass_at.items() if b in board_ids}
+        self.lease.keep_only(board_ids)
 
     async def tick_board(self, board: Board) -> int:
         """Recompute ``board``'s live views; returns how many were pushed."""

@@ -60,6 +60,8 @@ async def merges(
         try:
             boards = await catalog.all()
             merging, building = await merger.with_work([b.board_id for b in boards])
+            if fresh is not None:
+                fresh.keep_only({b.board_id for b in boards})
             for board in boards:
                 with service.board_step(board, "merge"):
                     await merger.push_fresh(board, fresh)

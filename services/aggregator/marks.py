@@ -18,6 +18,8 @@ from shared.submit import board_period_expiry
 Split = tuple[str, str, str]
 # The scope of the global view, as the dense marker names it (shared/keys.py ``dense``).
 GLOBAL = "global"
+# The start of a regional view's scope in the build set ("region:<region>").
+REGION = "region:"
 # A key (or mark) of a placeholder id, split there, gives the Lua its two ends: shared/keys.py
 # stays the only place that spells them. NUL is in no id.
 _SLOT = "\0"
@@ -111,3 +113,11 @@ def call_head(
         token,
     ]
     return view_keys, head
+
+
+def buildable(board: Board, item: str) -> bool:
+    """Whether a member of the board's dense build set ("<period>|<period_id>|<scope>") names a
+    view whose distinct-score set the aggregator builds: a global or regional view of a period
+    the board keeps (a team view keeps its set always: the derive step's put_entry)."""
+    period, _, scope = item.split("|", 2)
+    return period in board.periods and (scope == GLOBAL or scope.startswith(REGION))

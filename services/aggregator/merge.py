@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from services.aggregator.fresh import FreshRegions
-from services.aggregator.marks import GLOBAL, by_user, call_head, in_runs
+from services.aggregator.marks import GLOBAL, REGION, buildable, by_user, call_head, in_runs
 from services.aggregator.pass_pushes import PassPushes, Touched
 from shared.boards import Board
 from shared.events import rfc3339
@@ -64,9 +64,6 @@ IN_FLIGHT_BACKLOG = 4
 # Redis runs a client's pipelined commands back to back, so a pipeline of calls would make others
 # wait for all of them (a backlog's pipelines of 5,000 users held pushes back by 50 to 150 ms).
 ROUND = 5000
-# The start of a regional view's scope in the build set ("region:<region>"); the global view's
-# is marks.GLOBAL.
-REGION = "region:"
 # Members a step of a dense build takes (ladder_dense_build_v2): about a millisecond of Redis.
 BUILD_STEP = 2000
 
@@ -99,8 +96,10 @@ class Merger:
         # Each board's batch (take count) and when it was taken, its as_of: a later mark waits for
         # the next batch. One this merger did not see taken (a restart before) moves no as_of.
         self._taken: dict[str, tuple[int, str]] = {}
-        # Dense builds under way: build set member -> the cursor to go on from.
-        self._building: dict[str, list[str]] = {}
+        # Dense builds under way: (board, build set member) -> the cursor to go on from. A
+        # member names a view within its board only ("alltime|all|global"): another board's
+        # cursor would skip pairs of this one's view.
+        self._building: dict[tuple[str, str], list[str]] = {}
         self.build_step = BUILD_STEP
         self.behind: set[str] = set()
         """Boards whose batch a pass left partway (its budget spent): more to merge now."""
@@ -124,7 +123,14 @@ class Merger:
         building = {bid for bid, n in zip(boards, found[1::2], strict=True) if n}
         self.behind &= merging | building
         self._partway &= merging
+        # A batch or build of a board with none left (drained or finished elsewhere, or the
+        # board deleted) is forgotten, so that nothing is kept of boards gone.
         self._scans = {bid: scan for bid, scan in self._scans.items() if bid in merging}
+        self._taken = {bid: taken for bid, taken in self._taken.items() if bid in merging}
+        self._merged = defaultdict(set, {b: p for b, p in self._merged.items() if b in merging})
+        self._building = {at: c for at, c in self._building.items() if at[0] in building}
+        self.lease.keep_only(boards)
+        self._pushes.keep_only(set(boards))
         return merging, building
 
     async def merge_board(self, board: Board, budget: float | None = None) -> int:
@@ -233,21 +239,22 @@ class Merger:
         built up to date meanwhile)."""
         keys, bid = self._keys, board.board_id
         wanted = [str(item) for item in await self._redis.smembers(keys.dense_build(bid))]
-        if not wanted or not await self.lease.hold(bid):
+        # A view never built (marks.buildable): its ask goes, or the board would be probed, held
+        # and let go every pass for good (a period kept again is asked for by its next read).
+        never = [item for item in wanted if not buildable(board, item)]
+        if never:
+            await self._redis.srem(keys.dense_build(bid), *never)
+        if not (wanted := sorted(set(wanted) - set(never))) or not await self.lease.hold(bid):
             return 0
         deadline = None if budget is None else time.monotonic() + budget
         done = 0
         try:
-            for item in sorted(wanted):
+            for item in wanted:
                 period, period_id, scope = item.split("|", 2)
-                if period not in board.periods:
-                    continue
                 if scope == GLOBAL:
                     view = keys.global_view(bid, period, period_id)
-                elif scope.startswith(REGION):
-                    view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
                 else:
-                    continue  # a team board keeps its set always (the derive step's put_entry)
+                    view = keys.region_view(bid, period, period_id, scope[len(REGION) :])
                 if not await self._build_view(board, item, view, deadline):
                     self.behind.add(bid)
                     return done
@@ -268,16 +275,16 @@ class Merger:
         build_keys = [view, keys.distinct(view), keys.distinct_building(view)]
         build_keys += [keys.dense_build(bid), keys.merge_lease(bid)]
         token = self.lease.token(bid)
-        cursor: list[str] = self._building.get(item, ["", ""])
+        cursor: list[str] = self._building.get((bid, item), ["", ""])
         while True:
             reply: Any = await self._call(
                 DENSE_BUILD_FUNCTION, build_keys, expiry, item, *cursor, self.build_step, token
             )
             if not reply:
-                self._building.pop(item, None)
+                self._building.pop((bid, item), None)
                 return True
             cursor = [str(reply[0]), str(reply[1])]
-            self._building[item] = cursor
+            self._building[(bid, item)] = cursor
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 

@@ -66,6 +66,13 @@ class PassPushes:
         self._messages: dict[str, list[tuple[float, RankMessage]]] = defaultdict(list)
         """Rank messages not yet published, by board, each with the time of its merge."""
 
+    def keep_only(self, board_ids: set[str]) -> None:
+        """Forget what is kept of every board but ``board_ids`` (those defined now)."""
+        self._messages = defaultdict(
+            list, {bid: kept for bid, kept in self._messages.items() if bid in board_ids}
+        )
+        self._views.keep_only(board_ids)
+
     async def after(self, board: Board, periods: dict[tuple[Period, str], Touched]) -> None:
         """After a pass of ``board``: for each period it changed, the rank messages of the
         crossings, then the top-10 pushes of the views it wrote (the global one and its

@@ -162,10 +162,8 @@ class Eraser:
                 self._first_pass_done.discard(marker)
                 log.info("user erased", user_hash=erasure.user_hash)
                 finished += 1
-        due = [
-            (deletion, now > deletion.cutoff + SECOND_PASS_MARGIN)
-            for deletion in await pending_board_deletions(self._engine)
-        ]
+        deletions = await pending_board_deletions(self._engine)
+        due = [(deletion, now > deletion.cutoff + SECOND_PASS_MARGIN) for deletion in deletions]
         due = [(d, second) for d, second in due if second or (d.board_id, d.cutoff) not in done]
         await self.delete_boards([deletion for deletion, _ in due])
         for deletion, second in due:
@@ -176,6 +174,11 @@ class Eraser:
                 self._first_pass_done.discard(marker)
                 log.info("board deleted", board_id=deletion.board_id, purge=deletion.purge)
                 finished += 1
+        # The marks of jobs pending no more go: another process, holding the lock then, made
+        # their second pass (else each such job left its mark here for good).
+        self._first_pass_done &= {(e.user_hash, e.cutoff) for e in erasures} | {
+            (d.board_id, d.cutoff) for d in deletions
+        }
         if failed:
             raise RuntimeError(f"{failed} erasure(s) failed this round")
         return finished
@@ -303,7 +306,9 @@ class Eraser:
             | seen.team_sets
         )
         call_keys += hashes + hot + members
-        mvp_marks = [f"{p}|{pid}" for p, pid in windows if (p, pid) in kept]
+        # Only an incr board keeps MVPs: another's marks would never be taken.
+        incr = board.operator == "incr"
+        mvp_marks = [f"{p}|{pid}" for p, pid in windows if incr and (p, pid) in kept]
         args: list[str | int] = [user_id, len(marks), len(hashes), len(HOT_WINDOWS), len(members)]
         args += [*marks, len(mvp_marks), *mvp_marks]
         removed = int(

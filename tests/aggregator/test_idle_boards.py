@@ -20,6 +20,7 @@ from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
 from shared.keys import Keys
+from shared.lease import Lease
 from shared.live_maths import hot_current, hot_message
 from shared.periods import PeriodWindow, window_at
 from shared.settings import DEV_SERVER_KEY, LadderSettings
@@ -201,3 +202,50 @@ async def test_mvps_are_looked_at_where_contributions_marked_them_or_when_all_ar
     await redis.sadd(keys.mvp_dirty("other"), "alltime|all")
     await live.tick(boards)
     assert live.looked == ["main", "other", "other"]
+
+
+class CountingHolds(Lease):
+    """A live lease that notes each board it is asked to take or renew (an ``FCALL`` each)."""
+
+    held: list[str]
+
+    async def hold(self, board_id: str) -> bool:
+        self.held.append(board_id)
+        return await super().hold(board_id)
+
+
+async def test_a_board_without_mvps_is_left_alone_and_a_stray_mvp_mark_goes(
+    redis: Redis, keys: Keys
+) -> None:
+    """Only an incr board keeps MVPs: a best board out of play costs the live pass nothing after
+    its empty hot view is computed once (no lease taken each pass for MVPs it never has), and an
+    MVP mark found on it (left by an erasure of the version before) is dropped, not kept."""
+    best = Board(board_id="best", operator="best", periods=("alltime",))
+    lease = CountingHolds(redis, keys, ttl=6.0, kind="live")
+    lease.held = []
+    live = CountingHot(redis, keys, lease)
+    live.computed, live.looked = [], []
+    await redis.sadd(keys.mvp_dirty("best"), "alltime|all", "daily|2026-12-01")
+
+    for _ in range(4):
+        await live.tick([best])
+
+    assert live.computed == ["best"] and live.looked == []
+    assert lease.held == ["best"]
+    assert not await redis.exists(keys.mvp_dirty("best"))
+
+
+async def test_an_ask_for_a_dense_build_never_made_goes(redis: Redis, keys: Keys) -> None:
+    """A dense read asked for a daily view's set, then the board stopped keeping daily before
+    the build: that view is never built, and its ask goes at the next pass instead of leaving
+    the board with a build to do (probed, its lease taken and given up) every pass for good. So
+    does an ask for a team view's set, which the derive step keeps always."""
+    board = Board(board_id="b1", periods=("alltime",))
+    never = ["daily|2026-12-06|global", "daily|2026-12-06|region:eu", "alltime|all|teams"]
+    await redis.sadd(keys.dense_build("b1"), *never, "alltime|all|region:teams")
+    merger = Merger(redis, keys)
+    assert await merger.with_work(["b1"]) == (set(), {"b1"})
+
+    assert await merger.build_dense(board) == 1  # the regional view of the region "teams"
+    assert await merger.with_work(["b1"]) == (set(), set())
+    assert not await redis.exists(keys.dense_build("b1"))

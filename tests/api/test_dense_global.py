@@ -13,7 +13,7 @@ import httpx
 from redis.asyncio import Redis
 
 from services.aggregator.merge import Merger
-from shared.boards import MAIN_BOARD
+from shared.boards import MAIN_BOARD, Board, BoardCatalog
 from shared.keys import Keys
 from shared.ranking import member, record, tie_key
 from shared.settings import LadderSettings
@@ -114,3 +114,39 @@ async def test_a_dense_global_read_too_deep_to_walk_waits_for_the_build(
         assert await redis.zcard(Keys.distinct(view)) == 1200
         body = await get_ok(client, path, **GLOBAL, rank_style="dense")
         assert body["rank"] == 1200
+
+
+async def test_builds_of_two_boards_partway_at_once_each_go_on_from_their_own_cursor(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Two boards' all-time global views, each too deep to walk, built a step a pass and the
+    passes taking turns: each build goes on from where its own board's stopped (both views are
+    named alike in their boards' build sets), so every distinct score of each is in its set."""
+    other = Board(board_id="arena")
+    await BoardCatalog(redis, keys).put(other)
+    tops = {"main": 10_000, "arena": 5_000}
+    for bid, top in tops.items():
+        view = keys.global_view(bid, "alltime", "all")
+        users = {f"g{i}": top - i for i in range(1200)}
+        tie = tie_key(1_700_000_000_000)
+        await redis.zadd(view, {member(tie, u): s for u, s in users.items()})
+        await redis.hset(Keys.ties(view), mapping={u: record(tie, s) for u, s in users.items()})
+    async with api_client(quiet) as client:
+        for bid in tops:
+            path = f"/v1/boards/{bid}/users/g1199"
+            response = await client.get(path, params={**GLOBAL, "rank_style": "dense"})
+            assert_problem(response, 503)
+        merger = Merger(redis, keys)
+        merger.build_step = 100
+        built = {"main": 0, "arena": 0}
+        for _ in range(40):
+            for board in (MAIN_BOARD, other):
+                built[board.board_id] += await merger.build_dense(board, budget=0)
+        assert built == {"main": 1, "arena": 1}
+        for bid in tops:
+            view = keys.global_view(bid, "alltime", "all")
+            assert await redis.zcard(Keys.distinct(view)) == 1200
+            body = await get_ok(
+                client, f"/v1/boards/{bid}/users/g1199", **GLOBAL, rank_style="dense"
+            )
+            assert body["rank"] == 1200

@@ -97,7 +97,16 @@ class Hub:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(channel, []).append(waiter)
         self._mark(channel)
-        await asyncio.wait_for(waiter, wait)
+        try:
+            await asyncio.wait_for(waiter, wait)
+        finally:
+            # Not answered in time (the connection away: no turn answers it), or the caller gone:
+            # the waiter goes now, or every refused try would stay until the connection is back.
+            waiters = self._pending.get(channel, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._pending[channel]
 
     def unsubscribe(self, channel: str, subscriber: Subscriber) -> None:
         channels = self._channels_of.get(subscriber)

@@ -234,6 +234,15 @@ class Relay(StreamRelay):
         BACKLOG.labels(board_id).set(0)
         UNROUTABLE.labels(board_id).set(0)
 
+    def _forget_gone(self, boards: list[str]) -> None:
+        """As the base's, and this relay's own of each board gone: its reads settled, and its
+        unroutable messages' backoff."""
+        super()._forget_gone(boards)
+        kept = set(boards)
+        self._settled &= {self._keys.outbox(board_id) for board_id in kept}
+        self._retry_at = {b: at for b, at in self._retry_at.items() if b in kept}
+        self._backoff = {b: wait for b, wait in self._backoff.items() if b in kept}
+
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         retry_at = self._retry_at.get(board_id)
         if retry_at is not None and asyncio.get_running_loop().time() < retry_at:
