@@ -133,6 +133,9 @@ REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
     (LEADERBOARD, ("query", "scope")): (
         "The teams scope exists only on incr boards: it depends on the board's definition"
     ),
+    (SNAPSHOTS, ("query", "scope")): (
+        "The teams scope exists only on incr boards: it depends on the board's definition"
+    ),
     (MVPS, ("path", "board_id")): "MVPs exist only on incr boards (the board's definition)",
     (RANKS, ("query", "period_id")): (
         "Each period id names a real day, ISO week or month, and at most one of each kind is "
