@@ -19,6 +19,7 @@ from sqlalchemy import select
 from services.api.eraser import Eraser
 from services.history.handlers import HistoryHandler
 from services.history.main import batch_handler
+from shared import erasure
 from shared.boards import BoardCatalog
 from shared.db import open_engine, score_events, snapshots
 from shared.db_boards import save_snapshots
@@ -43,8 +44,14 @@ KEPT = "cup2"
 
 
 @pytest.fixture
-def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The suite's quiet settings, on the test's own migrated database."""
+def quiet(
+    quiet: LadderSettings, mysql_database: str, monkeypatch: pytest.MonkeyPatch
+) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database, and deletions whose
+    cut-off lies 1.5 s after the request rather than 6: the cut-off outlasts other API
+    processes' cached definitions, and here one process runs, which forgets a deleted board's
+    definition at once."""
+    monkeypatch.setattr(erasure, "BOARD_SETTLE_SECONDS", 1.5)
     return quiet
 
 
