@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from redis.asyncio import Redis
@@ -97,6 +97,27 @@ async def test_a_retry_after_the_lateness_window_is_still_a_duplicate(
     assert_problem(fresh, 422)
     assert retry["duplicate"] is True
     assert retry["periods"] == first["periods"]
+
+
+async def test_a_retry_naming_the_same_moment_in_another_offset_is_a_duplicate(
+    quiet: LadderSettings,
+) -> None:
+    """``occurred_at`` is a moment: a retry that writes it with another offset (a client that
+    formats times in its local zone, another that formats them in UTC) sends the same body."""
+    occurred = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=30)
+    plus_one = occurred.astimezone(timezone(timedelta(hours=1))).isoformat()
+    async with api_client(quiet) as client:
+        first = await post(client, score(event_id="zone-1", occurred_at=rfc(occurred)))
+        retry = await post(client, score(event_id="zone-1", occurred_at=plus_one))
+        later = occurred + timedelta(seconds=1)
+        other = await client.post(
+            SCORES, json=score(event_id="zone-1", occurred_at=rfc(later)), headers=SERVER
+        )
+
+    assert plus_one.endswith("+01:00")
+    assert retry["duplicate"] is True
+    assert retry["periods"] == first["periods"]
+    assert_problem(other, 409)
 
 
 @pytest.mark.usefixtures("mysql_database")

@@ -43,8 +43,10 @@ from shared.submit import SubmitEvent, submit_call
 def body_hash(score: ScoreIn) -> str:
     """What makes two submissions of one ``event_id`` "the same body". It covers the
     ``user_id``: a record of the layout before, named by the id alone, tells a retry of its
-    event (the same hash) from another user's event of that id only by it."""
-    canonical = score.model_dump(mode="json", exclude={"event_id"})
+    event (the same hash) from another user's event of that id only by it. ``occurred_at`` is
+    a moment, whatever its offset: in UTC, as a body sent in UTC always hashed."""
+    moment = {"occurred_at": score.occurred_at and score.occurred_at.astimezone(UTC)}
+    canonical = score.model_copy(update=moment).model_dump(mode="json", exclude={"event_id"})
     # Left out where not given, so that a body hashes as it did before they existed.
     for optional in ("subscore", "metadata"):
         if canonical[optional] is None:
@@ -141,8 +143,7 @@ def response_from_record(
     }
 
 
-# What a period's outbox result carries for the consumers only, not in the answer (which a
-# duplicate, answered from the record, repeats without them).
+# A period's outbox result's fields for the consumers only: not in the answer, nor a duplicate's.
 _ENTRY_ONLY = frozenset({"pushed_out", "pulled_in", "previous_score", "previous_subscore"})
 
 
