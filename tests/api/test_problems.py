@@ -163,6 +163,11 @@ ERROR_CASES = [
         id="401-jwt-not-yet-valid",
     ),
     pytest.param(
+        Case(401, headers=lambda: player(iat=datetime.now(UTC) + timedelta(hours=1))),
+        id="401-jwt-issued-ahead",
+    ),
+    pytest.param(Case(401, headers=lambda: player(aud="another-service")), id="401-jwt-audience"),
+    pytest.param(
         Case(401, headers=lambda: player("not a user id")), id="401-jwt-sub-not-a-user-id"
     ),
     pytest.param(Case(401, headers=lambda: bearer("not-a-key"), **lb()), id="401-read-unknown-key"),

@@ -22,7 +22,7 @@ from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
 from tests.api.test_pubsub import hub_connections
-from tests.helpers import eventually, player_token, serve
+from tests.helpers import eventually, player_token, production_server, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -75,6 +75,55 @@ async def test_a_bad_credential_is_closed_with_1008(
         code, reason = await close_code(f"{url}?token={token}")
     assert code == 1008
     assert reason
+
+
+async def handshake_answer(url: str, target: bytes, headers: bytes = b"") -> bytes:
+    """Send a WebSocket handshake by hand; what the server sent within 5 s, or until it closed
+    the connection."""
+    host, _, port = url.removeprefix("ws://").partition("/")[0].partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET " + target + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n" + headers + b"\r\n"
+    )
+    sent = b""
+    try:
+        async with asyncio.timeout(5):
+            while chunk := await reader.read(65536):
+                sent += chunk
+    except TimeoutError:
+        pass
+    finally:
+        writer.close()
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        (b"/v1/ws?token=" + b"a" * 9000, b""),
+        (b"/v1/ws", b"Authorization: Bearer " + b"a" * 9000 + b"\r\n"),
+        (b"/v1/ws", b"".join(b"X-Pad-%d: 1\r\n" % i for i in range(130))),
+    ],
+    ids=["token-past-the-line-limit", "header-past-the-line-limit", "too-many-headers"],
+)
+async def test_a_handshake_too_large_to_read_is_answered_400_not_left_hanging(
+    quiet: LadderSettings, redis: Redis, broker: Topology, target: bytes, headers: bytes
+) -> None:
+    """A handshake whose request line or a header line passes 8192 bytes, or with more than 128
+    headers, cannot be read by the WebSocket protocol: it is answered 400 with a problem and the
+    connection closed, where it was left waiting for ever. A token just under the line limit is
+    read, and refused as a bad credential is."""
+    async with production_server(quiet) as (_, url):
+        answer = await handshake_answer(url, target, headers)
+        under = await handshake_answer(url, b"/v1/ws?token=" + b"a" * 8000)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200] or "no answer"
+    assert b"content-type: application/problem+json" in head.lower()
+    problem = json.loads(body)
+    assert (problem["status"], problem["type"]) == (400, "https://ladder.dev/problems/bad-request")
+    assert under.startswith(b"HTTP/1.1 101 ") and b"not a valid key" in under
 
 
 @pytest.mark.parametrize("query", ["token=", "token=not-a-key&token="])

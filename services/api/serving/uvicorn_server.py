@@ -23,6 +23,7 @@ import contextlib
 import socket
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import structlog
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -31,6 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 
 from services.api.app import create_app
+from services.api.errors import PROBLEM, Problem
 from services.api.state import ApiState
 from shared.heap import settle_heap
 from shared.settings import LadderSettings
@@ -81,6 +83,35 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             self.read_paused = False
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(self.close_timeout, self.transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None:
+            self._refuse_unreadable_handshake()
+
+    def _refuse_unreadable_handshake(self) -> None:
+        """Answer 400 with a problem, and close, a handshake the WebSocket protocol could not
+        read: a request line or a header line over ``websockets``' 8192 bytes (a long
+        ``?token=`` or ``Authorization``), more than its 128 headers, or no HTTP at all. The
+        protocol keeps its own answer to itself and uvicorn waits for a request that never
+        comes, so the client would otherwise be left waiting for ever."""
+        if self.transport.is_closing():
+            return
+        problem = Problem(
+            "The WebSocket handshake cannot be read: a request line or header line over 8192 "
+            "bytes, or more than 128 headers."
+        )
+        body = orjson.dumps(problem.body())
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: "
+            + PROBLEM.encode()
+            + b"\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n"
+            + body
+        )
+        self.handshake_initiated = self.handshake_complete = self.close_sent = True
+        self.transport.close()
 
     def keepalive_timeout(self) -> None:
         # uvicorn sends 1011 and closes gracefully, which a peer that stopped reading holds up.
