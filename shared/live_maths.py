@@ -11,7 +11,7 @@ Hot streaks
     :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still counts toward its
     periods). Ties: the higher average, then more events, then the smaller user id. Each
     window's users are kept ranked so in Redis as events enter and leave it (its ranking,
-    shared/lua/live.lua), so that a tick reads the top alone; the average ranked and shown is
+    shared/lua/hot.lua), so that a tick reads the top alone; the average ranked and shown is
     the sum over the count as a double.
 
 MVPs
@@ -45,7 +45,7 @@ TOP = 10
 HOT_WINDOWS = (10, 60)
 HOT_SPAN_MS = max(HOT_WINDOWS) * 1000
 HOT_LATENESS = timedelta(seconds=5)
-# The digits of the count that starts a member of a hot window's ranking (shared/lua/live.lua).
+# The digits of the count that starts a member of a hot window's ranking (shared/lua/hot.lua).
 HOT_COUNT_DIGITS = 12
 # Members read per team and round when looking for a team's leading current members.
 _MEMBER_PAGE = 2 * TOP
@@ -104,7 +104,7 @@ def without_hidden(entries: list[dict[str, Any]], hidden: set[str]) -> list[dict
 
 
 def hot_entries(top: list[str]) -> list[dict[str, Any]]:
-    """The hot view's entries from the top of a window's ranking (shared/lua/live.lua's
+    """The hot view's entries from the top of a window's ranking (shared/lua/hot.lua's
     ``hot_top``: member, score, ...; a member is its user's count as 12 digits, then ``|`` and
     the user; a score the user's average negated)."""
     return [
