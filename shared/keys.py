@@ -184,7 +184,7 @@ class Keys:
         return f"{self.tag(board_id)}:hot:window:{window}"
 
     def hot_rank(self, board_id: str, window: int) -> str:
-        """A window's users ranked as the hot view ranks them (shared/lua/live.lua)."""
+        """A window's users ranked as the hot view ranks them (shared/lua/hot.lua)."""
         return f"{self.tag(board_id)}:hot:rank:{window}"
 
     def hot_view(self, board_id: str, window: int) -> str:

@@ -11,7 +11,7 @@ Hot streaks
     :data:`HOT_LATENESS` after its ``occurred_at`` is left out (it still counts toward its
     periods). Ties: the higher average, then more events, then the smaller user id. Each
     window's users are kept ranked so in Redis as events enter and leave it (its ranking,
-    shared/lua/live.lua), so that a tick reads the top alone; the average ranked and shown is
+    shared/lua/hot.lua), so that a tick reads the top alone; the average ranked and shown is
     the sum over the count as a double.
 
 MVPs
@@ -28,6 +28,7 @@ MVPs
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, cast
 
@@ -44,7 +45,7 @@ TOP = 10
 HOT_WINDOWS = (10, 60)
 HOT_SPAN_MS = max(HOT_WINDOWS) * 1000
 HOT_LATENESS = timedelta(seconds=5)
-# The digits of the count that starts a member of a hot window's ranking (shared/lua/live.lua).
+# The digits of the count that starts a member of a hot window's ranking (shared/lua/hot.lua).
 HOT_COUNT_DIGITS = 12
 # Members read per team and round when looking for a team's leading current members.
 _MEMBER_PAGE = 2 * TOP
@@ -103,7 +104,7 @@ def without_hidden(entries: list[dict[str, Any]], hidden: set[str]) -> list[dict
 
 
 def hot_entries(top: list[str]) -> list[dict[str, Any]]:
-    """The hot view's entries from the top of a window's ranking (shared/lua/live.lua's
+    """The hot view's entries from the top of a window's ranking (shared/lua/hot.lua's
     ``hot_top``: member, score, ...; a member is its user's count as 12 digits, then ``|`` and
     the user; a score the user's average negated)."""
     return [
@@ -151,6 +152,7 @@ async def _mvp_entries(
     candidates: list[tuple[str, str, int]] = []  # (user, team, contribution)
     offsets = dict.fromkeys(teams, 0)
     kept_of = dict.fromkeys(teams, 0)
+    cut: dict[str, float] = {}  # teams whose reading stopped with members left: the last read
     pending = teams
     # Each team's leading members whose current team it still is; a team is read further only
     # while members who moved on fill its page.
@@ -168,15 +170,7 @@ async def _mvp_entries(
                         withscores=True,
                     )
                 pages: list[list[tuple[str, float]]] = await pipe.execute()
-            users = sorted({user for page in pages for user, _ in page})
-            current: dict[str, str] = {}
-            if users:
-                found: list[Any] = await redis.hmget(team_of_key, users)
-                current = {
-                    user: latest.split("|", 1)[1]
-                    for user, latest in zip(users, found, strict=True)
-                    if latest is not None
-                }
+            current = await _current_teams(redis, team_of_key, (u for p in pages for u, _ in p))
             for team, page in zip(chunk, pages, strict=True):
                 kept = [
                     (user, team, int(score))
@@ -186,10 +180,17 @@ async def _mvp_entries(
                 candidates += kept
                 kept_of[team] += len(kept)
                 offsets[team] += len(page)
-                positive = bool(page) and page[-1][1] > 0
-                if len(page) == _MEMBER_PAGE and positive and kept_of[team] < TOP:
-                    still.append(team)
+                if len(page) == _MEMBER_PAGE and page[-1][1] > 0:
+                    if kept_of[team] < TOP:
+                        still.append(team)
+                    else:
+                        cut[team] = page[-1][1]
         pending = still
+    if cut:
+        members_of = {team: keys.team_members(bid, period, period_id, team) for team in cut}
+        candidates = await _ties_at_the_cuts(
+            redis, (members_of, team_of_key), cut, candidates, hidden
+        )
 
     def share(c: tuple[str, str, int]) -> float:
         return c[2] / totals[c[1]]
@@ -206,3 +207,64 @@ async def _mvp_entries(
         }
         for i, (user, team, score) in enumerate(ranked)
     ]
+
+
+async def _current_teams(redis: Redis, team_of_key: str, named: Iterable[str]) -> dict[str, str]:
+    """The current team in the period of each user ``named`` who has one."""
+    users = sorted(set(named))
+    if not users:
+        return {}
+    found: list[Any] = await redis.hmget(team_of_key, users)
+    return {
+        user: latest.split("|", 1)[1]
+        for user, latest in zip(users, found, strict=True)
+        if latest is not None
+    }
+
+
+async def _ties_at_the_cuts(
+    redis: Redis,
+    keys_of: tuple[dict[str, str], str],
+    cut: dict[str, float],
+    candidates: list[tuple[str, str, int]],
+    hidden: set[str],
+) -> list[tuple[str, str, int]]:
+    """``candidates`` with the members tied at each ``cut`` team's cut taken in the view's
+    order. ``keys_of``: each team's member contributions, and the period's users' teams;
+    ``cut``: the teams whose reading stopped with members left, each with the contribution of
+    the last member read. A team's members were read from the largest contribution down, and of
+    equal contributions Redis gives the larger user id first: where the smallest contribution
+    among a team's leading :data:`TOP` is also the last one read, members of it may be left
+    unread, and those read are not the smaller user ids the view ranks first. The members of
+    that contribution are then read again in the order of their ids, smallest first (the teams
+    in one pipelined round a page), and as many of them kept as the team's top holds."""
+    members_of, team_of_key = keys_of
+    need: dict[str, tuple[int, int]] = {}  # team -> (its tied contribution, places left for it)
+    for team, last in cut.items():
+        mine = sorted((c for c in candidates if c[1] == team), key=lambda c: (-c[2], c[0]))
+        tie = mine[TOP - 1][2]
+        if tie == last:  # else every member of that contribution was read
+            need[team] = (tie, TOP - sum(1 for c in mine if c[2] > tie))
+    candidates = [c for c in candidates if c[1] not in need or c[2] != need[c[1]][0]]
+    offsets = dict.fromkeys(need, 0)
+    pending = sorted(need)
+    while pending:
+        async with redis.pipeline(transaction=False) as pipe:
+            for team in pending:
+                tie = need[team][0]
+                pipe.zrangebyscore(
+                    members_of[team], tie, tie, start=offsets[team], num=_MEMBER_PAGE
+                )
+            pages: list[list[str]] = await pipe.execute()
+        current = await _current_teams(redis, team_of_key, (u for page in pages for u in page))
+        still = []
+        for team, page in zip(pending, pages, strict=True):
+            tie, left = need[team]
+            kept = [u for u in page if current.get(u) == team and u not in hidden][:left]
+            candidates += [(user, team, tie) for user in kept]
+            need[team] = (tie, left - len(kept))
+            offsets[team] += len(page)
+            if len(page) == _MEMBER_PAGE and left > len(kept):
+                still.append(team)
+        pending = still
+    return candidates

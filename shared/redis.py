@@ -38,6 +38,7 @@ LUA_FILES = (
     "tops",
     "dense",
     "hide",
+    "hot",
     "live",
     "derive",
     "badges",

@@ -15,8 +15,8 @@ KEYS: names, user team, feed, badges, the user's regions set (the layout before;
       regions hash is among the hashes below), hot events, newest event, the user's rate
       bucket, dirty set, MVP dirty set; then four per view (the view, its distinct-score set,
       the distinct set being built, its hash of records); then the hashes holding the user as a field (HDEL); then two per
-      hot view window: its hash ("s:<user>", "c:<user>") and its ranking (live.lua); then the
-      sorted sets holding the user as a member (ZREM).
+      hot view window: its hash ("s:<user>", "h:<user>", "c:<user>") and its ranking
+      (hot.lua); then the sorted sets holding the user as a member (ZREM).
 ARGV: user, views, hashes, windows, sorted sets; then each view's dirty mark ('' none); then
       how many MVP marks, and the marks.
 Returns the number of view entries removed.
@@ -42,7 +42,7 @@ local function erase_user(keys, args)
   for _ = 1, nh do redis.call('HDEL', keys[ki], user); ki = ki + 1 end
   for _ = 1, nw do
     local count = tonumber(redis.call('HGET', keys[ki], 'c:' .. user) or 0)
-    redis.call('HDEL', keys[ki], 's:' .. user, 'c:' .. user)
+    redis.call('HDEL', keys[ki], 's:' .. user, 'h:' .. user, 'c:' .. user)
     if count > 0 then redis.call('ZREM', keys[ki + 1], hot_rank_member(user, count)) end
     ki = ki + 2
   end

@@ -1,4 +1,4 @@
-"""The hot view's rankings (shared/lua/live.lua): each window's users kept ranked in Redis as
+"""The hot view's rankings (shared/lua/hot.lua): each window's users kept ranked in Redis as
 events enter and leave it, so that a tick reads its top instead of every user of the window.
 
 The rankings are held to a reference computed here from the events themselves: the users of the
@@ -90,6 +90,35 @@ async def test_the_rankings_hold_the_reference_top_as_events_enter_and_leave(
         assert await redis.zcard(keys.hot_rank("main", window)) == 0
         assert await redis.hkeys(keys.hot_window("main", window)) == ["at"]
     assert await redis.zcard(keys.hot_events("main")) == 0
+
+
+async def test_sums_past_64_bits_keep_the_averages_of_scores_in_range(
+    redis: Redis, keys: Keys
+) -> None:
+    """A score is any integer within ±(2**53 - 1) (docs/api.md section 1), and a user may send
+    some 1,240 events a minute within its rate limits: a window's sum of them passes what a
+    64-bit integer holds (9.2e18), though the average stays in range. Every event is recorded,
+    none refused, and the averages are the reference's as events enter and leave."""
+    now = datetime.now(UTC)
+    most = 2**53 - 1
+    events: list[ScoreAccepted] = []
+    for i in range(1_100):  # 55 s of play, 20 events a second
+        at = now - timedelta(milliseconds=50 * i + 1)
+        events.append(made("u-max", most, at))
+        events.append(made("u-min", -most, at))
+        events.append(made("u-alternate", most if i % 2 else most - 2, at))
+    events += [made("u-small", 7, now - timedelta(seconds=s)) for s in (2, 30)]
+    record = RecordLive(redis, keys, BoardCatalog(redis, keys))
+    for start in range(0, len(events), 300):
+        await record(events[start : start + 300])
+    assert await redis.zcard(keys.hot_events("main")) == len(events)
+    live = LiveViews(redis, keys)
+    for seconds in (0, 5, 30, 50, 58):
+        at = now + timedelta(seconds=seconds)
+        await live.hot(MAIN_BOARD, now=at)
+        for window in HOT_WINDOWS:
+            expected = reference(events, at - timedelta(seconds=window), set())
+            assert await shown(redis, keys, window) == expected, (seconds, window)
 
 
 async def test_a_trim_call_takes_a_bounded_step_even_within_one_millisecond(
