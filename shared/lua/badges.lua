@@ -11,3 +11,31 @@ local function award(keys, args)
 end
 
 redis.register_function(FUNCTIONS.award, award)
+
+--[[
+The rank messages of a board's events, published and each event marked handled by the notifier
+in one step (docs/architecture.md, "Idempotency"): the notifier's mark is the decision, as a
+badge's HSETNX is, so an event's messages go out exactly once however often, and by however
+many notifiers at once, it is delivered, and never an event marked whose messages did not go
+out. The PUBLISHes are made from the board's node: on Redis Cluster they reach every node's
+subscribers from there. KEYS: three an event (as seen's, live.lua). ARGV: the seen ttl, then an
+event at a time its count of messages and each message's channel and body. Returns 1 for each
+event whose messages went out now, 0 for one handled already.
+]]
+local function notify(keys, args)
+  local ttl, a, out = tonumber(args[1]), 2, {}
+  for i = 1, #keys, 3 do
+    local n = tonumber(args[a])
+    if was_seen(keys[i], keys[i + 1], keys[i + 2], 'notifier') then
+      out[#out + 1] = 0
+    else
+      for j = a + 1, a + 2 * n, 2 do redis.call('PUBLISH', args[j], args[j + 1]) end
+      mark_seen(keys[i], keys[i + 1], keys[i + 2], 'notifier', ttl)
+      out[#out + 1] = 1
+    end
+    a = a + 1 + 2 * n
+  end
+  return out
+end
+
+redis.register_function(FUNCTIONS.notify, notify)
