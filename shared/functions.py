@@ -52,6 +52,7 @@ when it came to leave out a period already past its retention, answering the new
 503), so a caller of the version before meets the status only where it had an error. The write
 and the merge kept theirs, too, when a set entry's record came to keep the time of its latest
 write beside its reach time: a record without it reads as one written when reached, as before.
+The award kept its name when a badge held already came to take the earlier of its two times.
 The standing read kept its name when it came to read the board's as_of field, an optional fifth
 key and argument: a caller of the version before passes neither, and a reply of the library
 before lacks the element, read as no as_of.

@@ -81,8 +81,6 @@ class Notify:
                 awards.append(self._award(event, badge))
         if awards:
             async with self._redis.pipeline(transaction=False) as pipe:
-                # In event order, so that of two events earning one badge the first one's time
-                # holds.
                 for key, badge, awarded_at, channel, message in awards:
                     pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
                 replies: list[Any] = await pipe.execute()

@@ -2,10 +2,18 @@
 Award a badge exactly once (docs/api.md section 3): KEYS[1] the user's badges hash. ARGV badge,
 awarded-at, channel, message. Records the badge and publishes the message in one step, so a
 badge is pushed exactly when it is first recorded, however often its event is delivered.
-Returns 1 if awarded now, 0 if the user had it already.
+Returns 1 if awarded now, 0 if the user had it already. A badge held already takes the earlier
+time: events are not always handled in the order they were accepted (a message given back to
+the queue, two notifiers on it), and the badge's time is that of the first event that earned
+it. Times are RFC 3339 in UTC with milliseconds (shared/events.py rfc3339), all of one length,
+so they compare as strings.
 ]]
 local function award(keys, args)
-  if redis.call('HSETNX', keys[1], args[1], args[2]) == 0 then return 0 end
+  if redis.call('HSETNX', keys[1], args[1], args[2]) == 0 then
+    local held = redis.call('HGET', keys[1], args[1])
+    if args[2] < held then redis.call('HSET', keys[1], args[1], args[2]) end
+    return 0
+  end
   redis.call('PUBLISH', args[3], args[4])
   return 1
 end
