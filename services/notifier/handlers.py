@@ -9,7 +9,7 @@ import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.notifier.rules import crossings, earned
+from services.notifier.rules import Written, crossings, earned
 from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
@@ -86,7 +86,7 @@ class Notify:
                 replies: list[Any] = await pipe.execute()
             AWARDS.inc(sum(int(reply) for reply in replies))
         messages: dict[tuple[str, str, str], list[dict[str, object]]] = defaultdict(list)
-        for named, made in await self._messages(found):
+        for named, made in await self._messages(found, Written(events)):
             messages[named].append(made)
         skipped += await self._publish(list(fresh.values()), messages)
         SKIPPED.inc(skipped)
@@ -167,17 +167,22 @@ class Notify:
         )
 
     async def _messages(
-        self, found: list[tuple[ScoreAccepted, bool, Period, Crossing]]
+        self, found: list[tuple[ScoreAccepted, bool, Period, Crossing]], written: Written
     ) -> list[tuple[tuple[str, str, str], dict[str, object]]]:
         """The rank messages of ``found``, each with its event's board, user and id. A displaced
-        user's score is read from its region's view, all of the batch's in one pipelined round
+        user's score is the one it held when the event was written: as the batch's own writes
+        tell it, or else read from its region's view, all of the batch's in one pipelined round
         trip."""
-        others = [
-            (event, descending, period, crossing)
-            for event, descending, period, crossing in found
-            if crossing.user_id != event.user_id
-        ]
         scores: dict[tuple[str, str, str, str, Period], int | None] = {}
+        others = []
+        for event, descending, period, crossing in found:
+            if crossing.user_id == event.user_id:
+                continue
+            held = written.held(event, period, crossing.user_id)
+            if held is None:
+                others.append((event, descending, period, crossing))
+            else:
+                scores[_displaced(event, crossing, period)] = held
         if others:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for event, _, period, crossing in others:
