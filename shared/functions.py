@@ -52,6 +52,7 @@ when it came to leave out a period already past its retention, answering the new
 503), so a caller of the version before meets the status only where it had an error. The write
 and the merge kept theirs, too, when a set entry's record came to keep the time of its latest
 write beside its reach time: a record without it reads as one written when reached, as before.
+The award kept its name when a badge held already came to take the earlier of its two times.
 The standing read kept its name when it came to read the board's as_of field, an optional fifth
 key and argument: a caller of the version before passes neither, and a reply of the library
 before lacks the element, read as no as_of.
@@ -140,7 +141,7 @@ SYNC_DROPPED_FUNCTION = "ladder_sync_dropped_v1"
 """The distinct-score pair sync alone (the derive step's) of events the aggregator leaves out:
 an erased user's writes changed the regional boards, whose distinct sets no other step syncs."""
 
-# -- the consumers' seen marks (the notifier's; contribute takes them too) ----------------------
+# -- the consumers' seen marks (the notifier's; contribute and notify take them too) ------------
 SEEN_FUNCTION = "ladder_seen_v2"
 """Whether a consumer marked each of some events handled (read-only)."""
 MARK_SEEN_FUNCTION = "ladder_mark_seen_v2"
@@ -149,6 +150,9 @@ MARK_SEEN_FUNCTION = "ladder_mark_seen_v2"
 # -- the notifier ------------------------------------------------------------------------------
 AWARD_FUNCTION = "ladder_award_v1"
 """Record a badge and publish it, exactly once."""
+NOTIFY_FUNCTION = "ladder_notify_v1"
+"""Publish the rank messages of a board's events not handled yet and mark them handled, in one
+step: each event's messages go out exactly once."""
 
 # -- period ends (docs/api.md section 8b) -------------------------------------------------------
 CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
@@ -226,6 +230,7 @@ REGISTERED: dict[str, str] = {
     "seen": SEEN_FUNCTION,
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,
+    "notify": NOTIFY_FUNCTION,
     "close_period": CLOSE_PERIOD_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,

@@ -9,11 +9,11 @@ import orjson
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
-from services.notifier.rules import crossings, earned
+from services.notifier.rules import Written, crossings, earned
 from shared.boards import Board, BoardCatalog
 from shared.brackets import Crossing, rank_message
 from shared.events import ScoreAccepted, rfc3339
-from shared.functions import AWARD_FUNCTION, MARK_SEEN_FUNCTION, SEEN_FUNCTION
+from shared.functions import AWARD_FUNCTION, NOTIFY_FUNCTION, SEEN_FUNCTION
 from shared.keys import Keys, seen_keys
 from shared.periods import Period
 from shared.ranking import parse_record, score_of
@@ -35,20 +35,19 @@ def _displaced(
 
 class Notify:
     """Publishes ``rank`` messages and awards badges; skips events it has already handled
-    (broker redelivery).
+    (broker redelivery, the relay publishing an event again, another notifier on the queue).
 
-    An event is marked seen only after its messages are published: a crash in between repeats
-    the rank messages on redelivery rather than losing them. So the marks are set in a round
-    trip of their own, after the one that publishes the batch's messages has succeeded whole:
-    sharing it would not do on Redis Cluster, where a channel's slot is not its board's and
-    each node's share of a pipeline is sent at once, so a publish could fail (its primary
-    failing over) while the mark on the board's node lands, and the batch's redelivery would
-    then skip the event. The mark is the notifier's bit in the event's record
-    (``ladder_seen_v2`` reads it, ``ladder_mark_seen_v2`` sets it: one call a board each), so a
-    handled event keeps no key of its own (shared/lua/live.lua). Badges
-    never repeat: each award is one ``ladder_award_v1`` call whose ``HSETNX`` on the user's
-    badges hash decides, in the same atomic step as the publish, so a badge is pushed exactly
-    once however often, and however partly, its event was handled before.
+    An event's rank messages are published, and the event marked handled, in one
+    ``ladder_notify_v1`` call a board (shared/lua/badges.lua): the mark decides, atomically, so
+    the messages go out exactly once however often the event is delivered, also to two
+    notifiers at once, and a failure marks nothing whose messages did not go out. The mark is
+    the notifier's bit in the event's record (``ladder_seen_v2`` reads it before a batch, to
+    leave out what was handled), so a handled event keeps no key of its own
+    (shared/lua/live.lua). The PUBLISHes are made from the board's node: on Redis Cluster they
+    reach every node's subscribers from there, so the board's node is the only one involved.
+    Badges never repeat: each award is one ``ladder_award_v1`` call whose ``HSETNX`` on the
+    user's badges hash decides, in the same atomic step as the publish. The awards go in a
+    round trip before the rank messages', so an event is marked only once its awards are made.
     """
 
     def __init__(self, redis: Redis, keys: Keys, catalog: BoardCatalog) -> None:
@@ -64,7 +63,7 @@ class Notify:
             # A message delivered twice within one batch counts once, too.
             if not was_seen and named not in fresh:
                 fresh[named] = event
-        SKIPPED.inc(len(events) - len(fresh))
+        skipped = len(events) - len(fresh)
         found: list[tuple[ScoreAccepted, bool, Period, Crossing]] = []
         awards: list[tuple[str, str, str, str, bytes]] = []
         boards: dict[str, Board | None] = {}  # looked up once a batch
@@ -80,26 +79,50 @@ class Notify:
                     found.append((event, board.descending, period, crossing))
             for badge in earned(event.value, board.badges, board.descending):
                 awards.append(self._award(event, badge))
-        messages = await self._messages(found)
-        if awards or messages:
+        if awards:
             async with self._redis.pipeline(transaction=False) as pipe:
-                # In event order, so that of two events earning one badge the first one's time
-                # holds.
                 for key, badge, awarded_at, channel, message in awards:
                     pipe.fcall(AWARD_FUNCTION, 1, key, badge, awarded_at, channel, message)
-                for channel, rank_message in messages:
-                    pipe.publish(channel, orjson.dumps(rank_message))
                 replies: list[Any] = await pipe.execute()
-            AWARDS.inc(sum(int(reply) for reply in replies[: len(awards)]))
-            for _, rank_message in messages:
-                PUSHES.labels(rank_message["reason"]).inc()
-        # Only once every publish above succeeded (see the class docstring).
+            AWARDS.inc(sum(int(reply) for reply in replies))
+        messages: dict[tuple[str, str, str], list[dict[str, object]]] = defaultdict(list)
+        for named, made in await self._messages(found, Written(events)):
+            messages[named].append(made)
+        skipped += await self._publish(list(fresh.values()), messages)
+        SKIPPED.inc(skipped)
+
+    async def _publish(
+        self,
+        events: list[ScoreAccepted],
+        messages: dict[tuple[str, str, str], list[dict[str, object]]],
+    ) -> int:
+        """Publish the rank messages of ``events`` not handled yet and mark them handled, one
+        ``ladder_notify_v1`` call a board; how many were handled already (by another notifier
+        since they were read)."""
+        by_board: dict[str, list[ScoreAccepted]] = defaultdict(list)
+        for event in events:
+            by_board[event.board_id].append(event)
         async with self._redis.pipeline(transaction=False) as pipe:
-            for marks in self._seen_keys(list(fresh.values())).values():
-                pipe.execute_command(
-                    "FCALL", MARK_SEEN_FUNCTION, len(marks), *marks, "notifier", SEEN_TTL_SECONDS
-                )
-            await pipe.execute()
+            for board_id, on_board in by_board.items():
+                marks = self._seen_keys(on_board)[board_id]
+                args: list[Any] = [SEEN_TTL_SECONDS]
+                for event in on_board:
+                    told = messages.get((event.board_id, event.user_id, event.event_id), [])
+                    args.append(len(told))
+                    for message in told:
+                        channel = self._keys.user_channel(str(message["user_id"]))
+                        args += [channel, orjson.dumps(message)]
+                pipe.execute_command("FCALL", NOTIFY_FUNCTION, len(marks), *marks, *args)
+            replies: list[Any] = await pipe.execute()
+        skipped = 0
+        for on_board, reply in zip(by_board.values(), replies, strict=True):
+            for event, published in zip(on_board, reply, strict=True):
+                if not published:
+                    skipped += 1
+                    continue
+                for message in messages.get((event.board_id, event.user_id, event.event_id), []):
+                    PUSHES.labels(message["reason"]).inc()
+        return skipped
 
     def _seen_keys(self, events: list[ScoreAccepted]) -> dict[str, list[str]]:
         """The seen keys of ``events`` (three each: shared.keys.seen_keys), by board."""
@@ -144,16 +167,22 @@ class Notify:
         )
 
     async def _messages(
-        self, found: list[tuple[ScoreAccepted, bool, Period, Crossing]]
-    ) -> list[tuple[str, dict[str, object]]]:
-        """The rank messages of ``found``. A displaced user's score is read from its region's
-        view, all of the batch's in one pipelined round trip."""
-        others = [
-            (event, descending, period, crossing)
-            for event, descending, period, crossing in found
-            if crossing.user_id != event.user_id
-        ]
+        self, found: list[tuple[ScoreAccepted, bool, Period, Crossing]], written: Written
+    ) -> list[tuple[tuple[str, str, str], dict[str, object]]]:
+        """The rank messages of ``found``, each with its event's board, user and id. A displaced
+        user's score is the one it held when the event was written: as the batch's own writes
+        tell it, or else read from its region's view, all of the batch's in one pipelined round
+        trip."""
         scores: dict[tuple[str, str, str, str, Period], int | None] = {}
+        others = []
+        for event, descending, period, crossing in found:
+            if crossing.user_id == event.user_id:
+                continue
+            held = written.held(event, period, crossing.user_id)
+            if held is None:
+                others.append((event, descending, period, crossing))
+            else:
+                scores[_displaced(event, crossing, period)] = held
         if others:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for event, _, period, crossing in others:
@@ -168,7 +197,7 @@ class Notify:
                 scores[_displaced(event, crossing, period)] = (
                     score_of(parse_record(raw)[1], descending) if raw is not None else None
                 )
-        out: list[tuple[str, dict[str, object]]] = []
+        out: list[tuple[tuple[str, str, str], dict[str, object]]] = []
         for event, _, period, crossing in found:
             result = event.periods[period]
             score = (
@@ -178,7 +207,7 @@ class Notify:
             )
             out.append(
                 (
-                    self._keys.user_channel(crossing.user_id),
+                    (event.board_id, event.user_id, event.event_id),
                     rank_message(
                         crossing,
                         board_id=event.board_id,

@@ -212,6 +212,24 @@ async def test_two_events_reaching_a_threshold_award_once_at_the_first(
         assert await redis.hgetall(keys.badges("quest", user)) == {"bronze": rfc3339(T0)}
 
 
+async def test_a_badge_keeps_the_time_of_the_first_event_however_late_it_is_handled(
+    notify: Notify, redis: Redis, keys: Keys
+) -> None:
+    """Events are not always handled in the order they were accepted: a message given back to
+    the queue comes after later ones, and two notifiers share the queue. The badge is pushed
+    once, by whichever comes first, and keeps the earlier event's time (docs/api.md section 3:
+    when Ladder accepted the event that earned it)."""
+    later = T0 + timedelta(seconds=30)
+    async with listening(redis, keys.user_channel("u-1")) as channel:
+        await notify([accepted(130, at=later)])
+        await notify([accepted(120)])
+        assert await channel.badges() == [badge_message("bronze")]
+    assert await redis.hgetall(keys.badges("quest", "u-1")) == {"bronze": rfc3339(T0)}
+    # A later event earning it again changes nothing.
+    await notify([accepted(140, at=later + timedelta(seconds=1))])
+    assert await redis.hgetall(keys.badges("quest", "u-1")) == {"bronze": rfc3339(T0)}
+
+
 async def test_a_notifier_that_died_after_awarding_does_not_award_again(
     notify: Notify, redis: Redis, keys: Keys
 ) -> None:
@@ -225,7 +243,8 @@ async def test_a_notifier_that_died_after_awarding_does_not_award_again(
         await notify([event])
         heard = await channel.drain()
     assert [m for m in heard if m["type"] == "badge"] == [badge_message("bronze")]
-    # The rank push, on the other hand, is at least once: it came again.
+    # The rank push, on the other hand, is decided by the mark alone: with it gone, it came
+    # again.
     assert [m["reason"] for m in heard if m["type"] == "rank"] == ["entered_top"] * 2
 
 

@@ -166,3 +166,46 @@ async def test_a_hidden_users_fall_moves_nobody_up(
     await submit(redis, keys, settings, SET, body, "e4")
     entries = await redis.xrevrange(keys.outbox(SET.board_id), count=1)
     assert orjson.loads(entries[0][1]["e"])["periods"]["alltime"]["pulled_in"] == {"1": "u-c"}
+
+
+BEST = Board(board_id="battle", operator="best", periods=["alltime"], notify_top=[1, 2])
+
+
+async def test_each_message_carries_the_score_its_user_held_when_the_batch_moved_it(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    """One batch holds a user overtaken and then back on top by its own write: its
+    ``overtaken`` carries the score it was overtaken with, not the one it holds after the
+    batch. A board's events are ordered by their outbox entries, however the batch has them."""
+    events = await write(
+        redis, keys, settings, BEST, ("u-b", 50), ("u-c", 40), ("u-a", 100), ("u-b", 200)
+    )
+    entries: Any = await redis.xrange(keys.outbox(BEST.board_id))
+    # As the relay publishes them: each with its outbox entry's id.
+    events = [
+        event.model_copy(update={"outbox_id": entry_id})
+        for event, (entry_id, _) in zip(events, entries, strict=True)
+    ]
+    rise, back = events[2], events[3]
+    assert rise.periods["alltime"].pushed_out == {"1": "u-b", "2": "u-c"}
+    assert back.periods["alltime"].pushed_out == {"1": "u-a"}
+    await add_board(redis, keys, BEST)
+    async with contextlib.AsyncExitStack() as stack:
+        channels = {
+            user: await stack.enter_async_context(listening(redis, keys.user_channel(user)))
+            for user in ("u-a", "u-b", "u-c")
+        }
+        # The later event first in the batch: the outbox ids give the order they were written.
+        await Notify(redis, keys, BoardCatalog(redis, keys))([back, rise])
+        heard = {
+            user: sorted(
+                (m["reason"], m["top"], m["rank"], m["previous_rank"], m["score"])
+                for m in await channel.drain()
+            )
+            for user, channel in channels.items()
+        }
+    assert heard == {
+        "u-a": [("entered_top", 1, 1, None, 100), ("overtaken", 1, 2, 1, 100)],
+        "u-b": [("entered_top", 1, 1, 2, 200), ("overtaken", 1, 2, 1, 50)],
+        "u-c": [("overtaken", 2, 3, 2, 40)],
+    }
