@@ -101,11 +101,16 @@ async def pages(conn: AsyncConnection, board_id: str) -> AsyncIterator[Sequence[
 
 async def held(conn: AsyncConnection, board_id: str, refs: Iterable[str]) -> set[str]:
     """Which of the events ``refs`` names (``shared.keys.event_ref``: ``<event_id>:<user_id>``)
-    the event log holds for the board. A bare event id (the newest event the write of the layout
-    before noted, when ids were unique per board) is held if any user's event of that id is."""
+    the event log holds for the board as :func:`page` reads it. A bare event id (the newest
+    event the write of the layout before noted, when ids were unique per board) is held if any
+    user's event of that id is. The events a deleted board of the name kept are not the board's:
+    the board made since may use their ids, and one of its events that MySQL does not hold yet
+    would be taken for stored (the rebuild would not wait for it, nor replay it from the
+    journal)."""
     wanted = sorted(refs)
     found: set[str] = set()
     t = score_events.c
+    current = (t.board_epoch == 0, after_deletion(t.accepted_at, board_id))
     for start in range(0, len(wanted), ID_CHUNK):
         chunk = [parse_event_ref(ref) for ref in wanted[start : start + ID_CHUNK]]
         pairs = [(user, event) for event, user in chunk if user is not None]
@@ -115,14 +120,14 @@ async def held(conn: AsyncConnection, board_id: str, refs: Iterable[str]) -> set
         if pairs:
             rows = await conn.execute(
                 select(t.event_id, t.user_id).where(
-                    t.board_id == board_id, tuple_(t.user_id, t.event_id).in_(pairs)
+                    t.board_id == board_id, *current, tuple_(t.user_id, t.event_id).in_(pairs)
                 )
             )
             found.update(event_ref(row.event_id, row.user_id) for row in rows)
         if bare:
             # At most one, once, after the upgrade: a scan of the board's index is fine.
             rows = await conn.execute(
-                select(t.event_id).where(t.board_id == board_id, t.event_id.in_(bare))
+                select(t.event_id).where(t.board_id == board_id, *current, t.event_id.in_(bare))
             )
             found.update(row.event_id for row in rows)
     return found

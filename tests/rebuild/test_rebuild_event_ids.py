@@ -12,13 +12,17 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.api.eraser import Eraser
 from services.history.handlers import HistoryHandler
+from services.rebuild.event_log import held
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder
-from shared.boards import BoardCatalog
-from shared.db import count_events
+from shared.boards import Board, BoardCatalog
+from shared.db import board_deletions, count_events, to_db_time
 from shared.db_boards import save_board
+from shared.erasure import BoardDeletion, finish_board_deletion
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -153,3 +157,53 @@ async def test_a_rebuild_across_the_upgrade_waits_for_events_of_the_layout_befor
     newest = keys.newest_event("main")
     assert after.pop(newest)[1] == b"old" and before.pop(newest)[1] == b"old:u1"
     assert after == before
+
+
+async def deleted_and_made_again(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine, board: Board
+) -> None:
+    """``board`` with u1's event ``w`` stored, then deleted without purge (the deletion done:
+    its keys gone, its events kept under its epoch) and made again under its name."""
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+    await write(redis, keys, settings, board, **eu("w", "u1", 5, datetime.now(UTC).isoformat()))
+    await relay(redis, keys, db, board)
+    deletion = BoardDeletion(board.board_id, datetime.now(UTC), False, None)
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(board_deletions).values(
+                board_id=board.board_id, cutoff=to_db_time(deletion.cutoff), purge=False
+            )
+        )
+    await Eraser(db, redis, keys, BoardCatalog(redis, keys), 0).delete_boards([deletion])
+    await finish_board_deletion(db, deletion)
+    await save_board(db, board)
+    await BoardCatalog(redis, keys).put(board)
+
+
+async def test_a_deleted_boards_event_of_the_same_id_is_not_taken_for_the_new_ones(
+    redis: Redis, keys: Keys, settings: LadderSettings, db: AsyncEngine
+) -> None:
+    """A board deleted without purge keeps u1's event ``w`` in MySQL; the board made again
+    under its name accepts u1's own ``w``, another event, which waits in the outbox (on its way
+    to history). The rebuild waits for that event's row, not the deleted board's, before it
+    reads MySQL: it reads it once, in one attempt."""
+    board = Board(board_id="again", periods=("alltime",))
+    await deleted_and_made_again(redis, keys, settings, db, board)
+    await write(redis, keys, settings, board, **eu("w", "u1", 7, datetime.now(UTC).isoformat()))
+    on_its_way: list[ScoreAccepted] = await outbox_events(redis, keys, board)
+    await relay(redis, keys, db, board, skip="w")
+    before = await projection(redis, settings)
+    async with db.connect() as conn:
+        assert await held(conn, "again", {"w:u1"}) == set()
+
+    task = asyncio.create_task(Rebuilder(db, redis, keys, settings, wait_seconds=10).board(board))
+    await asyncio.sleep(1.0)
+    assert not task.done(), "the rebuild went on without the new board's event in MySQL"
+    await HistoryHandler(db)(on_its_way)
+    done: BoardRebuild = await task
+
+    assert done.attempts == 1 and done.events == 1
+    assert await projection(redis, settings) == before
+    view = keys.region_view("again", "alltime", "all", "eu")
+    assert dict(await read_view(redis, view, True)) == {"u1": 7}
