@@ -6,12 +6,14 @@ so that a running `make up` and other tests are never disturbed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from aio_pika.abc import AbstractChannel
 from redis import Redis as SyncRedis
@@ -38,6 +40,8 @@ MYSQL_SERVER_URL = os.environ.get("LADDER_TEST_MYSQL_URL", "mysql+asyncmy://root
 # names `make cluster-up`'s, redis://127.0.0.1:7000/0; a cluster has database 0 only); without
 # it, a private cluster of six nodes on free ports, started once for the session
 # (tests/redis_cluster.py).
+MANAGEMENT_PORT = 15672  # the RabbitMQ management API's, which scripts/infra.sh enables
+TEST_QUEUE_EXPIRES_MS = 30 * 60 * 1000
 ON_CLUSTER = os.environ.get("LADDER_TEST_REDIS_CLUSTER", "") not in ("", "0")
 CLUSTER_URL = os.environ.get("LADDER_TEST_REDIS_URL", "") if ON_CLUSTER else ""
 
@@ -72,6 +76,26 @@ def redis_url() -> Iterator[str]:
         yield cluster.start().url
     finally:
         cluster.remove()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_queues_expire() -> None:
+    """A broker policy: a queue of the tests (named ``lt-...``) left unused for half an hour is
+    deleted by the broker. A run stopped before its teardowns (killed, timed out) leaves its
+    queues behind, and a few hundred idle quorum queues on a broker limited to 1,024 open files
+    leave it unable to take connections. Set through the management API where it answers (with
+    the tests' AMQP credentials); where it does not, queues are left as they are."""
+    amqp = urlsplit(AMQP_URL)
+    url = f"http://{amqp.hostname}:{MANAGEMENT_PORT}/api/policies/%2F/ladder-tests"
+    policy = {
+        "pattern": "^lt-",
+        "definition": {"expires": TEST_QUEUE_EXPIRES_MS},
+        "apply-to": "queues",
+        "priority": 0,
+    }
+    auth = (amqp.username or "guest", amqp.password or "guest")
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.put(url, json=policy, auth=auth, timeout=5)
 
 
 @pytest.fixture
