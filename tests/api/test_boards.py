@@ -4,6 +4,7 @@ a Redis that lost them, and locked against re-ranking once a board has scores.""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -148,6 +149,9 @@ async def test_only_an_admin_key_writes_definitions(quiet: LadderSettings, redis
         ("laps", {"periods": []}, "periods"),
         ("laps", {"periods": ["daily", "daily"]}, "periods"),
         ("laps", {"timezone": "Mars/Olympus"}, "timezone"),
+        # A host's file and croniter's R: only a board stored with one may keep it.
+        ("laps", {"timezone": "localtime"}, "timezone"),
+        ("laps", {"schedule": "R 0 * * *"}, "schedule"),
         ("laps", {"min_value": 10, "max_value": 1}, None),
         ("laps", {"max_value": MAX_SCORE + 1}, "max_value"),
         ("laps", {"min_value": -MAX_SCORE - 1}, "min_value"),
@@ -284,6 +288,53 @@ async def test_definitions_survive_a_restart_that_empties_redis(
     assert laps.status_code == 200
     assert laps.json() == {"board_id": "laps", **LAPS}
     assert main.json() == MAIN | {"notify_top": [1, 5]}
+
+
+async def test_a_definition_stored_before_a_check_reads_and_may_be_kept(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    """A timezone that names a host's file, and a schedule using croniter's R, were taken before
+    they were refused: such a stored board still reads, and a PUT may keep what it holds (but
+    bring in neither), where the API once refused to start and every read of the catalog
+    failed."""
+    legacy = {
+        "host": MAIN | {"board_id": "host", "timezone": "localtime"},
+        "picked": MAIN | {"board_id": "picked", "schedule": "R 0 * * *"},
+    }
+    legacy["picked"]["periods"] = [*MAIN["periods"], "season"]
+    async with open_engine(quiet.mysql_url) as engine, engine.begin() as conn:
+        for board_id, definition in legacy.items():
+            await conn.execute(
+                text("INSERT INTO boards VALUES (:id, :definition, NOW(6), NOW(6))"),
+                {"id": board_id, "definition": json.dumps(definition)},
+            )
+
+    async with api_client(quiet) as client:
+        listed = await client.get("/v1/boards")
+        host = await client.get("/v1/boards/host")
+        written = await client.post(
+            "/v1/boards/host/scores",
+            json={"user_id": "u-1", "region": "eu", "value": 5},
+            headers=SERVER,
+        )
+        kept = await put(client, "host", legacy["host"] | {"notify_top": [1]})
+        before = await snapshot(redis, quiet.key_prefix)
+        elsewhere = await client.put(
+            "/v1/boards/other", json=legacy["host"] | {"board_id": "other"}, headers=ADMIN
+        )
+        changed = await client.put(
+            "/v1/boards/host", json=legacy["host"] | {"schedule": "R 1 * * *"}, headers=ADMIN
+        )
+        after = await snapshot(redis, quiet.key_prefix)
+
+    assert listed.status_code == 200, listed.text
+    assert [b["board_id"] for b in listed.json()["boards"]] == ["host", "main", "picked"]
+    assert host.json() == legacy["host"]
+    assert written.status_code == 200, written.text
+    assert kept.json() == legacy["host"] | {"notify_top": [1]}
+    assert_problem(elsewhere, 422)
+    assert_problem(changed, 422)
+    assert after == before
 
 
 async def test_main_is_stored_in_mysql_at_start(quiet: LadderSettings) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import structlog
 from fastapi import APIRouter, BackgroundTasks, Depends, Response
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
@@ -28,7 +28,15 @@ from services.api.state import (
     State,
 )
 from services.api.strict_json import StrictJsonRoute
-from shared.boards import DEFINITION_TTL, Board, BoardId, BoardSpec
+from shared.boards import (
+    DEFINITION_TTL,
+    Board,
+    BoardId,
+    BoardSpec,
+    refused_new,
+    stored_schedule,
+    stored_timezone,
+)
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
 from shared.periods import retention_error, window_at, windows_before
@@ -87,6 +95,18 @@ class BoardIn(BoardSpec):
     model_config = ConfigDict(json_schema_extra=_document_board_in)
 
     board_id: BoardId | None = None
+
+    # A timezone or schedule that only a board stored with it may keep is judged against the
+    # stored definition, under the definitions lock (shared.boards.refused_new).
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        return stored_schedule(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        return stored_timezone(value)
 
     @model_validator(mode="after")
     def _players_need_regions(self) -> BoardIn:
@@ -169,6 +189,9 @@ async def put_board(
             previous = await load_board(conn, board_id) or await state.catalog.get(
                 board_id, fresh=True
             )
+            if refused := refused_new(board, previous):
+                field, reason = refused
+                raise Invalid(f"{field}: {reason}.", loc=("body", field))
             if previous is not None:
                 await _refuse_reranking(state, previous, board)
             await save_board(conn, board)
