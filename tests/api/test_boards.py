@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -239,6 +240,39 @@ async def test_ranking_fields_are_locked_once_the_board_has_a_score(
             "max_value": 50,
         }
     )
+
+
+async def test_the_scores_check_of_a_long_kept_board_holds_no_other_request(
+    quiet: LadderSettings,
+) -> None:
+    """Whether a board has scores asks for the regions set of every period it may keep: 10,000
+    seasons are a walk of 10,000 firings, which ran on the event loop and held every other
+    request of the API for over a second."""
+    long_kept = {
+        "schedule": "0,1 * * * *",
+        "timezone": "Europe/Berlin",
+        "retention": {"daily": 3660, "weekly": 520, "monthly": 120, "season": 10_000},
+    }
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with api_client(quiet) as client:
+        await put(client, "cup", long_kept, 201)
+        ticker = asyncio.create_task(tick())
+        try:
+            changed = await put(client, "cup", long_kept | {"operator": "best"})
+        finally:
+            ticker.cancel()
+
+    assert changed.json()["operator"] == "best"
+    assert gaps and max(gaps) < 0.25, max(gaps)
 
 
 async def test_scores_in_the_history_database_lock_the_board_too(quiet: LadderSettings) -> None:
