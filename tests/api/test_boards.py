@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.api.routes.definitions import _regions_sets
 from services.history.handlers import HistoryHandler
 from services.history.migrate import migrate
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
@@ -247,12 +248,17 @@ async def test_the_scores_check_of_a_long_kept_board_holds_no_other_request(
 ) -> None:
     """Whether a board has scores asks for the regions set of every period it may keep: 10,000
     seasons are a walk of 10,000 firings, which ran on the event loop and held every other
-    request of the API for over a second."""
+    request of the API for as long as the walk took (about a second). The loop's longest stall
+    during the PUT is compared with the walk timed on its own, in the same run."""
     long_kept = {
         "schedule": "0,1 * * * *",
         "timezone": "Europe/Berlin",
         "retention": {"daily": 3660, "weekly": 520, "monthly": 120, "season": 10_000},
     }
+    board = Board.model_validate({"board_id": "cup", **long_kept})
+    started = time.perf_counter()
+    _regions_sets(Keys(quiet.key_prefix), board, datetime.now(UTC))
+    walk = time.perf_counter() - started
     gaps: list[float] = []
 
     async def tick() -> None:
@@ -272,7 +278,7 @@ async def test_the_scores_check_of_a_long_kept_board_holds_no_other_request(
             ticker.cancel()
 
     assert changed.json()["operator"] == "best"
-    assert gaps and max(gaps) < 0.25, max(gaps)
+    assert gaps and max(gaps) < walk / 3, (max(gaps), walk)
 
 
 async def test_scores_in_the_history_database_lock_the_board_too(quiet: LadderSettings) -> None:
