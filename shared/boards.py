@@ -10,7 +10,7 @@ start-up restores the hash from MySQL, so definitions outlive a Redis that keeps
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from zoneinfo import available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from cachetools import TTLCache
 from pydantic import (
@@ -174,10 +174,61 @@ class BoardSpec(BaseModel):
         return self.regions is None or region in self.regions
 
 
+def stored_schedule(value: str | None) -> str | None:
+    """A board's schedule as definitions were checked before croniter's ``R`` was refused: a
+    stored one reads as it was, and a ``PUT`` may keep it (:func:`refused_new`)."""
+    if value is None:
+        return None
+    error = schedule_error(value, stored=True)
+    if error is not None:
+        raise ValueError(error)
+    return " ".join(value.split())
+
+
+def stored_timezone(value: str) -> str:
+    """A board's timezone as definitions were checked before only IANA names were taken: any
+    zone ZoneInfo finds here. A stored one reads as it was, and a ``PUT`` may keep it."""
+    try:
+        ZoneInfo(value)
+    # OSError: a name too long for a file name, which ZoneInfo looks for on disk.
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"unknown timezone {value!r} (an IANA name, e.g. Europe/Berlin)") from exc
+    return value
+
+
+def refused_new(board: BoardSpec, previous: BoardSpec | None) -> tuple[str, str] | None:
+    """The field of ``board`` that a ``PUT`` may not bring in, and why (None: none): a timezone
+    that is no IANA name, or a schedule using croniter's ``R``, which only a board stored with
+    it already may keep (docs/api.md section 3)."""
+    if board.timezone not in _ZONES and (previous is None or previous.timezone != board.timezone):
+        return "timezone", f"unknown timezone {board.timezone!r} (an IANA name, e.g. Europe/Berlin)"
+    if board.schedule is not None and (previous is None or previous.schedule != board.schedule):
+        error = schedule_error(board.schedule)
+        if error is not None:
+            return "schedule", error
+    return None
+
+
 class Board(BoardSpec):
-    """A stored definition: a spec with its id."""
+    """A stored definition: a spec with its id.
+
+    Read back as it was stored: a timezone that names a host's file (``localtime``,
+    ``posixrules``, ``Factory``) or a schedule using croniter's ``R``, which definitions took
+    before they were refused, still reads (as a board stored with ``player_writes`` and no
+    regions does), so that such a board stops no service that reads the catalog.
+    """
 
     board_id: BoardId
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        return stored_schedule(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        return stored_timezone(value)
 
 
 MAIN_BOARD = Board(board_id=MAIN_BOARD_ID)

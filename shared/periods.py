@@ -119,15 +119,15 @@ def matches_id(period: Period, period_id: str) -> bool:
     return _PATTERNS[period].fullmatch(period_id) is not None
 
 
-def schedule_error(schedule: str) -> str | None:
+def schedule_error(schedule: str, *, stored: bool = False) -> str | None:
     """Why ``schedule`` is not a schedule a board may keep (None: it is one): five fields that
-    croniter reads, and a firing to come."""
+    croniter reads, and a firing to come (a ``stored`` one may use R: docs/api.md section 3)."""
     fields = schedule.split()
     if len(fields) != 5:
         return "schedule must be a cron expression of 5 fields (minute hour day month weekday)"
     # croniter's R (random) and H (hashed) pick a time anew at every reading: a season would
     # have other bounds in every process. No month or weekday name starts with either letter.
-    if any(token.upper().startswith(("R", "H")) for field in fields for token in field.split(",")):
+    if not stored and any(t.upper().startswith(("R", "H")) for f in fields for t in f.split(",")):
         return f"schedule {schedule!r} uses R or H: a season's firings must be fixed"
     try:
         if not croniter.is_valid(schedule):

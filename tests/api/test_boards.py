@@ -4,6 +4,8 @@ a Redis that lost them, and locked against re-ranking once a board has scores.""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +15,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.api.routes.definitions import _regions_sets
 from services.history.handlers import HistoryHandler
 from services.history.migrate import migrate
 from shared.boards import MAIN_BOARD, Board, BoardCatalog
@@ -148,6 +151,9 @@ async def test_only_an_admin_key_writes_definitions(quiet: LadderSettings, redis
         ("laps", {"periods": []}, "periods"),
         ("laps", {"periods": ["daily", "daily"]}, "periods"),
         ("laps", {"timezone": "Mars/Olympus"}, "timezone"),
+        # A host's file and croniter's R: only a board stored with one may keep it.
+        ("laps", {"timezone": "localtime"}, "timezone"),
+        ("laps", {"schedule": "R 0 * * *"}, "schedule"),
         ("laps", {"min_value": 10, "max_value": 1}, None),
         ("laps", {"max_value": MAX_SCORE + 1}, "max_value"),
         ("laps", {"min_value": -MAX_SCORE - 1}, "min_value"),
@@ -237,6 +243,44 @@ async def test_ranking_fields_are_locked_once_the_board_has_a_score(
     )
 
 
+async def test_the_scores_check_of_a_long_kept_board_holds_no_other_request(
+    quiet: LadderSettings,
+) -> None:
+    """Whether a board has scores asks for the regions set of every period it may keep: 10,000
+    seasons are a walk of 10,000 firings, which ran on the event loop and held every other
+    request of the API for as long as the walk took (about a second). The loop's longest stall
+    during the PUT is compared with the walk timed on its own, in the same run."""
+    long_kept = {
+        "schedule": "0,1 * * * *",
+        "timezone": "Europe/Berlin",
+        "retention": {"daily": 3660, "weekly": 520, "monthly": 120, "season": 10_000},
+    }
+    board = Board.model_validate({"board_id": "cup", **long_kept})
+    started = time.perf_counter()
+    _regions_sets(Keys(quiet.key_prefix), board, datetime.now(UTC))
+    walk = time.perf_counter() - started
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with api_client(quiet) as client:
+        await put(client, "cup", long_kept, 201)
+        ticker = asyncio.create_task(tick())
+        try:
+            changed = await put(client, "cup", long_kept | {"operator": "best"})
+        finally:
+            ticker.cancel()
+
+    assert changed.json()["operator"] == "best"
+    assert gaps and max(gaps) < walk / 3, (max(gaps), walk)
+
+
 async def test_scores_in_the_history_database_lock_the_board_too(quiet: LadderSettings) -> None:
     """A board whose cached views are gone (a Redis restart) still has its scores in MySQL."""
     now = datetime.now(UTC)
@@ -284,6 +328,53 @@ async def test_definitions_survive_a_restart_that_empties_redis(
     assert laps.status_code == 200
     assert laps.json() == {"board_id": "laps", **LAPS}
     assert main.json() == MAIN | {"notify_top": [1, 5]}
+
+
+async def test_a_definition_stored_before_a_check_reads_and_may_be_kept(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    """A timezone that names a host's file, and a schedule using croniter's R, were taken before
+    they were refused: such a stored board still reads, and a PUT may keep what it holds (but
+    bring in neither), where the API once refused to start and every read of the catalog
+    failed."""
+    legacy = {
+        "host": MAIN | {"board_id": "host", "timezone": "localtime"},
+        "picked": MAIN | {"board_id": "picked", "schedule": "R 0 * * *"},
+    }
+    legacy["picked"]["periods"] = [*MAIN["periods"], "season"]
+    async with open_engine(quiet.mysql_url) as engine, engine.begin() as conn:
+        for board_id, definition in legacy.items():
+            await conn.execute(
+                text("INSERT INTO boards VALUES (:id, :definition, NOW(6), NOW(6))"),
+                {"id": board_id, "definition": json.dumps(definition)},
+            )
+
+    async with api_client(quiet) as client:
+        listed = await client.get("/v1/boards")
+        host = await client.get("/v1/boards/host")
+        written = await client.post(
+            "/v1/boards/host/scores",
+            json={"user_id": "u-1", "region": "eu", "value": 5},
+            headers=SERVER,
+        )
+        kept = await put(client, "host", legacy["host"] | {"notify_top": [1]})
+        before = await snapshot(redis, quiet.key_prefix)
+        elsewhere = await client.put(
+            "/v1/boards/other", json=legacy["host"] | {"board_id": "other"}, headers=ADMIN
+        )
+        changed = await client.put(
+            "/v1/boards/host", json=legacy["host"] | {"schedule": "R 1 * * *"}, headers=ADMIN
+        )
+        after = await snapshot(redis, quiet.key_prefix)
+
+    assert listed.status_code == 200, listed.text
+    assert [b["board_id"] for b in listed.json()["boards"]] == ["host", "main", "picked"]
+    assert host.json() == legacy["host"]
+    assert written.status_code == 200, written.text
+    assert kept.json() == legacy["host"] | {"notify_top": [1]}
+    assert_problem(elsewhere, 422)
+    assert_problem(changed, 422)
+    assert after == before
 
 
 async def test_main_is_stored_in_mysql_at_start(quiet: LadderSettings) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import structlog
 from fastapi import APIRouter, BackgroundTasks, Depends, Response
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
@@ -28,9 +28,18 @@ from services.api.state import (
     State,
 )
 from services.api.strict_json import StrictJsonRoute
-from shared.boards import DEFINITION_TTL, Board, BoardId, BoardSpec
+from shared.boards import (
+    DEFINITION_TTL,
+    Board,
+    BoardId,
+    BoardSpec,
+    refused_new,
+    stored_schedule,
+    stored_timezone,
+)
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
+from shared.keys import Keys
 from shared.periods import retention_error, window_at, windows_before
 from shared.season_keys import raise_expiry
 
@@ -87,6 +96,18 @@ class BoardIn(BoardSpec):
     model_config = ConfigDict(json_schema_extra=_document_board_in)
 
     board_id: BoardId | None = None
+
+    # A timezone or schedule that only a board stored with it may keep is judged against the
+    # stored definition, under the definitions lock (shared.boards.refused_new).
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str | None) -> str | None:
+        return stored_schedule(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, value: str) -> str:
+        return stored_timezone(value)
 
     @model_validator(mode="after")
     def _players_need_regions(self) -> BoardIn:
@@ -169,6 +190,9 @@ async def put_board(
             previous = await load_board(conn, board_id) or await state.catalog.get(
                 board_id, fresh=True
             )
+            if refused := refused_new(board, previous):
+                field, reason = refused
+                raise Invalid(f"{field}: {reason}.", loc=("body", field))
             if previous is not None:
                 await _refuse_reranking(state, previous, board)
             await save_board(conn, board)
@@ -244,25 +268,32 @@ async def has_scores(state: ApiState, board: Board) -> bool:
     """Whether any score of ``board`` is kept, in the cache or in the history database.
 
     The cache half asks whether the write noted a newest event of the board, or a regions set
-    exists for any period the board still keeps (one ``EXISTS`` over at most a few hundred keys
-    of one hash tag, where a ``SCAN`` would walk the whole keyspace): it covers the events the
-    history database has not stored yet (the newest event those the aggregator has not derived
-    into the regions sets yet). The database half covers everything older, and a cache that was
-    emptied.
+    exists for any period the board still keeps (one ``EXISTS`` over the keys of one hash tag,
+    where a ``SCAN`` would walk the whole keyspace): it covers the events the history database
+    has not stored yet (the newest event those the aggregator has not derived into the regions
+    sets yet). The database half covers everything older, and a cache that was emptied.
+
+    The periods' names are a thread's work: 10,000 seasons of a minute kept are a walk of 10,000
+    firings, which would hold every other request of the process for a second or more.
     """
-    keys, bid = state.keys, board.board_id
     # The newest period an accepted event may fall in: occurred_at may lie a little ahead.
     latest = datetime.now(UTC) + timedelta(seconds=state.settings.future_tolerance_seconds)
-    names: list[str] = [keys.newest_event(bid)]
+    names = await asyncio.to_thread(_regions_sets, state.keys, board, latest)
+    if await state.redis.exists(state.keys.newest_event(board.board_id), *names):
+        return True
+    return await has_events(state.engine, board.board_id)
+
+
+def _regions_sets(keys: Keys, board: Board, latest: datetime) -> list[str]:
+    """The regions sets of every period of ``board`` that may still be kept at ``latest``."""
+    names: list[str] = []
     for period in board.periods:
         window = window_at(period, latest, board.timezone, board.schedule)
-        names.append(keys.regions(bid, period, window.period_id))
+        names.append(keys.regions(board.board_id, period, window.period_id))
         if window.end is None:
             continue
         # One more than retention: the period just begun may not be the current one yet.
         retention = (board.retention.of(period) or 0) + 1
         for before in windows_before(window, board.timezone, retention, board.schedule):
-            names.append(keys.regions(bid, period, before.period_id))
-    if await state.redis.exists(*names):
-        return True
-    return await has_events(state.engine, bid)
+            names.append(keys.regions(board.board_id, period, before.period_id))
+    return names
