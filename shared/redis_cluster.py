@@ -14,7 +14,9 @@
   takes some of them, last in that primary's commands: redis-py sends a pipeline's commands for
   one node on one connection, in their order, and ``WAIT`` counts the replicas that hold what
   its own connection wrote. A write sent again elsewhere (its slot moved, or the library was
-  missing) is not covered by those: the pipeline says so, and its caller counts it unconfirmed.
+  missing), or a pipeline redis-py sent again after a connection was lost as it was sent (its
+  waits then go to the default node), is not covered by those: the pipeline says so, and
+  its caller counts it unconfirmed.
 - ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
   slot map and sends the command where the slot is now. A command it gives up on while its slot
   moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
@@ -209,7 +211,10 @@ class LadderClusterPipeline(ClusterPipeline):
         # With WAITs queued, a command redirected (MOVED, ASK, TRYAGAIN) is sent again here,
         # not by redis-py, so that waits_cover() knows its WAIT did not see it go.
         waiting = self._waited is not None
-        results: list[Any] = await super().execute(False, allow_redirections and not waiting)
+        if waiting:
+            results = await self._sent_once()
+        else:
+            results = await super().execute(False, allow_redirections)
         again = []
         if waiting and allow_redirections:
             again = [i for i, result in enumerate(results) if isinstance(result, _REDIRECTED)]
@@ -230,6 +235,30 @@ class LadderClusterPipeline(ClusterPipeline):
             for result in results:
                 if isinstance(result, Exception):
                     raise result
+        return results
+
+    async def _sent_once(self) -> list[Any]:
+        """The pipeline's replies, a redirected command's among them as its error (sent again by
+        :meth:`execute`). A pipeline that redis-py sent again (a connection lost as it was sent:
+        it reconnects and sends the commands without a reply again) is not covered by its
+        waits: redis-py drops a command's ``target_nodes`` as it sends it, so each ``WAIT`` went
+        to the default node the second time, and the writes went on new connections."""
+        strategy = self._execution_strategy
+        sent = strategy._execute  # type: ignore[attr-defined]
+        attempts = 0
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return await sent(*args, **kwargs)
+
+        strategy._execute = counted  # type: ignore[attr-defined]
+        try:
+            results: list[Any] = await super().execute(False, False)
+        finally:
+            del strategy._execute  # type: ignore[attr-defined]
+        if attempts > 1:
+            self._resent = True
         return results
 
 
