@@ -18,8 +18,10 @@
   waits then go to the default node), is not covered by those: the pipeline says so, and
   its caller counts it unconfirmed.
 - ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
-  slot map and sends the command where the slot is now. A command it gives up on while its slot
-  moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
+  slot map and sends the command where the slot is now (an ``ASK`` to a node it does not know
+  yet, one that joined empty and is taking its first slot, is followed too: ``get_node``). A
+  command it gives up on while its slot moves (``TRYAGAIN`` for more than half a second) is
+  sent again for up to ``SLOT_MOVE_WAIT``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Connection
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     ClusterError,
@@ -78,6 +81,25 @@ class LadderCluster(RedisCluster):
             return self.keyslot(args[0])
         slot: int = await super()._determine_slot(command, *args)
         return slot
+
+    def get_node(
+        self, host: str | None = None, port: int | None = None, node_name: str | None = None
+    ) -> ClusterNode | None:
+        """The node of that address; one looked up by its name alone and not known yet is added
+        as a primary. redis-py follows an ``ASK`` to the node it names by looking it up so, and
+        the node a slot is being imported into is not in the slot map while it serves no slot
+        (a primary just added, as a resharding onto it begins): the command then failed with
+        ``AttributeError`` instead of being sent there."""
+        node = super().get_node(host, port, node_name)
+        if node is not None or host is not None or port is not None or not node_name:
+            return node
+        address, _, number = node_name.rpartition(":")
+        if not (address and number.isdigit()):
+            return None
+        manager = self.nodes_manager
+        node = ClusterNode(address, int(number), PRIMARY, **manager.connection_kwargs)
+        manager.set_nodes(manager.nodes_cache, {node.name: node})
+        return node
 
     async def load_library(self) -> None:
         """Load the library on each primary that has none (one that joined empty, or a replica
