@@ -10,6 +10,9 @@
   whose next attempt finds the library.
 - A PUBLISH goes to the primary of its channel's slot, alone or in a pipeline (redis-py's
   cluster pipeline refuses one, and its client asks a node for a PUBLISH's keys).
+- A pipeline that redis-py sends again after a connection was lost as it was sent makes again
+  only the commands nothing came back for (redis-py took a falsy reply, such as a ``PUBLISH``
+  answered 0, for none, and published or wrote twice).
 - ``WAIT`` after a pipeline's writes (``LADDER_REDIS_WAIT_REPLICAS``) goes to each primary that
   takes some of them, last in that primary's commands: redis-py sends a pipeline's commands for
   one node on one connection, in their order, and ``WAIT`` counts the replicas that hold what
@@ -233,10 +236,7 @@ class LadderClusterPipeline(ClusterPipeline):
         # With WAITs queued, a command redirected (MOVED, ASK, TRYAGAIN) is sent again here,
         # not by redis-py, so that waits_cover() knows its WAIT did not see it go.
         waiting = self._waited is not None
-        if waiting:
-            results = await self._sent_once()
-        else:
-            results = await super().execute(False, allow_redirections)
+        results = await self._sent(allow_redirections and not waiting)
         again = []
         if waiting and allow_redirections:
             again = [i for i, result in enumerate(results) if isinstance(result, _REDIRECTED)]
@@ -259,29 +259,49 @@ class LadderClusterPipeline(ClusterPipeline):
                     raise result
         return results
 
-    async def _sent_once(self) -> list[Any]:
-        """The pipeline's replies, a redirected command's among them as its error (sent again by
-        :meth:`execute`). A pipeline that redis-py sent again (a connection lost as it was sent:
-        it reconnects and sends the commands without a reply again) is not covered by its
-        waits: redis-py drops a command's ``target_nodes`` as it sends it, so each ``WAIT`` went
-        to the default node the second time, and the writes went on new connections."""
+    async def _sent(self, allow_redirections: bool) -> list[Any]:
+        """The pipeline's replies (without ``allow_redirections``, a redirected command's error).
+
+        A connection lost as the pipeline was sent makes redis-py send it again, meant for the
+        commands without a reply; but it takes a falsy reply (a ``PUBLISH`` that reached no
+        subscriber of its node, a 0, an empty string) or an error for none, and made those
+        again: a push published twice, a write run twice. Here only a command that nothing came
+        back for, or a redirection (which ran it nowhere), is sent again. A pipeline sent again
+        is not covered by its waits: redis-py drops a command's ``target_nodes`` as it sends it,
+        so each ``WAIT`` went to the default node the second time."""
         strategy = self._execution_strategy
         sent = strategy._execute  # type: ignore[attr-defined]
-        attempts = 0
+        for command in strategy._command_queue:  # type: ignore[attr-defined]
+            command.result = _UNSENT
+        tries = 0
 
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal attempts
-            attempts += 1
-            return await sent(*args, **kwargs)
+        async def unanswered(client: Any, stack: list[Any], *args: Any, **kwargs: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            if tries == 1:
+                return await sent(client, stack, *args, **kwargs)
+            again = [c for c in stack if c.result is _UNSENT or isinstance(c.result, _REDIRECTED)]
+            await sent(client, again, *args, **kwargs)
+            return [command.result for command in stack]
 
-        strategy._execute = counted  # type: ignore[attr-defined]
+        strategy._execute = unanswered  # type: ignore[attr-defined]
         try:
-            results: list[Any] = await super().execute(False, False)
+            results: list[Any] = await super().execute(False, allow_redirections)
         finally:
             del strategy._execute  # type: ignore[attr-defined]
-        if attempts > 1:
+        if tries > 1:
             self._resent = True
         return results
+
+
+class _Unsent:
+    """A command's result until its reply: falsy, as redis-py takes a command without one."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+_UNSENT = _Unsent()
 
 
 def seed_nodes(url: str) -> tuple[str, list[ClusterNode]]:

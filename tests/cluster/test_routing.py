@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from shared.boards import Board
 from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
 from shared.keys import Keys
 from shared.lease import Lease
-from shared.redis import library_source, open_redis
+from shared.redis import PackedConnection, library_source, open_redis
 from shared.redis_cluster import seed_nodes
 from shared.settings import LadderSettings
 from tests.api.helpers import MAIN, add_board, get_ok, post, score
@@ -131,6 +132,58 @@ async def test_a_call_missing_its_function_never_replaces_a_newer_library(
             assert [library[1] for library in other.function_list()] == [LIBRARY]
     finally:
         await redis.function_load(library_source(), replace=True)  # every primary's, back
+
+
+async def test_a_pipeline_sent_again_makes_no_answered_command_again(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection to one primary lost as a pipeline is sent: redis-py sends the pipeline again
+    for the commands without a reply. A PUBLISH answered 0 (no subscriber on its own node) on
+    another primary is not published twice, nor a 0 reply made again."""
+    first, second, third = shared_cluster.primaries()
+    channel = next(c for c in (f"c{i}" for i in range(200)) if primary_of_key(redis, c) == second)
+    counter = next(
+        k
+        for k in (f"{keys.tag(f'n{i}')}:n" for i in range(200))
+        if primary_of_key(redis, k) == second
+    )
+    written = next(
+        k
+        for k in (f"{keys.tag(f'n{i}')}:n" for i in range(200))
+        if primary_of_key(redis, k) == third
+    )
+    lost: list[int] = []
+    send = PackedConnection.send_packed_command
+
+    async def losing(self: PackedConnection, command: Any, check_health: bool = True) -> None:
+        if self.port == third and not lost:
+            lost.append(third)
+            await asyncio.sleep(0.05)  # the other primary answers first
+            raise RedisConnectionError("Connection lost as the pipeline was sent")
+        await send(self, command, check_health)
+
+    with shared_cluster.client(first) as node:
+        listener = node.pubsub()
+        listener.subscribe(channel)
+        monkeypatch.setattr(PackedConnection, "send_packed_command", losing)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.publish(channel, "once")
+            pipe.decr(counter)  # 0, from 1
+            pipe.incr(written)
+            await redis.set(counter, "1")
+            assert await pipe.execute() == [0, 0, 1]
+        assert lost == [third]
+        heard = []
+        while (message := listener.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                heard.append(message["data"])
+        listener.close()
+    assert heard == ["once"]
+    assert await redis.get(counter) == "0"
+
+
+def primary_of_key(client: Redis, key: str) -> int:
+    return int(client.get_node_from_key(key).port)  # type: ignore[attr-defined]
 
 
 def begin_move(cluster: PrivateCluster, slot: int) -> tuple[int, int]:
