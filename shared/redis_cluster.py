@@ -10,14 +10,21 @@
   whose next attempt finds the library.
 - A PUBLISH goes to the primary of its channel's slot, alone or in a pipeline (redis-py's
   cluster pipeline refuses one, and its client asks a node for a PUBLISH's keys).
+- A pipeline that redis-py sends again after a connection was lost as it was sent makes again
+  only the commands nothing came back for (redis-py took a falsy reply, such as a ``PUBLISH``
+  answered 0, for none, and published or wrote twice).
 - ``WAIT`` after a pipeline's writes (``LADDER_REDIS_WAIT_REPLICAS``) goes to each primary that
   takes some of them, last in that primary's commands: redis-py sends a pipeline's commands for
   one node on one connection, in their order, and ``WAIT`` counts the replicas that hold what
   its own connection wrote. A write sent again elsewhere (its slot moved, or the library was
-  missing) is not covered by those: the pipeline says so, and its caller counts it unconfirmed.
+  missing), or a pipeline redis-py sent again after a connection was lost as it was sent (its
+  waits then go to the default node), is not covered by those: the pipeline says so, and
+  its caller counts it unconfirmed.
 - ``MOVED``, ``ASK`` and ``TRYAGAIN``, and a node that is gone, are redis-py's: it refreshes its
-  slot map and sends the command where the slot is now. A command it gives up on while its slot
-  moves (``TRYAGAIN`` for more than half a second) is sent again for up to ``SLOT_MOVE_WAIT``.
+  slot map and sends the command where the slot is now (an ``ASK`` to a node it does not know
+  yet, one that joined empty and is taking its first slot, is followed too: ``get_node``). A
+  command it gives up on while its slot moves (``TRYAGAIN`` for more than half a second) is
+  sent again for up to ``SLOT_MOVE_WAIT``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Connection
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.cluster import PRIMARY
 from redis.exceptions import (
     AskError,
     ClusterError,
@@ -76,6 +84,25 @@ class LadderCluster(RedisCluster):
             return self.keyslot(args[0])
         slot: int = await super()._determine_slot(command, *args)
         return slot
+
+    def get_node(
+        self, host: str | None = None, port: int | None = None, node_name: str | None = None
+    ) -> ClusterNode | None:
+        """The node of that address; one looked up by its name alone and not known yet is added
+        as a primary. redis-py follows an ``ASK`` to the node it names by looking it up so, and
+        the node a slot is being imported into is not in the slot map while it serves no slot
+        (a primary just added, as a resharding onto it begins): the command then failed with
+        ``AttributeError`` instead of being sent there."""
+        node = super().get_node(host, port, node_name)
+        if node is not None or host is not None or port is not None or not node_name:
+            return node
+        address, _, number = node_name.rpartition(":")
+        if not (address and number.isdigit()):
+            return None
+        manager = self.nodes_manager
+        node = ClusterNode(address, int(number), PRIMARY, **manager.connection_kwargs)
+        manager.set_nodes(manager.nodes_cache, {node.name: node})
+        return node
 
     async def load_library(self) -> None:
         """Load the library on each primary that has none (one that joined empty, or a replica
@@ -209,7 +236,7 @@ class LadderClusterPipeline(ClusterPipeline):
         # With WAITs queued, a command redirected (MOVED, ASK, TRYAGAIN) is sent again here,
         # not by redis-py, so that waits_cover() knows its WAIT did not see it go.
         waiting = self._waited is not None
-        results: list[Any] = await super().execute(False, allow_redirections and not waiting)
+        results = await self._sent(allow_redirections and not waiting)
         again = []
         if waiting and allow_redirections:
             again = [i for i, result in enumerate(results) if isinstance(result, _REDIRECTED)]
@@ -231,6 +258,50 @@ class LadderClusterPipeline(ClusterPipeline):
                 if isinstance(result, Exception):
                     raise result
         return results
+
+    async def _sent(self, allow_redirections: bool) -> list[Any]:
+        """The pipeline's replies (without ``allow_redirections``, a redirected command's error).
+
+        A connection lost as the pipeline was sent makes redis-py send it again, meant for the
+        commands without a reply; but it takes a falsy reply (a ``PUBLISH`` that reached no
+        subscriber of its node, a 0, an empty string) or an error for none, and made those
+        again: a push published twice, a write run twice. Here only a command that nothing came
+        back for, or a redirection (which ran it nowhere), is sent again. A pipeline sent again
+        is not covered by its waits: redis-py drops a command's ``target_nodes`` as it sends it,
+        so each ``WAIT`` went to the default node the second time."""
+        strategy = self._execution_strategy
+        sent = strategy._execute  # type: ignore[attr-defined]
+        for command in strategy._command_queue:  # type: ignore[attr-defined]
+            command.result = _UNSENT
+        tries = 0
+
+        async def unanswered(client: Any, stack: list[Any], *args: Any, **kwargs: Any) -> Any:
+            nonlocal tries
+            tries += 1
+            if tries == 1:
+                return await sent(client, stack, *args, **kwargs)
+            again = [c for c in stack if c.result is _UNSENT or isinstance(c.result, _REDIRECTED)]
+            await sent(client, again, *args, **kwargs)
+            return [command.result for command in stack]
+
+        strategy._execute = unanswered  # type: ignore[attr-defined]
+        try:
+            results: list[Any] = await super().execute(False, allow_redirections)
+        finally:
+            del strategy._execute  # type: ignore[attr-defined]
+        if tries > 1:
+            self._resent = True
+        return results
+
+
+class _Unsent:
+    """A command's result until its reply: falsy, as redis-py takes a command without one."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+_UNSENT = _Unsent()
 
 
 def seed_nodes(url: str) -> tuple[str, list[ClusterNode]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import time
 
 import pytest
@@ -90,6 +91,45 @@ async def test_a_primary_killed_under_writes_is_replaced_and_the_hub_resyncs(
             assert hub.url != f"redis://127.0.0.1:{victim}/0"
             await redis.publish(channel, "after")
             await eventually(lambda: _true("after" in inbox.messages), within=5)
+        finally:
+            hub.stop()
+            await listening
+
+
+async def test_pushes_lost_on_a_stalled_node_link_make_the_hub_resync(
+    own_cluster: PrivateCluster, keys: Keys
+) -> None:
+    """The hub's node (a replica here, so that no failover follows) stalls for longer than half
+    the cluster's node timeout: the primaries drop their cluster bus links to it and make new
+    ones, and what they published in between never reaches it, while the hub's connection stays
+    up. Every push published meanwhile arrives, or the hub tells its clients to resync."""
+    async with open_redis(own_cluster.url, cluster=True) as redis:
+        assert isinstance(redis, LadderCluster)
+        replica = next(port for port, role in own_cluster.roles().items() if role == "slave")
+        url = f"redis://127.0.0.1:{replica}/0"
+        hub = Hub(url, "ladder-hub-stall", lambda: [url])
+        inbox, channel = Inbox(), keys.user_channel("u-stall")
+        listening = asyncio.create_task(hub.run())
+        try:
+            await hub.subscribe(channel, inbox)
+            await redis.publish(channel, "before")
+            await eventually(lambda: _true("before" in inbox.messages), within=5)
+            sent = []
+            own_cluster.processes[replica].send_signal(signal.SIGSTOP)
+            try:
+                stalled = time.monotonic()
+                while time.monotonic() - stalled < 2.5:  # the node timeout is 2 s
+                    sent.append(f"during-{len(sent)}")
+                    await redis.publish(channel, sent[-1])
+                    await asyncio.sleep(0.01)
+            finally:
+                own_cluster.processes[replica].send_signal(signal.SIGCONT)
+            await redis.publish(channel, "after")
+            await eventually(lambda: _true("after" in inbox.messages), within=10)
+            await asyncio.sleep(2)  # the hub looks at its links every second
+            lost = [text for text in sent if text not in inbox.messages]
+            print(f"{len(lost)} of {len(sent)} pushes lost; resync: {RESYNC in inbox.messages}")
+            assert not lost or RESYNC in inbox.messages[inbox.messages.index("before") :]
         finally:
             hub.stop()
             await listening

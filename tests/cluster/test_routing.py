@@ -5,25 +5,28 @@ that lost it, calls follow a slot that moves, and boards spread over the primari
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from shared.boards import Board
 from shared.functions import LEASE_HOLD_FUNCTION, LIBRARY
 from shared.keys import Keys
 from shared.lease import Lease
-from shared.redis import library_source, open_redis
+from shared.redis import PackedConnection, library_source, open_redis
 from shared.redis_cluster import seed_nodes
 from shared.settings import LadderSettings
 from tests.api.helpers import MAIN, add_board, get_ok, post, score
 from tests.cluster.conftest import on
 from tests.helpers import api_client
-from tests.redis_cluster import PrivateCluster, free_cluster_ports
+from tests.redis_cluster import HOST, PrivateCluster, free_cluster_ports
+from tests.stack import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -131,6 +134,58 @@ async def test_a_call_missing_its_function_never_replaces_a_newer_library(
         await redis.function_load(library_source(), replace=True)  # every primary's, back
 
 
+async def test_a_pipeline_sent_again_makes_no_answered_command_again(
+    shared_cluster: PrivateCluster, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection to one primary lost as a pipeline is sent: redis-py sends the pipeline again
+    for the commands without a reply. A PUBLISH answered 0 (no subscriber on its own node) on
+    another primary is not published twice, nor a 0 reply made again."""
+    first, second, third = shared_cluster.primaries()
+    channel = next(c for c in (f"c{i}" for i in range(200)) if primary_of_key(redis, c) == second)
+    counter = next(
+        k
+        for k in (f"{keys.tag(f'n{i}')}:n" for i in range(200))
+        if primary_of_key(redis, k) == second
+    )
+    written = next(
+        k
+        for k in (f"{keys.tag(f'n{i}')}:n" for i in range(200))
+        if primary_of_key(redis, k) == third
+    )
+    lost: list[int] = []
+    send = PackedConnection.send_packed_command
+
+    async def losing(self: PackedConnection, command: Any, check_health: bool = True) -> None:
+        if self.port == third and not lost:
+            lost.append(third)
+            await asyncio.sleep(0.05)  # the other primary answers first
+            raise RedisConnectionError("Connection lost as the pipeline was sent")
+        await send(self, command, check_health)
+
+    with shared_cluster.client(first) as node:
+        listener = node.pubsub()
+        listener.subscribe(channel)
+        monkeypatch.setattr(PackedConnection, "send_packed_command", losing)
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.publish(channel, "once")
+            pipe.decr(counter)  # 0, from 1
+            pipe.incr(written)
+            await redis.set(counter, "1")
+            assert await pipe.execute() == [0, 0, 1]
+        assert lost == [third]
+        heard = []
+        while (message := listener.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                heard.append(message["data"])
+        listener.close()
+    assert heard == ["once"]
+    assert await redis.get(counter) == "0"
+
+
+def primary_of_key(client: Redis, key: str) -> int:
+    return int(client.get_node_from_key(key).port)  # type: ignore[attr-defined]
+
+
 def begin_move(cluster: PrivateCluster, slot: int) -> tuple[int, int]:
     """Mark ``slot`` as moving from its primary to another, as redis-cli's resharding begins:
     the ports of the two."""
@@ -185,6 +240,55 @@ async def test_a_write_sent_again_on_an_ask_is_not_covered_by_its_wait(
         assert await redis.get(moved) == "1" and await redis.get(staying) == "1"
     finally:
         await move_slot(shared_cluster, slot, 0)
+
+
+def add_primary(cluster: PrivateCluster) -> int:
+    """A primary joined empty, as ``redis-cli --cluster add-node`` adds one: no slot, no
+    library; its port."""
+    (port,) = free_cluster_ports(1)
+    cluster.ports.append(port)
+    cluster.start_node(port)
+    wait_for(f"redis-server on {port}", lambda: cluster.answers(port), 60, 0.2)
+    subprocess.run(
+        ["redis-cli", "--cluster", "add-node", f"{HOST}:{port}", f"{HOST}:{cluster.ports[0]}"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    wait_for(f"the cluster to be ok on {port}", lambda: _ok(cluster, port), 60, 0.2)
+    return port
+
+
+def _ok(cluster: PrivateCluster, port: int) -> bool:
+    with cluster.client(port) as client:
+        return client.execute_command("CLUSTER INFO").get("cluster_state") == "ok"
+
+
+async def test_calls_follow_a_slot_moving_onto_a_primary_that_joined_empty(
+    own_cluster: PrivateCluster, keys: Keys
+) -> None:
+    """A resharding onto a primary just added: the board's keys that have moved answer ASK
+    with a node the client's slot map does not list (it serves no slot yet) and that has no
+    library. A call follows the ASK there, the library is loaded on it, and the call made."""
+    async with open_redis(own_cluster.url, load_functions=True, cluster=True) as redis:
+        lease = Lease(redis, keys, ttl=60)
+        assert await lease.hold("joining")
+        slot = redis.keyslot(keys.tag("joining"))  # type: ignore[attr-defined]
+        target = add_primary(own_cluster)
+        source = own_cluster.port_of_slot(slot)
+        with own_cluster.client(source) as src, own_cluster.client(target) as dst:
+            dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", own_cluster.node_id(source))
+            src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", own_cluster.node_id(target))
+            moving = src.execute_command("CLUSTER GETKEYSINSLOT", slot, 10)
+            assert sorted(moving) == [keys.merge_fence("joining"), keys.merge_lease("joining")]
+            src.execute_command("MIGRATE", HOST, target, "", 0, 5000, "KEYS", *moving)
+        await lease.renew("joining")  # ASK, then the library loaded there
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.fcall(*hold_args(keys, "joining", lease.owner))
+            assert await pipe.execute() == [lease.token("joining")]
+        with own_cluster.client(target) as node:
+            assert [library[1] for library in node.function_list()] == [LIBRARY]
+            assert node.execute_command("DBSIZE") == 2
 
 
 async def test_writes_and_reads_follow_a_slot_that_moves(

@@ -6,22 +6,25 @@ every event answered 2xx reaches MySQL's history."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import text
 
 from services.api.write.durable import Durability
 from shared.db import open_engine
 from shared.keys import Keys
-from shared.redis import open_redis
+from shared.redis import PackedConnection, open_redis
 from shared.redis_cluster import LadderCluster
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -68,6 +71,56 @@ async def test_a_pipeline_waits_on_every_primary_it_wrote_to(
             replies = await pipe.execute()
         problem = short.shortfall(pipe, replies[1:], time.perf_counter())
         assert problem is not None and (problem.asked, problem.counted) == (2, 1)
+
+
+async def test_a_pipeline_sent_again_after_a_lost_connection_is_not_covered_by_its_waits(
+    shared_cluster: PrivateCluster, settings: LadderSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection to a primary lost as the pipeline is sent: redis-py sends it again, its
+    WAIT to the default node (the node it was queued for is dropped). That WAIT counts another
+    primary's replicas: the write, whose own replica is stopped here, is not confirmed."""
+    keys = Keys(settings.key_prefix)
+    async with open_redis(shared_cluster.url, cluster=True) as redis:
+        assert isinstance(redis, LadderCluster)
+        default = redis.get_default_node()
+        assert default is not None
+        tags = (keys.tag(f"w{i}") for i in range(200))
+        tag = next(t for t in tags if redis.get_node_from_key(t).name != default.name)
+        port = int(redis.get_node_from_key(tag).port)
+        replica = replica_of(shared_cluster, port)
+        lost: list[int] = []
+        send = PackedConnection.send_packed_command
+
+        async def losing(self: PackedConnection, command: Any, check_health: bool = True) -> None:
+            if self.port == port and not lost:
+                lost.append(port)
+                raise RedisConnectionError("Connection lost as the pipeline was sent")
+            await send(self, command, check_health)
+
+        monkeypatch.setattr(PackedConnection, "send_packed_command", losing)
+        durability = Durability(1, 300)
+        shared_cluster.processes[replica].send_signal(signal.SIGSTOP)
+        try:
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.set(f"{tag}:probe", "1", px=10_000)
+                assert await durability.queue(pipe) == 1
+                started = time.perf_counter()
+                replies = await pipe.execute(raise_on_error=False)
+        finally:
+            shared_cluster.processes[replica].send_signal(signal.SIGCONT)
+        assert lost == [port] and replies[0] is True
+        assert not pipe.waits_cover()
+        assert durability.shortfall(pipe, replies[1:], started) is not None
+
+
+def replica_of(cluster: PrivateCluster, primary: int) -> int:
+    """The port of a replica of the primary on ``primary``."""
+    for port, role in cluster.roles().items():
+        if role == "slave":
+            with cluster.client(port) as client:
+                if int(client.info("replication")["master_port"]) == primary:
+                    return port
+    raise LookupError(primary)
 
 
 def board_on(cluster: PrivateCluster, keys: Keys, port: int) -> str:

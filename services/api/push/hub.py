@@ -22,7 +22,13 @@ within ``PONG_WITHIN``.
 
 On a Redis Cluster a PUBLISH reaches the subscribers of every node, so the hub listens on any one
 node: ``nodes`` gives the addresses the cluster client knows now, and each connection lost moves
-the next connection on to the next of them (the node may be gone for good: a failover).
+the next connection on to the next of them (the node may be gone for good: a failover). A
+PUBLISH made on another node reaches this one over that node's cluster bus link to it, and a
+node that drops its link (this one stalled for half the cluster's node timeout, as one that is
+failed over does, or the link broke) sends nothing until it has made a new one: what it published
+meanwhile never arrives, while the hub's own connection stays up. So every ``LINKS_EVERY``
+seconds the hub looks at the links other nodes opened to its node (``CLUSTER LINKS``), and one
+made since it last looked tells every client to resync.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 log = structlog.get_logger(__name__)
 
@@ -50,6 +57,7 @@ RESYNC = orjson.dumps({"type": "resync"}).decode()
 PING_AFTER = 5.0
 PONG_WITHIN = 3.0
 PING_MESSAGE = "ladder-hub"
+LINKS_EVERY = 1.0
 
 
 class Subscriber(Protocol):
@@ -181,8 +189,10 @@ class Hub:
         pinged: float | None
         try:
             await client.ping()
+            links = await self._links(client)  # before the first subscribe
             self.connected = True
             heard, pinged = loop.time(), None
+            looked = heard
             while not self._stopping:
                 await self._reconcile(pubsub)
                 if resync:
@@ -199,6 +209,11 @@ class Hub:
                     continue
                 message = await pubsub.get_message(timeout=0.05)
                 now = loop.time()
+                if links is not None and now - looked >= LINKS_EVERY:
+                    looked, known, links = now, links, await self._links(client)
+                    if links is not None and not links <= known:
+                        log.warning("a cluster bus link to the pub/sub node was made again")
+                        self._broadcast(RESYNC)
                 if message is not None:
                     heard, pinged = now, None
                     if message["type"] == "message":
@@ -213,6 +228,25 @@ class Hub:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    async def _links(self, client: Redis) -> set[tuple[str, int]] | None:
+        """On a cluster, the links other nodes opened to the node of ``client``, each as its
+        node and the time it was made (ms); ``None`` on one Redis, or where ``CLUSTER LINKS`` is
+        refused (then no link is looked at). A node that does not answer within ``PONG_WITHIN``
+        fails the connection, as an unanswered ping does."""
+        if self._nodes is None:
+            return None
+        asked = client.execute_command("CLUSTER LINKS")  # type: ignore[no-untyped-call]
+        try:
+            reply = await asyncio.wait_for(asked, PONG_WITHIN)
+        except ResponseError:
+            return None
+        links = set()
+        for link in reply:
+            fields = dict(zip(link[::2], link[1::2], strict=True))
+            if fields.get("direction") == "from":
+                links.add((str(fields.get("node")), int(fields.get("create-time", 0))))
+        return links
 
     @property
     def url(self) -> str:
