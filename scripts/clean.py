@@ -17,6 +17,7 @@ is skipped. It does not stop or start services; ``make clean`` does that around 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 
@@ -126,7 +127,15 @@ async def clean(settings: LadderSettings) -> None:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No argument is taken: ``--help`` prints this and removes nothing, and any other argument
+    # is refused (status 2) before the settings are read, let alone anything removed.
+    argparse.ArgumentParser(
+        prog="scripts/clean.py",
+        description="Remove everything Ladder made under LADDER_KEY_PREFIX and "
+        "LADDER_BROKER_PREFIX (its Redis keys, queues and exchanges) and the history database "
+        "of LADDER_MYSQL_URL (make clean). Takes no arguments: the settings say what.",
+    ).parse_args(argv)
     asyncio.run(clean(load_settings()))
     return 0
 
