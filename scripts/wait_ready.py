@@ -15,6 +15,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from shared.settings import load_settings
+from shared.settings_checks import reachable_host
 
 
 def ready(url: str) -> bool:
@@ -29,15 +30,13 @@ def api_url() -> str:
     """The API's base URL from the settings (the environment, then ``.env``), as `make up` and
     `make demo` print it."""
     settings = load_settings()
-    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
-    return f"http://{host}:{settings.api_port}"
+    return f"http://{reachable_host(settings.api_host)}:{settings.api_port}"
 
 
 def service_urls() -> dict[str, str]:
     """The ``/readyz`` of each service of ``make up``, from the settings."""
     settings = load_settings()
-    api_host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
-    ops_host = "127.0.0.1" if settings.ops_host in ("0.0.0.0", "::") else settings.ops_host
+    api_host, ops_host = reachable_host(settings.api_host), reachable_host(settings.ops_host)
     urls = {
         "api": f"http://{api_host}:{settings.api_port}/readyz",
         "aggregator": f"http://{ops_host}:{settings.aggregator_port}/readyz",

@@ -7,6 +7,9 @@ so), or raises :class:`ValueError` with a message saying which part is wrong; py
 setting's name after it. A URL is never quoted in a message, since it may hold a password: an
 entry of a list is named by its position. Addresses, networks and origins, which hold no
 secret, are quoted.
+
+:func:`reachable_host` is the other way round: how a client on this machine names, in a URL, a
+host a service listens on.
 """
 
 from __future__ import annotations
@@ -52,6 +55,15 @@ def listen_host(value: str) -> str:
     if not is_host(value):
         raise ValueError(f"{value!r} is neither an IP address nor a host name")
     return value
+
+
+def reachable_host(host: str) -> str:
+    """The host of a URL that reaches, from this machine, a service listening on ``host``
+    (:func:`listen_host`): loopback for every interface (0.0.0.0 or ::), and an IPv6 address
+    in brackets, without which its colons would be read as the port's."""
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def _split(entry: str) -> SplitResult | str:
