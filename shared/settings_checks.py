@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 MAX_REDIS_DATABASE = 2**31 - 2
 """The highest database index a Redis server can have (its ``databases`` is at most 2**31 - 1);
@@ -217,7 +221,32 @@ def mysql_url(value: str) -> str:
         raise ValueError("names no database (the path after the host: /ladder)")
     if len(url.database) > MAX_MYSQL_NAME:
         raise ValueError(f"names a database of more than {MAX_MYSQL_NAME} characters")
+    problem = _driver_options_problem(url)
+    if problem:
+        raise ValueError(problem)
     return value.strip()
+
+
+def _driver_options_problem(url: URL) -> str | None:
+    """The URL's options (``?connect_timeout=5``) as SQLAlchemy hands them to asyncmy: each must
+    be one asyncmy's ``connect`` takes, of a value SQLAlchemy can convert (a number where it
+    wants one), or every connection would fail with a TypeError or a ValueError. The option is
+    named, never its value."""
+    import inspect
+
+    import asyncmy
+
+    taken = inspect.signature(asyncmy.connect).parameters
+    dialect = url.get_dialect()()
+    for name in sorted(url.query):
+        try:
+            _, given = dialect.create_connect_args(url.set(query={name: url.query[name]}))
+        except (TypeError, ValueError):
+            return f"has an option whose value asyncmy cannot take: {name!r}"
+        unknown = sorted(set(given) - set(taken))
+        if unknown:
+            return f"has an option asyncmy does not take: {unknown[0]!r}"
+    return None
 
 
 def proxies(entries: list[str]) -> list[str]:

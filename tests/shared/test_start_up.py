@@ -170,6 +170,9 @@ def test_a_good_redis_url_is_taken(value: str, cluster: bool, kept: str | None) 
         ("mysql+asyncmy://root:secret@127.0.0.1/" + "d" * 65, "more than 64 characters"),
         ("mysql+pymysql://root:secret@127.0.0.1/ladder", "scheme mysql+asyncmy"),
         ("not a url at all, secret", "cannot be read as a URL"),
+        # Options asyncmy's connect would refuse with a TypeError or a ValueError, every time.
+        ("mysql+asyncmy://r:secret@h/d?conect_timeout=5", "does not take: 'conect_timeout'"),
+        ("mysql+asyncmy://r:secret@h/d?connect_timeout=5s", "cannot take: 'connect_timeout'"),
     ],
 )
 def test_a_bad_mysql_url_is_refused_saying_which_part(value: str, said: str) -> None:
@@ -184,6 +187,7 @@ def test_a_bad_mysql_url_is_refused_saying_which_part(value: str, said: str) -> 
         "mysql+asyncmy://ladder:pw@mysql:3306/ladder",
         "mysql+asyncmy://root@[::1]/ladder?charset=utf8mb4",
         "mysql+asyncmy://root@/ladder?unix_socket=/run/mysqld/mysqld.sock",
+        "mysql+asyncmy://ladder:pw@mysql/ladder?connect_timeout=5&ssl_ca=/etc/ca.pem",
     ],
 )
 def test_a_good_mysql_url_is_taken(value: str) -> None:
