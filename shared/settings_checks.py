@@ -15,7 +15,9 @@ host a service listens on.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, parse_qs, urlsplit
 
@@ -123,10 +125,60 @@ def amqp_urls(value: str) -> str:
             raise ValueError(f"{where} {url}")
         if url.scheme not in ("amqp", "amqps"):
             raise ValueError(f"{where} is not an amqp:// or amqps:// URL")
-        problem = _address_problem(url)
+        problem = _address_problem(url) or _amqp_options_problem(url)
         if problem:
             raise ValueError(f"{where} {problem}")
     return ",".join(entries)
+
+
+# aiormq takes the first seven for true and any other word for false; here only the last seven
+# are false, so that a word it would misread is refused.
+_BOOLEAN_WORDS = frozenset(
+    {"true", "yes", "y", "on", "enable", "enabled", "1"}
+    | {"false", "no", "n", "off", "disable", "disabled", "0"}
+)
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) >= 0
+    except ValueError:
+        return False
+
+
+# The options aio-pika and aiormq read from an AMQP address's query string, each with the form
+# it must have. They take a value they cannot read for a default without a word
+# (``heartbeat=30s``: no heartbeats at all; ``no_verify_ssl=false``: no certificate check) and
+# skip a name they do not know, so such an address is refused here.
+_AMQP_OPTIONS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "heartbeat": (
+        "whole seconds below 65535",
+        lambda v: bool(_DIGITS.fullmatch(v)) and int(v) < 65535,
+    ),
+    "timeout": ("whole seconds", lambda v: bool(_DIGITS.fullmatch(v))),
+    "interleave": ("a whole number", lambda v: bool(_DIGITS.fullmatch(v))),
+    "reconnect_interval": ("seconds, 0 or more", _seconds),
+    "happy_eyeballs_delay": ("seconds, 0 or more", _seconds),
+    "fail_fast": ("true or false", lambda v: v.lower() in _BOOLEAN_WORDS),
+    "no_verify_ssl": ("0 or 1", lambda v: v in ("0", "1")),
+    "auth": ("plain or external", lambda v: v.lower() in ("plain", "external")),
+    **{
+        name: ("", lambda v: True)
+        for name in ("name", "cafile", "capath", "cadata", "keyfile", "certfile")
+    },
+}
+
+
+def _amqp_options_problem(url: SplitResult) -> str | None:
+    """What aio-pika would misread among the options of ``url``; the option is named, never its
+    value."""
+    for name, values in parse_qs(url.query, keep_blank_values=True).items():
+        if name not in _AMQP_OPTIONS:
+            return f"has an option aio-pika does not read: {name!r}"
+        form, valid = _AMQP_OPTIONS[name]
+        if not all(valid(value) for value in values):
+            return f"has an option aio-pika would misread: {name!r} ({form})"
+    return None
 
 
 def redis_urls(value: str, cluster: bool) -> str:
