@@ -205,9 +205,10 @@ class LadderSettings(BaseSettings):
         description="seconds; a process manager's own patience "
         "(supervisord's stopwaitsecs) must outlast twice this",
     )
-    # How often each API process makes the Redis friend sets what MySQL holds (0: at start-up
-    # only); a pass reads every friendship once.
-    friends_reconcile_seconds: float = Field(default=300.0, ge=0, le=DAY, description="seconds")
+    # How often each API process makes the Redis friend sets what MySQL holds (a pass reads all).
+    friends_reconcile_seconds: checks.OffOrSeconds = Field(
+        default=300.0, ge=0, le=DAY, description="seconds: 0 (at start-up only), or 1 to a day"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -1,6 +1,6 @@
 """The checks of ``LADDER_*`` settings that a bound on a number cannot make (shared/settings.py):
-the hosts the services listen on, the Redis, RabbitMQ and MySQL URLs, the trusted proxies and
-the browser origins.
+a period that is 0 or a second at least, the hosts the services listen on, the Redis, RabbitMQ
+and MySQL URLs, the trusted proxies and the browser origins.
 
 Each function takes a setting's value and gives it back (normalised where its docstring says
 so), or raises :class:`ValueError` with a message saying which part is wrong; pydantic puts the
@@ -18,8 +18,10 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import SplitResult, parse_qs, urlsplit
+
+from pydantic import AfterValidator
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL
@@ -40,6 +42,20 @@ _DIGITS = re.compile(r"[0-9]+")
 _DATABASE_PATH = re.compile(r"/([0-9]+)/?")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def off_or_seconds(value: float) -> float:
+    """The period of a pass that may be turned off: 0 (off), or a second at least, since a
+    shorter one would run its pass again and again (the snapshots' period is bounded below for
+    the same reason)."""
+    if 0 < value < 1:
+        raise ValueError(
+            "is neither 0 (off) nor a second or more: so short a period is a busy loop"
+        )
+    return value
+
+
+OffOrSeconds = Annotated[float, AfterValidator(off_or_seconds)]
 
 
 def is_host(value: str) -> bool:

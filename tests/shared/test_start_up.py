@@ -73,6 +73,8 @@ def _refusal(**values: Any) -> str:
         ("ws_message_rate", 1e-300),
         ("merge_interval", 1e-9),
         ("snapshot_interval", 1e-9),
+        ("friends_reconcile_seconds", 0.001),
+        ("friends_reconcile_seconds", 0.999),
         ("api_host", ""),
         ("ops_host", ""),
         ("api_host", "not a host!"),
@@ -110,6 +112,14 @@ def test_no_number_is_infinite_or_not_a_number(name: str, value: object) -> None
 def test_a_host_name_or_an_address_is_listened_on(host: str) -> None:
     settings = LadderSettings(_env_file=None, api_host=host, ops_host=host)  # type: ignore[call-arg]
     assert settings.api_host == settings.ops_host == host
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 86_400])
+def test_friend_sets_are_reconciled_at_start_only_or_a_second_apart_at_least(
+    seconds: float,
+) -> None:
+    settings = LadderSettings(_env_file=None, friends_reconcile_seconds=seconds)  # type: ignore[call-arg]
+    assert settings.friends_reconcile_seconds == seconds
 
 
 def test_a_log_level_is_taken_in_any_case() -> None:
