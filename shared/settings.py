@@ -214,19 +214,16 @@ class LadderSettings(BaseSettings):
     @classmethod
     def _csv(cls, data: object) -> object:
         if isinstance(data, dict):
-            for name in (
-                "server_keys",
-                "admin_keys",
-                "allowed_origins",
-                "forwarded_allow_ips",
-                "LADDER_SERVER_KEYS",
-                "LADDER_ADMIN_KEYS",
-                "LADDER_ALLOWED_ORIGINS",
-                "LADDER_FORWARDED_ALLOW_IPS",
-            ):
-                if name in data:
-                    data[name] = _split_csv(data[name])
+            for field in ("server_keys", "admin_keys", "allowed_origins", "forwarded_allow_ips"):
+                for name in (field, f"LADDER_{field.upper()}"):
+                    if name in data:
+                        data[name] = _split_csv(data[name])
         return data
+
+    @field_validator("server_keys", "admin_keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        return checks.keys(value)
 
     @field_validator("amqp_url")
     @classmethod

@@ -1,6 +1,6 @@
 """The checks of ``LADDER_*`` settings that a bound on a number cannot make (shared/settings.py):
-a period that is 0 or a second at least, the hosts the services listen on, the Redis, RabbitMQ
-and MySQL URLs, the trusted proxies and the browser origins.
+a period that is 0 or a second at least, the keys, the hosts the services listen on, the
+Redis, RabbitMQ and MySQL URLs, the trusted proxies and the browser origins.
 
 Each function takes a setting's value and gives it back (normalised where its docstring says
 so), or raises :class:`ValueError` with a message saying which part is wrong; pydantic puts the
@@ -56,6 +56,20 @@ def off_or_seconds(value: float) -> float:
 
 
 OffOrSeconds = Annotated[float, AfterValidator(off_or_seconds)]
+
+
+def keys(entries: list[str]) -> list[str]:
+    """Server or admin keys: printable ASCII each. A client sends a key in its
+    ``Authorization`` header, which the API reads as Latin-1 bytes, so a key with another
+    character (an accent, a non-breaking space) could never match. A key is named by its
+    position, never quoted."""
+    for position, entry in enumerate(entries, start=1):
+        if not entry.isascii() or not entry.isprintable():
+            raise ValueError(
+                f"key {position} of {len(entries)} holds a character that is not printable "
+                "ASCII, which no Authorization header carries as the key"
+            )
+    return entries
 
 
 def is_host(value: str) -> bool:

@@ -389,3 +389,20 @@ async def test_a_service_starting_waits_for_redis_to_answer() -> None:
     async with server:
         await asyncio.wait_for(opened.wait(), timeout=15)
         await starting
+
+
+@pytest.mark.parametrize("setting", ["LADDER_SERVER_KEYS", "LADDER_ADMIN_KEYS"])
+def test_a_key_no_authorization_header_carries_is_refused_by_its_position(setting: str) -> None:
+    # The API reads the header's bytes as Latin-1: a key with an accent or a non-breaking
+    # space, sent as a client's UTF-8, would never match it.
+    secret = "clé-" + "s" * 40
+    done = _python(
+        "from shared.settings import load_settings; load_settings('api')",
+        {setting: f"{'k' * 40}, {secret}"},
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    logged = json.loads(line)
+    assert logged["settings"] == [setting]
+    assert "key 2 of 2 holds a character that is not printable ASCII" in logged["message"]
+    assert "clé" not in done.stderr and "sss" not in done.stderr
