@@ -292,3 +292,25 @@ async def test_clean_given_an_argument_removes_nothing(
     assert done.returncode == status, done.stdout + done.stderr
     assert "usage: scripts/clean.py" in done.stdout + done.stderr
     assert await keys_of(redis, settings.key_prefix) == [f"{settings.key_prefix}:kept"]
+
+
+async def test_clean_that_cannot_reach_a_server_names_its_setting_in_one_line(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    # The broker does not answer: clean stops there with a line naming the setting to check,
+    # not a traceback, and without the address (a URL may hold a password).
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LADDER_KEY_PREFIX": settings.key_prefix,
+        "LADDER_BROKER_PREFIX": settings.broker_prefix,
+        **redis_env(settings),
+        "LADDER_AMQP_URL": UNREACHABLE_BROKER.replace("guest:guest", "guest:secret"),
+        "LADDER_MYSQL_URL": settings.mysql_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    done = run([sys.executable, "scripts/clean.py"], env=env, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("clean: stopped: the server of LADDER_AMQP_URL cannot be used (")
+    assert "secret" not in done.stderr and ":1" not in last
