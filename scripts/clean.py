@@ -17,20 +17,28 @@ is skipped. It does not stop or start services; ``make clean`` does that around 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import aio_pika
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared.amqp import connect as connect_broker
+from shared.failures import short_reason
 from shared.redis import open_redis
 from shared.settings import LadderSettings, load_settings
 from shared.topology import Topology
 from sim.control import exchange_name as control_exchange
 
+T = TypeVar("T")
 SCAN_COUNT = 1000
 # The server's own schemas, compared in lower case: MySQL's information_schema and
 # performance_schema are that in any case.
@@ -113,12 +121,24 @@ async def clean_mysql(settings: LadderSettings) -> str | None:
     return database
 
 
+async def _using(setting: str, step: Awaitable[T]) -> T:
+    """What ``step`` gives; a server it cannot reach or use ends clean with one line naming the
+    setting to check and the error, without an address (SystemExit, status 1)."""
+    try:
+        return await step
+    except (RedisError, DBAPIError, *CONNECTION_EXCEPTIONS) as error:
+        raise SystemExit(
+            f"clean: stopped: the server of {setting} cannot be used ({short_reason(error)}); "
+            "what was removed before stays removed: run clean again once it answers"
+        ) from None
+
+
 async def clean(settings: LadderSettings) -> None:
     # Refused before anything is removed, so that a refusal leaves the prefixes whole.
     history_database(settings)
-    keys = await clean_redis(settings)
-    queues, exchanges = await clean_broker(settings)
-    database = await clean_mysql(settings)
+    keys = await _using("LADDER_REDIS_URL", clean_redis(settings))
+    queues, exchanges = await _using("LADDER_AMQP_URL", clean_broker(settings))
+    database = await _using("LADDER_MYSQL_URL", clean_mysql(settings))
     print(
         f"clean: {keys} Redis keys under {settings.key_prefix!r}, {queues} queues and "
         f"{exchanges} exchanges under {settings.broker_prefix!r}, "
@@ -126,7 +146,15 @@ async def clean(settings: LadderSettings) -> None:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    # No argument is taken: ``--help`` prints this and removes nothing, and any other argument
+    # is refused (status 2) before the settings are read, let alone anything removed.
+    argparse.ArgumentParser(
+        prog="scripts/clean.py",
+        description="Remove everything Ladder made under LADDER_KEY_PREFIX and "
+        "LADDER_BROKER_PREFIX (its Redis keys, queues and exchanges) and the history database "
+        "of LADDER_MYSQL_URL (make clean). Takes no arguments: the settings say what.",
+    ).parse_args(argv)
     asyncio.run(clean(load_settings()))
     return 0
 

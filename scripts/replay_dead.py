@@ -23,8 +23,10 @@ from typing import cast
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
 from shared.amqp import connect as connect_broker
+from shared.failures import short_reason
 from shared.settings import LadderSettings, load_settings
 from shared.topology import CONSUMERS, Consumer, Topology
 
@@ -96,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     except aio_pika.exceptions.ChannelNotFoundEntity as exc:
         # The queue is not there (another LADDER_BROKER_PREFIX?): nothing was moved.
         print(f"replay-dead: nothing moved: {exc}", file=sys.stderr)
+        return 1
+    except CONNECTION_EXCEPTIONS as exc:
+        # No broker answers there, it refuses the user, or it went away midway: the setting to
+        # check, not a traceback, and no address (the URL may hold a password). What was moved
+        # stays moved; what was not stays in the .dead queue.
+        print(
+            "replay-dead: stopped: the broker of LADDER_AMQP_URL cannot be used "
+            f"({short_reason(exc)}); run it again once it answers",
+            file=sys.stderr,
+        )
         return 1
     print(
         f"replay-dead: {moved} messages from {topology.dead_queue(consumer)} to "

@@ -7,12 +7,15 @@ given as arguments (``make cluster-up``, whose processes each have their own por
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 from shared.settings import load_settings
+from shared.settings_checks import reachable_host
 
 
 def ready(url: str) -> bool:
@@ -27,15 +30,13 @@ def api_url() -> str:
     """The API's base URL from the settings (the environment, then ``.env``), as `make up` and
     `make demo` print it."""
     settings = load_settings()
-    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
-    return f"http://{host}:{settings.api_port}"
+    return f"http://{reachable_host(settings.api_host)}:{settings.api_port}"
 
 
 def service_urls() -> dict[str, str]:
     """The ``/readyz`` of each service of ``make up``, from the settings."""
     settings = load_settings()
-    api_host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
-    ops_host = "127.0.0.1" if settings.ops_host in ("0.0.0.0", "::") else settings.ops_host
+    api_host, ops_host = reachable_host(settings.api_host), reachable_host(settings.ops_host)
     urls = {
         "api": f"http://{api_host}:{settings.api_port}/readyz",
         "aggregator": f"http://{ops_host}:{settings.aggregator_port}/readyz",
@@ -62,9 +63,37 @@ def main(urls: dict[str, str], deadline_seconds: float = 90.0) -> int:
     return 0
 
 
+def parse(argv: list[str] | None = None) -> tuple[bool, dict[str, str]]:
+    """Whether to print the API's URL, and the ``/readyz`` URLs given, each by its
+    ``host:port``. A URL that is not ``http://host...`` is refused (status 2) with the usage."""
+    parser = argparse.ArgumentParser(
+        prog="scripts/wait_ready.py",
+        description="Wait until every Ladder service answers /readyz with 200 (90 s at most).",
+    )
+    parser.add_argument(
+        "--api-url", action="store_true", help="print the API's base URL from the settings"
+    )
+    parser.add_argument(
+        "urls",
+        nargs="*",
+        metavar="URL",
+        help="a /readyz URL to wait for (default: every service's, from the settings)",
+    )
+    args = parser.parse_args(argv)
+    if args.api_url and args.urls:
+        parser.error("--api-url takes no URL")
+    given = {}
+    for url in args.urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            parser.error(f"{url!r} is not an http:// URL")
+        given[parts.netloc] = url
+    return args.api_url, given
+
+
 if __name__ == "__main__":
-    given = sys.argv[1:]
-    if given == ["--api-url"]:
+    print_api_url, given = parse()
+    if print_api_url:
         print(api_url())
         sys.exit(0)
-    sys.exit(main({url.split("/")[2]: url for url in given} if given else service_urls()))
+    sys.exit(main(given or service_urls()))

@@ -205,27 +205,25 @@ class LadderSettings(BaseSettings):
         description="seconds; a process manager's own patience "
         "(supervisord's stopwaitsecs) must outlast twice this",
     )
-    # How often each API process makes the Redis friend sets what MySQL holds (0: at start-up
-    # only); a pass reads every friendship once.
-    friends_reconcile_seconds: float = Field(default=300.0, ge=0, le=DAY, description="seconds")
+    # How often each API process makes the Redis friend sets what MySQL holds (a pass reads all).
+    friends_reconcile_seconds: checks.OffOrSeconds = Field(
+        default=300.0, ge=0, le=DAY, description="seconds: 0 (at start-up only), or 1 to a day"
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _csv(cls, data: object) -> object:
         if isinstance(data, dict):
-            for name in (
-                "server_keys",
-                "admin_keys",
-                "allowed_origins",
-                "forwarded_allow_ips",
-                "LADDER_SERVER_KEYS",
-                "LADDER_ADMIN_KEYS",
-                "LADDER_ALLOWED_ORIGINS",
-                "LADDER_FORWARDED_ALLOW_IPS",
-            ):
-                if name in data:
-                    data[name] = _split_csv(data[name])
+            for field in ("server_keys", "admin_keys", "allowed_origins", "forwarded_allow_ips"):
+                for name in (field, f"LADDER_{field.upper()}"):
+                    if name in data:
+                        data[name] = _split_csv(data[name])
         return data
+
+    @field_validator("server_keys", "admin_keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        return checks.keys(value)
 
     @field_validator("amqp_url")
     @classmethod

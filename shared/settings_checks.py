@@ -1,19 +1,30 @@
 """The checks of ``LADDER_*`` settings that a bound on a number cannot make (shared/settings.py):
-the hosts the services listen on, the Redis, RabbitMQ and MySQL URLs, the trusted proxies and
-the browser origins.
+a period that is 0 or a second at least, the keys, the hosts the services listen on, the
+Redis, RabbitMQ and MySQL URLs, the trusted proxies and the browser origins.
 
 Each function takes a setting's value and gives it back (normalised where its docstring says
 so), or raises :class:`ValueError` with a message saying which part is wrong; pydantic puts the
 setting's name after it. A URL is never quoted in a message, since it may hold a password: an
 entry of a list is named by its position. Addresses, networks and origins, which hold no
 secret, are quoted.
+
+:func:`reachable_host` is the other way round: how a client on this machine names, in a URL, a
+host a service listens on.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import SplitResult, parse_qs, urlsplit
+
+from pydantic import AfterValidator
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 MAX_REDIS_DATABASE = 2**31 - 2
 """The highest database index a Redis server can have (its ``databases`` is at most 2**31 - 1);
@@ -31,6 +42,34 @@ _DIGITS = re.compile(r"[0-9]+")
 _DATABASE_PATH = re.compile(r"/([0-9]+)/?")
 _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def off_or_seconds(value: float) -> float:
+    """The period of a pass that may be turned off: 0 (off), or a second at least, since a
+    shorter one would run its pass again and again (the snapshots' period is bounded below for
+    the same reason)."""
+    if 0 < value < 1:
+        raise ValueError(
+            "is neither 0 (off) nor a second or more: so short a period is a busy loop"
+        )
+    return value
+
+
+OffOrSeconds = Annotated[float, AfterValidator(off_or_seconds)]
+
+
+def keys(entries: list[str]) -> list[str]:
+    """Server or admin keys: printable ASCII each. A client sends a key in its
+    ``Authorization`` header, which the API reads as Latin-1 bytes, so a key with another
+    character (an accent, a non-breaking space) could never match. A key is named by its
+    position, never quoted."""
+    for position, entry in enumerate(entries, start=1):
+        if not entry.isascii() or not entry.isprintable():
+            raise ValueError(
+                f"key {position} of {len(entries)} holds a character that is not printable "
+                "ASCII, which no Authorization header carries as the key"
+            )
+    return entries
 
 
 def is_host(value: str) -> bool:
@@ -52,6 +91,15 @@ def listen_host(value: str) -> str:
     if not is_host(value):
         raise ValueError(f"{value!r} is neither an IP address nor a host name")
     return value
+
+
+def reachable_host(host: str) -> str:
+    """The host of a URL that reaches, from this machine, a service listening on ``host``
+    (:func:`listen_host`): loopback for every interface (0.0.0.0 or ::), and an IPv6 address
+    in brackets, without which its colons would be read as the port's."""
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def _split(entry: str) -> SplitResult | str:
@@ -107,10 +155,60 @@ def amqp_urls(value: str) -> str:
             raise ValueError(f"{where} {url}")
         if url.scheme not in ("amqp", "amqps"):
             raise ValueError(f"{where} is not an amqp:// or amqps:// URL")
-        problem = _address_problem(url)
+        problem = _address_problem(url) or _amqp_options_problem(url)
         if problem:
             raise ValueError(f"{where} {problem}")
     return ",".join(entries)
+
+
+# aiormq takes the first seven for true and any other word for false; here only the last seven
+# are false, so that a word it would misread is refused.
+_BOOLEAN_WORDS = frozenset(
+    {"true", "yes", "y", "on", "enable", "enabled", "1"}
+    | {"false", "no", "n", "off", "disable", "disabled", "0"}
+)
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) >= 0
+    except ValueError:
+        return False
+
+
+# The options aio-pika and aiormq read from an AMQP address's query string, each with the form
+# it must have. They take a value they cannot read for a default without a word
+# (``heartbeat=30s``: no heartbeats at all; ``no_verify_ssl=false``: no certificate check) and
+# skip a name they do not know, so such an address is refused here.
+_AMQP_OPTIONS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "heartbeat": (
+        "whole seconds below 65535",
+        lambda v: bool(_DIGITS.fullmatch(v)) and int(v) < 65535,
+    ),
+    "timeout": ("whole seconds", lambda v: bool(_DIGITS.fullmatch(v))),
+    "interleave": ("a whole number", lambda v: bool(_DIGITS.fullmatch(v))),
+    "reconnect_interval": ("seconds, 0 or more", _seconds),
+    "happy_eyeballs_delay": ("seconds, 0 or more", _seconds),
+    "fail_fast": ("true or false", lambda v: v.lower() in _BOOLEAN_WORDS),
+    "no_verify_ssl": ("0 or 1", lambda v: v in ("0", "1")),
+    "auth": ("plain or external", lambda v: v.lower() in ("plain", "external")),
+    **{
+        name: ("", lambda v: True)
+        for name in ("name", "cafile", "capath", "cadata", "keyfile", "certfile")
+    },
+}
+
+
+def _amqp_options_problem(url: SplitResult) -> str | None:
+    """What aio-pika would misread among the options of ``url``; the option is named, never its
+    value."""
+    for name, values in parse_qs(url.query, keep_blank_values=True).items():
+        if name not in _AMQP_OPTIONS:
+            return f"has an option aio-pika does not read: {name!r}"
+        form, valid = _AMQP_OPTIONS[name]
+        if not all(valid(value) for value in values):
+            return f"has an option aio-pika would misread: {name!r} ({form})"
+    return None
 
 
 def redis_urls(value: str, cluster: bool) -> str:
@@ -205,7 +303,32 @@ def mysql_url(value: str) -> str:
         raise ValueError("names no database (the path after the host: /ladder)")
     if len(url.database) > MAX_MYSQL_NAME:
         raise ValueError(f"names a database of more than {MAX_MYSQL_NAME} characters")
+    problem = _driver_options_problem(url)
+    if problem:
+        raise ValueError(problem)
     return value.strip()
+
+
+def _driver_options_problem(url: URL) -> str | None:
+    """The URL's options (``?connect_timeout=5``) as SQLAlchemy hands them to asyncmy: each must
+    be one asyncmy's ``connect`` takes, of a value SQLAlchemy can convert (a number where it
+    wants one), or every connection would fail with a TypeError or a ValueError. The option is
+    named, never its value."""
+    import inspect
+
+    import asyncmy
+
+    taken = inspect.signature(asyncmy.connect).parameters
+    dialect = url.get_dialect()()
+    for name in sorted(url.query):
+        try:
+            _, given = dialect.create_connect_args(url.set(query={name: url.query[name]}))
+        except (TypeError, ValueError):
+            return f"has an option whose value asyncmy cannot take: {name!r}"
+        unknown = sorted(set(given) - set(taken))
+        if unknown:
+            return f"has an option asyncmy does not take: {unknown[0]!r}"
+    return None
 
 
 def proxies(entries: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ import structlog
 
 from shared.logs import configure
 from shared.settings import DEV_ADMIN_KEY, DEV_SERVER_KEY, load_settings
+from shared.settings_checks import reachable_host
 from sim.params import InvalidValue, SimParams, UnknownParameter, describe
 from sim.poster import BoardUnavailable
 from sim.runner import Config, Simulation
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UnknownParameter, InvalidValue) as exc:
         print(f"python -m sim: {exc}", file=sys.stderr)
         return 2
-    host = "127.0.0.1" if settings.api_host in ("0.0.0.0", "::") else settings.api_host
+    host = reachable_host(settings.api_host)
     config = Config(
         api_url=args.api or f"http://{host}:{settings.api_port}",
         board_id=args.board,

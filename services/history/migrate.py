@@ -185,9 +185,18 @@ def _current_heads(connection: Connection) -> set[str]:
 
 
 if __name__ == "__main__":
+    import argparse
+
     from shared.logs import configure
     from shared.settings import load_settings
 
+    # No argument is taken: ``--help`` says what this does and migrates nothing (an upgrade
+    # waits until every service is stopped), and any other argument is refused (status 2).
+    argparse.ArgumentParser(
+        prog="python -m services.history.migrate",
+        description="Create the history database of LADDER_MYSQL_URL if it does not exist and "
+        "bring its schema to this release's (make migrate). Takes no arguments.",
+    ).parse_args()
     settings = load_settings("history-migrate")
     configure("history-migrate", settings.log_level)
     try:

@@ -90,7 +90,7 @@ async def test_the_api_reconciles_at_start_up(
 async def test_the_api_reconciles_every_interval(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
-    settings = quiet.model_copy(update={"friends_reconcile_seconds": 0.2})
+    settings = quiet.model_copy(update={"friends_reconcile_seconds": 1.0})
     async with api_client(settings) as client:
         await befriend(client, "u-1", "u-2")
         # A friendship MySQL never had appears in Redis while the API runs.

@@ -392,6 +392,17 @@ def test_each_ladder_service_loads_prod_settings_from_its_environment(
         assert settings.uses_dev_defaults == [], name
 
 
+def test_the_api_container_runs_the_api_workers_it_is_given(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The API scales inside its container (docs/operations.md): LADDER_API_WORKERS from the
+    caller's environment or deploy/.env reaches it, and without one it runs the default."""
+    given = _environment(services["api"], {**SAMPLE, "LADDER_API_WORKERS": "4"})
+    assert given["LADDER_API_WORKERS"] == "4"
+    default = LadderSettings.model_fields["api_workers"].default
+    assert _environment(services["api"])["LADDER_API_WORKERS"] == str(default)
+
+
 def test_the_env_example_lists_every_secret_and_fills_in_none() -> None:
     """Copied as it is, deploy/.env.example must not start a stack with known secrets."""
     assigned = dict(

@@ -4,6 +4,7 @@ holding events at an older revision upgrades in place, keeping them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from tests.helpers import T0, accepted_event, server_statement
 from tests.history.test_history import scratch_database
-from tests.stack import ROOT
+from tests.stack import ROOT, run
 
 
 def _differences(connection: Connection) -> list[Any]:
@@ -439,3 +440,31 @@ def test_a_migration_mysql_does_not_let_in_says_so_in_one_line(server: str, said
     )
     assert "not-the-password" not in done.stdout + done.stderr
     assert done.stderr == ""
+
+
+@pytest.mark.parametrize(("argument", "status"), [("--help", 0), ("--dry-run", 2)])
+async def test_the_migration_given_an_argument_migrates_nothing(
+    settings: LadderSettings, argument: str, status: int
+) -> None:
+    """`--help` says what the migration does, and an argument it does not take is refused:
+    neither creates the database nor touches its schema (an upgrade waits for every service to
+    stop)."""
+    async with scratch_database(settings, "h") as url:
+        done = await asyncio.to_thread(
+            run,
+            [sys.executable, "-m", "services.history.migrate", argument],
+            env={"PATH": "/usr/bin:/bin", "LADDER_MYSQL_URL": url},
+        )
+        assert done.returncode == status, done.stdout + done.stderr
+        assert "usage: python -m services.history.migrate" in done.stdout + done.stderr
+        base, _, name = url.rpartition("/")
+        server = create_async_engine(base, poolclass=NullPool)
+        try:
+            async with server.connect() as conn:
+                found = await conn.execute(
+                    text("SELECT 1 FROM information_schema.schemata WHERE schema_name = :n"),
+                    {"n": name},
+                )
+                assert found.first() is None
+        finally:
+            await server.dispose()

@@ -4,12 +4,16 @@ exchange, which would hand them to the other two consumers as well, who took the
 
 from __future__ import annotations
 
+import sys
+
 import aio_pika
 import orjson
 from aio_pika.abc import AbstractChannel
 
 from scripts.replay_dead import move
 from shared.topology import CONSUMERS, Topology
+from tests.helpers import UNREACHABLE_BROKER
+from tests.stack import ROOT, run
 
 
 async def depth(channel: AbstractChannel, name: str) -> int:
@@ -49,3 +53,17 @@ async def test_dead_letters_go_back_to_their_own_queue_alone(
 async def test_nothing_dead_moves_nothing(channel: AbstractChannel, broker: Topology) -> None:
     assert await move(channel, broker.dead_queue("notifier"), broker.queue("notifier")) == 0
     assert [await depth(channel, broker.queue(c)) for c in CONSUMERS] == [0, 0, 0]
+
+
+def test_a_broker_that_does_not_answer_is_named_by_its_setting_in_one_line() -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(ROOT),
+        "LADDER_AMQP_URL": UNREACHABLE_BROKER.replace("guest:guest", "guest:secret"),
+    }
+    done = run([sys.executable, "scripts/replay_dead.py", "history"], env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("replay-dead: stopped: the broker of LADDER_AMQP_URL cannot be used (")
+    assert "secret" not in done.stderr

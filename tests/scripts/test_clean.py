@@ -4,6 +4,7 @@ nothing else; twice is as good as once; a running Ladder is left running on a fr
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,7 +24,7 @@ from shared.topology import Topology
 from sim.control import declare_exchange, exchange_name
 from tests.conftest import MYSQL_SERVER_URL
 from tests.helpers import ADMIN, SERVER, UNREACHABLE_BROKER, api_client, server_statement
-from tests.stack import Stack, redis_env, run
+from tests.stack import ROOT, Stack, redis_env, run
 
 
 def make_clean(settings: LadderSettings, run_dir: Path) -> str:
@@ -269,3 +270,47 @@ async def test_clean_refusing_the_database_removes_nothing(
             assert await exists(connection, "queue", name), name
         for name in broker.exchanges:
             assert await exists(connection, "exchange", name), name
+
+
+@pytest.mark.parametrize(("argument", "status"), [("--help", 0), ("--dry-run", 2)])
+async def test_clean_given_an_argument_removes_nothing(
+    settings: LadderSettings, redis: Redis, argument: str, status: int
+) -> None:
+    # `--help` prints what clean does; an argument it does not take (an operator hoping for a
+    # dry run) is refused. Neither removes anything, whatever the settings name.
+    await redis.set(f"{settings.key_prefix}:kept", "1")
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LADDER_KEY_PREFIX": settings.key_prefix,
+        "LADDER_BROKER_PREFIX": settings.broker_prefix,
+        **redis_env(settings),
+        "LADDER_AMQP_URL": UNREACHABLE_BROKER,
+        "LADDER_MYSQL_URL": settings.mysql_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    done = run([sys.executable, "scripts/clean.py", argument], env=env, timeout=60)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert "usage: scripts/clean.py" in done.stdout + done.stderr
+    assert await keys_of(redis, settings.key_prefix) == [f"{settings.key_prefix}:kept"]
+
+
+async def test_clean_that_cannot_reach_a_server_names_its_setting_in_one_line(
+    settings: LadderSettings, redis: Redis
+) -> None:
+    # The broker does not answer: clean stops there with a line naming the setting to check,
+    # not a traceback, and without the address (a URL may hold a password).
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LADDER_KEY_PREFIX": settings.key_prefix,
+        "LADDER_BROKER_PREFIX": settings.broker_prefix,
+        **redis_env(settings),
+        "LADDER_AMQP_URL": UNREACHABLE_BROKER.replace("guest:guest", "guest:secret"),
+        "LADDER_MYSQL_URL": settings.mysql_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    done = run([sys.executable, "scripts/clean.py"], env=env, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("clean: stopped: the server of LADDER_AMQP_URL cannot be used (")
+    assert "secret" not in done.stderr and ":1" not in last

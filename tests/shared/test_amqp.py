@@ -45,6 +45,12 @@ def test_several_addresses_keep_their_order() -> None:
         ("amqp://guest:secret@127.0.0.1:99999/", "address 1 of 1 has a port out of 1-65535"),
         ("amqp://guest:secret@127.0.0.1:amqp/", "address 1 of 1 has a port that is not a number"),
         ("amqp://guest:secret@bad host/", "has a host that is neither a host name nor an IP"),
+        # Options aio-pika would read as something else without a word: no heartbeats, no
+        # certificate check, or a name it skips.
+        ("amqp://g:secret@h/?heartbeat=30s", "would misread: 'heartbeat' (whole seconds below"),
+        ("amqps://g:secret@h/?no_verify_ssl=false", "would misread: 'no_verify_ssl' (0 or 1)"),
+        ("amqp://g:secret@h/?fail_fast=maybe", "would misread: 'fail_fast' (true or false)"),
+        (f"{AMQP_URL},amqp://g:secret@h/?heartbeet=30", "address 2 of 2 has an option aio-pika"),
     ],
 )
 def test_a_bad_address_is_refused_by_its_position(value: str, said: str) -> None:
@@ -53,6 +59,14 @@ def test_a_bad_address_is_refused_by_its_position(value: str, said: str) -> None
     message = caught.value.errors(include_url=False)[0]["msg"]
     assert said in message
     assert "secret" not in message
+
+
+@pytest.mark.parametrize(
+    "options", ["heartbeat=30&name=api", "no_verify_ssl=1&cafile=/etc/ca.pem", "fail_fast=no"]
+)
+def test_options_aio_pika_reads_are_taken(options: str) -> None:
+    listed = f"amqps://u:p@rabbit-1:5671/?{options}"
+    assert LadderSettings(_env_file=None, amqp_url=listed).amqp_urls == [listed]  # type: ignore[call-arg]
 
 
 def test_a_service_with_a_bad_address_does_not_start() -> None:

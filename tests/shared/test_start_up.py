@@ -73,6 +73,8 @@ def _refusal(**values: Any) -> str:
         ("ws_message_rate", 1e-300),
         ("merge_interval", 1e-9),
         ("snapshot_interval", 1e-9),
+        ("friends_reconcile_seconds", 0.001),
+        ("friends_reconcile_seconds", 0.999),
         ("api_host", ""),
         ("ops_host", ""),
         ("api_host", "not a host!"),
@@ -110,6 +112,14 @@ def test_no_number_is_infinite_or_not_a_number(name: str, value: object) -> None
 def test_a_host_name_or_an_address_is_listened_on(host: str) -> None:
     settings = LadderSettings(_env_file=None, api_host=host, ops_host=host)  # type: ignore[call-arg]
     assert settings.api_host == settings.ops_host == host
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 86_400])
+def test_friend_sets_are_reconciled_at_start_only_or_a_second_apart_at_least(
+    seconds: float,
+) -> None:
+    settings = LadderSettings(_env_file=None, friends_reconcile_seconds=seconds)  # type: ignore[call-arg]
+    assert settings.friends_reconcile_seconds == seconds
 
 
 def test_a_log_level_is_taken_in_any_case() -> None:
@@ -170,6 +180,9 @@ def test_a_good_redis_url_is_taken(value: str, cluster: bool, kept: str | None) 
         ("mysql+asyncmy://root:secret@127.0.0.1/" + "d" * 65, "more than 64 characters"),
         ("mysql+pymysql://root:secret@127.0.0.1/ladder", "scheme mysql+asyncmy"),
         ("not a url at all, secret", "cannot be read as a URL"),
+        # Options asyncmy's connect would refuse with a TypeError or a ValueError, every time.
+        ("mysql+asyncmy://r:secret@h/d?conect_timeout=5", "does not take: 'conect_timeout'"),
+        ("mysql+asyncmy://r:secret@h/d?connect_timeout=5s", "cannot take: 'connect_timeout'"),
     ],
 )
 def test_a_bad_mysql_url_is_refused_saying_which_part(value: str, said: str) -> None:
@@ -184,6 +197,7 @@ def test_a_bad_mysql_url_is_refused_saying_which_part(value: str, said: str) -> 
         "mysql+asyncmy://ladder:pw@mysql:3306/ladder",
         "mysql+asyncmy://root@[::1]/ladder?charset=utf8mb4",
         "mysql+asyncmy://root@/ladder?unix_socket=/run/mysqld/mysqld.sock",
+        "mysql+asyncmy://ladder:pw@mysql/ladder?connect_timeout=5&ssl_ca=/etc/ca.pem",
     ],
 )
 def test_a_good_mysql_url_is_taken(value: str) -> None:
@@ -375,3 +389,20 @@ async def test_a_service_starting_waits_for_redis_to_answer() -> None:
     async with server:
         await asyncio.wait_for(opened.wait(), timeout=15)
         await starting
+
+
+@pytest.mark.parametrize("setting", ["LADDER_SERVER_KEYS", "LADDER_ADMIN_KEYS"])
+def test_a_key_no_authorization_header_carries_is_refused_by_its_position(setting: str) -> None:
+    # The API reads the header's bytes as Latin-1: a key with an accent or a non-breaking
+    # space, sent as a client's UTF-8, would never match it.
+    secret = "clé-" + "s" * 40
+    done = _python(
+        "from shared.settings import load_settings; load_settings('api')",
+        {setting: f"{'k' * 40}, {secret}"},
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    logged = json.loads(line)
+    assert logged["settings"] == [setting]
+    assert "key 2 of 2 holds a character that is not printable ASCII" in logged["message"]
+    assert "clé" not in done.stderr and "sss" not in done.stderr
