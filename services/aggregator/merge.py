@@ -154,6 +154,8 @@ class Merger:
                 await self._finish(work, drained, batch)
         except LeaseLost:
             log.warning("merge lease taken over; the board's pass stops", board_id=bid)
+            # A lapsed lease no one took is this process's again, under a new token: given up.
+            await self.lease.release(bid)
             self.behind.discard(bid)
             self._partway.discard(bid)
             self._merged.pop(bid, None)

@@ -154,6 +154,28 @@ async def test_a_paused_owner_is_taken_over_and_then_writes_nothing(
     assert await redis.scard(keys.dirty(BOARD.board_id)) == 1000
 
 
+class LapsingLease(Lease):
+    """A lease whose holder is held up past its ttl before its first renewal (a long GC) while
+    no other aggregator runs: the renewal takes the lapsed lease again under a new token."""
+
+    async def renew(self, board_id: str) -> None:
+        await asyncio.sleep(0.5)
+        await super().renew(board_id)
+
+
+async def test_a_lease_lost_to_no_one_is_given_up_not_left_to_lapse(
+    redis: Redis, keys: Keys
+) -> None:
+    """The pass stops at the new token (its work no longer fenced by the one it began with);
+    the lease it took again is given up at once, so that the next pass, of any aggregator, does
+    not wait out its ttl."""
+    await write(redis, keys, 0, 12_000, seed=4)
+    owner = Merger(redis, keys, LapsingLease(redis, keys, ttl=0.2))
+    await owner.merge_board(BOARD)
+    assert await redis.exists(keys.dirty_merging(BOARD.board_id)), "the pass did not stop"
+    assert not await redis.exists(keys.merge_lease(BOARD.board_id))
+
+
 async def test_the_take_is_refused_without_the_lease(redis: Redis, keys: Keys) -> None:
     await write(redis, keys, 0, 10, seed=3)
     bid = BOARD.board_id
