@@ -209,16 +209,11 @@ def refused_new(board: BoardSpec, previous: BoardSpec | None) -> tuple[str, str]
     return None
 
 
-class Board(BoardSpec):
-    """A stored definition: a spec with its id.
-
-    Read back as it was stored: a timezone that names a host's file (``localtime``,
-    ``posixrules``, ``Factory``) or a schedule using croniter's ``R``, which definitions took
-    before they were refused, still reads (as a board stored with ``player_writes`` and no
-    regions does), so that such a board stops no service that reads the catalog.
-    """
-
-    board_id: BoardId
+class StoredSpec(BoardSpec):
+    """A spec whose timezone and schedule are judged as a stored definition's: a timezone that
+    names a host's file (``localtime``, ``posixrules``, ``Factory``) or a schedule using
+    croniter's ``R``, which definitions took before they were refused, still reads. Whether a
+    ``PUT`` may bring one in is judged against the stored definition (:func:`refused_new`)."""
 
     @field_validator("schedule")
     @classmethod
@@ -229,6 +224,16 @@ class Board(BoardSpec):
     @classmethod
     def _timezone(cls, value: str) -> str:
         return stored_timezone(value)
+
+
+class Board(StoredSpec):
+    """A stored definition: a spec with its id.
+
+    Read back as it was stored (:class:`StoredSpec`), as a board stored with ``player_writes``
+    and no regions is, so that such a board stops no service that reads the catalog.
+    """
+
+    board_id: BoardId
 
 
 MAIN_BOARD = Board(board_id=MAIN_BOARD_ID)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import structlog
 from fastapi import APIRouter, BackgroundTasks, Depends, Response
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from services.api.auth import Principal
 from services.api.errors import Conflict, Invalid, Unavailable, problems
@@ -32,10 +32,8 @@ from shared.boards import (
     DEFINITION_TTL,
     Board,
     BoardId,
-    BoardSpec,
+    StoredSpec,
     refused_new,
-    stored_schedule,
-    stored_timezone,
 )
 from shared.db_boards import LockTimeout, definitions_lock, has_events, load_board, save_board
 from shared.erasure import board_deletion_of
@@ -85,7 +83,7 @@ def _document_board_in(schema: dict[str, Any]) -> None:
     fields["badges"]["additionalProperties"] = False
 
 
-class BoardIn(BoardSpec):
+class BoardIn(StoredSpec):
     """A definition as a ``PUT`` takes it: every field optional, defaulting to board ``main``'s.
     The timezone is an IANA name, and ``min_value`` may not exceed ``max_value``.
 
@@ -99,16 +97,6 @@ class BoardIn(BoardSpec):
 
     # A timezone or schedule that only a board stored with it may keep is judged against the
     # stored definition, under the definitions lock (shared.boards.refused_new).
-    @field_validator("schedule")
-    @classmethod
-    def _schedule(cls, value: str | None) -> str | None:
-        return stored_schedule(value)
-
-    @field_validator("timezone")
-    @classmethod
-    def _timezone(cls, value: str) -> str:
-        return stored_timezone(value)
-
     @model_validator(mode="after")
     def _players_need_regions(self) -> BoardIn:
         # Here, not in BoardSpec: a definition stored before regions existed must stay readable
