@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from services.rebuild.rebuilder import BoardRebuild, Rebuilder, RebuildFailed
 from shared.db import open_engine
+from shared.db_boards import LockTimeout
 from shared.failures import short_reason
 from shared.keys import Keys
 from shared.logs import configure
@@ -109,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
         log.error(
             "rebuild failed: Redis (LADDER_REDIS_URL) cannot be used", error=short_reason(exc)
         )
+        sys.exit(1)
+    # A PUT or DELETE of a board, or an API process restoring the definitions at its start, held
+    # the definitions lock past its wait: nothing was changed yet, and the rebuild may be run again.
+    except LockTimeout as exc:
+        log.error("rebuild failed: nothing was changed; run it again", error=str(exc))
         sys.exit(1)
     for board in done:
         print(summary(board))
