@@ -147,6 +147,10 @@ def cli() -> int:
         description="Ladder's benchmarks against the running Ladder: prints their table and "
         "writes BENCHMARKS.md. Settings: BENCH_SECONDS, BENCH_OUT, BENCH_WS_SAMPLES, "
         "BENCH_MEMBERS and the LADDER_* settings of the Ladder under test.",
+        epilog="The phases on private servers of their own also run alone, printing their "
+        "rows and writing nothing: python -m bench.phases.staleness (the global view's "
+        "staleness after a start with a backlog), python -m bench.phases.cluster, python -m "
+        "bench.phases.commands, python -m bench.phases.instructions.",
     )
     parser.add_argument(
         "--check",

@@ -124,6 +124,38 @@ times a second in two runs a day apart on machines of this kind.
   What would move it: a board's regions spread over several Redis processes, or a global view
   built by `ZUNIONSTORE` where every user is in one region (docs/architecture.md, "What bounds
   it"), and a cheaper client a call.
+- **Staleness after a start with a backlog** (the rows "global view staleness"). Measured by
+  `python -m bench.phases.staleness` alone, five runs of 2026-12-06 between 09:28 and 09:34 UTC
+  at load averages (1 min) of 4.9 to 6.2 (other work shared the 2 cores), medians with their
+  range; the table's rows are a full run's. The backlog is 200,000 users dirty in each of
+  `main`'s four periods: 800,000 marks, each a global entry to write (the merge rows above count
+  the marks of one period). The global view's `as_of` moves when the batch taken at the start is
+  drained, since it vouches for every mark made before it, so a score posted after the start
+  shows with an `as_of` after it once the whole backlog and the next batch are merged: its
+  staleness is the start-up, the drain and a pass. The merge's first take came 2.0 s after the
+  aggregator's start (1.0 to 2.5; its imports alone take 0.9 s of CPU), the drain took 23.1 s
+  from it (19.2 to 32.8, 34,600 marks a second) and the worst fresh score showed 25.1 s after
+  the start (21.5 to 34.9). Over the drain Redis spent 12.8 µs of CPU a mark (12.0 to 14.7),
+  10.2 s for the backlog, and was at work 46 % of it (36 to 50; the rest of the time it waited
+  for a core, the machine being loaded, or for the aggregator). 800,000 marks at 10 to 13 µs of
+  Redis each are 8 to 10 s of one core before anything else: no schedule of the passes brings
+  the drain under 5 s. The passes' bound is not what holds it back: with a budget of 1 s a pass
+  instead of 0.25 s the drain took 25.0 and 25.3 s, against 32.8 and 23.1 s in turns with it
+  (not kept). Timed pass by pass in one more run (a probe not kept): 69 passes of the backlog,
+  each 0.33 s of merge rounds (the 0.25 s budget and the round in hand), then 19 ms of pushes
+  (median; 1.7 s in all, 6 % of the drain) and 3 ms to the next pass, so what any schedule of
+  the passes could win back is under a tenth. A py-spy profile of the aggregator over that drain
+  put 40 % of its merge ticker's CPU in those pushes (the top-10 looks at the global view and
+  the eight regions in four periods, 36 views a pass, and the global brackets) and 57 % in the
+  merge rounds: CPU-heavy, short in time. The live views held meanwhile: the hot view's `as_of`
+  at most 2.2 s old (2.0 to 2.2), a fresh score's global entry within 2.4 s and its region's
+  top-10 push within 2.4 s (1.2 to 3.0) at these loads. The phase's rows now say where the time
+  goes: the first take, the drain's rate, Redis's CPU a mark and its share of the drain. What
+  would move it: the merge's rate (above) past about 170,000 marks a second, or an `as_of` kept
+  per period that moves once the period's part of the backlog is merged and a sweep of the fresh
+  marks made since is (the backlog drained a period at a time: the first period would catch up
+  in a quarter of the drain, the last no sooner), or per region or user, so that fresh scores
+  show ahead of a backlog without the view claiming the backlog merged.
 - **The aggregator's share of Redis.** With `SLOWLOG` logging every command while one
   aggregator drained a backlog of 14,000 batch-ingested events of board `main` (the commands a
   function runs are logged too, which makes every figure somewhat high), its calls took about
@@ -268,6 +300,7 @@ def write_report(
         "```",
         "make bench            # starts Ladder first if it is not up; about 10 minutes",
         "BENCH_SECONDS=30 make bench   # longer load phases",
+        "python -m bench.phases.staleness   # one phase alone, on private servers; no file written",
         "```",
         "",
         "It uses boards `bench-single`, `bench-batch`, `bench-ws` and `bench-reads` of the running",
@@ -281,8 +314,9 @@ def write_report(
         "`main` in each of its four periods, then the API and the aggregator as processes (the",
         "broker under a prefix of its own, removed after); it times fresh POSTs until the global",
         "view shows them with an `as_of` at or after them (one poll for all that wait, every",
-        "50 ms), the hot view's `as_of` age and a",
-        "region's top-10 push meanwhile. Load comes from wrk",
+        "50 ms), the hot view's `as_of` age and a region's top-10 push meanwhile, when the",
+        "merge first took the backlog, and Redis's CPU (`INFO cpu`) from then to the drain.",
+        "`python -m bench --help` names the phases that run alone so. Load comes from wrk",
         "(`bench/wrk/*.lua`); the WebSocket probe is a Python client that times, from outside, a",
         "POST until the push it causes arrives. The cluster rows (`python -m bench.phases.cluster`",
         "alone) come from private redis-servers (one primary with a replica; three primaries with",

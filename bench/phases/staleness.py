@@ -119,6 +119,10 @@ class Run:
         self.pushed: dict[str, float] = {}
         self.hot_ages: list[float] = []
         self.drained: float | None = None
+        self.begun: float | None = None
+        """When the first merge took the backlog (its merging set appeared), after the start."""
+        self.redis_cpu = 0.0
+        """Seconds of CPU the Redis spent from that take to the drain (``INFO cpu``)."""
         self.refused = 0
         self.waiting: dict[str, datetime] = {}
         """Fresh scores posted and not shown yet: user -> the time of its POST."""
@@ -203,14 +207,28 @@ async def watch_pushes(redis: Redis, keys: Keys, run: Run, stop: asyncio.Event) 
 
 async def watch_backlog(redis: Redis, keys: Keys, run: Run, started: float) -> None:
     """Until the merging set is drained and only the fresh scores' marks are dirty (at most
-    ``RUN_LIMIT`` seconds; ``run.drained`` stays ``None`` past it)."""
+    ``RUN_LIMIT`` seconds; ``run.drained`` stays ``None`` past it); when the merge began (the
+    aggregator's start-up, before it), and the CPU Redis spent on the drain."""
+    cpu_at_take = 0.0
     while run.drained is None and time.monotonic() - started < RUN_LIMIT:
-        if not await redis.exists(keys.dirty_merging("main")):
+        merging = await redis.exists(keys.dirty_merging("main"))
+        if merging and run.begun is None:
+            run.begun = time.monotonic() - started
+            cpu_at_take = await redis_cpu(redis)
+        if not merging and run.begun is not None:
             marks = await redis.scard(keys.dirty("main"))
             if marks < 1000:  # only the fresh scores' marks left
                 run.drained = time.monotonic() - started
+                run.redis_cpu = await redis_cpu(redis) - cpu_at_take
                 return
         await asyncio.sleep(0.05)
+
+
+async def redis_cpu(redis: Redis) -> float:
+    """Seconds of CPU the Redis process has spent, user and system (its main thread's and
+    its own; the probe's calls are a few a poll)."""
+    cpu = await redis.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _env(port: int, ports: dict[str, int], broker_prefix: str) -> dict[str, str]:
@@ -257,8 +275,9 @@ async def measure() -> list[Line]:
                     asyncio.create_task(watch_pushes(redis, keys, run, stop)),
                 ]
                 watcher = asyncio.create_task(watch_global(http, api_url, redis, keys, run, stop))
+                backlog = asyncio.create_task(watch_backlog(redis, keys, run, started))
                 await wait_ready(http, f"http://127.0.0.1:{ports['aggregator']}")
-                await watch_backlog(redis, keys, run, started)
+                await backlog
                 # Then a few more fresh scores, to see the steady state.
                 await asyncio.sleep(3.0)
                 stop.set()
@@ -305,6 +324,25 @@ def rows(run: Run) -> list[Line]:
             f"not within {RUN_LIMIT:.0f} s" if run.drained is None else f"{run.drained:.1f} s",
         ),
     ]
+    if run.begun is not None:
+        lines.append(
+            Row("  … the merge's first take after the aggregator's start", f"{run.begun:.1f} s")
+        )
+    if run.drained is not None and run.begun is not None:
+        marks, spent = BACKLOG * len(MAIN_BOARD.periods), run.drained - run.begun
+        lines.append(
+            Row(
+                f"  … the drain of its {marks:,} marks (a user's, a period), from that take",
+                f"{spent:.1f} s",
+                f"{marks / spent:,.0f} /s",
+            )
+        )
+        lines.append(
+            Row(
+                "  … Redis CPU over the drain: a mark; share of the drain",
+                f"{run.redis_cpu / marks * 1e6:.1f} µs; {100 * run.redis_cpu / spent:.0f} %",
+            )
+        )
     if missing:
         lines.append(Note(f"{missing} fresh scores never showed in the global view."))
     if run.refused:
@@ -330,7 +368,8 @@ def main() -> int:
             print(f"note: {line.text}")
         else:
             target = f"  (target {line.target})" if line.target else ""
-            print(f"{line.figure}: {line.value}{target}")
+            ratio = f" ({line.ratio})" if line.ratio else ""
+            print(f"{line.figure}: {line.value}{ratio}{target}")
     return 0
 
 
