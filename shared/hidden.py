@@ -15,11 +15,14 @@ no longer names.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared.db import hidden_users as hidden_table
@@ -95,6 +98,44 @@ async def move(redis: Redis, keys: Keys, board_id: str, user_id: str, *, show: b
 
 
 # -- MySQL, the truth ---------------------------------------------------------------------------
+
+# How long a hide or show waits for another one of the same user on the same board.
+LOCK_WAIT_SECONDS = 10
+
+
+class LockTimeout(RuntimeError):
+    """Another hide or show of the same user on the same board held its lock for too long."""
+
+
+@contextlib.asynccontextmanager
+async def changing(engine: AsyncEngine, board_id: str, user_id: str) -> AsyncIterator[None]:
+    """The block holds the named lock of ``user_id`` on ``board_id`` (MySQL's, server-wide, so
+    across API processes): a hide and a show of one user run one after the other, each through
+    its row, the set and the views. Without it, one asked while the other moved the views ran
+    through whole in between, and the first's move then undid it in the views alone (the user
+    shown in MySQL and the set, yet in no view; or hidden there, yet listed). Raises
+    :class:`LockTimeout` if the lock is not had within ``LOCK_WAIT_SECONDS``."""
+    # Lock names are at most 64 characters: the database names the deployment, a digest keeps
+    # any board and user id short.
+    key = f"{engine.url.database}\0{board_id}\0{user_id}".encode()
+    name = f"ladder.hidden.{hashlib.sha256(key).hexdigest()[:40]}"
+    async with engine.connect() as conn:
+        got = await conn.scalar(
+            text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS}
+        )
+        await conn.commit()
+        if got != 1:
+            raise LockTimeout("another hide or show of this user is under way")
+        try:
+            yield
+        finally:
+            try:
+                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+                await conn.commit()
+            except Exception:
+                # A named lock lives as long as its session: closing the connection frees it,
+                # and keeps a connection that still holds it out of the pool.
+                await conn.invalidate()
 
 
 async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> bool:

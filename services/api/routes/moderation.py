@@ -5,7 +5,9 @@ answer 204, whether or not the user has scores there, and again and again (idemp
 ``hidden_users`` is written first (the truth a ``make rebuild`` keeps), then the board's Redis set,
 then the user's members are moved out of (or back into) every view that exists
 (:mod:`shared.hidden`). Should the Redis steps fail, or a rebuild of the board be under way, the
-call answers 503 and a retry completes them: every step is idempotent.
+call answers 503 and a retry completes them: every step is idempotent. Hides and shows of one
+user on one board run one after the other (a MySQL named lock), so that the last answered is
+what every store holds.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ OUTCOMES = problems(401, 403, 404, 422, 503)
 
 
 async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
+    # One hide or show of a user on a board at a time (shared.hidden.changing): the last one
+    # answered is what MySQL, the set and the views all hold.
+    try:
+        async with hidden.changing(state.engine, board_id, user_id):
+            await _change(state, board_id, user_id, hide=hide)
+    except hidden.LockTimeout as exc:
+        raise Unavailable("The user is being hidden or shown; retry shortly.", 2) from exc
+
+
+async def _change(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
     # A rebuild under way puts its staged views, replayed from MySQL, in place of the live ones
     # when it finishes, and a move made now would not reach them: refused (503, nothing
     # changed) and retried once it is done. Checked again once the row is stored: a rebuild

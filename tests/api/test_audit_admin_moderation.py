@@ -1,0 +1,84 @@
+"""A hide and a show of the same user asked at the same time (docs/api.md section 8b), against
+the real Redis and MySQL: whichever is answered last is what every store holds, the history
+database, the board's set of hidden users and the views alike."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from shared import hidden
+from shared.db import open_engine
+from shared.keys import Keys
+from shared.settings import LadderSettings
+from tests.api.helpers import LEADERBOARD, get_ok, post, score
+from tests.helpers import ADMIN, api_client
+
+pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+
+HIDDEN = "/v1/boards/main/users/u-a/hidden"
+
+
+@pytest.fixture
+def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
+    """The suite's quiet settings, on the test's own migrated database."""
+    return quiet
+
+
+@pytest.fixture
+async def db(quiet: LadderSettings) -> AsyncIterator[AsyncEngine]:
+    async with open_engine(quiet.mysql_url) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("first", ["hide", "show"])
+async def test_a_hide_and_a_show_at_once_leave_every_store_as_the_last_answered(
+    first: str,
+    quiet: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    db: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first call's move through the views takes a while (a large keyspace to walk); the
+    other call is asked meanwhile. Before, the second ran through whole in between, and the
+    first's move then undid its effect on the views alone: a user shown in MySQL and in the
+    set of hidden users yet missing from every view (or hidden there yet listed)."""
+    original = hidden.move
+    moving = asyncio.Event()
+
+    async def slow_move(*args: Any, show: bool) -> int:
+        if not moving.is_set():
+            moving.set()
+            await asyncio.sleep(0.5)
+        return await original(*args, show=show)
+
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-a", value=50))
+        await post(client, score(user_id="u-b", value=30))
+        if first == "show":
+            assert (await client.put(HIDDEN, headers=ADMIN)).status_code == 204
+        monkeypatch.setattr(hidden, "move", slow_move)
+        one = asyncio.create_task(
+            client.request("PUT" if first == "hide" else "DELETE", HIDDEN, headers=ADMIN)
+        )
+        await asyncio.wait_for(moving.wait(), 5)
+        other = await client.request("DELETE" if first == "hide" else "PUT", HIDDEN, headers=ADMIN)
+        assert (await one).status_code == 204 and other.status_code == 204
+        monkeypatch.setattr(hidden, "move", original)
+        page = await get_ok(client, LEADERBOARD, scope="region:eu", period="alltime")
+
+    listed = [e["user_id"] for e in page["entries"]]
+    async with db.connect() as conn:
+        in_mysql = await hidden.stored(conn, "main")
+    in_set = await redis.smembers(keys.hidden("main"))
+    # The other call was answered last: its state is the one kept everywhere.
+    if first == "hide":
+        assert (in_mysql, in_set, listed) == ([], set(), ["u-a", "u-b"])
+    else:
+        assert (in_mysql, in_set, listed) == (["u-a"], {"u-a"}, ["u-b"])
