@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from sqlalchemy import delete, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared.db import boards as boards_table
 from shared.db import hidden_users as hidden_table
 from shared.db import to_db_time
 from shared.functions import HIDE_FUNCTION
@@ -171,11 +172,17 @@ async def restore(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
     adds: a user the set names and MySQL does not is a show under way, which its own route
     finishes; and MySQL is read again after the adds, so that a show stored meanwhile (its
     row deleted, then its user taken out of the set) is not undone: whichever comes second,
-    the show's ``SREM`` or this check, shows the user. Returns how many users were hidden
-    again."""
+    the show's ``SREM`` or this check, shows the user. A board MySQL no longer defines (being
+    deleted) is left alone. Returns how many users were hidden again."""
     t = hidden_table
+    # Only on boards MySQL defines: a deleted board's rows stay until its deletion's finish, and
+    # its set, hidden again after the deletion's last pass, would hide them on a fresh board of
+    # the name.
+    defined = select(boards_table.c.board_id)
     async with engine.connect() as conn:
-        rows = (await conn.execute(select(t.c.board_id, t.c.user_id))).all()
+        rows = (
+            await conn.execute(select(t.c.board_id, t.c.user_id).where(t.c.board_id.in_(defined)))
+        ).all()
     by_board: dict[str, set[str]] = {}
     for row in rows:
         by_board.setdefault(row.board_id, set()).add(row.user_id)

@@ -12,12 +12,14 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.api import eraser
 from shared import hidden
 from shared.db import open_engine
+from shared.erasure import BoardDeletion
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import LEADERBOARD, get_ok, post, score
-from tests.helpers import ADMIN, api_client
+from tests.api.helpers import LEADERBOARD, done, get_ok, post, score
+from tests.helpers import ADMIN, api_client, eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -82,3 +84,41 @@ async def test_a_hide_and_a_show_at_once_leave_every_store_as_the_last_answered(
         assert (in_mysql, in_set, listed) == ([], set(), ["u-a", "u-b"])
     else:
         assert (in_mysql, in_set, listed) == (["u-a"], {"u-a"}, ["u-b"])
+
+
+async def test_an_api_starting_while_a_board_deletion_finishes_hides_nobody_on_the_fresh_board(
+    quiet: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    db: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deletion's last pass unlinks the board's keys, then its finish sets the board's events
+    apart (a while, on a board of many events) and drops its hidden users from MySQL. An API
+    process that starts in between hides again whom MySQL still holds hidden: before, on the
+    deleted board too, whose set of hidden users was then back for good, and a user hidden on
+    the old board stayed out of every view of a fresh board of the name."""
+    original = eraser.finish_board_deletion
+
+    async def restart_then_finish(engine: AsyncEngine, deletion: BoardDeletion) -> None:
+        await hidden.restore(engine, redis, keys)  # what an API process's start does
+        await original(engine, deletion)
+
+    monkeypatch.setattr(eraser, "finish_board_deletion", restart_then_finish)
+    board = "/v1/boards/arena"
+    async with api_client(quiet) as client:
+        assert (await client.put(board, json={}, headers=ADMIN)).status_code == 201
+        await post(client, score(user_id="u-2", value=7), board="arena")
+        assert (await client.put(f"{board}/users/u-2/hidden", headers=ADMIN)).status_code == 204
+        assert (await client.delete(board, headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/board-deletions/arena"), within=30)
+
+        assert (await client.put(board, json={}, headers=ADMIN)).status_code == 201
+        for user, value in (("u-2", 5), ("u-3", 3)):
+            await post(client, score(user_id=user, value=value), board="arena")
+        page = await get_ok(client, f"{board}/leaderboard", scope="region:eu", period="alltime")
+
+    assert [e["user_id"] for e in page["entries"]] == ["u-2", "u-3"]
+    assert await redis.smembers(keys.hidden("arena")) == set()
+    async with db.connect() as conn:
+        assert await hidden.stored(conn, "arena") == []
