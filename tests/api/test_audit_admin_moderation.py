@@ -122,3 +122,39 @@ async def test_an_api_starting_while_a_board_deletion_finishes_hides_nobody_on_t
     assert await redis.smembers(keys.hidden("arena")) == set()
     async with db.connect() as conn:
         assert await hidden.stored(conn, "arena") == []
+
+
+async def test_a_hide_asked_while_the_user_is_being_erased_leaves_nothing_after_the_erasure(
+    quiet: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    db: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hide of a user whose erasure is pending is the erased user's, as a score write then
+    is: once the erasure is done, the user is hidden nowhere. Before, a hide that came while the
+    erasure's last pass ran after it had dropped the user's hides was answered 204 and kept for
+    good, in MySQL and in the board's set: the erased user's id named in the history database,
+    and a fresh user of that id hidden from its first write."""
+    original = eraser.erase_from_snapshots
+    answers: list[int] = []
+
+    async def hide_meanwhile(engine: AsyncEngine, user_id: str) -> None:
+        # The erasure's last step, after its hides and friends are gone: a hide comes now.
+        answers.append((await client.put(HIDDEN, headers=ADMIN)).status_code)
+        await original(engine, user_id)
+
+    monkeypatch.setattr(eraser, "erase_from_snapshots", hide_meanwhile)
+    async with api_client(quiet) as client:
+        await post(client, score(user_id="u-a", value=50))
+        assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
+        await eventually(lambda: done(client, "/v1/erasures/u-a"), within=30)
+        monkeypatch.setattr(eraser, "erase_from_snapshots", original)
+
+        async with db.connect() as conn:
+            assert await hidden.stored(conn, "main") == []
+        assert await redis.smembers(keys.hidden("main")) == set()
+        # Refused as a write then is, with the wait.
+        assert answers and set(answers) == {503}, answers
+        # Done: the id is a fresh user's, whom a hide hides.
+        assert (await client.put(HIDDEN, headers=ADMIN)).status_code == 204

@@ -60,6 +60,13 @@ async def _change(state: ApiState, board_id: str, user_id: str, *, hide: bool) -
     busy = Unavailable("A rebuild of the board is under way; retry once it is done.", 5)
     if await state.redis.exists(rebuilding):
         raise busy
+    # A user being erased: a hide now would be the erased user's, and one stored after the
+    # erasure's last pass dropped its hides would outlive it (the erased id named in MySQL, a
+    # fresh user of the id hidden). Refused as its score writes are, until the erasure is done.
+    if await state.erasing.erasing([user_id]):
+        raise Unavailable(
+            f"User {user_id!r} is being erased; retry once the erasure is done.", retry_after=2
+        )
     changed = await hidden.store(state.engine, board_id, user_id, hidden=hide)
     if await state.redis.exists(rebuilding):
         if changed:
