@@ -109,13 +109,18 @@ class LockTimeout(RuntimeError):
 
 
 @contextlib.asynccontextmanager
-async def changing(engine: AsyncEngine, board_id: str, user_id: str) -> AsyncIterator[None]:
+async def changing(
+    engine: AsyncEngine, board_id: str, user_id: str
+) -> AsyncIterator[AsyncConnection]:
     """The block holds the named lock of ``user_id`` on ``board_id`` (MySQL's, server-wide, so
     across API processes): a hide and a show of one user run one after the other, each through
     its row, the set and the views. Without it, one asked while the other moved the views ran
     through whole in between, and the first's move then undid it in the views alone (the user
-    shown in MySQL and the set, yet in no view; or hidden there, yet listed). Raises
-    :class:`LockTimeout` if the lock is not had within ``LOCK_WAIT_SECONDS``."""
+    shown in MySQL and the set, yet in no view; or hidden there, yet listed). It yields the
+    lock's connection, for the block's :func:`store`: a block that took a second connection of
+    the pool while holding this one would wait on the others holding theirs (a burst of hides
+    of many users exhausting the pool). Raises :class:`LockTimeout` if the lock is not had
+    within ``LOCK_WAIT_SECONDS``."""
     # Lock names are at most 64 characters: the database names the deployment, a digest keeps
     # any board and user id short.
     key = f"{engine.url.database}\0{board_id}\0{user_id}".encode()
@@ -128,9 +133,10 @@ async def changing(engine: AsyncEngine, board_id: str, user_id: str) -> AsyncIte
         if got != 1:
             raise LockTimeout("another hide or show of this user is under way")
         try:
-            yield
+            yield conn
         finally:
             try:
+                await conn.rollback()
                 await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
                 await conn.commit()
             except Exception:
@@ -139,23 +145,28 @@ async def changing(engine: AsyncEngine, board_id: str, user_id: str) -> AsyncIte
                 await conn.invalidate()
 
 
-async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> bool:
-    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way. Whether the
-    row changed (it was not so already)."""
+async def store(
+    db: AsyncEngine | AsyncConnection, board_id: str, user_id: str, *, hidden: bool
+) -> bool:
+    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way, committed
+    before it returns (on ``db``'s own connection when it is one). Whether the row changed (it
+    was not so already)."""
     t = hidden_table
-    async with engine.begin() as conn:
-        if hidden:
-            now = to_db_time(datetime.now(UTC))
-            done = await conn.execute(
-                insert(t)
-                .prefix_with("IGNORE")
-                .values(board_id=board_id, user_id=user_id, hidden_at=now)
-            )
-        else:
-            done = await conn.execute(
-                delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
-            )
+    if hidden:
+        now = to_db_time(datetime.now(UTC))
+        statement: Any = (
+            insert(t)
+            .prefix_with("IGNORE")
+            .values(board_id=board_id, user_id=user_id, hidden_at=now)
+        )
+    else:
+        statement = delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
+    if isinstance(db, AsyncConnection):
+        done = await db.execute(statement)
+        await db.commit()
         return bool(done.rowcount)
+    async with db.begin() as conn:
+        return bool((await conn.execute(statement)).rowcount)
 
 
 async def stored(conn: AsyncConnection, board_id: str) -> list[str]:

@@ -86,6 +86,20 @@ async def test_a_hide_and_a_show_at_once_leave_every_store_as_the_last_answered(
         assert (in_mysql, in_set, listed) == (["u-a"], {"u-a"}, ["u-b"])
 
 
+async def test_many_hides_at_once_are_each_answered_at_once(
+    quiet: LadderSettings, redis: Redis
+) -> None:
+    """Hides of 30 users at once, more than the API's pool of MySQL connections (15): each holds
+    its user's lock on one connection and stores its row on that same one, so none waits for a
+    connection that another holds while it waits (they were 503s after the pool's 30 s)."""
+    async with api_client(quiet) as client:
+        answers = await asyncio.gather(
+            *(client.put(f"/v1/boards/main/users/u-{n}/hidden", headers=ADMIN) for n in range(30))
+        )
+    assert [a.status_code for a in answers] == [204] * 30
+    assert len(await redis.smembers(Keys(quiet.key_prefix).hidden("main"))) == 30
+
+
 async def test_an_api_starting_while_a_board_deletion_finishes_hides_nobody_on_the_fresh_board(
     quiet: LadderSettings,
     redis: Redis,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.api.auth import Principal
 from services.api.errors import Unavailable, problems
@@ -44,13 +45,15 @@ async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> N
     # One hide or show of a user on a board at a time (shared.hidden.changing): the last one
     # answered is what MySQL, the set and the views all hold.
     try:
-        async with hidden.changing(state.engine, board_id, user_id):
-            await _change(state, board_id, user_id, hide=hide)
+        async with hidden.changing(state.engine, board_id, user_id) as conn:
+            await _change(state, conn, board_id, user_id, hide=hide)
     except hidden.LockTimeout as exc:
         raise Unavailable("The user is being hidden or shown; retry shortly.", 2) from exc
 
 
-async def _change(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
+async def _change(
+    state: ApiState, conn: AsyncConnection, board_id: str, user_id: str, *, hide: bool
+) -> None:
     # A rebuild under way puts its staged views, replayed from MySQL, in place of the live ones
     # when it finishes, and a move made now would not reach them: refused (503, nothing
     # changed) and retried once it is done. Checked again once the row is stored: a rebuild
@@ -67,10 +70,11 @@ async def _change(state: ApiState, board_id: str, user_id: str, *, hide: bool) -
         raise Unavailable(
             f"User {user_id!r} is being erased; retry once the erasure is done.", retry_after=2
         )
-    changed = await hidden.store(state.engine, board_id, user_id, hidden=hide)
+    # On the lock's connection (shared.hidden.changing says why).
+    changed = await hidden.store(conn, board_id, user_id, hidden=hide)
     if await state.redis.exists(rebuilding):
         if changed:
-            await hidden.store(state.engine, board_id, user_id, hidden=not hide)
+            await hidden.store(conn, board_id, user_id, hidden=not hide)
         raise busy
     key = state.keys.hidden(board_id)
     await (state.redis.sadd(key, user_id) if hide else state.redis.srem(key, user_id))
