@@ -15,13 +15,17 @@ no longer names.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared.db import boards as boards_table
 from shared.db import hidden_users as hidden_table
 from shared.db import to_db_time
 from shared.functions import HIDE_FUNCTION
@@ -96,24 +100,73 @@ async def move(redis: Redis, keys: Keys, board_id: str, user_id: str, *, show: b
 
 # -- MySQL, the truth ---------------------------------------------------------------------------
 
+# How long a hide or show waits for another one of the same user on the same board.
+LOCK_WAIT_SECONDS = 10
 
-async def store(engine: AsyncEngine, board_id: str, user_id: str, *, hidden: bool) -> bool:
-    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way. Whether the
-    row changed (it was not so already)."""
+
+class LockTimeout(RuntimeError):
+    """Another hide or show of the same user on the same board held its lock for too long."""
+
+
+@contextlib.asynccontextmanager
+async def changing(
+    engine: AsyncEngine, board_id: str, user_id: str
+) -> AsyncIterator[AsyncConnection]:
+    """The block holds the named lock of ``user_id`` on ``board_id`` (MySQL's, server-wide, so
+    across API processes): a hide and a show of one user run one after the other, each through
+    its row, the set and the views. Without it, one asked while the other moved the views ran
+    through whole in between, and the first's move then undid it in the views alone (the user
+    shown in MySQL and the set, yet in no view; or hidden there, yet listed). It yields the
+    lock's connection, for the block's :func:`store`: a block that took a second connection of
+    the pool while holding this one would wait on the others holding theirs (a burst of hides
+    of many users exhausting the pool). Raises :class:`LockTimeout` if the lock is not had
+    within ``LOCK_WAIT_SECONDS``."""
+    # Lock names are at most 64 characters: the database names the deployment, a digest keeps
+    # any board and user id short.
+    key = f"{engine.url.database}\0{board_id}\0{user_id}".encode()
+    name = f"ladder.hidden.{hashlib.sha256(key).hexdigest()[:40]}"
+    async with engine.connect() as conn:
+        got = await conn.scalar(
+            text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS}
+        )
+        await conn.commit()
+        if got != 1:
+            raise LockTimeout("another hide or show of this user is under way")
+        try:
+            yield conn
+        finally:
+            try:
+                await conn.rollback()
+                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+                await conn.commit()
+            except Exception:
+                # A named lock lives as long as its session: closing the connection frees it,
+                # and keeps a connection that still holds it out of the pool.
+                await conn.invalidate()
+
+
+async def store(
+    db: AsyncEngine | AsyncConnection, board_id: str, user_id: str, *, hidden: bool
+) -> bool:
+    """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way, committed
+    before it returns (on ``db``'s own connection when it is one). Whether the row changed (it
+    was not so already)."""
     t = hidden_table
-    async with engine.begin() as conn:
-        if hidden:
-            now = to_db_time(datetime.now(UTC))
-            done = await conn.execute(
-                insert(t)
-                .prefix_with("IGNORE")
-                .values(board_id=board_id, user_id=user_id, hidden_at=now)
-            )
-        else:
-            done = await conn.execute(
-                delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
-            )
+    if hidden:
+        now = to_db_time(datetime.now(UTC))
+        statement: Any = (
+            insert(t)
+            .prefix_with("IGNORE")
+            .values(board_id=board_id, user_id=user_id, hidden_at=now)
+        )
+    else:
+        statement = delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
+    if isinstance(db, AsyncConnection):
+        done = await db.execute(statement)
+        await db.commit()
         return bool(done.rowcount)
+    async with db.begin() as conn:
+        return bool((await conn.execute(statement)).rowcount)
 
 
 async def stored(conn: AsyncConnection, board_id: str) -> list[str]:
@@ -130,11 +183,17 @@ async def restore(engine: AsyncEngine, redis: Redis, keys: Keys) -> int:
     adds: a user the set names and MySQL does not is a show under way, which its own route
     finishes; and MySQL is read again after the adds, so that a show stored meanwhile (its
     row deleted, then its user taken out of the set) is not undone: whichever comes second,
-    the show's ``SREM`` or this check, shows the user. Returns how many users were hidden
-    again."""
+    the show's ``SREM`` or this check, shows the user. A board MySQL no longer defines (being
+    deleted) is left alone. Returns how many users were hidden again."""
     t = hidden_table
+    # Only on boards MySQL defines: a deleted board's rows stay until its deletion's finish, and
+    # its set, hidden again after the deletion's last pass, would hide them on a fresh board of
+    # the name.
+    defined = select(boards_table.c.board_id)
     async with engine.connect() as conn:
-        rows = (await conn.execute(select(t.c.board_id, t.c.user_id))).all()
+        rows = (
+            await conn.execute(select(t.c.board_id, t.c.user_id).where(t.c.board_id.in_(defined)))
+        ).all()
     by_board: dict[str, set[str]] = {}
     for row in rows:
         by_board.setdefault(row.board_id, set()).add(row.user_id)

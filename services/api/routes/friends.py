@@ -108,6 +108,11 @@ async def befriend(
     has asked ``user_id`` already, make the friendship (204)."""
     if friend_id == user_id:
         raise Invalid("A user cannot be its own friend.", loc=("path", "friend_id"))
+    # A user being erased: a friendship or request made now would be the erased user's, and one
+    # stored after the erasure's last pass dropped its friends would outlive it. Refused, as
+    # its score writes are, until the erasure is done (docs/api.md section 8b).
+    if erased := sorted(await state.erasing.erasing([user_id, friend_id])):
+        raise Unavailable(f"User {erased[0]!r} is being erased; retry once the erasure is done.", 2)
     with _answered():
         if caller.is_server:
             await friendships.befriend(state.engine, user_id, friend_id)

@@ -5,7 +5,9 @@ answer 204, whether or not the user has scores there, and again and again (idemp
 ``hidden_users`` is written first (the truth a ``make rebuild`` keeps), then the board's Redis set,
 then the user's members are moved out of (or back into) every view that exists
 (:mod:`shared.hidden`). Should the Redis steps fail, or a rebuild of the board be under way, the
-call answers 503 and a retry completes them: every step is idempotent.
+call answers 503 and a retry completes them: every step is idempotent. Hides and shows of one
+user on one board run one after the other (a MySQL named lock), so that the last answered is
+what every store holds.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from services.api.auth import Principal
 from services.api.errors import Unavailable, problems
@@ -39,6 +42,18 @@ OUTCOMES = problems(401, 403, 404, 422, 503)
 
 
 async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> None:
+    # One hide or show of a user on a board at a time (shared.hidden.changing): the last one
+    # answered is what MySQL, the set and the views all hold.
+    try:
+        async with hidden.changing(state.engine, board_id, user_id) as conn:
+            await _change(state, conn, board_id, user_id, hide=hide)
+    except hidden.LockTimeout as exc:
+        raise Unavailable("The user is being hidden or shown; retry shortly.", 2) from exc
+
+
+async def _change(
+    state: ApiState, conn: AsyncConnection, board_id: str, user_id: str, *, hide: bool
+) -> None:
     # A rebuild under way puts its staged views, replayed from MySQL, in place of the live ones
     # when it finishes, and a move made now would not reach them: refused (503, nothing
     # changed) and retried once it is done. Checked again once the row is stored: a rebuild
@@ -48,10 +63,18 @@ async def _set(state: ApiState, board_id: str, user_id: str, *, hide: bool) -> N
     busy = Unavailable("A rebuild of the board is under way; retry once it is done.", 5)
     if await state.redis.exists(rebuilding):
         raise busy
-    changed = await hidden.store(state.engine, board_id, user_id, hidden=hide)
+    # A user being erased: a hide now would be the erased user's, and one stored after the
+    # erasure's last pass dropped its hides would outlive it (the erased id named in MySQL, a
+    # fresh user of the id hidden). Refused as its score writes are, until the erasure is done.
+    if await state.erasing.erasing([user_id]):
+        raise Unavailable(
+            f"User {user_id!r} is being erased; retry once the erasure is done.", retry_after=2
+        )
+    # On the lock's connection (shared.hidden.changing says why).
+    changed = await hidden.store(conn, board_id, user_id, hidden=hide)
     if await state.redis.exists(rebuilding):
         if changed:
-            await hidden.store(state.engine, board_id, user_id, hidden=not hide)
+            await hidden.store(conn, board_id, user_id, hidden=not hide)
         raise busy
     key = state.keys.hidden(board_id)
     await (state.redis.sadd(key, user_id) if hide else state.redis.srem(key, user_id))
