@@ -1,0 +1,388 @@
+"""Random sequences of scores through the real API, every read held against a plain model of
+docs/api.md sections 3 to 5.
+
+Each seed makes a board (an operator, an order, a subscore order or none, values across
+±(2**53 - 1)), posts a random sequence of events one by one and in batches (several users,
+regions and teams, equal scores, events of the same millisecond, late events in any order,
+metadata, retries of accepted events and reused ids with another body) and checks each answer:
+the region's score, rank, previous rank and whether it improved. Then every region's board is
+read page by page (random limits, every rank style), every user's standing with its neighbours;
+once the aggregator's steps have run, the global board, the teams scope, a friends scope and
+every user's ranks call the same way. The model is the contract's words: a score is reached when
+section 3 says, equal scores rank the one reached first higher, and of two reached in the same
+millisecond the greater id.
+
+``LADDER_AUDIT_SEEDS`` (comma-separated) runs other seeds than the few kept here.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from services.aggregator.handlers import MarkDirty
+from services.aggregator.merge import Merger
+from shared.boards import Board
+from shared.events import ScoreAccepted
+from shared.keys import Keys
+from shared.ranking import MAX_SCORE
+from shared.settings import LadderSettings
+from tests.api.helpers import add_board, assert_problem, rfc
+from tests.helpers import SERVER, api_client, derive
+
+SEEDS = [int(s) for s in os.environ.get("LADDER_AUDIT_SEEDS", "3,7,11,19,23").split(",")]
+USERS = ["a", "b", "c", "Z-9", "u.1:x"]
+REGIONS = ["eu", "na", "ap"]
+TEAMS = ["red", "blue", None]
+EDGES = [MAX_SCORE, -MAX_SCORE, MAX_SCORE - 1, 2**52, -(2**52), 0]
+STYLES = ("ordinal", "competition", "dense")
+FRIENDS = {"a": ["b", "Z-9"]}
+
+
+@dataclass
+class Entry:
+    score: int
+    sub: int | None
+    reached: int  # Unix ms
+    last: int  # Unix ms of the latest write that counted
+    meta: dict[str, Any] | None = None
+
+
+Row = tuple[str, int, int | None, dict[str, Any] | None]  # id, score, subscore, metadata
+
+
+@dataclass
+class Model:
+    operator: str
+    order: str
+    sub_order: str | None
+    regions: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    teams: dict[str, Entry] = field(default_factory=dict)
+
+    def signed(self, score: int, sub: int | None) -> tuple[int, int]:
+        """Smaller is better."""
+        first = -score if self.order == "desc" else score
+        second = 0 if sub is None else (-sub if self.sub_order == "desc" else sub)
+        return first, second
+
+    def key(self, name: str, e: Entry) -> tuple[Any, ...]:
+        # Of two reached in the same millisecond, the greater id first.
+        return (*self.signed(e.score, e.sub), e.reached, tuple(-b for b in name.encode()), 1)
+
+    def apply(
+        self, region: str, user: str, value: int, sub: int | None, at: int, meta: Any
+    ) -> bool | None:
+        """Whether the stored score changed; None: refused (out of range), nothing written."""
+        board = self.regions.setdefault(region, {})
+        old = board.get(user)
+        if old is None:
+            board[user] = Entry(value, sub, at, at, meta)
+            return True
+        if self.operator == "incr":
+            total = old.score + value
+            if abs(total) > MAX_SCORE:
+                return None
+            if at >= old.reached:
+                old.meta = meta
+            old.score, old.reached = total, max(old.reached, at)
+            return value != 0
+        new, held = self.signed(value, sub), self.signed(old.score, old.sub)
+        if self.operator == "best":
+            if new < held:
+                old.score, old.sub, old.reached, old.meta = value, sub, at, meta
+                return True
+            if new == held and at < old.reached:
+                old.reached, old.meta = at, meta
+            return False
+        if at < old.last:  # set: a late event changes nothing
+            return False
+        old.last, old.meta = at, meta
+        if new == held:
+            return False
+        old.score, old.sub, old.reached = value, sub, at
+        return True
+
+    def add_team(self, team: str, value: int, at: int) -> None:
+        old = self.teams.get(team)
+        if old is None:
+            self.teams[team] = Entry(value, None, at, at)
+        elif abs(old.score + value) <= MAX_SCORE:  # past the range: left out of the total
+            old.score, old.reached = old.score + value, max(old.reached, at)
+
+    def ranked(self, board: dict[str, Entry]) -> list[Row]:
+        names = sorted(board, key=lambda u: self.key(u, board[u]))
+        return [(u, board[u].score, board[u].sub, board[u].meta) for u in names]
+
+    def merged(self) -> dict[str, Entry]:
+        out: dict[str, Entry] = {}
+        # Of two regions written in the same millisecond, the first in byte order is the latest.
+        for _, board in sorted(self.regions.items(), key=lambda item: item[0].encode()):
+            for user, e in board.items():
+                old = out.get(user)
+                if old is None:
+                    out[user] = Entry(e.score, e.sub, e.reached, e.last, e.meta)
+                elif self.operator == "incr":  # clamped once summed, below
+                    latest = e if e.reached > old.reached else old
+                    out[user] = Entry(old.score + e.score, None, latest.reached, 0, latest.meta)
+                elif self.operator == "best":
+                    if self.key(user, e) < self.key(user, old):
+                        out[user] = Entry(e.score, e.sub, e.reached, e.last, e.meta)
+                elif e.last > old.last:
+                    out[user] = Entry(e.score, e.sub, e.reached, e.last, e.meta)
+        for entry in out.values():
+            entry.score = max(-MAX_SCORE, min(MAX_SCORE, entry.score))
+        return out
+
+
+def styled(rows: list[Row], style: str) -> list[int]:
+    ranks: list[int] = []
+    dense = 0
+    for i, row in enumerate(rows):
+        if style == "ordinal" or i == 0 or row[1:3] != rows[i - 1][1:3]:
+            dense += 1
+            ranks.append(i + 1 if style != "dense" else dense)
+        else:
+            ranks.append(ranks[-1])
+    return ranks
+
+
+def draw(rng: random.Random, operator: str) -> int:
+    pick = rng.random()
+    if pick < 0.55:
+        return rng.randint(-2, 3)
+    if pick < 0.8:
+        return rng.choice(EDGES) * (1 if operator != "incr" else rng.choice([1, -1]))
+    return rng.randint(-MAX_SCORE, MAX_SCORE)
+
+
+def as_row(entry: dict[str, Any], name: str = "user_id") -> Row:
+    return (entry[name], entry["score"], entry.get("subscore"), entry["metadata"])
+
+
+async def aggregate(redis: Redis, keys: Keys, board: Board) -> None:
+    """What the aggregator does with the outbox: derive its views, mark dirty, merge once."""
+    rows: list[Any] = await redis.xrange(keys.outbox(board.board_id))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in rows]
+    await derive(redis, keys, board, events, 100)
+    await MarkDirty(redis, keys)(events)
+    assert await Merger(redis, keys).merge_board(board) > 0
+
+
+async def read_pages(
+    client: httpx.AsyncClient, path: str, rng: random.Random, params: dict[str, Any]
+) -> tuple[list[dict[str, Any]], int]:
+    entries: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(50):
+        query = {**params, "limit": rng.choice([1, 2, 3, 1000])}
+        if cursor is not None:
+            query["cursor"] = cursor
+        response = await client.get(path, params=query, headers=SERVER)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        entries += page["entries"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return entries, page["total"]
+    raise AssertionError("the pages never ended")
+
+
+async def check_scope(
+    client: httpx.AsyncClient,
+    board_id: str,
+    rng: random.Random,
+    scope: str,
+    expected: list[Row],
+) -> None:
+    """Every style's pages, then every member's standing, against ``expected``."""
+    path = f"/v1/boards/{board_id}/leaderboard"
+    name = "team_id" if scope == "teams" else "user_id"
+    for style in STYLES:
+        entries, total = await read_pages(client, path, rng, {"scope": scope, "rank_style": style})
+        assert total == len(expected), scope
+        assert [as_row(e, name) for e in entries] == expected, (scope, style)
+        assert [e["rank"] for e in entries] == styled(expected, style), (scope, style)
+    if scope == "teams":
+        return
+    for position, row in enumerate(expected):
+        around = rng.choice([0, 1, 2, 50])
+        response = await client.get(
+            f"/v1/boards/{board_id}/users/{row[0]}",
+            params={"scope": scope, "around": around},
+            headers=SERVER,
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert (body["rank"], body["total"]) == (position + 1, len(expected)), scope
+        assert as_row(body) == row, scope
+        share = round(100.0 * (len(expected) - position) / len(expected), 2)
+        assert body["percentile"] == share, scope
+        near = expected[max(position - around, 0) : position + around + 1]
+        assert [as_row(e) for e in body["around"]] == near, scope
+    missing = next((u for u in USERS if u not in {row[0] for row in expected}), None)
+    if missing is not None and not scope.startswith("friends"):
+        response = await client.get(
+            f"/v1/boards/{board_id}/users/{missing}", params={"scope": scope}
+        )
+        assert_problem(response, 404)
+
+
+def event(rng: random.Random, model: Model, n: int, moments: list[int]) -> dict[str, Any]:
+    at = rng.choice(moments)
+    body: dict[str, Any] = {
+        "event_id": f"e{n}",
+        "user_id": rng.choice(USERS),
+        "region": rng.choice(REGIONS),
+        "value": draw(rng, model.operator),
+        "occurred_at": rfc(datetime.fromtimestamp(at / 1000, UTC)),
+    }
+    if model.sub_order is not None:
+        body["subscore"] = rng.choice([0, 1, -1, MAX_SCORE, -MAX_SCORE])
+    if rng.random() < 0.5:
+        body["metadata"] = {"n": n}
+    team = rng.choice(TEAMS)
+    if team is not None:
+        body["team_id"] = team
+    return body
+
+
+def expect(model: Model, body: dict[str, Any], at: int) -> dict[str, Any] | None:
+    """The alltime part of the answer the model gives ``body`` (None: a 422), applied."""
+    region, user = body["region"], body["user_id"]
+    before = [row[0] for row in model.ranked(model.regions.get(region, {}))]
+    previous = before.index(user) + 1 if user in before else None
+    changed = model.apply(
+        region, user, body["value"], body.get("subscore"), at, body.get("metadata")
+    )
+    if changed is None:
+        return None
+    if "team_id" in body and model.operator == "incr":
+        model.add_team(body["team_id"], body["value"], at)
+    after = model.ranked(model.regions[region])
+    rank = [row[0] for row in after].index(user) + 1
+    return {"score": after[rank - 1][1], "rank": rank, "previous_rank": previous,
+            "improved": changed}  # fmt: skip
+
+
+async def write(client: httpx.AsyncClient, model: Model, rng: random.Random, board_id: str) -> None:
+    """The random sequence of events, one by one and in batches, each answer checked."""
+    base = int((datetime.now(UTC) - timedelta(seconds=400)).timestamp() * 1000)
+    moments = sorted(base + rng.randint(0, 300_000) for _ in range(12))
+    sent: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    n = 0
+    while n < 50:
+        batch = rng.random() < 0.3
+        bodies: list[dict[str, Any]] = []
+        wants: list[dict[str, Any] | str] = []
+        for _ in range(rng.randint(1, 6) if batch else 1):
+            n += 1
+            if sent and rng.random() < 0.1:  # a retry: the first answer, marked a duplicate
+                body, first = rng.choice(sent)
+                bodies.append(body)
+                wants.append({**first, "duplicate": True})
+            elif sent and rng.random() < 0.05:  # the same id and user, another body: 409
+                body, _ = rng.choice(sent)
+                bodies.append({**body, "value": 1 if body["value"] != 1 else 2})
+                wants.append("conflict")
+            else:
+                body = event(rng, model, n, moments)
+                at = int(datetime.fromisoformat(body["occurred_at"]).timestamp() * 1000)
+                bodies.append(body)
+                alltime = expect(model, body, at)
+                wants.append("range" if alltime is None else alltime)
+        path = f"/v1/boards/{board_id}/scores"
+        if batch:
+            response = await client.post(path + "/batch", json={"events": bodies}, headers=SERVER)
+            assert response.status_code == 200, response.text
+            answers = response.json()["results"]
+        else:
+            response = await client.post(path, json=bodies[0], headers=SERVER)
+            answers = [response.json()]
+            if response.status_code != 200:
+                answers = [{"event_id": bodies[0]["event_id"], "error": answers[0]}]
+        for body, want, got in zip(bodies, wants, answers, strict=True):
+            if want == "conflict":
+                assert got["error"]["status"] == 409, got
+            elif want == "range":
+                assert got["error"]["status"] == 422, got
+            elif "duplicate" in want:
+                assert got == want
+            else:
+                assert got.get("duplicate") is False, (body, got)
+                alltime = {k: v for k, v in got["periods"]["alltime"].items() if k != "period_id"}
+                assert alltime == want, (body, got)
+                sent.append((body, got))
+
+
+async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -> None:
+    rng = random.Random(seed)
+    operator = rng.choice(["incr", "best", "set"])
+    order = rng.choice(["desc", "asc"])
+    sub_order = None if operator == "incr" else rng.choice([None, "asc", "desc"])
+    board = Board.model_validate(
+        {
+            "board_id": f"audit-{seed}",
+            "operator": operator,
+            "order": order,
+            "subscore_order": sub_order,
+            "periods": ["alltime"],
+            "min_value": -MAX_SCORE,
+            "max_value": MAX_SCORE,
+        }
+    )
+    await add_board(redis, keys, board)
+    model = Model(operator, order, sub_order)
+    await write(client, model, rng, board.board_id)
+    for region in REGIONS:
+        expected = model.ranked(model.regions.get(region, {}))
+        await check_scope(client, board.board_id, rng, f"region:{region}", expected)
+    for user, friends in FRIENDS.items():
+        await redis.sadd(keys.friends(user), *friends)
+        for friend in friends:
+            await redis.sadd(keys.friends(friend), user)
+    await aggregate(redis, keys, board)
+    merged = model.merged()
+    await check_scope(client, board.board_id, rng, "global", model.ranked(merged))
+    for user, friends in FRIENDS.items():
+        group = {u: e for u, e in merged.items() if u in {user, *friends}}
+        await check_scope(client, board.board_id, rng, f"friends:{user}", model.ranked(group))
+    if operator == "incr":
+        await check_scope(client, board.board_id, rng, "teams", model.ranked(model.teams))
+    await check_ranks(client, model, board.board_id)
+
+
+async def check_ranks(client: httpx.AsyncClient, model: Model, board_id: str) -> None:
+    """Every user's ranks call: its place in each region it scored in, and in global."""
+    views = {f"region:{r}": model.ranked(b) for r, b in model.regions.items()}
+    views["global"] = model.ranked(model.merged())
+    for user in USERS:
+        response = await client.get(f"/v1/boards/{board_id}/users/{user}/ranks")
+        if not any(row[0] == user for row in views["global"]):
+            assert_problem(response, 404)
+            continue
+        assert response.status_code == 200, response.text
+        scopes = response.json()["periods"]["alltime"]["scopes"]
+        for scope, rows in views.items():
+            names = [row[0] for row in rows]
+            if user not in names:
+                assert scope not in scopes, (user, scope)
+                continue
+            place = names.index(user)
+            want = {"rank": place + 1, "score": rows[place][1], "total": len(rows)}
+            assert scopes[scope] == want, (user, scope)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_random_scores_read_as_the_contract_says(
+    quiet: LadderSettings, redis: Redis, keys: Keys, seed: int
+) -> None:
+    loose = quiet.model_copy(update={"user_rate": 1e9, "key_rate": 1e9})
+    async with api_client(loose) as client:
+        await play(client, redis, keys, seed)
