@@ -253,10 +253,17 @@ def event(rng: random.Random, model: Model, n: int, moments: list[int]) -> dict[
     return body
 
 
-def expect(model: Model, body: dict[str, Any], at: int) -> dict[str, Any] | None:
-    """The alltime part of the answer the model gives ``body`` (None: a 422), applied."""
+BRACKETS = [1, 2, 3]
+
+
+def expect(
+    model: Model, body: dict[str, Any], at: int, sent: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """The alltime part of the answer the model gives ``body`` (None: a 422), applied; what the
+    event published for it must carry besides goes to ``sent``."""
     region, user = body["region"], body["user_id"]
-    before = [row[0] for row in model.ranked(model.regions.get(region, {}))]
+    rows = model.ranked(model.regions.get(region, {}))
+    before = [row[0] for row in rows]
     previous = before.index(user) + 1 if user in before else None
     changed = model.apply(
         region, user, body["value"], body.get("subscore"), at, body.get("metadata")
@@ -266,12 +273,49 @@ def expect(model: Model, body: dict[str, Any], at: int) -> dict[str, Any] | None
     if "team_id" in body and model.operator == "incr":
         model.add_team(body["team_id"], body["value"], at)
     after = model.ranked(model.regions[region])
-    rank = [row[0] for row in after].index(user) + 1
+    names = [row[0] for row in after]
+    rank = names.index(user) + 1
+    published: dict[str, Any] = {}
+    for top in BRACKETS:
+        # Into a top: whoever held its last place is out; out of one: whoever took it is in.
+        if rank <= top < (previous or top + 1) and len(before) >= top:
+            published.setdefault("pushed_out", {})[str(top)] = before[top - 1]
+        if (previous or top + 1) <= top < rank:
+            published.setdefault("pulled_in", {})[str(top)] = names[top - 1]
+    if changed and previous is not None:
+        published["previous_score"] = rows[previous - 1][1]
+        if model.sub_order is not None:
+            published["previous_subscore"] = rows[previous - 1][2]
+    sent[body["event_id"]] = published
     return {"score": after[rank - 1][1], "rank": rank, "previous_rank": previous,
             "improved": changed}  # fmt: skip
 
 
-async def write(client: httpx.AsyncClient, model: Model, rng: random.Random, board_id: str) -> None:
+async def check_published(
+    redis: Redis, keys: Keys, board_id: str, published: dict[str, dict[str, Any]]
+) -> None:
+    """Each accepted event's alltime brackets and previous score, as its outbox entry has them."""
+    rows: list[Any] = await redis.xrange(keys.outbox(board_id))
+    events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in rows]
+    assert sorted(e.event_id for e in events) == sorted(published)
+    for accepted in events:
+        alltime = accepted.periods["alltime"]
+        got = {
+            name: getattr(alltime, name)
+            for name in ("pushed_out", "pulled_in", "previous_score", "previous_subscore")
+            if getattr(alltime, name)
+        }
+        want = {k: v for k, v in published[accepted.event_id].items() if v}
+        assert got == want, accepted
+
+
+async def write(
+    client: httpx.AsyncClient,
+    model: Model,
+    rng: random.Random,
+    board_id: str,
+    published: dict[str, dict[str, Any]],
+) -> None:
     """The random sequence of events, one by one and in batches, each answer checked."""
     base = int((datetime.now(UTC) - timedelta(seconds=400)).timestamp() * 1000)
     moments = sorted(base + rng.randint(0, 300_000) for _ in range(12))
@@ -295,7 +339,7 @@ async def write(client: httpx.AsyncClient, model: Model, rng: random.Random, boa
                 body = event(rng, model, n, moments)
                 at = int(datetime.fromisoformat(body["occurred_at"]).timestamp() * 1000)
                 bodies.append(body)
-                alltime = expect(model, body, at)
+                alltime = expect(model, body, at, published)
                 wants.append("range" if alltime is None else alltime)
         path = f"/v1/boards/{board_id}/scores"
         if batch:
@@ -332,6 +376,7 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
             "operator": operator,
             "order": order,
             "subscore_order": sub_order,
+            "notify_top": BRACKETS,
             "periods": ["alltime"],
             "min_value": -MAX_SCORE,
             "max_value": MAX_SCORE,
@@ -339,7 +384,9 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
     )
     await add_board(redis, keys, board)
     model = Model(operator, order, sub_order)
-    await write(client, model, rng, board.board_id)
+    published: dict[str, dict[str, Any]] = {}
+    await write(client, model, rng, board.board_id, published)
+    await check_published(redis, keys, board.board_id, published)
     for region in REGIONS:
         expected = model.ranked(model.regions.get(region, {}))
         await check_scope(client, board.board_id, rng, f"region:{region}", expected)
