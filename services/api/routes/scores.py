@@ -307,8 +307,14 @@ async def post_batch(
     ``{"event_id", "error": {problem}}`` for an event refused on its own (validation, value
     bounds, lateness, a reused ``event_id`` with another body, its user or the credential over
     the rate limit, a region the board does not declare). A batch of which the credential's
-    limit let no event through answers 429 as a whole.
+    limit let no event through answers 429 as a whole. An ``Idempotency-Key`` header is a 422:
+    it names one event, and a batch's events carry their own ``event_id`` each.
     """
+    if "idempotency-key" in request.headers:
+        raise Invalid(
+            "A batch takes no Idempotency-Key: each event carries its own event_id.",
+            loc=("header", "Idempotency-Key"),
+        )
     results: list[dict[str, Any] | None] = [None] * len(batch.events)
     scores: dict[int, ScoreIn] = {}
     for i, raw in enumerate(batch.events):
