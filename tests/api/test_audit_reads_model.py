@@ -212,20 +212,23 @@ async def check_scope(
     if scope == "teams":
         return
     for position, row in enumerate(expected):
-        around = rng.choice([0, 1, 2, 50])
+        around, style = rng.choice([0, 1, 2, 50]), rng.choice(STYLES)
         response = await client.get(
             f"/v1/boards/{board_id}/users/{row[0]}",
-            params={"scope": scope, "around": around},
+            params={"scope": scope, "around": around, "rank_style": style},
             headers=SERVER,
         )
         assert response.status_code == 200, response.text
         body = response.json()
-        assert (body["rank"], body["total"]) == (position + 1, len(expected)), scope
+        ranks = styled(expected, style)
+        assert (body["rank"], body["total"]) == (ranks[position], len(expected)), scope
         assert as_row(body) == row, scope
         share = round(100.0 * (len(expected) - position) / len(expected), 2)
         assert body["percentile"] == share, scope
-        near = expected[max(position - around, 0) : position + around + 1]
+        start = max(position - around, 0)
+        near = expected[start : position + around + 1]
         assert [as_row(e) for e in body["around"]] == near, scope
+        assert [e["rank"] for e in body["around"]] == ranks[start : start + len(near)], scope
     missing = next((u for u in USERS if u not in {row[0] for row in expected}), None)
     if missing is not None and not scope.startswith("friends"):
         response = await client.get(
@@ -292,12 +295,25 @@ def expect(
 
 
 async def check_published(
-    redis: Redis, keys: Keys, board_id: str, published: dict[str, dict[str, Any]]
+    redis: Redis,
+    keys: Keys,
+    board_id: str,
+    published: dict[str, dict[str, Any]],
+    team_of: dict[str, str],
 ) -> None:
-    """Each accepted event's alltime brackets and previous score, as its outbox entry has them."""
+    """Each accepted event's alltime brackets and previous score, as its outbox entry has them;
+    ``team_of`` takes each user's team."""
     rows: list[Any] = await redis.xrange(keys.outbox(board_id))
     events = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in rows]
     assert sorted(e.event_id for e in events) == sorted(published)
+    # A user's team: that of its latest event (by accepted_at, to the millisecond) that named
+    # one; of two accepted in the same millisecond, the team greater byte by byte.
+    latest: dict[str, tuple[int, bytes]] = {}
+    for e in events:
+        if e.team_id is not None:
+            stamp = (int(e.accepted_at.timestamp() * 1000), e.team_id.encode())
+            latest[e.user_id] = max(latest.get(e.user_id, stamp), stamp)
+    team_of.update({user: team.decode() for user, (_, team) in latest.items()})
     for accepted in events:
         alltime = accepted.periods["alltime"]
         got = {
@@ -386,7 +402,8 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
     model = Model(operator, order, sub_order)
     published: dict[str, dict[str, Any]] = {}
     await write(client, model, rng, board.board_id, published)
-    await check_published(redis, keys, board.board_id, published)
+    team_of: dict[str, str] = {}
+    await check_published(redis, keys, board.board_id, published, team_of)
     for region in REGIONS:
         expected = model.ranked(model.regions.get(region, {}))
         await check_scope(client, board.board_id, rng, f"region:{region}", expected)
@@ -402,28 +419,60 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
         await check_scope(client, board.board_id, rng, f"friends:{user}", model.ranked(group))
     if operator == "incr":
         await check_scope(client, board.board_id, rng, "teams", model.ranked(model.teams))
-    await check_ranks(client, model, board.board_id)
+    await check_ranks(client, model, rng, board.board_id, team_of)
 
 
-async def check_ranks(client: httpx.AsyncClient, model: Model, board_id: str) -> None:
-    """Every user's ranks call: its place in each region it scored in, and in global."""
+async def check_ranks(
+    client: httpx.AsyncClient,
+    model: Model,
+    rng: random.Random,
+    board_id: str,
+    team_of: dict[str, str],
+) -> None:
+    """Every user's ranks call: its place in each region it scored in, in global, its team's
+    place (the team named by its latest event that named one) and its place among its
+    friends."""
+    merged = model.merged()
     views = {f"region:{r}": model.ranked(b) for r, b in model.regions.items()}
-    views["global"] = model.ranked(model.merged())
+    views["global"] = model.ranked(merged)
+    teams = model.ranked(model.teams)
     for user in USERS:
-        response = await client.get(f"/v1/boards/{board_id}/users/{user}/ranks")
-        if not any(row[0] == user for row in views["global"]):
+        style = rng.choice(STYLES)
+        response = await client.get(
+            f"/v1/boards/{board_id}/users/{user}/ranks",
+            params={"rank_style": style},
+            headers=SERVER,
+        )
+        if user not in merged:
             assert_problem(response, 404)
             continue
         assert response.status_code == 200, response.text
         scopes = response.json()["periods"]["alltime"]["scopes"]
-        for scope, rows in views.items():
+        group = {user, *FRIENDS.get(user, []), *(u for u, f in FRIENDS.items() if user in f)}
+        own = dict(views)
+        if len(group) > 1:
+            own["friends"] = model.ranked({u: e for u, e in merged.items() if u in group})
+        for scope, rows in own.items():
             names = [row[0] for row in rows]
             if user not in names:
                 assert scope not in scopes, (user, scope)
                 continue
             place = names.index(user)
-            want = {"rank": place + 1, "score": rows[place][1], "total": len(rows)}
-            assert scopes[scope] == want, (user, scope)
+            rank = styled(rows, style)[place]
+            want = {"rank": rank, "score": rows[place][1], "total": len(rows)}
+            assert scopes[scope] == want, (user, scope, style)
+        team = team_of.get(user)
+        if team is None or team not in model.teams:
+            assert "teams" not in scopes, (user, model.operator, team, scopes.get("teams"))
+            continue
+        place = [row[0] for row in teams].index(team)
+        want = {"team_id": team, "rank": styled(teams, style)[place], "score": teams[place][1]}
+        assert scopes["teams"] == {**want, "total": len(teams)}, (
+            user,
+            style,
+            scopes["teams"],
+            teams,
+        )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
