@@ -340,10 +340,18 @@ async def write(
     while n < 50:
         batch = rng.random() < 0.3
         bodies: list[dict[str, Any]] = []
-        wants: list[dict[str, Any] | str] = []
+        wants: list[Any] = []
         for _ in range(rng.randint(1, 6) if batch else 1):
             n += 1
-            if sent and rng.random() < 0.1:  # a retry: the first answer, marked a duplicate
+            accepted = [i for i, w in enumerate(wants) if isinstance(w, dict) and "rank" in w]
+            if accepted and rng.random() < 0.2:  # an event twice in one batch
+                i = rng.choice(accepted)
+                again = rng.random() < 0.7
+                bodies.append(
+                    bodies[i] if again else {**bodies[i], "value": bodies[i]["value"] ^ 1}
+                )
+                wants.append(("again", i) if again else "conflict")
+            elif sent and rng.random() < 0.1:  # a retry: the first answer, marked a duplicate
                 body, first = rng.choice(sent)
                 bodies.append(body)
                 wants.append({**first, "duplicate": True})
@@ -368,7 +376,9 @@ async def write(
             if response.status_code != 200:
                 answers = [{"event_id": bodies[0]["event_id"], "error": answers[0]}]
         for body, want, got in zip(bodies, wants, answers, strict=True):
-            if want == "conflict":
+            if isinstance(want, tuple):  # the second time in its batch: the first's answer
+                assert got == {**answers[want[1]], "duplicate": True}, (body, got)
+            elif want == "conflict":
                 assert got["error"]["status"] == 409, got
             elif want == "range":
                 assert got["error"]["status"] == 422, got
