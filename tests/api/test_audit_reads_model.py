@@ -65,6 +65,7 @@ class Model:
     sub_order: str | None
     regions: dict[str, dict[str, Entry]] = field(default_factory=dict)
     teams: dict[str, Entry] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # the latest sent by an accepted event
 
     def signed(self, score: int, sub: int | None) -> tuple[int, int]:
         """Smaller is better."""
@@ -200,14 +201,18 @@ async def check_scope(
     rng: random.Random,
     scope: str,
     expected: list[Row],
+    names: dict[str, str] | None = None,
 ) -> None:
-    """Every style's pages, then every member's standing, against ``expected``."""
+    """Every style's pages, then every member's standing, against ``expected`` (and the users'
+    display names against ``names`` where given)."""
     path = f"/v1/boards/{board_id}/leaderboard"
     name = "team_id" if scope == "teams" else "user_id"
     for style in STYLES:
         entries, total = await read_pages(client, path, rng, {"scope": scope, "rank_style": style})
         assert total == len(expected), scope
         assert [as_row(e, name) for e in entries] == expected, (scope, style)
+        if names is not None:
+            assert [e["display_name"] for e in entries] == [names.get(r[0]) for r in expected]
         assert [e["rank"] for e in entries] == styled(expected, style), (scope, style)
     if scope == "teams":
         return
@@ -250,6 +255,8 @@ def event(rng: random.Random, model: Model, n: int, moments: list[int]) -> dict[
         body["subscore"] = rng.choice([0, 1, -1, MAX_SCORE, -MAX_SCORE])
     if rng.random() < 0.5:
         body["metadata"] = {"n": n}
+    if rng.random() < 0.3:
+        body["display_name"] = rng.choice(["Ana", "Bo \u00e9", "\U0001f600"])
     team = rng.choice(TEAMS)
     if team is not None:
         body["team_id"] = team
@@ -273,6 +280,8 @@ def expect(
     )
     if changed is None:
         return None
+    if "display_name" in body:
+        model.names[user] = body["display_name"]
     if "team_id" in body and model.operator == "incr":
         model.add_team(body["team_id"], body["value"], at)
     after = model.ranked(model.regions[region])
@@ -416,14 +425,14 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
     await check_published(redis, keys, board.board_id, published, team_of)
     for region in REGIONS:
         expected = model.ranked(model.regions.get(region, {}))
-        await check_scope(client, board.board_id, rng, f"region:{region}", expected)
+        await check_scope(client, board.board_id, rng, f"region:{region}", expected, model.names)
     for user, friends in FRIENDS.items():
         await redis.sadd(keys.friends(user), *friends)
         for friend in friends:
             await redis.sadd(keys.friends(friend), user)
     await aggregate(redis, keys, board)
     merged = model.merged()
-    await check_scope(client, board.board_id, rng, "global", model.ranked(merged))
+    await check_scope(client, board.board_id, rng, "global", model.ranked(merged), model.names)
     for user, friends in FRIENDS.items():
         group = {u: e for u, e in merged.items() if u in {user, *friends}}
         await check_scope(client, board.board_id, rng, f"friends:{user}", model.ranked(group))
