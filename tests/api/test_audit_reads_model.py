@@ -430,7 +430,9 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
         await redis.sadd(keys.friends(user), *friends)
         for friend in friends:
             await redis.sadd(keys.friends(friend), user)
+    written = datetime.now(UTC)
     await aggregate(redis, keys, board)
+    await check_as_of(client, board.board_id, written)
     merged = model.merged()
     await check_scope(client, board.board_id, rng, "global", model.ranked(merged), model.names)
     for user, friends in FRIENDS.items():
@@ -439,6 +441,21 @@ async def play(client: httpx.AsyncClient, redis: Redis, keys: Keys, seed: int) -
     if operator == "incr":
         await check_scope(client, board.board_id, rng, "teams", model.ranked(model.teams))
     await check_ranks(client, model, rng, board.board_id, team_of)
+
+
+async def check_as_of(client: httpx.AsyncClient, board_id: str, written: datetime) -> None:
+    """A region is as of the read; the global and friends scopes as of the merge, which ran
+    after every write."""
+    for scope in ("region:eu", "global", f"friends:{next(iter(FRIENDS))}"):
+        before = datetime.now(UTC)
+        response = await client.get(
+            f"/v1/boards/{board_id}/leaderboard", params={"scope": scope}, headers=SERVER
+        )
+        after = datetime.now(UTC)
+        as_of = datetime.fromisoformat(response.json()["as_of"])
+        earliest = before if scope.startswith("region") else written
+        # Sent to the millisecond, truncated: allow for the cut.
+        assert earliest - timedelta(milliseconds=1) <= as_of <= after, (scope, as_of)
 
 
 async def check_ranks(
