@@ -85,6 +85,13 @@ async def check(
     period = {"period": "alltime"} if key == "all" else {"period": "season", "period_id": key}
     views = {f"region:{r}": model.ranked(b) for r, b in model.regions.items()}
     views["global"] = model.ranked(model.merged())
+    first = await client.get(f"/v1/boards/{board}/leaderboard", params=period)
+    assert first.status_code == 200, first.text
+    ends = None
+    if key != "all":  # a minute season ends at the next minute
+        start = datetime.strptime(key, "%Y-%m-%dT%H:%M").replace(tzinfo=UTC)
+        ends = (start + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    assert (first.json()["period_id"], first.json()["period_ends_at"]) == (key, ends)
     for scope, expected in views.items():
         style = rng.choice(STYLES)
         params = {"scope": scope, "rank_style": style, **period}
