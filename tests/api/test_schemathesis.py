@@ -116,6 +116,7 @@ MVPS = "GET /v1/boards/{board_id}/mvps"
 SNAPSHOTS = "GET /v1/boards/{board_id}/snapshots"
 RANKS = "GET /v1/boards/{board_id}/users/{user_id}/ranks"
 SCORE = "POST /v1/boards/{board_id}/scores"
+BATCH = "POST /v1/boards/{board_id}/scores/batch"
 PUT_BOARD = "PUT /v1/boards/{board_id}"
 BEFRIEND = "PUT /v1/users/{user_id}/friends/{friend_id}"
 
@@ -151,6 +152,10 @@ REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
         "must stay exactly rankable: the board's definition and the stored score"
     ),
     (SCORE, ("body", "event_id")): "A body event_id must equal the Idempotency-Key header",
+    (BATCH, ("header", "Idempotency-Key")): (
+        "A batch takes no Idempotency-Key header (each event carries its own event_id): a "
+        "header the operation does not declare"
+    ),
     (SCORE, ("body", "region")): (
         "region is one of the regions the board declares, where it declares them: the board's "
         "definition"

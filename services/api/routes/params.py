@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Annotated, Any, TypeVar, cast
 
-from fastapi import Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
 from starlette.convertors import StringConvertor
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.api.errors import Invalid
 from services.api.reads import views
 from services.api.reads.styles import RankStyle
 from shared.boards import BOARD_ID_PATTERN
@@ -276,3 +277,17 @@ class DirectPaths:
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+
+def no_idempotency_key(request: Request) -> None:
+    """A batch takes no ``Idempotency-Key`` (422, before its events are judged): the header names
+    one event, and a batch's events carry their own ``event_id`` each; a retried batch read as
+    idempotent by it would count its events without ids again (docs/api.md section 4)."""
+    if "idempotency-key" in request.headers:
+        raise Invalid(
+            "A batch takes no Idempotency-Key: each event carries its own event_id.",
+            loc=("header", "Idempotency-Key"),
+        )
+
+
+NoIdempotencyKey = Annotated[None, Depends(no_idempotency_key)]

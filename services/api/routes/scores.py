@@ -24,7 +24,7 @@ from services.api.errors import (
     Unauthorized,
     problems,
 )
-from services.api.routes.params import DirectRoute, parameters_of, path_errors
+from services.api.routes.params import DirectRoute, NoIdempotencyKey, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board, opened
 from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
 from services.api.write import limits
@@ -297,9 +297,26 @@ def _repeats_conflict(events: list[Any], results: list[dict[str, Any] | None]) -
             results[i] = {"event_id": event_id, "error": conflict.body()}
 
 
+def _count(results: list[dict[str, Any] | None]) -> None:
+    """Each event of a batch in the score metrics by its outcome."""
+    for result in results:
+        assert result is not None
+        outcome = (
+            "rejected"
+            if "error" in result
+            else ("duplicate" if result["duplicate"] else "accepted")
+        )
+        SCORES.labels(outcome).inc()
+
+
 @router.post("/scores/batch", response_model=BatchOut, responses=REFUSALS)
 async def post_batch(
-    caller: Server, board: BoardDep, batch: BatchIn, request: Request, state: State
+    caller: Server,
+    board: BoardDep,
+    _: NoIdempotencyKey,
+    batch: BatchIn,
+    request: Request,
+    state: State,
 ) -> Response:
     """Submit up to 1000 scores (server key): every valid one in a single Redis round trip.
 
@@ -367,14 +384,7 @@ async def post_batch(
             results[i] = {"event_id": call.event_id, "error": problem.body()}
     _repeats_conflict(batch.events, results)
     _locate_in_batch(results)
-    for result in results:
-        assert result is not None
-        outcome = (
-            "rejected"
-            if "error" in result
-            else ("duplicate" if result["duplicate"] else "accepted")
-        )
-        SCORES.labels(outcome).inc()
+    _count(results)
     if calls:
         state.relay.wake(board.board_id)
     return json_answer({"results": results})
