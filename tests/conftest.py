@@ -26,6 +26,7 @@ from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import UNREACHABLE_BROKER, server_statement
+from tests.mysql_template import MigratedTemplate
 from tests.redis_cluster import PrivateCluster
 from tests.stack import Stack
 
@@ -169,12 +170,23 @@ async def channel(settings: LadderSettings, broker: Topology) -> AsyncIterator[A
         yield chan
 
 
-@pytest.fixture
-async def mysql_database(settings: LadderSettings, test_id: str) -> AsyncIterator[str]:
-    """The test's own MySQL database, migrated to head, dropped afterwards."""
-    from services.history.migrate import migrate
+@pytest.fixture(scope="session")
+def mysql_template() -> Iterator[MigratedTemplate]:
+    """A database of this session (of this process: each xdist worker has its own), migrated
+    to head once, on first use, and dropped at the end; ``mysql_database`` copies it."""
+    template = MigratedTemplate(MYSQL_SERVER_URL, f"ladder_template_{uuid.uuid4().hex[:12]}")
+    yield template
+    template.drop()
 
-    await migrate(settings.mysql_url)
+
+@pytest.fixture
+async def mysql_database(
+    settings: LadderSettings, test_id: str, mysql_template: MigratedTemplate
+) -> AsyncIterator[str]:
+    """The test's own MySQL database at the migrations' head, dropped afterwards: a copy of the
+    session's migrated template (its tables' definitions and rows, alembic's revision among
+    them), or migrated for real where a copy could miss something (see MigratedTemplate)."""
+    await mysql_template.copy_to(settings.mysql_url)
     yield f"ladder_{test_id}"
     await server_statement(MYSQL_SERVER_URL, f"DROP DATABASE IF EXISTS `ladder_{test_id}`")
 

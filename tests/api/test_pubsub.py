@@ -319,11 +319,11 @@ async def test_a_quiet_healthy_pubsub_connection_is_kept(
 ) -> None:
     """Pings on a connection with nothing to carry are answered: no reconnect, no resync, and
     nothing published meanwhile is lost."""
-    # A ping after 0.2 s without traffic, given up 2 s later unanswered: over 6 s of quiet a
+    # A ping after 0.2 s without traffic, given up 1 s later unanswered: over 3 s of quiet a
     # hub that missed its pongs would remake the connection twice, while an answer is only ever
     # a round trip away.
     monkeypatch.setattr(hub, "PING_AFTER", 0.2)
-    monkeypatch.setattr(hub, "PONG_WITHIN", 2.0)
+    monkeypatch.setattr(hub, "PONG_WITHIN", 1.0)
     pings, ping = [], PubSub.ping
 
     def counted(pubsub: PubSub, message: Any = None) -> Any:
@@ -336,7 +336,7 @@ async def test_a_quiet_healthy_pubsub_connection_is_kept(
     reconnects = REGISTRY.get_sample_value("ladder_ws_pubsub_reconnects_total") or 0.0
     async with serve(quiet) as url, websockets.connect(f"{url}?{TOKEN}") as ws:
         await subscribe(ws, "user:u-1")
-        quiet_for = 6.0
+        quiet_for = 3.0
         with pytest.raises(TimeoutError):
             await next_message(ws, quiet_for)
         await redis.publish(channel, json.dumps({"type": "badge", "n": 1}))

@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from services.api.reads.views import resolve_window
+from services.api.routes import definitions
 from shared.boards import Board, Retention
 from shared.keys import Keys
 from shared.periods import expire_at, window_at
@@ -120,8 +121,18 @@ def test_a_stored_retention_past_the_calendar_keeps_forever_instead_of_failing()
     assert resolve_window(board, "season", past.period_id) == past
 
 
+@pytest.fixture
+def raised_again_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed schedule's season keys are raised a second time once the definitions' cache
+    lifetime and a margin have passed (5 s and 1 s), and the API's shutdown waits for it: here
+    after 1 s and 0.5 s. One process only runs here, and its own cache holds the new definition
+    from the PUT on; the key a process holding the old one would make, the test makes itself."""
+    monkeypatch.setattr(definitions, "DEFINITION_TTL", 1.0)
+    monkeypatch.setattr(definitions, "RAISE_AGAIN_MARGIN", 0.5)
+
+
 async def test_a_changed_schedule_s_season_is_kept_as_long_as_its_schedule_keeps_it(
-    quiet: LadderSettings, redis: Redis, keys: Keys
+    quiet: LadderSettings, redis: Redis, keys: Keys, raised_again_sooner: None
 ) -> None:
     # Minute seasons, then hourly ones starting at the same minute: the hourly season writes
     # into the keys the minute season made (named by the season id alone), which expire two
@@ -181,7 +192,7 @@ async def post_score(client: httpx.AsyncClient, user: str) -> dict[str, Any]:
 
 
 async def test_a_former_schedule_s_season_is_read_no_more_after_a_change(
-    quiet: LadderSettings,
+    quiet: LadderSettings, raised_again_sooner: None
 ) -> None:
     """The limit docs/api.md section 3 states: a season id that is no firing of the schedule in
     force is a 422 on reads, a closed season of the schedule before included, snapshots too."""

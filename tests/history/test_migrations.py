@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,9 +27,19 @@ from shared.db import count_events, metadata, open_engine, user_events
 from shared.db_boards import SnapshotRow, save_snapshots
 from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
+from tests.conftest import MYSQL_SERVER_URL
 from tests.helpers import T0, accepted_event, server_statement
 from tests.history.test_history import scratch_database
 from tests.stack import ROOT, run
+
+
+@pytest.fixture
+async def mysql_database(settings: LadderSettings, test_id: str) -> AsyncIterator[str]:
+    """Here the test's database is migrated to head by the migrations themselves, not copied
+    from a migrated template as elsewhere: what these tests check is what they make."""
+    await migrate(settings.mysql_url)
+    yield f"ladder_{test_id}"
+    await server_statement(MYSQL_SERVER_URL, f"DROP DATABASE IF EXISTS `ladder_{test_id}`")
 
 
 def _differences(connection: Connection) -> list[Any]:
