@@ -14,6 +14,7 @@ from services.api import errors
 from services.api.relay.outbox import unroutable_boards
 from services.api.state import ApiState
 from shared.ops import metrics_response, readiness_response, run_checks
+from shared.redis import check_library
 
 router = APIRouter(tags=["operations"])
 
@@ -64,7 +65,11 @@ async def readyz(request: Request) -> JSONResponse:
         if not state.opened.is_set():
             reasons["redis"] = state.waiting
             return False
-        return bool(await state.redis.ping())
+        if not await state.redis.ping():
+            return False
+        # Every score write and read calls the library: the API cannot work without it.
+        await check_library(state.redis, state.settings.redis_cluster)
+        return True
 
     async def broker_up() -> bool:
         if state.relay.ready:
