@@ -13,18 +13,22 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 import redis as sync_redis
+from redis.asyncio import Redis
 
 from services.aggregator import main as aggregator_main
+from services.history import main as history_main
 from services.notifier import main as notifier_main
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.api.helpers import SCORES, score
 from tests.helpers import SERVER, api_client, eventually
+from tests.outage import relayed
 from tests.stack import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
@@ -32,6 +36,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthW
 CONSUMERS: dict[str, Callable[[LadderSettings], Coroutine[Any, Any, None]]] = {
     "aggregator": aggregator_main.run,
     "notifier": notifier_main.run,
+    "history": history_main.run,
 }
 
 
@@ -199,3 +204,57 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
     assert back_empty[1]["dependencies"]["redis"] == "down"
     assert "function library" in back_empty[1]["reasons"]["redis"]
     assert again[1]["dependencies"] == {"broker": "up", "redis": "up"}
+
+
+def _through(url: str, port: int) -> str:
+    """``url`` with its host and port a relay's on ``port``."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{credentials[0]}{credentials[1]}127.0.0.1:{port}"))
+
+
+@pytest.mark.parametrize(
+    ("service", "dependency"),
+    [("notifier", "broker"), ("aggregator", "broker"), ("history", "mysql")],
+)
+async def test_a_consumers_readyz_flips_while_a_dependency_goes_away_and_back(
+    service: str,
+    dependency: str,
+    settings: LadderSettings,
+    redis: Redis,
+    broker: Topology,
+    mysql_database: str,
+) -> None:
+    port = free_port()
+    setting = "amqp_url" if dependency == "broker" else "mysql_url"
+    target = urlsplit(getattr(settings, setting))
+    async with relayed(target.hostname or "127.0.0.1", target.port or 0) as relay:
+        settings = settings.model_copy(
+            update={
+                setting: _through(getattr(settings, setting), relay.port),
+                f"{service}_port": port,
+                "shutdown_grace_seconds": 1.0,
+            }
+        )
+        ops = f"http://127.0.0.1:{port}"
+        async with (
+            _consumer(service, settings),
+            httpx.AsyncClient(base_url=ops, timeout=5) as client,
+        ):
+
+            async def status(wanted: int) -> tuple[int, dict[str, Any]] | None:
+                with contextlib.suppress(httpx.TransportError):
+                    answer = await _readiness(client)
+                    return answer if answer[0] == wanted else None
+                return None
+
+            await eventually(lambda: status(200), within=20)
+            await relay.cut()
+            down = await eventually(lambda: status(503), within=15)
+            await relay.restore()
+            again = await eventually(lambda: status(200), within=20)
+
+    assert down[1]["dependencies"][dependency] == "down"
+    assert down[1]["reasons"][dependency]
+    assert "127.0.0.1" not in str(down[1]["reasons"])
+    assert again[1]["dependencies"][dependency] == "up"
