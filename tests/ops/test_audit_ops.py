@@ -258,3 +258,18 @@ async def test_a_consumers_readyz_flips_while_a_dependency_goes_away_and_back(
     assert down[1]["reasons"][dependency]
     assert "127.0.0.1" not in str(down[1]["reasons"])
     assert again[1]["dependencies"][dependency] == "up"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/"])
+async def test_the_apis_operations_endpoints_answer_head_as_get(
+    path: str, quiet: LadderSettings, redis: Redis
+) -> None:
+    """A server that answers GET answers HEAD (RFC 9110, section 9.1): uptime monitors and
+    `curl -I` probe with HEAD, and the consumers' ops endpoints answer it already."""
+    async with api_client(quiet) as client:
+        got = await client.get(path)
+        head = await client.head(path)
+
+    assert head.status_code == got.status_code == 200
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.content == b""

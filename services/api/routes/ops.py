@@ -107,3 +107,24 @@ async def readyz(request: Request) -> JSONResponse:
 async def metrics(_: Request) -> Response:
     """Prometheus text format."""
     return metrics_response()
+
+
+# A server that answers GET answers HEAD (RFC 9110, section 9.1): uptime monitors and `curl -I`
+# probe with it, as they may the consumers' ops endpoints (Starlette answers HEAD there).
+def _headers_only(answer: Response) -> Response:
+    return Response(status_code=answer.status_code, headers=dict(answer.headers))
+
+
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head() -> Response:
+    return _headers_only(JSONResponse(await healthz()))
+
+
+@router.head("/readyz", include_in_schema=False)
+async def readyz_head(request: Request) -> Response:
+    return _headers_only(await readyz(request))
+
+
+@router.head("/metrics", include_in_schema=False)
+async def metrics_head(request: Request) -> Response:
+    return _headers_only(await metrics(request))
