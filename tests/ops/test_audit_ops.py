@@ -184,6 +184,7 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
             return None
 
         await eventually(lambda: status(200), within=15)
+        head = await client.head("/readyz")
         own_redis.stop()
         down = await eventually(lambda: status(503), within=5)
         # Back without its data: it answers a ping, but its handler calls the library.
@@ -199,6 +200,8 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
             pass
         again = await eventually(lambda: status(200), within=5)
 
+    # HEAD answers as GET does, without the body (on the API as well, below).
+    assert (head.status_code, head.content) == (200, b"")
     assert down[1]["dependencies"]["redis"] == "down"
     assert back_empty[0] == 503, back_empty
     assert back_empty[1]["dependencies"]["redis"] == "down"
