@@ -23,10 +23,12 @@ from redis.asyncio import Redis
 from services.aggregator import main as aggregator_main
 from services.history import main as history_main
 from services.notifier import main as notifier_main
+from shared.boards import Board
+from shared.keys import Keys
 from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.api.helpers import SCORES, score
+from tests.api.helpers import SCORES, add_board, assert_problem, score
 from tests.helpers import SERVER, api_client, eventually
 from tests.outage import relayed
 from tests.stack import free_port
@@ -276,3 +278,30 @@ async def test_the_apis_operations_endpoints_answer_head_as_get(
     assert head.status_code == got.status_code == 200
     assert head.headers["content-type"] == got.headers["content-type"]
     assert head.content == b""
+
+
+async def test_the_outbox_bound_is_each_boards(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """With the broker away, each board's outbox holds up to LADDER_OUTBOX_MAX events; past it
+    that board's writes answer 503 (problem+json, Retry-After) while another board's go on."""
+    settings = quiet.model_copy(update={"outbox_max": 2})
+    async with api_client(settings) as client:
+        await add_board(redis, keys, Board(board_id="cup"))
+        kept = [
+            await client.post(SCORES, json=score(event_id=f"k-{n}"), headers=SERVER)
+            for n in range(2)
+        ]
+        full = await client.post(SCORES, json=score(event_id="k-2"), headers=SERVER)
+        other = await client.post(
+            "/v1/boards/cup/scores", json=score(event_id="c-1"), headers=SERVER
+        )
+        ready = await _readiness(client)
+
+    assert [answer.status_code for answer in kept] == [200, 200]
+    assert_problem(full, 503)
+    assert other.status_code == 200, other.text
+    assert await redis.xlen(keys.outbox("main")) == 2
+    assert await redis.xlen(keys.outbox("cup")) == 1
+    # The broker is not what the API cannot work without: still ready.
+    assert ready[0] == 200 and ready[1]["dependencies"]["broker"] == "down"
