@@ -321,6 +321,21 @@ async def connect(
         await client.function_load(library_source(), replace=True)
 
 
+class LibraryLost(RuntimeError):
+    """Redis answers, but without the function library: restarted without its data."""
+
+    def __init__(self) -> None:
+        super().__init__("the function library is not loaded; make rebuild loads it again")
+
+
+async def check_library(client: Redis, cluster: bool = False) -> None:
+    """Raise :class:`LibraryLost` (``/readyz`` gives it as the reason) if ``client``'s Redis
+    has not the function library. A cluster client loads it again itself on the first call that
+    misses it on a node (shared/redis_cluster.py): there, nothing is checked."""
+    if not cluster and not await client.function_list(library=LIBRARY):
+        raise LibraryLost
+
+
 async def ensure_group(redis: Redis, stream: str, group: str, *, make_stream: bool = True) -> bool:
     """Consumer group ``group`` on ``stream``, from its first entry; one that exists already is
     left as it is. The stream is made if need be, or with ``make_stream=False`` left missing:

@@ -25,7 +25,7 @@ from shared.consumer import ConsumerRunner, Handler
 from shared.failures import short_reason
 from shared.logs import configure
 from shared.ops import Check, Reasons, serve_ops
-from shared.redis import open_redis
+from shared.redis import check_library, open_redis
 from shared.settings import LadderSettings, SettingsError, load_settings
 from shared.topology import Consumer, Topology
 
@@ -77,14 +77,21 @@ def consumer(
     )
 
 
-def checks_of(runner: ConsumerRunner, redis: Redis) -> dict[str, Check]:
-    """The dependencies every consumer needs: the broker and Redis."""
+def checks_of(
+    runner: ConsumerRunner, redis: Redis, library: bool = False, cluster: bool = False
+) -> dict[str, Check]:
+    """The dependencies every consumer needs: the broker and Redis (with ``library``, Redis
+    holding the function library, which its handler calls)."""
 
     async def broker() -> bool:
         return runner.ready
 
     async def redis_up() -> bool:
-        return bool(await redis.ping())
+        if not await redis.ping():
+            return False
+        if library:
+            await check_library(redis, cluster)
+        return True
 
     return {"broker": broker, "redis": redis_up}
 
@@ -103,6 +110,8 @@ class Opening:
         self.checks: dict[str, Check] = {name: _not_open for name in dependencies}
         self._waiting = {name: "not connected yet" for name in self.checks}
         self._more: Reasons | None = None
+        # Whether the service's Redis must hold the function library (:meth:`redis`).
+        self.library = False
 
     def connecting(self, name: str) -> Callable[[BaseException], None]:
         """``name`` is being opened: what its opening calls with each error it waits on."""
@@ -118,6 +127,7 @@ class Opening:
     ) -> contextlib.AbstractAsyncContextManager[Redis]:
         """The service's Redis for a block, waited for at start with ``redis``'s reasons here
         (the function library loaded first unless the service calls none)."""
+        self.library = load_functions
         return open_redis(
             settings.redis_url,
             cluster=settings.redis_cluster,
@@ -166,7 +176,8 @@ async def consume(
     A companion is a loop of the service's own (a ticker) that returns once its event is set.
     A consumer or companion that ends by itself is a crash and raises.
     """
-    for name, check in checks_of(runner, redis).items():
+    checks = checks_of(runner, redis, opening.library, settings.redis_cluster)
+    for name, check in checks.items():
         opening.opened(name, check, runner.reasons)
     grace_seconds = settings.shutdown_grace_seconds
     loop = asyncio.get_running_loop()

@@ -44,6 +44,12 @@ async def dashboard() -> FileResponse:
     )
 
 
+@router.head("/", include_in_schema=False)
+async def dashboard_head() -> FileResponse:
+    """The page's headers (a HEAD: the file response sends no body)."""
+    return await dashboard()
+
+
 def install(app: FastAPI) -> None:
     """The page's route and its static files (``/static``)."""
     app.include_router(router)

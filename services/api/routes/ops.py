@@ -14,6 +14,7 @@ from services.api import errors
 from services.api.relay.outbox import unroutable_boards
 from services.api.state import ApiState
 from shared.ops import metrics_response, readiness_response, run_checks
+from shared.redis import check_library
 
 router = APIRouter(tags=["operations"])
 
@@ -64,7 +65,11 @@ async def readyz(request: Request) -> JSONResponse:
         if not state.opened.is_set():
             reasons["redis"] = state.waiting
             return False
-        return bool(await state.redis.ping())
+        if not await state.redis.ping():
+            return False
+        # Every score write and read calls the library: the API cannot work without it.
+        await check_library(state.redis, state.settings.redis_cluster)
+        return True
 
     async def broker_up() -> bool:
         if state.relay.ready:
@@ -102,3 +107,24 @@ async def readyz(request: Request) -> JSONResponse:
 async def metrics(_: Request) -> Response:
     """Prometheus text format."""
     return metrics_response()
+
+
+# A server that answers GET answers HEAD (RFC 9110, section 9.1): uptime monitors and `curl -I`
+# probe with it, as they may the consumers' ops endpoints (Starlette answers HEAD there).
+def _headers_only(answer: Response) -> Response:
+    return Response(status_code=answer.status_code, headers=dict(answer.headers))
+
+
+@router.head("/healthz", include_in_schema=False)
+async def healthz_head() -> Response:
+    return _headers_only(JSONResponse(await healthz()))
+
+
+@router.head("/readyz", include_in_schema=False)
+async def readyz_head(request: Request) -> Response:
+    return _headers_only(await readyz(request))
+
+
+@router.head("/metrics", include_in_schema=False)
+async def metrics_head(request: Request) -> Response:
+    return _headers_only(await metrics(request))

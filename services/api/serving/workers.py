@@ -6,7 +6,7 @@ each entry is published by one of them, and every hub hears every push, so a pus
 socket whichever worker holds it. The parent only passes
 SIGTERM on and waits; if a worker dies, it stops the others and exits, for the process manager
 to start the API again whole. ``/metrics`` sums the counters of every worker (Prometheus'
-multiprocess mode); gauges carry a ``pid`` label.
+multiprocess mode); the WebSocket gauges carry a ``pid`` label, the relay's are one series.
 """
 
 from __future__ import annotations
