@@ -19,7 +19,8 @@ records naming it, found by one ``SCAN`` of the keyspace; its entries in stored 
 (rewritten without them).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
-``UNLINK`` in batches), and with ``purge`` its own events and snapshots in MySQL up to the
+``UNLINK`` in batches) but its period outbox's entries, parked for the period relay first
+(shared/parked_periods.py), and with ``purge`` its own events and snapshots in MySQL up to the
 cut-off (an earlier board of the name keeps its history).
 """
 
@@ -56,6 +57,7 @@ from shared.erasure import (
 from shared.functions import ERASE_USER_FUNCTION
 from shared.keys import Keys, dirty_member, regions_of
 from shared.live_maths import HOT_WINDOWS
+from shared.parked_periods import is_parked, park, parked_set
 from shared.periods import window_at, windows_before
 
 log = structlog.get_logger(__name__)
@@ -358,17 +360,26 @@ class Eraser:
             return 0
         tags = {self._keys.tag(d.board_id): d.board_id for d in deletions}
         await self._redis.hdel(self._keys.boards, *tags.values())
+        # Its period.closed messages not yet published stay, parked for the period relay.
+        for deletion in deletions:
+            await park(self._redis, self._keys, deletion.board_id, to_ms(deletion.cutoff))
         one = self._keys.board_match(deletions[0].board_id)
         match = one if len(tags) == 1 else self._keys.boards_match()
-        gone, batch = 0, []
+        gone, batch, parked = 0, [], []
         async for key in self._redis.scan_iter(match=match, count=SCAN_COUNT):
-            if key[: key.find("}") + 1] in tags:
+            if key[: key.find("}") + 1] not in tags:
+                continue
+            if is_parked(self._keys, key):
+                parked.append(key)
+            else:
                 batch.append(key)
             if len(batch) >= UNLINK_BATCH:
                 gone += await self._redis.unlink(*batch)
                 batch = []
         if batch:
             gone += await self._redis.unlink(*batch)
+        if parked:  # named again, where a relay died between forgetting one and removing it
+            await self._redis.sadd(parked_set(self._keys), *parked)
         for deletion in deletions:
             if deletion.purge:
                 await purge_board(self._engine, deletion)

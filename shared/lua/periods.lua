@@ -27,3 +27,38 @@ local function close_period(keys, args)
 end
 
 redis.register_function(FUNCTIONS.close_period, close_period)
+
+--[[
+Park a deleted board's period outbox (docs/api.md section 8b): KEYS[1] the board's period outbox,
+KEYS[2] the key it is parked under, which the deletion leaves to the period relay. An outbox that
+holds no entry is left for the deletion to remove. The outbox is renamed, its consumer group and
+pending entries with it; where the parked key is there already (a second pass of the same
+deletion), the outbox's entries are appended to it and the outbox removed. Returns the number of
+entries parked.
+]]
+local function park_periods(keys, args)
+  local waiting = redis.call('XLEN', keys[1])
+  if waiting == 0 then return 0 end
+  if redis.call('EXISTS', keys[2]) == 0 then
+    redis.call('RENAME', keys[1], keys[2])
+    return waiting
+  end
+  for _, entry in ipairs(redis.call('XRANGE', keys[1], '-', '+')) do
+    redis.call('XADD', keys[2], '*', unpack(entry[2]))
+  end
+  redis.call('DEL', keys[1])
+  return waiting
+end
+
+--[[
+Remove a parked period outbox once it holds no entry (every message of it confirmed): KEYS[1]
+the parked key. Returns 1 if removed (or gone already), 0 if entries still wait in it.
+]]
+local function drop_parked(keys, args)
+  if redis.call('XLEN', keys[1]) > 0 then return 0 end
+  redis.call('DEL', keys[1])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.park_periods, park_periods)
+redis.register_function(FUNCTIONS.drop_parked, drop_parked)
