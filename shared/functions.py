@@ -165,6 +165,9 @@ PARK_PERIODS_FUNCTION = "ladder_park_periods_v1"
 (shared/parked_periods.py)."""
 DROP_PARKED_FUNCTION = "ladder_drop_parked_v1"
 """A parked period outbox removed once it holds no entry."""
+ERASE_PERIOD_MESSAGES_FUNCTION = "ladder_erase_period_messages_v1"
+"""``period.closed`` messages still waiting in a period outbox replaced by their rewriting
+without an erased user (services/api/erased_periods.py), each if still there as read."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v10"
@@ -239,6 +242,7 @@ REGISTERED: dict[str, str] = {
     "close_period": CLOSE_PERIOD_FUNCTION,
     "park_periods": PARK_PERIODS_FUNCTION,
     "drop_parked": DROP_PARKED_FUNCTION,
+    "erase_period_messages": ERASE_PERIOD_MESSAGES_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,
     "rebuild_extend": REBUILD_EXTEND_FUNCTION,

@@ -16,7 +16,8 @@ friend sets, both directions, and in MySQL its friendships and friend requests b
 events, taken out of the event counters they were counted in, each once (services/api/
 erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
 records naming it, found by one ``SCAN`` of the keyspace; its entries in stored snapshots
-(rewritten without them).
+and in the ``period.closed`` messages still waiting in a period outbox (rewritten without them,
+services/api/erased_periods.py).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
 ``UNLINK`` in batches) but its period outbox's entries, parked for the period relay first
@@ -38,6 +39,7 @@ from sqlalchemy import delete, or_, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.erased_counts import take_out_events
+from services.api.erased_periods import erase_from_period_outboxes
 from services.api.erased_rows import erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
@@ -208,6 +210,8 @@ class Eraser:
         for board in boards:
             await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
         await self._erase_hidden(user_id, boards)
+        ids = [board.board_id for board in boards]
+        await erase_from_period_outboxes(self._redis, self._keys, ids, user_id)
         await self._erase_friends(user_id)
         # Its events out of the counters (each once, if counted) and MySQL; its records go.
         by_id = {board.board_id: board for board in boards}

@@ -62,3 +62,40 @@ end
 
 redis.register_function(FUNCTIONS.park_periods, park_periods)
 redis.register_function(FUNCTIONS.drop_parked, drop_parked)
+
+--[[
+Rewrite period.closed messages still waiting in a period outbox without an erased user, atomically
+with respect to the relay, which reads, publishes and then deletes an entry: KEYS[1] the outbox (a
+board's, or a deleted board's parked one). ARGV: triples of an entry's id, its message as read,
+and its message rewritten ('' for none: the entry goes). An entry still there with that message
+is replaced by one at the end of the stream, of the same fields but the message; an entry gone
+meanwhile (published) or changed is left alone. An entry deleted while pending is acknowledged by
+the relay's next read. Returns the number of entries replaced or removed.
+]]
+local function erase_period_messages(keys, args)
+  local done = 0
+  for i = 1, #args - 2, 3 do
+    local found = redis.call('XRANGE', keys[1], args[i], args[i])
+    if #found == 1 then
+      local fields, copy, same = found[1][2], {}, false
+      for f = 1, #fields, 2 do
+        if fields[f] == 'm' then
+          same = fields[f + 1] == args[i + 1]
+          table.insert(copy, 'm')
+          table.insert(copy, args[i + 2])
+        else
+          table.insert(copy, fields[f])
+          table.insert(copy, fields[f + 1])
+        end
+      end
+      if same then
+        if args[i + 2] ~= '' then redis.call('XADD', keys[1], '*', unpack(copy)) end
+        redis.call('XDEL', keys[1], args[i])
+        done = done + 1
+      end
+    end
+  end
+  return done
+end
+
+redis.register_function(FUNCTIONS.erase_period_messages, erase_period_messages)
