@@ -108,7 +108,7 @@ class PeriodRelay(StreamRelay):
 
     async def relay_board(self, board_id: str, claim: bool) -> int:
         """Publish the board's waiting messages (ours pending first); how many were confirmed."""
-        return await self._relay_stream(self._keys.periods_outbox(board_id), board_id, claim)
+        return await self._relay_stream(self._keys.periods_outbox(board_id), claim)
 
     async def relay_parked(self, claim: bool) -> int:
         """Publish the messages of the deleted boards' parked outboxes (shared/parked_periods.py),
@@ -116,7 +116,7 @@ class PeriodRelay(StreamRelay):
         done = 0
         names: set[str] = await self._redis.smembers(parked_set(self._keys))  # type: ignore[assignment]
         for parked in sorted(names):
-            done += await self._relay_stream(parked, parked, claim)
+            done += await self._relay_stream(parked, claim)
             if not await self._redis.xlen(parked) and await drop_if_empty(
                 self._redis, self._keys, parked
             ):
@@ -124,7 +124,7 @@ class PeriodRelay(StreamRelay):
                 log.info("parked period outbox emptied", stream=parked)
         return done
 
-    async def _relay_stream(self, stream: str, board_id: str, claim: bool) -> int:
+    async def _relay_stream(self, stream: str, claim: bool) -> int:
         if claim:
             await self._claim(stream, READ)
         done = 0
@@ -138,7 +138,7 @@ class PeriodRelay(StreamRelay):
                         log.error("period outbox entry is no message; dropped", entry=entry_id)
                     except aio_pika.exceptions.DeliveryError:
                         # Routed to no queue: it waits (pending) for a queue to be bound.
-                        log.info("period.closed routed to no queue; it waits", board_id=board_id)
+                        log.info("period.closed routed to no queue; it waits", stream=stream)
                         return done
                 async with self._redis.pipeline(transaction=False) as pipe:
                     pipe.xack(stream, OUTBOX_GROUP, entry_id)

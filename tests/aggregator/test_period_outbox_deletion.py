@@ -15,9 +15,9 @@ from services.aggregator.period_relay import PeriodRelay
 from services.api.eraser import Eraser
 from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
-from shared.erasure import BoardDeletion
+from shared.erasure import BoardDeletion, to_ms
 from shared.keys import Keys
-from shared.parked_periods import parked_set
+from shared.parked_periods import parked_outbox, parked_set
 from shared.settings import LadderSettings
 from shared.topology import Topology
 
@@ -89,3 +89,34 @@ async def test_a_board_deleted_with_messages_waiting_still_sends_each_once(
     finally:
         stop.set()
         await running
+
+
+async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_parked(
+    redis: Redis, keys: Keys
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    first = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    second = BoardDeletion("cup", datetime(2026, 12, 3, tzinfo=UTC), False, None)
+    outbox = keys.periods_outbox("cup")
+    await redis.xadd(outbox, message("2026-11-30"))
+    await eraser.delete_boards([first])
+    # A process that still had the board cached closes a period after the first pass: the
+    # second pass of the same deletion appends it to what the first parked.
+    await redis.xadd(outbox, message("2026-12-01"))
+    await eraser.delete_boards([first])
+    # A fresh board of the name, deleted in turn with a message waiting.
+    await catalog.put(CUP)
+    await redis.xadd(outbox, message("2026-12-02"))
+    await eraser.delete_boards([second])
+    older, newer = (
+        parked_outbox(keys, "cup", to_ms(first.cutoff)),
+        parked_outbox(keys, "cup", to_ms(second.cutoff)),
+    )
+    assert sorted(await board_keys(redis, keys)) == sorted([older, newer])
+    assert await redis.smembers(parked_set(keys)) == {older, newer}
+    ids = {k: [f["i"] for _, f in await redis.xrange(k)] for k in (older, newer)}
+    assert ids == {
+        older: ["cup:daily:2026-11-30", "cup:daily:2026-12-01"],
+        newer: ["cup:daily:2026-12-02"],
+    }
