@@ -65,11 +65,19 @@ async def erase_from_outbox(redis: Redis, stream: str, user_id: str) -> int:
 async def erase_from_period_outboxes(
     redis: Redis, keys: Keys, board_ids: list[str], user_id: str
 ) -> int:
-    """Every board's period outbox and every parked one, each in a call of its own (one hash
-    tag each); how many messages were replaced or removed."""
+    """Every board's period outbox and every parked one that holds entries (one pipelined
+    ``XLEN`` for each ``PAGE`` of them), each in a call of its own (one hash tag each); how many
+    messages were replaced or removed."""
     parked: set[str] = await redis.smembers(parked_set(keys))  # type: ignore[assignment]
     streams = [keys.periods_outbox(board_id) for board_id in board_ids] + sorted(parked)
     done = 0
-    for stream in streams:
-        done += await erase_from_outbox(redis, stream, user_id)
+    for at in range(0, len(streams), PAGE):
+        chunk = streams[at : at + PAGE]
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream in chunk:
+                pipe.xlen(stream)
+            lengths = await pipe.execute()
+        for stream, length in zip(chunk, lengths, strict=True):
+            if length:
+                done += await erase_from_outbox(redis, stream, user_id)
     return done
