@@ -160,6 +160,14 @@ CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
 ``period_closed`` pushes, exactly once. (v2: the message's id comes as an argument, kept in its
 outbox entry, since a season's is named by its end too; and a period that ends at or before its
 kind's watermark is refused, claimed or not under the claim's name.)"""
+PARK_PERIODS_FUNCTION = "ladder_park_periods_v1"
+"""A deleted board's period outbox moved, whole, to a key the deletion leaves to the period relay
+(shared/parked_periods.py)."""
+DROP_PARKED_FUNCTION = "ladder_drop_parked_v1"
+"""A parked period outbox removed once it holds no entry."""
+ERASE_PERIOD_MESSAGES_FUNCTION = "ladder_erase_period_messages_v1"
+"""``period.closed`` messages still waiting in a period outbox replaced by their rewriting
+without an erased user (services/api/erased_periods.py), each if still there as read."""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v10"
@@ -232,6 +240,9 @@ REGISTERED: dict[str, str] = {
     "award": AWARD_FUNCTION,
     "notify": NOTIFY_FUNCTION,
     "close_period": CLOSE_PERIOD_FUNCTION,
+    "park_periods": PARK_PERIODS_FUNCTION,
+    "drop_parked": DROP_PARKED_FUNCTION,
+    "erase_period_messages": ERASE_PERIOD_MESSAGES_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,
     "rebuild_extend": REBUILD_EXTEND_FUNCTION,

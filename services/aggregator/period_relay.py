@@ -14,7 +14,9 @@ the broker's confirm and the acknowledgement publishes a message twice: the copi
 same ``message_id``, by which a consumer can tell them apart. The close keeps it in the entry
 (``<board>:<period>:<period_id>``, a season's with its end, ``/<Unix seconds>``); an entry that
 the version before queued has none, and goes out with the id it made from the body, the one it
-went out with before if it did.
+went out with before if it did. A deleted board's outbox that still held entries was parked by
+its deletion (shared/parked_periods.py): each poll publishes the parked outboxes' entries the
+same way, and removes each one found empty.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from redis.asyncio import Redis
 
 from shared.boards import BoardCatalog
 from shared.keys import OUTBOX_GROUP, Keys
+from shared.parked_periods import drop_if_empty, parked_set
 from shared.relaying import RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
 
@@ -99,12 +102,29 @@ class PeriodRelay(StreamRelay):
             self._set_backlog(swept, lengths)
             for board_id in sorted(lengths):
                 await self.relay_board(board_id, claim)
+            await self.relay_parked(claim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_SECONDS)
 
     async def relay_board(self, board_id: str, claim: bool) -> int:
         """Publish the board's waiting messages (ours pending first); how many were confirmed."""
-        stream = self._keys.periods_outbox(board_id)
+        return await self._relay_stream(self._keys.periods_outbox(board_id), claim)
+
+    async def relay_parked(self, claim: bool) -> int:
+        """Publish the messages of the deleted boards' parked outboxes (shared/parked_periods.py),
+        and forget each parked outbox found empty; how many were confirmed."""
+        done = 0
+        names: set[str] = await self._redis.smembers(parked_set(self._keys))  # type: ignore[assignment]
+        for parked in sorted(names):
+            done += await self._relay_stream(parked, claim)
+            if not await self._redis.xlen(parked) and await drop_if_empty(
+                self._redis, self._keys, parked
+            ):
+                self._groups.discard(parked)
+                log.info("parked period outbox emptied", stream=parked)
+        return done
+
+    async def _relay_stream(self, stream: str, claim: bool) -> int:
         if claim:
             await self._claim(stream, READ)
         done = 0
@@ -118,7 +138,7 @@ class PeriodRelay(StreamRelay):
                         log.error("period outbox entry is no message; dropped", entry=entry_id)
                     except aio_pika.exceptions.DeliveryError:
                         # Routed to no queue: it waits (pending) for a queue to be bound.
-                        log.info("period.closed routed to no queue; it waits", board_id=board_id)
+                        log.info("period.closed routed to no queue; it waits", stream=stream)
                         return done
                 async with self._redis.pipeline(transaction=False) as pipe:
                     pipe.xack(stream, OUTBOX_GROUP, entry_id)

@@ -16,10 +16,12 @@ friend sets, both directions, and in MySQL its friendships and friend requests b
 events, taken out of the event counters they were counted in, each once (services/api/
 erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
 records naming it, found by one ``SCAN`` of the keyspace; its entries in stored snapshots
-(rewritten without them).
+and in the ``period.closed`` messages still waiting in a period outbox (rewritten without them,
+services/api/erased_periods.py).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
-``UNLINK`` in batches), and with ``purge`` its own events and snapshots in MySQL up to the
+``UNLINK`` in batches) but its period outbox's entries, parked for the period relay first
+(shared/parked_periods.py), and with ``purge`` its own events and snapshots in MySQL up to the
 cut-off (an earlier board of the name keeps its history).
 """
 
@@ -37,6 +39,7 @@ from sqlalchemy import delete, or_, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.erased_counts import take_out_events
+from services.api.erased_periods import erase_from_period_outboxes
 from services.api.erased_rows import erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
@@ -56,6 +59,7 @@ from shared.erasure import (
 from shared.functions import ERASE_USER_FUNCTION
 from shared.keys import Keys, dirty_member, regions_of
 from shared.live_maths import HOT_WINDOWS
+from shared.parked_periods import is_parked, park, parked_set
 from shared.periods import window_at, windows_before
 
 log = structlog.get_logger(__name__)
@@ -206,6 +210,8 @@ class Eraser:
         for board in boards:
             await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
         await self._erase_hidden(user_id, boards)
+        ids = [board.board_id for board in boards]
+        await erase_from_period_outboxes(self._redis, self._keys, ids, user_id)
         await self._erase_friends(user_id)
         # Its events out of the counters (each once, if counted) and MySQL; its records go.
         by_id = {board.board_id: board for board in boards}
@@ -358,17 +364,26 @@ class Eraser:
             return 0
         tags = {self._keys.tag(d.board_id): d.board_id for d in deletions}
         await self._redis.hdel(self._keys.boards, *tags.values())
+        # Its period.closed messages not yet published stay, parked for the period relay.
+        for deletion in deletions:
+            await park(self._redis, self._keys, deletion.board_id, to_ms(deletion.cutoff))
         one = self._keys.board_match(deletions[0].board_id)
         match = one if len(tags) == 1 else self._keys.boards_match()
-        gone, batch = 0, []
+        gone, batch, parked = 0, [], []
         async for key in self._redis.scan_iter(match=match, count=SCAN_COUNT):
-            if key[: key.find("}") + 1] in tags:
+            if key[: key.find("}") + 1] not in tags:
+                continue
+            if is_parked(self._keys, key):
+                parked.append(key)
+            else:
                 batch.append(key)
             if len(batch) >= UNLINK_BATCH:
                 gone += await self._redis.unlink(*batch)
                 batch = []
         if batch:
             gone += await self._redis.unlink(*batch)
+        if parked:  # named again, where a relay died between forgetting one and removing it
+            await self._redis.sadd(parked_set(self._keys), *parked)
         for deletion in deletions:
             if deletion.purge:
                 await purge_board(self._engine, deletion)

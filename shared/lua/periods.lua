@@ -27,3 +27,75 @@ local function close_period(keys, args)
 end
 
 redis.register_function(FUNCTIONS.close_period, close_period)
+
+--[[
+Park a deleted board's period outbox (docs/api.md section 8b): KEYS[1] the board's period outbox,
+KEYS[2] the key it is parked under, which the deletion leaves to the period relay. An outbox that
+holds no entry is left for the deletion to remove. The outbox is renamed, its consumer group and
+pending entries with it; where the parked key is there already (a second pass of the same
+deletion), the outbox's entries are appended to it and the outbox removed. Returns the number of
+entries parked.
+]]
+local function park_periods(keys, args)
+  local waiting = redis.call('XLEN', keys[1])
+  if waiting == 0 then return 0 end
+  if redis.call('EXISTS', keys[2]) == 0 then
+    redis.call('RENAME', keys[1], keys[2])
+    return waiting
+  end
+  for _, entry in ipairs(redis.call('XRANGE', keys[1], '-', '+')) do
+    redis.call('XADD', keys[2], '*', unpack(entry[2]))
+  end
+  redis.call('DEL', keys[1])
+  return waiting
+end
+
+--[[
+Remove a parked period outbox once it holds no entry (every message of it confirmed): KEYS[1]
+the parked key. Returns 1 if removed (or gone already), 0 if entries still wait in it.
+]]
+local function drop_parked(keys, args)
+  if redis.call('XLEN', keys[1]) > 0 then return 0 end
+  redis.call('DEL', keys[1])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.park_periods, park_periods)
+redis.register_function(FUNCTIONS.drop_parked, drop_parked)
+
+--[[
+Rewrite period.closed messages still waiting in a period outbox without an erased user, atomically
+with respect to the relay, which reads, publishes and then deletes an entry: KEYS[1] the outbox (a
+board's, or a deleted board's parked one). ARGV: triples of an entry's id, its message as read,
+and its message rewritten ('' for none: the entry goes). An entry still there with that message
+is replaced by one at the end of the stream, of the same fields but the message; an entry gone
+meanwhile (published) or changed is left alone. An entry deleted while pending is acknowledged by
+the relay's next read. Returns the number of entries replaced or removed.
+]]
+local function erase_period_messages(keys, args)
+  local done = 0
+  for i = 1, #args - 2, 3 do
+    local found = redis.call('XRANGE', keys[1], args[i], args[i])
+    if #found == 1 then
+      local fields, copy, same = found[1][2], {}, false
+      for f = 1, #fields, 2 do
+        if fields[f] == 'm' then
+          same = fields[f + 1] == args[i + 1]
+          table.insert(copy, 'm')
+          table.insert(copy, args[i + 2])
+        else
+          table.insert(copy, fields[f])
+          table.insert(copy, fields[f + 1])
+        end
+      end
+      if same then
+        if args[i + 2] ~= '' then redis.call('XADD', keys[1], '*', unpack(copy)) end
+        redis.call('XDEL', keys[1], args[i])
+        done = done + 1
+      end
+    end
+  end
+  return done
+end
+
+redis.register_function(FUNCTIONS.erase_period_messages, erase_period_messages)

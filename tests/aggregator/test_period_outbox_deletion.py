@@ -1,0 +1,122 @@
+"""A board deleted while ``period.closed`` messages wait in its period outbox (docs/api.md
+section 8b): each still goes out, once, when a queue is bound to ``ladder.periods``; nothing of
+it stays once out, and a fresh board of the name sends its own messages beside them."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+
+from services.aggregator.period_relay import PeriodRelay
+from services.api.eraser import Eraser
+from shared.amqp import connect as connect_broker
+from shared.boards import Board, BoardCatalog
+from shared.erasure import BoardDeletion, to_ms
+from shared.keys import Keys
+from shared.parked_periods import parked_outbox, parked_set
+from shared.settings import LadderSettings
+from shared.topology import Topology
+
+CUP = Board(board_id="cup", periods=("daily",))
+
+
+def message(period_id: str) -> dict[str, str]:
+    """An outbox entry as the close queues it, of the board's daily period ``period_id``."""
+    body = {
+        "schema": 1,
+        "type": "period.closed",
+        "board_id": "cup",
+        "period": "daily",
+        "period_id": period_id,
+        "closed_at": "2026-12-02T00:10:03.000Z",
+        "scopes": {"global": [{"rank": 1, "user_id": "a", "score": 5}]},
+    }
+    return {"m": orjson.dumps(body).decode(), "i": f"cup:daily:{period_id}"}
+
+
+async def board_keys(redis: Redis, keys: Keys) -> list[Any]:
+    return [key async for key in redis.scan_iter(match=keys.board_match("cup"))]
+
+
+async def test_a_board_deleted_with_messages_waiting_still_sends_each_once(
+    settings: LadderSettings, redis: Redis, keys: Keys, broker: Topology
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(CUP)
+    await redis.xadd(keys.periods_outbox("cup"), message("2026-12-01"))
+    relay = PeriodRelay(redis, keys, catalog, settings)
+    stop = asyncio.Event()
+    running = asyncio.create_task(relay.relay_until(stop))
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    try:
+        connection = await connect_broker(settings.amqp_urls)
+        async with connection:
+            channel = await connection.channel()
+            exchange = await broker.declare_periods_exchange(channel)
+            await asyncio.sleep(1.5)  # published mandatory to no queue: it waits, pending
+            assert await redis.xlen(keys.periods_outbox("cup")) == 1
+            # The board deleted (both passes), then made afresh, which closes a period of its own.
+            deletion = BoardDeletion("cup", datetime.now(UTC), False, None)
+            await eraser.delete_boards([deletion])
+            await eraser.delete_boards([deletion])
+            await catalog.put(CUP)
+            await redis.xadd(keys.periods_outbox("cup"), message("2026-12-05"))
+            tap = await channel.declare_queue(exclusive=True)
+            await tap.bind(exchange)
+            got: list[str | None] = []
+            for _ in range(100):
+                one = await tap.get(no_ack=True, fail=False)
+                if one is not None:
+                    got.append(one.message_id)
+                if len(got) == 2:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2)
+            while (one := await tap.get(no_ack=True, fail=False)) is not None:
+                got.append(one.message_id)
+            assert sorted(got) == ["cup:daily:2026-12-01", "cup:daily:2026-12-05"]
+            # Nothing of the deleted board's outbox stays once its messages are out.
+            assert await redis.xlen(keys.periods_outbox("cup")) == 0
+            assert [k for k in await board_keys(redis, keys) if "periods" in k] in (
+                [],
+                [keys.periods_outbox("cup")],
+            )
+            assert await redis.scard(parked_set(keys)) == 0
+    finally:
+        stop.set()
+        await running
+
+
+async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_parked(
+    redis: Redis, keys: Keys
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    first = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    second = BoardDeletion("cup", datetime(2026, 12, 3, tzinfo=UTC), False, None)
+    outbox = keys.periods_outbox("cup")
+    await redis.xadd(outbox, message("2026-11-30"))
+    await eraser.delete_boards([first])
+    # A process that still had the board cached closes a period after the first pass: the
+    # second pass of the same deletion appends it to what the first parked.
+    await redis.xadd(outbox, message("2026-12-01"))
+    await eraser.delete_boards([first])
+    # A fresh board of the name, deleted in turn with a message waiting.
+    await catalog.put(CUP)
+    await redis.xadd(outbox, message("2026-12-02"))
+    await eraser.delete_boards([second])
+    older, newer = (
+        parked_outbox(keys, "cup", to_ms(first.cutoff)),
+        parked_outbox(keys, "cup", to_ms(second.cutoff)),
+    )
+    assert sorted(await board_keys(redis, keys)) == sorted([older, newer])
+    assert await redis.smembers(parked_set(keys)) == {older, newer}
+    ids = {k: [f["i"] for _, f in await redis.xrange(k)] for k in (older, newer)}
+    assert ids == {
+        older: ["cup:daily:2026-11-30", "cup:daily:2026-12-01"],
+        newer: ["cup:daily:2026-12-02"],
+    }
