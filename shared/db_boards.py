@@ -17,13 +17,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import literal, select, text
+from sqlalchemy import literal, select
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from typing_extensions import TypedDict
 
+from shared import db_locks
 from shared.boards import Board
 from shared.db import after_deletion, boards, from_db_time, score_events, snapshots, to_db_time
+from shared.db_locks import named_locks
 from shared.events import rfc3339
 
 LOCK_TIMEOUT_SECONDS = 10
@@ -37,7 +39,7 @@ SNAPSHOT_CHUNK_BYTES = 4 * 1024 * 1024
 Db = AsyncEngine | AsyncConnection
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(db_locks.LockTimeout):
     """Another process held the board definitions lock for too long."""
 
 
@@ -91,24 +93,9 @@ async def definitions_lock(
     Raises :class:`LockTimeout` if the lock is not had within ``wait_seconds``.
     """
     name = f"ladder.boards.{engine.url.database}"[:64]
-    async with engine.connect() as conn:
-        got = await conn.scalar(
-            text("SELECT GET_LOCK(:name, :timeout)"), {"name": name, "timeout": wait_seconds}
-        )
-        await conn.commit()
-        if got != 1:
-            raise LockTimeout("another process is changing board definitions")
-        try:
-            yield conn
-        finally:
-            try:
-                await conn.rollback()
-                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
-                await conn.commit()
-            except Exception:
-                # A named lock lives as long as its session: closing the connection frees it,
-                # and keeps a connection that still holds it out of the pool.
-                await conn.invalidate()
+    refusal = LockTimeout("another process is changing board definitions")
+    async with named_locks(engine, [name], wait_seconds, refusal) as conn:
+        yield conn
 
 
 async def load_boards(db: Db) -> list[Board]:

@@ -44,7 +44,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared import db_locks
 from shared.db import friend_requests, friendships, to_db_time
+from shared.db_locks import named_locks
 
 # Bounds a friends list, and so the friends scope's read, which fetches every friend's score.
 MAX_FRIENDS = 1000
@@ -84,7 +86,7 @@ class RequestsFull(Exception):
         self.user_id = user_id
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(db_locks.LockTimeout):
     """Another change of the same users held their lock for too long."""
 
 
@@ -100,31 +102,11 @@ async def _locked(engine: AsyncEngine, *user_ids: str) -> AsyncIterator[AsyncCon
     """A connection holding the named locks of ``user_ids`` for the block, taken in one order
     (so that two changes never deadlock on them); the block's work is one transaction,
     committed when it ends without an error. Raises :class:`LockTimeout`."""
-    names = sorted({_lock_name(engine, u) for u in user_ids})
-    params = {f"n{i}": name for i, name in enumerate(names)}
-    taking = ", ".join(f"GET_LOCK(:n{i}, :wait)" for i in range(len(names)))
-    releasing = ", ".join(f"RELEASE_LOCK(:n{i})" for i in range(len(names)))
-    async with engine.connect() as conn:
-        try:
-            got = (
-                await conn.execute(text(f"SELECT {taking}"), {**params, "wait": LOCK_WAIT_SECONDS})
-            ).one()
-            # Ends the statement's transaction: the work's first read then sees every change
-            # committed by whoever held the locks before.
-            await conn.commit()
-            if any(g != 1 for g in got):
-                raise LockTimeout("another change of these users' friends is under way")
-            yield conn
-            await conn.commit()
-        finally:
-            try:
-                await conn.rollback()
-                await conn.execute(text(f"SELECT {releasing}"), params)
-                await conn.commit()
-            except Exception:
-                # A named lock lives as long as its session: closing the connection frees it,
-                # and keeps a connection that still holds one out of the pool.
-                await conn.invalidate()
+    names = [_lock_name(engine, u) for u in user_ids]
+    refusal = LockTimeout("another change of these users' friends is under way")
+    async with named_locks(engine, names, LOCK_WAIT_SECONDS, refusal) as conn:
+        yield conn
+        await conn.commit()
 
 
 async def _are_friends(conn: AsyncConnection, user_id: str, friend_id: str) -> bool:

@@ -22,12 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import delete, insert, select, text
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from shared import db_locks
 from shared.db import boards as boards_table
 from shared.db import hidden_users as hidden_table
 from shared.db import to_db_time
+from shared.db_locks import named_locks
 from shared.functions import HIDE_FUNCTION
 from shared.keys import Keys, dirty_member, parse_view
 
@@ -104,7 +106,7 @@ async def move(redis: Redis, keys: Keys, board_id: str, user_id: str, *, show: b
 LOCK_WAIT_SECONDS = 10
 
 
-class LockTimeout(RuntimeError):
+class LockTimeout(db_locks.LockTimeout):
     """Another hide or show of the same user on the same board held its lock for too long."""
 
 
@@ -125,24 +127,9 @@ async def changing(
     # any board and user id short.
     key = f"{engine.url.database}\0{board_id}\0{user_id}".encode()
     name = f"ladder.hidden.{hashlib.sha256(key).hexdigest()[:40]}"
-    async with engine.connect() as conn:
-        got = await conn.scalar(
-            text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS}
-        )
-        await conn.commit()
-        if got != 1:
-            raise LockTimeout("another hide or show of this user is under way")
-        try:
-            yield conn
-        finally:
-            try:
-                await conn.rollback()
-                await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
-                await conn.commit()
-            except Exception:
-                # A named lock lives as long as its session: closing the connection frees it,
-                # and keeps a connection that still holds it out of the pool.
-                await conn.invalidate()
+    refusal = LockTimeout("another hide or show of this user is under way")
+    async with named_locks(engine, [name], LOCK_WAIT_SECONDS, refusal) as conn:
+        yield conn
 
 
 async def store(
