@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +30,7 @@ from services.aggregator.derive import Derive
 from services.api.app import create_app
 from services.api.serving.uvicorn_server import Server, build_server
 from shared.boards import Board, BoardCatalog
+from shared.consumer import ConsumerRunner
 from shared.events import ScoreAccepted, rfc3339
 from shared.functions import DERIVE_FUNCTION
 from shared.keys import Keys
@@ -386,3 +389,55 @@ def assert_waiting_on(health: Any, waiting: Any, dependency: str) -> dict[str, A
     reason = body["reasons"][dependency]
     assert "connect" in reason.lower() and "://" not in reason, reason
     return body
+
+
+def handles_sigterm() -> bool:
+    """Whether this process handles SIGTERM: a service run in it does once it consumes."""
+    return signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+
+
+async def sigterm(task: asyncio.Task[None], within: float = 30) -> None:
+    """Stop a service run in this process (``task``) as a process manager stops it, with
+    SIGTERM, and wait ``within`` seconds for it to end. It must handle SIGTERM already: one sent
+    before would end the test run itself."""
+    assert handles_sigterm(), "the service does not handle SIGTERM yet"
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(asyncio.shield(task), within)
+
+
+@contextlib.asynccontextmanager
+async def in_process(
+    run: Coroutine[Any, Any, None], within: float = 30
+) -> AsyncIterator[asyncio.Task[None]]:
+    """A service's own run (its main coroutine, ``run``) in this process for the block, then
+    stopped within ``within`` seconds: with SIGTERM if it handles it (it consumes), else
+    cancelled (it is still opening its dependencies, and a SIGTERM would end the test run)."""
+    task = asyncio.create_task(run)
+    try:
+        yield task
+    finally:
+        if task.done():
+            pass
+        elif handles_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, within)
+
+
+@contextlib.asynccontextmanager
+async def consuming(runner: ConsumerRunner, within: float) -> AsyncIterator[None]:
+    """``runner`` run for the block, which starts once it consumes (within ``within`` seconds;
+    else the queue would hand over what was published before all at once); stopped at the end
+    and waited for ``within`` seconds."""
+    task = asyncio.create_task(runner.run())
+    try:
+        async with asyncio.timeout(within):
+            # Polling: the runner has no event for being ready.
+            while not runner.ready:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        yield
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, within)

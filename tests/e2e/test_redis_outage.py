@@ -6,10 +6,7 @@ this process, reaching Redis through a relay the test cuts."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
-import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -24,7 +21,7 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import CONSUMERS, Topology
 from tests.api.helpers import post, score
-from tests.helpers import api_client, eventually, global_entry
+from tests.helpers import api_client, eventually, global_entry, in_process, sigterm
 from tests.outage import redis_relayed
 from tests.stack import free_port
 
@@ -57,17 +54,10 @@ SERVICES: dict[str, Callable[[LadderSettings], Coroutine[Any, Any, None]]] = {
 async def running(consumer: str, settings: LadderSettings) -> AsyncIterator[None]:
     """The service's own run, in this process, for the block; stopped as a process manager
     stops it (SIGTERM)."""
-    service = asyncio.create_task(SERVICES[consumer](settings))
-    try:
+    async with in_process(SERVICES[consumer](settings)) as service:
         yield
         # Consuming means the service's signal handlers are in place.
-        os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.wait_for(asyncio.shield(service), 30)
-    finally:
-        if not service.done():
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
+        await sigterm(service)
 
 
 @pytest.mark.parametrize("consumer", ["aggregator", "notifier"])

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -29,6 +27,7 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
+from tests.helpers import in_process, sigterm
 from tests.outage import Outage, redis_relayed, relayed
 
 WAIT = 30.0
@@ -96,17 +95,11 @@ async def history_service(settings: LadderSettings) -> AsyncIterator[None]:
     process manager stops it (SIGTERM)."""
     # Port 0: the health server binds whatever port is free at that moment (a port picked
     # before and bound later may be taken meanwhile; it was, once, on a busy rehearsal).
-    service = asyncio.create_task(history_main.run(settings.model_copy(update={"history_port": 0})))
-    try:
+    run = history_main.run(settings.model_copy(update={"history_port": 0}))
+    async with in_process(run, WAIT) as service:
         yield
         # Consuming means the service's signal handlers are in place.
-        os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.wait_for(asyncio.shield(service), WAIT)
-    finally:
-        if not service.done():
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
+        await sigterm(service, WAIT)
 
 
 async def stored(db: AsyncEngine, *event_ids: str) -> bool:

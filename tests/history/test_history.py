@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -28,7 +26,7 @@ from shared.events import ScoreAccepted, message_body
 from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import T0, server_statement
+from tests.helpers import T0, in_process, server_statement, sigterm
 from tests.helpers import accepted_event as accepted
 from tests.stack import free_port
 
@@ -362,8 +360,7 @@ async def test_the_service_is_ready_then_drains_on_sigterm(
 ) -> None:
     port = free_port()
     service_settings = settings.model_copy(update={"history_port": port})
-    service = asyncio.create_task(history_main.run(service_settings))
-    try:
+    async with in_process(history_main.run(service_settings), WAIT) as service:
         await publish(channel, broker, message_body([accepted("e-1").model_dump_json()]))
 
         async def stored() -> bool:
@@ -376,10 +373,4 @@ async def test_the_service_is_ready_then_drains_on_sigterm(
         assert ready.json()["dependencies"] == {"broker": "up", "redis": "up", "mysql": "up"}
 
         # Consuming means the service's signal handlers are in place.
-        os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.wait_for(asyncio.shield(service), WAIT)
-    finally:
-        if not service.done():
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
+        await sigterm(service, WAIT)

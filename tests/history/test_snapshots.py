@@ -4,9 +4,6 @@ on its ticker, stores their top N in MySQL; the API answers the newest taken by 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,7 +25,7 @@ from shared.periods import Period
 from shared.ranking import MAX_SCORE, member, parse_record, record, signed, sub_part, tie_key
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import eventually
+from tests.helpers import eventually, in_process, sigterm
 from tests.stack import free_port
 
 T1 = datetime(2026, 11, 29, 17, 0, tzinfo=UTC)
@@ -313,8 +310,7 @@ async def test_the_history_service_snapshots_what_it_consumes(
     await BoardCatalog(redis, keys).ensure_defaults()
     await write_view(redis, keys, MAIN_BOARD, "alltime", "all", "region:eu", {"u-1": 5})
     connection = await connect_broker(settings.amqp_urls)
-    service = asyncio.create_task(history_main.run(service_settings))
-    try:
+    async with in_process(history_main.run(service_settings), 15) as service:
         async with connection:
             channel = await connection.channel(publisher_confirms=True)
             await broker.declare(channel)
@@ -335,13 +331,7 @@ async def test_the_history_service_snapshots_what_it_consumes(
         assert snapshot["entries"] == [
             {"rank": 1, "user_id": "u-1", "score": 5, "display_name": None, "metadata": None}
         ]
-        os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.wait_for(asyncio.shield(service), 15)
-    finally:
-        if not service.done():
-            service.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await service
+        await sigterm(service, 15)
 
 
 async def test_snapshots_with_full_metadata_are_stored_in_statements_mysql_takes(

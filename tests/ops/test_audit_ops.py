@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,7 +27,7 @@ from shared.redis import open_redis
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.api.helpers import SCORES, add_board, assert_problem, score
-from tests.helpers import SERVER, api_client, eventually
+from tests.helpers import SERVER, api_client, eventually, in_process
 from tests.outage import relayed
 from tests.stack import free_port
 
@@ -151,26 +149,6 @@ async def test_readyz_is_quick_with_the_library_in_place(
     assert all(body["dependencies"]["redis"] == "up" for _, body in answers)
 
 
-@contextlib.asynccontextmanager
-async def _consumer(service: str, settings: LadderSettings) -> AsyncIterator[None]:
-    """The consumer's own run in this process for the block, once consuming (its ops port
-    ready), stopped at the end as a process manager stops it: SIGTERM, which it handles."""
-    task = asyncio.create_task(CONSUMERS[service](settings))
-    try:
-        yield
-    finally:
-        if task.done():
-            pass
-        elif signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            # Not handling SIGTERM yet (still opening its dependencies): a SIGTERM now would
-            # end the test run itself.
-            task.cancel()
-        else:
-            os.kill(os.getpid(), signal.SIGTERM)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 30)
-
-
 @pytest.mark.parametrize("service", ["aggregator", "notifier"])
 async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
     service: str, settings: LadderSettings, broker: Topology, own_redis: OwnRedis
@@ -185,7 +163,10 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
         }
     )
     ops = f"http://127.0.0.1:{port}"
-    async with _consumer(service, settings), httpx.AsyncClient(base_url=ops, timeout=5) as client:
+    async with (
+        in_process(CONSUMERS[service](settings)),
+        httpx.AsyncClient(base_url=ops, timeout=5) as client,
+    ):
 
         async def status(wanted: int) -> tuple[int, dict[str, Any]] | None:
             with contextlib.suppress(httpx.TransportError):
@@ -251,7 +232,7 @@ async def test_a_consumers_readyz_flips_while_a_dependency_goes_away_and_back(
         )
         ops = f"http://127.0.0.1:{port}"
         async with (
-            _consumer(service, settings),
+            in_process(CONSUMERS[service](settings)),
             httpx.AsyncClient(base_url=ops, timeout=5) as client,
         ):
 

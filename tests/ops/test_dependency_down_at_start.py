@@ -8,10 +8,7 @@ opens."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,7 +21,7 @@ from services.history import main as history_main
 from services.notifier import main as notifier_main
 from shared.settings import LadderSettings
 from shared.topology import Topology
-from tests.helpers import assert_waiting_on, eventually
+from tests.helpers import assert_waiting_on, eventually, in_process, sigterm
 from tests.outage import Outage
 from tests.stack import free_port
 
@@ -46,26 +43,6 @@ def _relay_of(url: str) -> Outage:
     """A relay in front of the server of ``url``, closed until the test opens it."""
     parts = urlsplit(url)
     return Outage(parts.hostname or "127.0.0.1", parts.port or 0)
-
-
-@contextlib.asynccontextmanager
-async def running(service: str, settings: LadderSettings) -> AsyncIterator[asyncio.Task[None]]:
-    """The service's own run, in this process, for the block: stopped as a process manager stops
-    it (SIGTERM) if it got as far as consuming, else cancelled."""
-    task = asyncio.create_task(SERVICES[service](settings))
-    try:
-        yield task
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 30)
-
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    # Consuming means the service's signal handlers are in place.
-    os.kill(os.getpid(), signal.SIGTERM)
-    await asyncio.wait_for(asyncio.shield(task), 30)
 
 
 async def _ops(port: int) -> tuple[httpx.Response, httpx.Response]:
@@ -116,13 +93,13 @@ async def test_a_consumer_started_with_a_dependency_down_answers_and_says_why(
         }
     )
     try:
-        async with running(service, settings) as task:
+        async with in_process(SERVICES[service](settings)) as task:
             # Well past the first failed try (0.5 s for Redis, 1 s for MySQL).
             await asyncio.sleep(1.5)
             health, waiting = await _ops(port)
             await relay.restore()
             await eventually(lambda: _ready(port), within=30)
-            await _stop(task)
+            await sigterm(task)
     finally:
         await relay.cut()
 
