@@ -32,6 +32,7 @@ from shared.settings import LadderSettings
 from shared.topology import Consumer, Topology
 from tests.api.helpers import get_ok, post, score
 from tests.helpers import UNREACHABLE_BROKER, api_client
+from tests.helpers import consuming as runner_consuming
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -49,15 +50,8 @@ async def consuming(
     settings: LadderSettings, broker: Topology, name: Consumer, handler: Handler
 ) -> AsyncIterator[None]:
     runner = ConsumerRunner(name=name, amqp_url=settings.amqp_url, topology=broker, handler=handler)
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(WAIT):
-            while not runner.ready:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
+    async with runner_consuming(runner, WAIT):
         yield
-    finally:
-        runner.stop()
-        await asyncio.wait_for(task, WAIT)
 
 
 def sample(consumer: str, outcome: str) -> float:

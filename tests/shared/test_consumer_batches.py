@@ -17,6 +17,7 @@ from shared.events import ScoreAccepted, message_body
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
+from tests.helpers import consuming as runner_consuming
 
 WAIT = 15.0
 # Between two messages: ten times the push path's gap, well inside the window.
@@ -57,16 +58,8 @@ async def consuming(
         flush_ms=WINDOW_MS,
         idle_gap=idle_gap,
     )
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(WAIT):
-            # Polling: the runner has no event for being ready.
-            while not runner.ready:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
+    async with runner_consuming(runner, WAIT):
         yield handler
-    finally:
-        runner.stop()
-        await asyncio.wait_for(task, WAIT)
 
 
 async def publish(channel: AbstractChannel, broker: Topology, event_id: str) -> None:

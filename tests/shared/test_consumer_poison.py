@@ -23,6 +23,7 @@ from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from shared.topology import Topology
 from tests.helpers import accepted_event as accepted
+from tests.helpers import consuming as runner_consuming
 
 WAIT = 15.0
 # Long enough for the two messages of a test to be taken in one batch.
@@ -66,16 +67,8 @@ async def consuming(
         flush_ms=WINDOW_MS,
         idle_gap=None,
     )
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(WAIT):
-            # Polling: the runner has no event for being ready.
-            while not runner.ready:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
+    async with runner_consuming(runner, WAIT):
         yield
-    finally:
-        runner.stop()
-        await asyncio.wait_for(task, WAIT)
 
 
 async def publish(channel: AbstractChannel, broker: Topology, body: bytes) -> None:
