@@ -4,15 +4,18 @@ check that a refusal is a proper problem."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
+from services.api import eraser
 from shared.boards import Board
 from shared.keys import Keys
-from tests.helpers import ADMIN, SERVER
+from tests.helpers import ADMIN, SERVER, eventually
 
 SCORES = "/v1/boards/main/scores"
 LEADERBOARD = "/v1/boards/main/leaderboard"
@@ -108,6 +111,26 @@ async def done(client: httpx.AsyncClient, path: str) -> bool:
     response = await client.get(path, headers=ADMIN)
     assert response.status_code == 200, response.text
     return bool(response.json()["status"] == "done")
+
+
+async def erase_u_a(
+    client: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+    meanwhile: Callable[[], Awaitable[None]],
+) -> None:
+    """User u-a scores 50 and is erased, with ``meanwhile`` run during the erasure's last pass:
+    after its hides, friendships and requests are dropped, before its snapshots are erased."""
+    original = eraser.erase_from_snapshots
+
+    async def last_step(engine: Any, user_id: str) -> None:
+        await meanwhile()
+        await original(engine, user_id)
+
+    monkeypatch.setattr(eraser, "erase_from_snapshots", last_step)
+    await post(client, score(user_id="u-a", value=50))
+    assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
+    await eventually(lambda: done(client, "/v1/erasures/u-a"), within=30)
+    monkeypatch.setattr(eraser, "erase_from_snapshots", original)
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:

@@ -3,33 +3,22 @@ its friend list both ways and its pending requests go), against the real Redis a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api import eraser
-from shared.db import friend_requests, friendships, open_engine
+from shared.db import friend_requests, friendships
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import done, post, score
-from tests.helpers import ADMIN, SERVER, api_client, eventually, player
+from tests.api.helpers import erase_u_a
+from tests.helpers import SERVER, api_client, player
 
-pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
-
-
-@pytest.fixture
-def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The suite's quiet settings, on the test's own migrated database."""
-    return quiet
-
-
-@pytest.fixture
-async def db(quiet: LadderSettings) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(quiet.mysql_url) as engine:
-        yield engine
+# Every test on its own migrated database, which the API's quiet settings name.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning"),
+    pytest.mark.usefixtures("mysql_database"),
+]
 
 
 async def test_a_friendship_asked_while_the_user_is_being_erased_leaves_nothing_after_it(
@@ -43,10 +32,9 @@ async def test_a_friendship_asked_while_the_user_is_being_erased_leaves_nothing_
     events and snapshots. A friendship, or a request, made in between was answered (204, 202)
     and kept for good: the erased id named in MySQL and in a friend set once the erasure was
     done. While the erasure is pending they are refused with 503, as its score writes are."""
-    original = eraser.erase_from_snapshots
     answers: list[int] = []
 
-    async def befriend_meanwhile(engine: AsyncEngine, user_id: str) -> None:
+    async def befriend_meanwhile() -> None:
         # The erasure's last step, after its friends are gone: friend changes come now.
         for path, headers in (
             ("/v1/users/u-b/friends/u-a", SERVER),
@@ -54,14 +42,9 @@ async def test_a_friendship_asked_while_the_user_is_being_erased_leaves_nothing_
             ("/v1/users/u-d/friends/u-a", player("u-d")),
         ):
             answers.append((await client.put(path, headers=headers)).status_code)
-        await original(engine, user_id)
 
-    monkeypatch.setattr(eraser, "erase_from_snapshots", befriend_meanwhile)
     async with api_client(quiet) as client:
-        await post(client, score(user_id="u-a", value=50))
-        assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
-        await eventually(lambda: done(client, "/v1/erasures/u-a"), within=30)
-        monkeypatch.setattr(eraser, "erase_from_snapshots", original)
+        await erase_u_a(client, monkeypatch, befriend_meanwhile)
 
         async with db.connect() as conn:
             pairs = await conn.execute(select(friendships.c.user_id, friendships.c.friend_id))

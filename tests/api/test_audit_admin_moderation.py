@@ -5,7 +5,6 @@ database, the board's set of hidden users and the views alike."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,28 +13,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api import eraser
 from shared import hidden
-from shared.db import open_engine
 from shared.erasure import BoardDeletion
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import LEADERBOARD, done, get_ok, post, score
+from tests.api.helpers import LEADERBOARD, done, erase_u_a, get_ok, post, score
 from tests.helpers import ADMIN, api_client, eventually
 
-pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+# Every test on its own migrated database, which the API's quiet settings name.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning"),
+    pytest.mark.usefixtures("mysql_database"),
+]
 
 HIDDEN = "/v1/boards/main/users/u-a/hidden"
-
-
-@pytest.fixture
-def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The suite's quiet settings, on the test's own migrated database."""
-    return quiet
-
-
-@pytest.fixture
-async def db(quiet: LadderSettings) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(quiet.mysql_url) as engine:
-        yield engine
 
 
 @pytest.mark.parametrize("first", ["hide", "show"])
@@ -150,20 +140,14 @@ async def test_a_hide_asked_while_the_user_is_being_erased_leaves_nothing_after_
     erasure's last pass ran after it had dropped the user's hides was answered 204 and kept for
     good, in MySQL and in the board's set: the erased user's id named in the history database,
     and a fresh user of that id hidden from its first write."""
-    original = eraser.erase_from_snapshots
     answers: list[int] = []
 
-    async def hide_meanwhile(engine: AsyncEngine, user_id: str) -> None:
+    async def hide_meanwhile() -> None:
         # The erasure's last step, after its hides and friends are gone: a hide comes now.
         answers.append((await client.put(HIDDEN, headers=ADMIN)).status_code)
-        await original(engine, user_id)
 
-    monkeypatch.setattr(eraser, "erase_from_snapshots", hide_meanwhile)
     async with api_client(quiet) as client:
-        await post(client, score(user_id="u-a", value=50))
-        assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
-        await eventually(lambda: done(client, "/v1/erasures/u-a"), within=30)
-        monkeypatch.setattr(eraser, "erase_from_snapshots", original)
+        await erase_u_a(client, monkeypatch, hide_meanwhile)
 
         async with db.connect() as conn:
             assert await hidden.stored(conn, "main") == []

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,14 +28,17 @@ from services.aggregator.tops import fingerprint_of
 from services.history.snapshotter import Snapshotter, changed_views
 from shared import hidden
 from shared.boards import MAIN_BOARD, BoardCatalog
-from shared.db import open_engine
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from tests.api.helpers import LEADERBOARD, assert_problem, get_ok, rfc
 from tests.helpers import ADMIN, SERVER, api_client, derive, player, serve, until_pong
 
-pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
+# Every test on its own migrated database, which the API's quiet settings name.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning"),
+    pytest.mark.usefixtures("mysql_database"),
+]
 
 FEED_LENGTH: int = LadderSettings.model_fields["feed_length"].default
 HIDDEN = "/v1/boards/main/users/{}/hidden"
@@ -48,18 +50,6 @@ SCORES = [
     ("u-c", "us", "blue", 30),
     ("u-d", "eu", "blue", 20),
 ]
-
-
-@pytest.fixture
-def quiet(quiet: LadderSettings, mysql_database: str) -> LadderSettings:
-    """The suite's quiet settings, on the test's own migrated database."""
-    return quiet
-
-
-@pytest.fixture
-async def db(quiet: LadderSettings) -> AsyncIterator[AsyncEngine]:
-    async with open_engine(quiet.mysql_url) as engine:
-        yield engine
 
 
 class Aggregator:
