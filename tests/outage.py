@@ -27,6 +27,14 @@ class Outage:
         self._links: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
+    def through(self, url: str) -> str:
+        """``url`` (of the server this relays to) with its host and port the relay's."""
+        parts = urlsplit(url)
+        credentials = parts.netloc.rpartition("@")
+        return urlunsplit(
+            parts._replace(netloc=f"{credentials[0]}{credentials[1]}127.0.0.1:{self.port}")
+        )
+
     async def restore(self) -> None:
         """Listen (again): connections reach the server."""
         self._server = await asyncio.start_server(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -34,17 +34,12 @@ pytestmark = [
 ]
 
 
-def _through(url: str, outage: Outage) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"127.0.0.1:{outage.port}"))
-
-
 async def test_the_api_started_without_redis_answers_and_opens_it_once_it_answers(
     quiet: LadderSettings, redis: Redis, mysql_database: str
 ) -> None:
     target = urlsplit(quiet.redis_url)
     relay = Outage(target.hostname or "127.0.0.1", target.port or 6379)
-    settings = quiet.model_copy(update={"redis_url": _through(quiet.redis_url, relay)})
+    settings = quiet.model_copy(update={"redis_url": relay.through(quiet.redis_url)})
     try:
         async with (
             asyncio.timeout(60),
@@ -89,7 +84,7 @@ async def test_an_api_that_finds_its_redis_without_its_database_once_it_answers_
 ) -> None:
     target = urlsplit(quiet.redis_url)
     relay = Outage(target.hostname or "127.0.0.1", target.port or 6379)
-    beyond = _through(quiet.redis_url, relay).rsplit("/", 1)[0] + "/99999"
+    beyond = relay.through(quiet.redis_url).rsplit("/", 1)[0] + "/99999"
     try:
         async with (
             asyncio.timeout(60),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -30,13 +30,6 @@ SERVICES: dict[str, Callable[[LadderSettings], Coroutine[Any, Any, None]]] = {
     "history": history_main.run,
     "notifier": notifier_main.run,
 }
-
-
-def _through(url: str, outage: Outage) -> str:
-    """``url`` with its host and port the relay's."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{netloc[0]}{netloc[1]}127.0.0.1:{outage.port}"))
 
 
 def _relay_of(url: str) -> Outage:
@@ -87,7 +80,7 @@ async def test_a_consumer_started_with_a_dependency_down_answers_and_says_why(
     relay = _relay_of(getattr(settings, setting))
     settings = settings.model_copy(
         update={
-            setting: _through(getattr(settings, setting), relay),
+            setting: relay.through(getattr(settings, setting)),
             f"{service}_port": port,
             "shutdown_grace_seconds": 2.0,
         }
