@@ -9,9 +9,9 @@ import asyncio
 import contextlib
 import subprocess
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -91,6 +91,35 @@ async def _readiness(client: httpx.AsyncClient) -> tuple[int, dict[str, Any]]:
     return answer.status_code, body
 
 
+async def _status(client: httpx.AsyncClient, wanted: int) -> tuple[int, dict[str, Any]] | None:
+    """``/readyz``'s status and body if its status is ``wanted``; else (or while nothing
+    listens yet) None."""
+    with contextlib.suppress(httpx.TransportError):
+        answer = await _readiness(client)
+        return answer if answer[0] == wanted else None
+    return None
+
+
+async def _past_stale_connections(client: httpx.AsyncClient) -> tuple[int, dict[str, Any]] | None:
+    """``/readyz`` once its Redis is no longer reached through a connection to the stopped
+    server: the pool's connections to it fail once each, then are made anew."""
+    answer = await _readiness(client)
+    why = answer[1]["reasons"].get("redis", "")
+    return None if why.startswith("ConnectionError") else answer
+
+
+@contextlib.asynccontextmanager
+async def _consumer(service: str, settings: LadderSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """The consumer run in this process for the block (see ``in_process``), and a client of its
+    ops port (``<service>_port`` of ``settings``)."""
+    ops = f"http://127.0.0.1:{getattr(settings, f'{service}_port')}"
+    async with (
+        in_process(CONSUMERS[service](settings)),
+        httpx.AsyncClient(base_url=ops, timeout=5) as client,
+    ):
+        yield client
+
+
 async def test_readyz_follows_a_redis_that_stops_and_comes_back_empty(
     quiet: LadderSettings, own_redis: OwnRedis
 ) -> None:
@@ -106,14 +135,7 @@ async def test_readyz_follows_a_redis_that_stops_and_comes_back_empty(
         # Back without its data: it answers a ping, but every write and read fails.
         own_redis.start()
         read = await client.get("/v1/boards/main/leaderboard")
-
-        async def past_stale_connections() -> tuple[int, dict[str, Any]] | None:
-            # The pool's connections to the stopped server fail once each, then are made anew.
-            answer = await _readiness(client)
-            why = answer[1]["reasons"].get("redis", "")
-            return None if why.startswith("ConnectionError") else answer
-
-        back_empty = await eventually(past_stale_connections, within=5)
+        back_empty = await eventually(lambda: _past_stale_connections(client), within=5)
 
         # What `make rebuild` does first: the library loaded again.
         async with open_redis(own_redis.url, load_functions=True):
@@ -162,34 +184,17 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
             "shutdown_grace_seconds": 1.0,
         }
     )
-    ops = f"http://127.0.0.1:{port}"
-    async with (
-        in_process(CONSUMERS[service](settings)),
-        httpx.AsyncClient(base_url=ops, timeout=5) as client,
-    ):
-
-        async def status(wanted: int) -> tuple[int, dict[str, Any]] | None:
-            with contextlib.suppress(httpx.TransportError):
-                answer = await _readiness(client)
-                return answer if answer[0] == wanted else None
-            return None
-
-        await eventually(lambda: status(200), within=15)
+    async with _consumer(service, settings) as client:
+        await eventually(lambda: _status(client, 200), within=15)
         head = await client.head("/readyz")
         own_redis.stop()
-        down = await eventually(lambda: status(503), within=5)
+        down = await eventually(lambda: _status(client, 503), within=5)
         # Back without its data: it answers a ping, but its handler calls the library.
         own_redis.start()
-
-        async def past_stale_connections() -> tuple[int, dict[str, Any]] | None:
-            answer = await _readiness(client)
-            why = answer[1]["reasons"].get("redis", "")
-            return None if why.startswith("ConnectionError") else answer
-
-        back_empty = await eventually(past_stale_connections, within=5)
+        back_empty = await eventually(lambda: _past_stale_connections(client), within=5)
         async with open_redis(own_redis.url, load_functions=True):
             pass
-        again = await eventually(lambda: status(200), within=5)
+        again = await eventually(lambda: _status(client, 200), within=5)
 
     # HEAD answers as GET does, without the body (on the API as well, below).
     assert (head.status_code, head.content) == (200, b"")
@@ -198,13 +203,6 @@ async def test_a_consumers_readyz_follows_a_redis_that_comes_back_empty(
     assert back_empty[1]["dependencies"]["redis"] == "down"
     assert "function library" in back_empty[1]["reasons"]["redis"]
     assert again[1]["dependencies"] == {"broker": "up", "redis": "up"}
-
-
-def _through(url: str, port: int) -> str:
-    """``url`` with its host and port a relay's on ``port``."""
-    parts = urlsplit(url)
-    credentials = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{credentials[0]}{credentials[1]}127.0.0.1:{port}"))
 
 
 @pytest.mark.parametrize(
@@ -225,28 +223,17 @@ async def test_a_consumers_readyz_flips_while_a_dependency_goes_away_and_back(
     async with relayed(target.hostname or "127.0.0.1", target.port or 0) as relay:
         settings = settings.model_copy(
             update={
-                setting: _through(getattr(settings, setting), relay.port),
+                setting: relay.through(getattr(settings, setting)),
                 f"{service}_port": port,
                 "shutdown_grace_seconds": 1.0,
             }
         )
-        ops = f"http://127.0.0.1:{port}"
-        async with (
-            in_process(CONSUMERS[service](settings)),
-            httpx.AsyncClient(base_url=ops, timeout=5) as client,
-        ):
-
-            async def status(wanted: int) -> tuple[int, dict[str, Any]] | None:
-                with contextlib.suppress(httpx.TransportError):
-                    answer = await _readiness(client)
-                    return answer if answer[0] == wanted else None
-                return None
-
-            await eventually(lambda: status(200), within=20)
+        async with _consumer(service, settings) as client:
+            await eventually(lambda: _status(client, 200), within=20)
             await relay.cut()
-            down = await eventually(lambda: status(503), within=15)
+            down = await eventually(lambda: _status(client, 503), within=15)
             await relay.restore()
-            again = await eventually(lambda: status(200), within=20)
+            again = await eventually(lambda: _status(client, 200), within=20)
 
     assert down[1]["dependencies"][dependency] == "down"
     assert down[1]["reasons"][dependency]
