@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,6 +44,39 @@ async def score(
     model.apply("eu", user, value, None, at, None)
 
 
+async def walk_pages(
+    client: httpx.AsyncClient,
+    model: Model,
+    board: str,
+    scope: str,
+    limit: Callable[[], int],
+    move: Callable[[set[str]], Awaitable[None]],
+) -> None:
+    """Read ``scope`` of ``board`` page by page, each page of ``limit()`` entries, and
+    ``move`` users between two pages (it adds each it moves to the set it is given). The pages,
+    kept to the users that never moved, hold each of them once, in the model's order."""
+    seen: list[str] = []
+    moved: set[str] = set()
+    cursor: str | None = None
+    for _ in range(200):
+        params: dict[str, Any] = {"scope": scope, "limit": limit()}
+        if cursor is not None:
+            params["cursor"] = cursor
+        path = f"/v1/boards/{board}/leaderboard"
+        response = await client.get(path, params=params, headers=SERVER)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        seen += [e["user_id"] for e in page["entries"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        await move(moved)
+    else:
+        raise AssertionError("the pages never ended")
+    still = [row[0] for row in model.ranked(model.regions["eu"]) if row[0] not in moved]
+    assert [u for u in seen if u not in moved] == still, (scope, sorted(moved))
+
+
 async def walk(
     client: httpx.AsyncClient,
     model: Model,
@@ -51,30 +85,15 @@ async def walk(
     scope: str,
     moments: list[int],
 ) -> None:
-    seen: list[str] = []
-    moved: set[str] = set()
-    cursor: str | None = None
-    for _ in range(200):
-        params: dict[str, Any] = {"scope": scope, "limit": rng.choice([1, 2, 3, 5])}
-        if cursor is not None:
-            params["cursor"] = cursor
-        response = await client.get(
-            f"/v1/boards/{board}/leaderboard", params=params, headers=SERVER
-        )
-        assert response.status_code == 200, response.text
-        page = response.json()
-        seen += [e["user_id"] for e in page["entries"]]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
+    """Up to two users score between two pages."""
+
+    async def move(moved: set[str]) -> None:
         for _ in range(rng.randint(0, 2)):
             user = rng.choice(USERS)
             moved.add(user)
             await score(client, model, board, user, rng.choice([-3, -1, 0, 1, 3]), moments[-1])
-    else:
-        raise AssertionError("the pages never ended")
-    still = [row[0] for row in model.ranked(model.regions["eu"]) if row[0] not in moved]
-    assert [u for u in seen if u not in moved] == still, (scope, sorted(moved))
+
+    await walk_pages(client, model, board, scope, lambda: rng.choice([1, 2, 3, 5]), move)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -114,27 +133,13 @@ async def walk_merged(
     moments: list[int],
 ) -> None:
     """The friends scope moves only when merged: each move is merged before the next page."""
-    seen: list[str] = []
-    moved: set[str] = set()
-    cursor: str | None = None
-    for _ in range(200):
-        params: dict[str, Any] = {"scope": f"friends:{USERS[0]}", "limit": rng.choice([1, 2, 3])}
-        if cursor is not None:
-            params["cursor"] = cursor
-        path = f"/v1/boards/{board.board_id}/leaderboard"
-        response = await client.get(path, params=params, headers=SERVER)
-        assert response.status_code == 200, response.text
-        page = response.json()
-        seen += [e["user_id"] for e in page["entries"]]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            break
+
+    async def move(moved: set[str]) -> None:
         if rng.random() < 0.5:
             user = rng.choice(USERS)
             moved.add(user)
             await score(client, model, board.board_id, user, rng.choice([-1, 1]), moments[-1])
             await aggregate(redis, keys, board)
-    else:
-        raise AssertionError("the pages never ended")
-    still = [row[0] for row in model.ranked(model.regions["eu"]) if row[0] not in moved]
-    assert [u for u in seen if u not in moved] == still, sorted(moved)
+
+    scope = f"friends:{USERS[0]}"
+    await walk_pages(client, model, board.board_id, scope, lambda: rng.choice([1, 2, 3]), move)
