@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from services.api import eraser
+from services.api.erased_rows import erase_from_snapshots
 from shared.boards import Board
 from shared.keys import Keys
 from tests.helpers import ADMIN, SERVER, eventually
@@ -120,17 +121,16 @@ async def erase_u_a(
 ) -> None:
     """User u-a scores 50 and is erased, with ``meanwhile`` run during the erasure's last pass:
     after its hides, friendships and requests are dropped, before its snapshots are erased."""
-    original = eraser.erase_from_snapshots
 
     async def last_step(engine: Any, user_id: str) -> None:
         await meanwhile()
-        await original(engine, user_id)
+        await erase_from_snapshots(engine, user_id)
 
     monkeypatch.setattr(eraser, "erase_from_snapshots", last_step)
     await post(client, score(user_id="u-a", value=50))
     assert (await client.delete("/v1/users/u-a", headers=ADMIN)).status_code == 202
     await eventually(lambda: done(client, "/v1/erasures/u-a"), within=30)
-    monkeypatch.setattr(eraser, "erase_from_snapshots", original)
+    monkeypatch.setattr(eraser, "erase_from_snapshots", erase_from_snapshots)
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
