@@ -8,8 +8,6 @@ own exchange and queues (its broker prefix), so a running `make up` is not distu
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import subprocess
 from collections.abc import AsyncIterator
@@ -27,6 +25,7 @@ from shared.consumer import ConsumerRunner
 from shared.events import ScoreAccepted
 from shared.settings import LadderSettings
 from shared.topology import Topology, connection_name, consumer_tag
+from tests.helpers import consuming as runner_consuming
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,18 +49,8 @@ async def consuming(settings: LadderSettings, broker: Topology) -> AsyncIterator
     runner = ConsumerRunner(
         name="aggregator", amqp_url=settings.amqp_url, topology=broker, handler=_ignore
     )
-    task = asyncio.create_task(runner.run())
-    try:
-        await eventually(lambda: _true_or_none(runner.ready), within=15)
+    async with runner_consuming(runner, 15):
         yield runner
-    finally:
-        runner.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 15)
-
-
-async def _true_or_none(value: bool) -> bool | None:
-    return True if value else None
 
 
 async def test_the_monitor_logs_in_with_the_monitoring_tag(monitor: httpx.AsyncClient) -> None:
