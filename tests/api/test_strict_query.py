@@ -4,6 +4,7 @@ them, after the credential and the board are judged, and change nothing."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import httpx
@@ -20,7 +21,14 @@ from services.api.strict_query import Declared, StrictQueryRoute, declared_of, e
 from shared.boards import Board
 from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import LEADERBOARD, SCORES, add_board, assert_problem, score
+from tests.api.helpers import (
+    LEADERBOARD,
+    SCORES,
+    add_board,
+    assert_problem,
+    period_ids,
+    score,
+)
 from tests.helpers import ADMIN, SERVER, api_client, snapshot
 
 BATCH = "/v1/boards/main/scores/batch"
@@ -94,6 +102,15 @@ async def test_the_reads_answer_with_one_value_of_each_declared_parameter(
         _named(response, ("aroud", "extra_forbidden"))
         response = await client.get("/healthz?verbose=1")
         _named(response, ("verbose", "extra_forbidden"))
+        # The ranks read's period_id is a list: several values, one of each kind (its answers:
+        # tests/api/test_reads.py, test_the_ranks_call_answers_every_period_and_scope).
+        ids = period_ids(datetime.now(UTC))
+        ranks = f"/v1/boards/main/users/u-1/ranks?period_id={ids['daily']}"
+        one = await client.get(ranks, headers=SERVER)
+        two = await client.get(f"{ranks}&period_id={ids['weekly']}", headers=SERVER)
+        assert one.status_code == two.status_code != 422, two.text
+        response = await client.get(f"{ranks}&rank_style=dense&rank_style=dense", headers=SERVER)
+        _named(response, ("rank_style", REPEATED))
 
 
 async def test_the_query_errors_come_with_the_others_after_the_credential_and_the_board(
