@@ -56,7 +56,8 @@ Ladder keeps game leaderboards live. Game servers post scores; players read glob
 and per-period boards and their own rank, and get pushes over the WebSocket at `/v1/ws`.
 
 Credentials: `Authorization: Bearer <server key | admin key | player JWT>`. Errors are
-`application/problem+json`.
+`application/problem+json`. A route takes only the query parameters listed for it, each once:
+another, or one given twice, is a 422 naming it.
 """
 
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[dict[str, ApiState]]]

@@ -131,7 +131,7 @@ _PROBLEM_TEXTS = {
     405: "Method not allowed on this path (with Allow)",
     409: "Conflict",
     413: "Body too large",
-    422: "Validation failed",
+    422: "Validation failed (a query parameter the route does not take, or given twice, too)",
     429: "Rate limited (with Retry-After)",
     503: "A dependency is down (with Retry-After)",
 }

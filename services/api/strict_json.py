@@ -18,7 +18,8 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
+
+from services.api.strict_query import StrictQueryRoute
 
 
 def _not_json(word: str) -> Any:
@@ -80,8 +81,9 @@ def malformed_in(errors: Any) -> bool:
     return any(isinstance(error.get("input"), Malformed) for error in errors)
 
 
-class StrictJsonRoute(APIRoute):
-    """A route whose JSON body is read by :func:`loads` (:class:`StrictJsonRequest`)."""
+class StrictJsonRoute(StrictQueryRoute):
+    """A route whose JSON body is read by :func:`loads` (:class:`StrictJsonRequest`), and whose
+    query string is checked as strictly (services/api/strict_query.py)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -13,10 +13,11 @@ from sqlalchemy import text
 from services.api import errors
 from services.api.relay.outbox import unroutable_boards
 from services.api.state import ApiState
+from services.api.strict_query import StrictQueryRoute
 from shared.ops import metrics_response, readiness_response, run_checks
 from shared.redis import check_library
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictQueryRoute)
 
 
 class Health(BaseModel):

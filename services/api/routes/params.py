@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.api.errors import Invalid
 from services.api.reads import views
 from services.api.reads.styles import RankStyle
+from services.api.strict_query import query_errors
 from shared.boards import BOARD_ID_PATTERN
 from shared.events import USER_ID_PATTERN
 from shared.periods import Period
@@ -206,11 +207,14 @@ _QUERIES_KEPT = 512
 
 def query_of(model: type[Q], request: Request, errors: list[dict[str, Any]]) -> Q:
     """The query as ``model`` in one validation, or one 422 naming its errors after ``errors``
-    (those of the path), as FastAPI would. ``model`` is frozen: one instance serves every read
-    of the same query string."""
+    (those of the path), as FastAPI would, with a parameter the route does not declare or one
+    given twice. ``model`` is frozen: one instance serves every read of the same query string
+    (which was checked once)."""
     key = (model, request.scope["query_string"])
     query = _QUERIES.get(key)
     if query is None:
+        # A parameter the route does not declare, or one given twice (strict_query.py).
+        refused = query_errors(request)
         try:
             query = model.model_validate(dict(request.query_params))
         except ValidationError as exc:
@@ -218,7 +222,9 @@ def query_of(model: type[Q], request: Request, errors: list[dict[str, Any]]) -> 
                 {**e, "loc": ("query", *e["loc"])}
                 for e in exc.errors(include_url=False, include_context=False)
             ]
-            raise RequestValidationError(errors) from None
+            raise RequestValidationError(errors + refused) from None
+        if refused:
+            raise RequestValidationError(errors + refused)
         if len(_QUERIES) >= _QUERIES_KEPT:
             del _QUERIES[next(iter(_QUERIES))]
         _QUERIES[key] = query

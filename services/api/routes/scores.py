@@ -27,6 +27,7 @@ from services.api.errors import (
 from services.api.routes.params import DirectRoute, NoIdempotencyKey, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board, opened
 from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
+from services.api.strict_query import query_errors
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
 from services.api.write.submit import (
@@ -120,6 +121,8 @@ async def _score_of(request: Request) -> tuple[ScoreIn, str | None]:
                 {**e, "loc": ("body", *e["loc"])}
                 for e in exc.errors(include_url=False, include_context=False)
             ]
+    # It declares no query parameter: any is refused (strict_query.py).
+    errors += query_errors(request)
     if errors or score is None:
         raise RequestValidationError(errors)
     return score, key
