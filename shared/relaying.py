@@ -281,12 +281,7 @@ class StreamRelay(ABC):
         yet confirmed), from ``">"`` new ones. An entry deleted while pending comes back without
         its fields: it is acknowledged, which ends its pendency, and left out. ``None`` if the
         stream is gone (its board was deleted) or has no group (:meth:`_grouped`)."""
-        reply = await self._grouped(
-            stream,
-            lambda: self._redis.xreadgroup(
-                OUTBOX_GROUP, self._consumer, {stream: start}, count=count
-            ),
-        )
+        reply = await self._grouped(stream, lambda: self._read_reply(stream, start, count))
         if reply is None:
             return None
         replies = cast(list[Any], reply)
@@ -296,6 +291,13 @@ class StreamRelay(ABC):
             # XACK answers 0 where the group went away meanwhile, it raises no NOGROUP.
             await self._redis.xack(stream, OUTBOX_GROUP, *gone)
         return [(entry_id, fields) for entry_id, fields in read if fields]
+
+    async def _read_reply(self, stream: str, start: str, count: int) -> Any:
+        """The ``XREADGROUP`` reply :meth:`_read` reads (a subclass may send more with it in
+        its round trip)."""
+        return await self._redis.xreadgroup(
+            OUTBOX_GROUP, self._consumer, {stream: start}, count=count
+        )
 
     async def _grouped(self, stream: str, command: Callable[[], Awaitable[Any]]) -> Any:
         """``command``'s reply, run on ``stream``'s group; ``None`` if the stream is gone.

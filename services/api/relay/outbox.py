@@ -6,10 +6,12 @@ to ``IN_FLIGHT`` batches of ``LADDER_RELAY_BATCH`` entries; each batch becomes o
 message (see :mod:`shared.events`), each event in it carrying its entry id as ``outbox_id`` (the
 order of the board's writes, which the event log keeps for a rebuild, whichever of the relays
 publishes it), all of them published at once with their publisher confirms awaited together;
-only once the broker has confirmed every one are the entries acknowledged and deleted, in one
-round trip. Under load the outbox fills between two reads and the messages fill
-up: the broker, which tops out at a few thousand persistent messages a second to the three
-quorum queues, sees a few hundred events in each.
+only once the broker has confirmed every one are the entries acknowledged and deleted, in the
+round trip of the outbox's next read (which follows at once: a read that found entries is
+followed by another, and on the way out every outbox that holds entries is read), so that a
+message costs Redis one round trip, not two. Under load the outbox fills between two reads and
+the messages fill up: the broker, which tops out at a few thousand persistent messages a second
+to the three quorum queues, sees a few hundred events in each.
 
 A write wakes a read of its own board's outbox, read again as long as it finds entries. Every
 ``_SWEEP_SECONDS`` a sweep also reads each outbox that holds entries (another process wrote them
@@ -37,6 +39,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import aio_pika
 import orjson
@@ -152,6 +155,9 @@ class Relay(StreamRelay):
         # after that.
         self._retry_at: dict[str, float] = {}
         self._backoff: dict[str, float] = {}
+        # Entries the broker confirmed and routed, by stream (with their board): acknowledged
+        # and deleted in the round trip of the stream's next read.
+        self._confirmed: dict[str, tuple[str, list[str]]] = {}
 
     def wake(self, board_id: str) -> None:
         """Called after a write: relay now rather than at the next poll (and know the board,
@@ -242,6 +248,7 @@ class Relay(StreamRelay):
         self._settled &= {self._keys.outbox(board_id) for board_id in kept}
         self._retry_at = {b: at for b, at in self._retry_at.items() if b in kept}
         self._backoff = {b: wait for b, wait in self._backoff.items() if b in kept}
+        self._confirmed = {k: v for k, v in self._confirmed.items() if v[0] in kept}
 
     async def _relay_board(self, board_id: str, claim: bool) -> int:
         retry_at = self._retry_at.get(board_id)
@@ -294,24 +301,27 @@ class Relay(StreamRelay):
         outcomes = list(zip(batches, returns, strict=True))
         routed = [eid for batch, r in outcomes if r is None for eid, _ in batch]
         returned = [(batch, r) for batch, r in outcomes if r is not None]
+        RELAYED.inc(len(routed))
+        MESSAGES.inc(len(batches) - len(returned))
+        if not returned:
+            # Acknowledged and deleted with the next read of the stream, in its round trip: a
+            # read that found entries is read again at once (_pump), or on the way out.
+            _, before = self._confirmed.get(stream, (board_id, []))
+            self._confirmed[stream] = (board_id, before + routed)
+            UNROUTABLE.labels(board_id).set(0)
+            self._retry_at.pop(board_id, None)
+            self._backoff.pop(board_id, None)
+            return True
         async with self._redis.pipeline(transaction=False) as pipe:
             if routed:
                 pipe.xack(stream, OUTBOX_GROUP, *routed)
                 pipe.xdel(stream, *routed)
-            if not returned:
-                pipe.hdel(self._keys.relay_unroutable, board_id)
             pipe.xlen(stream)
             *_, backlog = await pipe.execute()
         BACKLOG.labels(board_id).set(backlog)
-        UNROUTABLE.labels(board_id).set(backlog if returned else 0)
+        UNROUTABLE.labels(board_id).set(backlog)
         if backlog:
             self._gauged.add(board_id)
-        RELAYED.inc(len(routed))
-        MESSAGES.inc(len(batches) - len(returned))
-        if not returned:
-            self._retry_at.pop(board_id, None)
-            self._backoff.pop(board_id, None)
-            return True
         # Everything in the outbox waits behind these: the relay reads further only once they
         # are routed. Renewed on every return, so that /readyz sees it whichever process asks;
         # counted once /readyz can see it.
@@ -333,6 +343,32 @@ class Relay(StreamRelay):
             retry_in_seconds=wait,
         )
         return False
+
+    async def _read_reply(self, stream: str, start: str, count: int) -> Any:
+        """The read, after the acknowledgement and deletion of the entries confirmed since the
+        last read of ``stream`` in the same round trip (with its board's unroutable record, and
+        the stream's length for the backlog gauge): a message costs Redis one round trip."""
+        confirmed = self._confirmed.get(stream)
+        if confirmed is None:
+            return await super()._read_reply(stream, start, count)
+        board_id, entry_ids = confirmed
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xack(stream, OUTBOX_GROUP, *entry_ids)
+            pipe.xdel(stream, *entry_ids)
+            pipe.hdel(self._keys.relay_unroutable, board_id)
+            pipe.xlen(stream)
+            pipe.xreadgroup(OUTBOX_GROUP, self._consumer, {stream: start}, count=count)
+            *done, backlog, reply = await pipe.execute(raise_on_error=False)
+        for failed in (*done, backlog):
+            if isinstance(failed, Exception):
+                raise failed
+        del self._confirmed[stream]
+        BACKLOG.labels(board_id).set(backlog)
+        if backlog:
+            self._gauged.add(board_id)
+        if isinstance(reply, Exception):
+            raise reply  # NOGROUP: the group is made again and the read sent again (_grouped)
+        return reply
 
     async def _publish_batch(
         self, exchange: AbstractExchange, board_id: str, batch: list[Entry]
