@@ -11,10 +11,12 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from services.api import errors
 from services.api.auth import CredentialFirst
 from services.api.bodies import BodyLimit, JsonBodies
+from services.api.direct_reads import DirectReads
 from services.api.eraser import Eraser
 from services.api.erasing import ErasingUsers
 from services.api.push.admission import SocketSlots
@@ -260,7 +262,16 @@ def create_app(settings: LadderSettings | None = None) -> FastAPI:
     activity.document_feed_length(app, settings.feed_length)
     # In the router's place, inside the middleware: the page and standing reads are handed to
     # their endpoints without the walk over every router (routes/params.py, DirectPaths).
-    app.router.middleware_stack = DirectPaths(app.router.middleware_stack, reads.DIRECT_READS)
+    direct = DirectPaths(app.router.middleware_stack, reads.DIRECT_READS)
+    app.router.middleware_stack = direct
+    # And in front of the middleware, for a plain GET of theirs (services/api/direct_reads.py):
+    # built with the stack, at the first request, with the app's exception handlers as they are.
+    build = app.build_middleware_stack
+
+    def build_with_direct_reads() -> ASGIApp:
+        return DirectReads(build(), direct, app.exception_handlers, settings.public_reads)
+
+    app.build_middleware_stack = build_with_direct_reads  # type: ignore[method-assign]
     if not settings.public_reads:
         document_private_reads(app)
     return app

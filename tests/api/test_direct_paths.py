@@ -14,7 +14,8 @@ from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
 from services.api.app import create_app
-from services.api.routes import params
+from services.api.direct_reads import DirectReads
+from services.api.routes import params, reads
 from services.api.routes.params import DirectPaths
 from shared.settings import LadderSettings
 from tests.api.helpers import post, score
@@ -102,16 +103,74 @@ async def test_the_direct_paths_answer_as_the_router_does(
     for i, user in enumerate(("u-1", "u-2", "u-3", "u-4")):
         await post(client, score(user_id=user, value=10 * (i % 2), display_name=f"P{i}"))
 
-    for method, path, query, headers in REQUESTS:
+    await _answer_alike(app, client, REQUESTS)
+
+
+async def _answer_alike(
+    app: FastAPI, client: httpx.AsyncClient, requests: list[tuple[str, str, Any, Any]]
+) -> None:
+    """Each request answered alike by the app as it runs and by the app without its shortcuts
+    (DirectReads in front of the middleware, DirectPaths in the router's place)."""
+    await client.get("/healthz")  # the middleware stack built
+    shortcut, outer = app.router.middleware_stack, app.middleware_stack
+    assert isinstance(shortcut, DirectPaths) and isinstance(outer, DirectReads)
+    for method, path, query, headers in requests:
         request = client.build_request(method, path, params=query, headers=headers)
         direct = _answer(await client.send(request))
-        app.router.middleware_stack = shortcut.app
+        app.router.middleware_stack, app.middleware_stack = shortcut.app, outer.app
         params._QUERIES.clear()
         try:
             routed = _answer(await client.send(request))
         finally:
-            app.router.middleware_stack = shortcut
-        assert direct == routed, (method, str(request.url))
+            app.router.middleware_stack, app.middleware_stack = shortcut, outer
+        assert direct == routed, (method, str(request.url), headers)
+
+
+async def test_without_public_reads_the_direct_paths_answer_as_the_router_does(
+    quiet: LadderSettings,
+) -> None:
+    app = create_app(quiet.model_copy(update={"public_reads": False}))
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://ladder") as client:
+            await post(client, score(value=10))
+            await _answer_alike(
+                app,
+                client,
+                [
+                    *REQUESTS,
+                    ("GET", f"{BOARD}/users/u-1", EU, player("u-2")),
+                    ("GET", f"{BOARD}/users/u-1", EU, {"Authorization": " "}),
+                ],
+            )
+
+
+async def test_a_read_with_a_body_or_failing_unexpectedly_answers_as_the_router_does(
+    running: tuple[FastAPI, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, client = running
+    await post(client, score(user_id="u-1", value=10))
+    body = {"Content-Length": "4"}
+    big = {"Content-Length": str(10**9)}
+    chunked = {"Transfer-Encoding": "chunked"}
+    await _answer_alike(
+        app,
+        client,
+        [
+            ("GET", f"{BOARD}/users/u-1", EU, body),
+            ("GET", f"{BOARD}/users/u-1", EU, big),
+            ("GET", f"{BOARD}/leaderboard", EU, chunked),
+        ],
+    )
+
+    async def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(reads.standings, "standing", broken)
+    await _answer_alike(app, client, [("GET", f"{BOARD}/users/u-1", EU, {})])
+    response = await client.get(f"{BOARD}/users/u-1", params=EU)
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/problem+json"
 
 
 async def test_without_public_reads_the_direct_paths_ask_for_a_credential(

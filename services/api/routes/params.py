@@ -268,7 +268,8 @@ class DirectPaths:
                 raise ValueError(f"not a GET route of plain parameters: {route.path}")
             self._routes.append((route.path_regex, route))
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def match(self, scope: Scope) -> DirectRoute | None:
+        """The route of a ``GET`` of one of these paths, its match put in ``scope``; else None."""
         # A root path (the app mounted below one) is the router's to strip: left to it.
         if scope["type"] == "http" and scope["method"] == "GET" and not scope.get("root_path"):
             path = scope["path"]
@@ -279,10 +280,16 @@ class DirectPaths:
                     scope["endpoint"] = route.endpoint
                     scope["path_params"] = {**scope.get("path_params", {}), **match.groupdict()}
                     scope["route"] = route
-                    response = await route.endpoint(Request(scope, receive, send))
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+                    return route
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.match(scope)
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        response = await route.endpoint(Request(scope, receive, send))
+        await response(scope, receive, send)
 
 
 def no_idempotency_key(request: Request) -> None:
