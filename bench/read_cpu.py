@@ -8,6 +8,11 @@ ratios between two versions of the code on the same machine. It also counts the 
 trips of each read (``INFO commandstats`` calls are not round trips: the client's sends are
 counted by wrapping the connections' ``send_packed_command``).
 
+A second column gives each read's CPU with no client at all: the app called as an ASGI app with
+a request's scope, as a server calls it (``app_alone``). Without the client's own CPU and its
+variance (as much again as the read's own, on a shared machine) it tells apart changes of a few
+µs that the first column does not.
+
 ``python -m bench.read_cpu [members] [requests] [redis URL]`` (by default a private
 redis-server on port 6393, db 1) with an unreachable broker and MySQL: the read paths need
 neither.
@@ -76,6 +81,52 @@ async def per_request(client: httpx.AsyncClient, urls: list[str], n: int) -> tup
     return sorted(rounds)[2]
 
 
+def _scope(url: str) -> dict[str, Any]:
+    path, _, query = url.partition("?")
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": [(b"host", b"t")],
+        "client": ("127.0.0.1", 1),
+        "server": ("t", 80),
+    }
+
+
+async def app_alone(app: Any, urls: list[str], n: int) -> float:
+    """CPU µs per request of ``app`` called with each request's scope, with no client: the
+    median of five rounds of ``n / 5``, after 100 more."""
+    statuses: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    async def one(url: str) -> None:
+        await app(_scope(url), receive, send)
+
+    for i in range(100):
+        await one(urls[i % len(urls)])
+    rounds: list[float] = []
+    for _ in range(5):
+        count = max(n // 5, 1)
+        started = time.process_time()
+        for i in range(count):
+            await one(urls[i % len(urls)])
+        rounds.append(1e6 * (time.process_time() - started) / count)
+    assert set(statuses) == {200}, set(statuses)
+    return sorted(rounds)[2]
+
+
 async def main(members: int, n: int, redis_url: str) -> None:
     settings = LadderSettings(
         _env_file=None,
@@ -102,11 +153,17 @@ async def main(members: int, n: int, redis_url: str) -> None:
             rows = {
                 name: await per_request(client, urls, n) for name, urls in paths(members).items()
             }
+        # The lifespan's app: the app with the lifespan's state put in each request's scope.
+        alone = {name: await app_alone(manager.app, u, n) for name, u in paths(members).items()}
     bare_transport = httpx.ASGITransport(bare.app)
     async with httpx.AsyncClient(transport=bare_transport, base_url="http://t") as client:
         rows["bare GET /healthz"] = await per_request(client, ["/healthz"], n)
+    alone["bare GET /healthz"] = await app_alone(bare.app, ["/healthz"], n)
     for name, (cpu, sends) in rows.items():
-        print(f"{name:22} {cpu:8.0f} µs CPU  {sends:4.1f} Redis round trips")
+        print(
+            f"{name:22} {cpu:8.0f} µs CPU  {sends:4.1f} Redis round trips"
+            f"  {alone[name]:6.1f} µs CPU app alone"
+        )
 
 
 if __name__ == "__main__":
