@@ -154,3 +154,37 @@ async def test_more_calls_in_flight_than_the_pool_holds_wait_their_turn(
     empty = keys.outbox("pool")  # a list nobody pushes to: BLPOP holds its connection 0.2 s
     replies = await asyncio.gather(*(redis.blpop([empty], timeout=0.2) for _ in range(size + 50)))
     assert replies == [None] * (size + 50)
+
+
+async def test_a_reply_that_does_not_come_in_time_times_out_and_disconnects(
+    redis: Redis, board: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await place(redis, board, "u1")
+    (connection,) = kept(redis)
+    monkeypatch.setattr(connection, "socket_timeout", 0.05)
+    await redis.execute_command("CLIENT", "PAUSE", 300, "ALL")  # the call is sent, not answered
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(RedisTimeoutError, match="Timeout reading from"):
+        await place(redis, board, "u1")
+    assert asyncio.get_running_loop().time() - started < 0.25
+    assert not connection.is_connected
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    monkeypatch.undo()
+    expected = await redis.execute_command(
+        "FCALL_RO", PLACE_FUNCTION, len(board), *board, "u1", 2, "ordinal", ""
+    )
+    assert await place(redis, board, "u1") == expected  # connected again
+
+
+async def test_a_read_whose_timeout_a_maintenance_notice_relaxes_waits_for_its_reply(
+    redis: Redis, board: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = await place(redis, board, "u2")
+    (connection,) = kept(redis)
+    monkeypatch.setattr(connection, "socket_timeout", 0.1)
+    await redis.execute_command("CLIENT", "PAUSE", 200, "ALL")
+    call = asyncio.create_task(place(redis, board, "u2"))
+    await asyncio.sleep(0.02)  # sent; its reply waited for
+    connection.update_current_socket_timeout(2.0)  # what redis-py does on a notice
+    assert await call == expected
+    assert connection.is_connected and kept(redis) == [connection]
