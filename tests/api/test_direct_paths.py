@@ -5,6 +5,7 @@ app with its router walked and its query cache emptied; status, headers and body
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -73,13 +74,24 @@ REQUESTS: list[tuple[str, str, dict[str, Any], dict[str, str]]] = [
 ]
 
 
-@pytest.fixture
-async def running(quiet: LadderSettings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    app = create_app(quiet)
+@contextlib.asynccontextmanager
+async def serving(settings: LadderSettings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app of ``settings`` started, with a client of it."""
+    app = create_app(settings)
     async with LifespanManager(app) as manager:
         transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://ladder") as client:
             yield app, client
+
+
+@pytest.fixture
+async def running(quiet: LadderSettings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    async with serving(quiet) as started:
+        yield started
+
+
+def _private(settings: LadderSettings) -> LadderSettings:
+    return settings.model_copy(update={"public_reads": False})
 
 
 def _answer(response: httpx.Response) -> tuple[int, dict[str, str], Any]:
@@ -129,20 +141,17 @@ async def _answer_alike(
 async def test_without_public_reads_the_direct_paths_answer_as_the_router_does(
     quiet: LadderSettings,
 ) -> None:
-    app = create_app(quiet.model_copy(update={"public_reads": False}))
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ladder") as client:
-            await post(client, score(value=10))
-            await _answer_alike(
-                app,
-                client,
-                [
-                    *REQUESTS,
-                    ("GET", f"{BOARD}/users/u-1", EU, player("u-2")),
-                    ("GET", f"{BOARD}/users/u-1", EU, {"Authorization": " "}),
-                ],
-            )
+    async with serving(_private(quiet)) as (app, client):
+        await post(client, score(value=10))
+        await _answer_alike(
+            app,
+            client,
+            [
+                *REQUESTS,
+                ("GET", f"{BOARD}/users/u-1", EU, player("u-2")),
+                ("GET", f"{BOARD}/users/u-1", EU, {"Authorization": " "}),
+            ],
+        )
 
 
 async def test_a_read_with_a_body_or_failing_unexpectedly_answers_as_the_router_does(
@@ -176,13 +185,10 @@ async def test_a_read_with_a_body_or_failing_unexpectedly_answers_as_the_router_
 async def test_without_public_reads_the_direct_paths_ask_for_a_credential(
     quiet: LadderSettings,
 ) -> None:
-    app = create_app(quiet.model_copy(update={"public_reads": False}))
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ladder") as client:
-            await post(client, score(value=10))
-            anonymous = await client.get(f"{BOARD}/users/u-1", params=EU)
-            served = await client.get(f"{BOARD}/users/u-1", params=EU, headers=player("u-2"))
+    async with serving(_private(quiet)) as (_, client):
+        await post(client, score(value=10))
+        anonymous = await client.get(f"{BOARD}/users/u-1", params=EU)
+        served = await client.get(f"{BOARD}/users/u-1", params=EU, headers=player("u-2"))
     assert anonymous.status_code == 401
     assert served.status_code == 200
     assert served.json()["user_id"] == "u-1"
