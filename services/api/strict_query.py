@@ -15,15 +15,16 @@ the endpoint does not run. A direct route calls :func:`query_errors` where it ch
 
 from __future__ import annotations
 
+import collections.abc
 import contextvars
 import functools
 import inspect
+import types
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Request, Response, params
-from fastapi._compat import field_annotation_is_sequence
 from fastapi.dependencies.utils import get_flat_params
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -43,6 +44,22 @@ class Declared:
         self.lists = lists
 
 
+def takes_several(annotation: Any) -> bool:
+    """Whether a query parameter of type ``annotation`` takes several values: a list, set or
+    tuple of them, optional or annotated (``list[str] | None``), as FastAPI reads it."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return takes_several(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return any(takes_several(arg) for arg in get_args(annotation) if arg is not type(None))
+    kind = origin or annotation
+    return (
+        isinstance(kind, type)
+        and issubclass(kind, (collections.abc.Sequence, collections.abc.Set))
+        and not issubclass(kind, (str, bytes))
+    )
+
+
 def declared_of(route: APIRoute) -> Declared:
     """What ``route`` declares (kept on the route: it is asked on each request)."""
     found = route.__dict__.get("_ladder_query")
@@ -54,7 +71,7 @@ def declared_of(route: APIRoute) -> Declared:
         if not isinstance(field.field_info, params.Query):
             continue
         names.add(field.alias)
-        if field_annotation_is_sequence(field.field_info.annotation):
+        if takes_several(field.field_info.annotation):
             lists.add(field.alias)
     for parameter in (route.openapi_extra or {}).get("parameters", ()):
         if parameter.get("in") == "query":

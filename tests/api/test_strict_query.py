@@ -5,7 +5,7 @@ them, after the credential and the board are judged, and change nothing."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import httpx
 import pytest
@@ -17,7 +17,13 @@ from starlette.datastructures import QueryParams
 from services.api import errors
 from services.api.app import create_app
 from services.api.routes.params import DirectRoute
-from services.api.strict_query import Declared, StrictQueryRoute, declared_of, errors_of
+from services.api.strict_query import (
+    Declared,
+    StrictQueryRoute,
+    declared_of,
+    errors_of,
+    takes_several,
+)
 from shared.boards import Board
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -149,11 +155,39 @@ def test_every_route_checks_the_query_parameters_its_document_lists(
         assert isinstance(route, StrictQueryRoute | DirectRoute), context.path
         for method in route.methods:
             operation = paths[context.path][method.lower()]
-            listed = {p["name"] for p in operation.get("parameters", ()) if p["in"] == "query"}
-            assert declared_of(route).names == listed, (method, context.path)
+            query = [p for p in operation.get("parameters", ()) if p["in"] == "query"]
+            declared = declared_of(route)
+            assert declared.names == {p["name"] for p in query}, (method, context.path)
+            lists = {p["name"] for p in query if _is_array(p["schema"])}
+            assert declared.lists == lists, (method, context.path)
             checked += 1
     documented = [m for path, item in paths.items() if path != "/" for m in item]
     assert checked == len(documented)
+
+
+def _is_array(schema: dict[str, Any]) -> bool:
+    """Whether a parameter's schema in the OpenAPI document is an array, or null or one."""
+    return schema.get("type") == "array" or any(_is_array(s) for s in schema.get("anyOf", ()))
+
+
+@pytest.mark.parametrize(
+    ("annotation", "several"),
+    [
+        (list[str], True),
+        (list[str] | None, True),
+        (Annotated[list[int] | None, Query()], True),
+        (Optional[set[str]], True),  # noqa: UP045 - the older spelling, read the same
+        (tuple[int, ...], True),
+        (str, False),
+        (bytes, False),
+        (int | None, False),
+        (Annotated[str, Query()], False),
+    ],
+)
+def test_a_parameter_takes_several_values_where_its_type_is_a_collection(
+    annotation: Any, several: bool
+) -> None:
+    assert takes_several(annotation) is several
 
 
 def test_a_parameter_that_takes_a_list_takes_several_values() -> None:
