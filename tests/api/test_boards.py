@@ -278,7 +278,9 @@ async def test_the_scores_check_of_a_long_kept_board_holds_no_other_request(
             ticker.cancel()
 
     assert changed.json()["operator"] == "best"
-    assert gaps and max(gaps) < walk / 3, (max(gaps), walk)
+    # Held by the walk, the loop's longest stall is at least the walk; a noisy machine stalls a
+    # loop now and then for a tenth of a second or more (150 ms seen against a 350 ms walk).
+    assert gaps and max(gaps) < walk * 0.6, (max(gaps), walk)
 
 
 async def test_scores_in_the_history_database_lock_the_board_too(quiet: LadderSettings) -> None:
