@@ -20,6 +20,7 @@ from services.rebuild.rebuilder import Rebuilder
 from shared.boards import BoardCatalog
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from shared.topology import Topology
 from tests.helpers import SERVER, api_client
 from tests.rebuild.test_rebuild import BOARDS, eu, relay, write
 
@@ -33,6 +34,7 @@ async def test_events_journaled_after_the_journal_was_read_are_applied_in_the_sa
     settings: LadderSettings,
     db: AsyncEngine,
     monkeypatch: pytest.MonkeyPatch,
+    broker: Topology,  # the API started at the end declares the queues: deleted afterwards
 ) -> None:
     board = BOARDS[0]
     await BoardCatalog(redis, keys).put(board)
