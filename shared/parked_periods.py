@@ -31,6 +31,14 @@ def parked_outbox(keys: Keys, board_id: str, cutoff_ms: int) -> str:
     return f"{keys.tag(board_id)}{PARKED}{cutoff_ms}"
 
 
+def publishing_marks(stream: str) -> str:
+    """The hash of the entries of the period outbox ``stream`` (a board's, or a parked one) that
+    the period relay is publishing (``ladder_publishing_period_v1``), each with the time (ms) its
+    mark lapses: in the stream's hash tag, and named unlike any parked outbox."""
+    tag, _, rest = stream.partition("}")
+    return f"{tag}}}:periods:publishing{rest}"
+
+
 def is_parked(keys: Keys, key: str) -> bool:
     """Whether ``key`` (a key of some board) is a parked period outbox."""
     head = "{" + f"{keys.prefix}:"
