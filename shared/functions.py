@@ -165,9 +165,14 @@ PARK_PERIODS_FUNCTION = "ladder_park_periods_v1"
 (shared/parked_periods.py)."""
 DROP_PARKED_FUNCTION = "ladder_drop_parked_v1"
 """A parked period outbox removed once it holds no entry."""
-ERASE_PERIOD_MESSAGES_FUNCTION = "ladder_erase_period_messages_v1"
+PUBLISHING_PERIOD_FUNCTION = "ladder_publishing_period_v1"
+"""A period outbox's entry marked as being published by the period relay, if still there as read
+(an erasure replaced it otherwise: its rewriting goes out in its place)."""
+ERASE_PERIOD_MESSAGES_FUNCTION = "ladder_erase_period_messages_v2"
 """``period.closed`` messages still waiting in a period outbox replaced by their rewriting
-without an erased user (services/api/erased_periods.py), each if still there as read."""
+without an erased user (services/api/erased_periods.py), each if still there as read and not
+being published. (v2: an entry the period relay marked as being published is left alone, and
+counted apart, so that its rewriting never follows it under the same ``message_id``.)"""
 
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v10"
@@ -242,6 +247,7 @@ REGISTERED: dict[str, str] = {
     "close_period": CLOSE_PERIOD_FUNCTION,
     "park_periods": PARK_PERIODS_FUNCTION,
     "drop_parked": DROP_PARKED_FUNCTION,
+    "publishing_period": PUBLISHING_PERIOD_FUNCTION,
     "erase_period_messages": ERASE_PERIOD_MESSAGES_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,

@@ -31,6 +31,14 @@ def parked_outbox(keys: Keys, board_id: str, cutoff_ms: int) -> str:
     return f"{keys.tag(board_id)}{PARKED}{cutoff_ms}"
 
 
+def publishing_marks(stream: str) -> str:
+    """The hash of the entries of the period outbox ``stream`` (a board's, or a parked one) that
+    the period relay is publishing (``ladder_publishing_period_v1``), each with the time (ms) its
+    mark lapses: in the stream's hash tag, and named unlike any parked outbox."""
+    tag, _, rest = stream.partition("}")
+    return f"{tag}}}:periods:publishing{rest}"
+
+
 def is_parked(keys: Keys, key: str) -> bool:
     """Whether ``key`` (a key of some board) is a parked period outbox."""
     head = "{" + f"{keys.prefix}:"
@@ -39,13 +47,23 @@ def is_parked(keys: Keys, key: str) -> bool:
 
 
 async def park(redis: Redis, keys: Keys, board_id: str, cutoff_ms: int) -> int:
-    """Park the board's period outbox if it holds entries; how many it held."""
+    """Park the board's period outbox if it holds entries, and note the parked key's name then
+    only; how many entries it held.
+
+    The name is noted on the count the atomic step returns (``ladder_park_periods_v1``: the
+    outbox's length read and its entries moved at once), so an entry added to the outbox after
+    that step is no entry of this parked key, and a key that got entries always gets its name.
+    The set and the outbox cannot share one step: the set has no hash tag (the relay reads it
+    alone, for every board), so on Redis Cluster it lies in another slot. A relay that drops the
+    name of a key it found empty meanwhile notes it again where entries came (drop_if_empty),
+    or finds it again here; a crash between the step and the note leaves the name to the
+    deletion's ``SCAN``, which notes every parked key of the board it finds, in this pass or in
+    the pass run again (the deletion is done only after a pass that got that far)."""
     parked = parked_outbox(keys, board_id, cutoff_ms)
-    # Named first: a relay that drops the name of a key it found empty finds it again (below).
-    await redis.sadd(parked_set(keys), parked)
     call_keys = [keys.periods_outbox(board_id), parked]
     moved = int(await redis.fcall(PARK_PERIODS_FUNCTION, 2, *call_keys))
-    await redis.sadd(parked_set(keys), parked)
+    if moved:
+        await redis.sadd(parked_set(keys), parked)
     return moved
 
 

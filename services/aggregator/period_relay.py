@@ -11,7 +11,12 @@ are shared/relaying.py's). Each poll finds the outboxes that hold entries with o
 ``XLEN`` for up to ``SWEEP_MOST`` boards, the next ones at the next poll (every board at a
 claim, every ``CLAIM_EVERY_SECONDS``), and reads those alone. Only a process that dies between
 the broker's confirm and the acknowledgement publishes a message twice: the copies carry the
-same ``message_id``, by which a consumer can tell them apart. The close keeps it in the entry
+same ``message_id``, by which a consumer can tell them apart. Each entry is marked as being
+published (``ladder_publishing_period_v1``) from just before its publish until it is deleted or
+given up, and only if it is still there as read: a user's erasure rewrites no message the broker
+may be taking, and one it rewrote since the read goes out rewritten alone
+(services/api/erased_periods.py), so that no rewriting follows its original under the same
+``message_id``. The close keeps it in the entry
 (``<board>:<period>:<period_id>``, a season's with its end, ``/<Unix seconds>``); an entry that
 the version before queued has none, and goes out with the id it made from the body, the one it
 went out with before if it did. A deleted board's outbox that still held entries was parked by
@@ -32,8 +37,9 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 
 from shared.boards import BoardCatalog
+from shared.functions import PUBLISHING_PERIOD_FUNCTION
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.parked_periods import drop_if_empty, parked_set
+from shared.parked_periods import drop_if_empty, parked_set, publishing_marks
 from shared.relaying import RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
 
@@ -57,6 +63,9 @@ CONNECTED = Gauge("ladder_periods_relay_connected", "1 while the period relay is
 POLL_SECONDS = 0.5
 CLAIM_EVERY_SECONDS = 5.0
 READ = 50
+# How long an entry's mark as being published holds (ms): longer than a publish may take (its
+# confirm is awaited 10 s at most), so that only a relay that died leaves one to lapse.
+MARK_MS = 15_000
 
 
 def message_id(entry: dict[str, str]) -> str:
@@ -128,26 +137,52 @@ class PeriodRelay(StreamRelay):
         if claim:
             await self._claim(stream, READ)
         done = 0
+        marks = publishing_marks(stream)
         for start in ("0", ">"):
             entries = await self._read(stream, start, READ)
             for entry_id, fields in entries or []:
-                if fields.get("m"):
-                    try:
-                        await self._publish(fields)
-                    except (orjson.JSONDecodeError, KeyError, TypeError):
-                        log.error("period outbox entry is no message; dropped", entry=entry_id)
-                    except aio_pika.exceptions.DeliveryError:
-                        # Routed to no queue: it waits (pending) for a queue to be bound.
-                        log.info("period.closed routed to no queue; it waits", stream=stream)
-                        return done
+                if not await self._publish_entry(stream, marks, entry_id, fields):
+                    return done
+                # The mark goes after the entry: an erasure's pass never finds the entry there
+                # unmarked once its message is confirmed.
                 async with self._redis.pipeline(transaction=False) as pipe:
                     pipe.xack(stream, OUTBOX_GROUP, entry_id)
                     pipe.xdel(stream, entry_id)
+                    pipe.hdel(marks, entry_id)
                     await pipe.execute()
                 done += 1
             if entries is None:
                 return done
         return done
+
+    async def _publish_entry(
+        self, stream: str, marks: str, entry_id: str, fields: dict[str, str]
+    ) -> bool:
+        """Publish the entry's message, marked as being published meanwhile, if it is still in
+        the outbox as read; whether the entry is to be acknowledged and deleted (not where its
+        message was routed to no queue: it waits). An entry an erasure replaced since the read
+        (services/api/erased_periods.py) is acknowledged without a publish: its rewriting, later
+        in the outbox, goes out in its place."""
+        if not fields.get("m"):
+            return True
+        call = (PUBLISHING_PERIOD_FUNCTION, 2, stream, marks, entry_id, MARK_MS)
+        if not int(await self._redis.fcall(*call)):
+            return True
+        try:
+            await self._publish(fields)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.error("period outbox entry is no message; dropped", entry=entry_id)
+        except aio_pika.exceptions.DeliveryError:
+            # Routed to no queue: it waits (pending) for a queue to be bound.
+            await self._redis.hdel(marks, entry_id)
+            log.info("period.closed routed to no queue; it waits", stream=stream)
+            return False
+        except BaseException:
+            # Not confirmed: an erasure may rewrite it now (else the mark lapses).
+            with contextlib.suppress(Exception):
+                await self._redis.hdel(marks, entry_id)
+            raise
+        return True
 
     async def _publish(self, entry: dict[str, str]) -> None:
         exchange = self._exchange

@@ -5,13 +5,19 @@ deleted boards (shared/parked_periods.py).
 Each message naming the user is rewritten as stored snapshots are (services/api/erased_rows.py):
 its entries leave every scope, the others keep the ranks they were taken with. One whose scopes
 then all hold no entry goes, as the close writes no message for a period nobody else scored in.
-The rewriting is read here and swapped in by ``ladder_erase_period_messages_v1``, which replaces
+The rewriting is read here and swapped in by ``ladder_erase_period_messages_v2``, which replaces
 an entry only if it is still there as read: the relay may publish and delete it meanwhile, and
-a message already published is not the outbox's to change.
+a message already published is not the outbox's to change. Nor is one the relay is publishing
+(services/aggregator/period_relay.py marks it first): the broker may be taking it as it is, and a
+rewriting would then follow it under the same ``message_id``, which consumers drop as a copy.
+Such an entry is looked at again every ``BUSY_WAIT`` seconds, until the relay has published and
+deleted it (it went out as it was) or given up (it was not published: it is rewritten); after
+``BUSY_TRIES`` the pass fails, and the erasure worker runs it again after its back-off.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 import orjson
@@ -19,9 +25,11 @@ from redis.asyncio import Redis
 
 from shared.functions import ERASE_PERIOD_MESSAGES_FUNCTION
 from shared.keys import Keys
-from shared.parked_periods import parked_set
+from shared.parked_periods import parked_set, publishing_marks
 
 PAGE = 100
+BUSY_WAIT = 0.1
+BUSY_TRIES = 50
 
 
 def without_user(message: str, user_id: str) -> str | None:
@@ -43,8 +51,22 @@ def without_user(message: str, user_id: str) -> str | None:
 
 
 async def erase_from_outbox(redis: Redis, stream: str, user_id: str) -> int:
-    """The stream's messages naming the user rewritten; how many were replaced or removed."""
-    done, start = 0, "-"
+    """The stream's messages naming the user rewritten, once none of them is being published;
+    how many were replaced or removed."""
+    done = 0
+    for _ in range(BUSY_TRIES):
+        replaced, busy = await _erase_once(redis, stream, user_id)
+        done += replaced
+        if not busy:
+            return done
+        await asyncio.sleep(BUSY_WAIT)
+    raise RuntimeError(f"{stream}: a message naming the user is still being published")
+
+
+async def _erase_once(redis: Redis, stream: str, user_id: str) -> tuple[int, int]:
+    """One look at the stream: messages replaced or removed, and those left as being published."""
+    done, busy, start = 0, 0, "-"
+    marks = publishing_marks(stream)
     while True:
         entries = cast(
             list[tuple[str, dict[str, str]]], await redis.xrange(stream, start, count=PAGE)
@@ -56,9 +78,10 @@ async def erase_from_outbox(redis: Redis, stream: str, user_id: str) -> int:
             if rewritten is not None:
                 args += [entry_id, message, rewritten]
         if args:
-            done += int(await redis.fcall(ERASE_PERIOD_MESSAGES_FUNCTION, 1, stream, *args))
+            call = await redis.fcall(ERASE_PERIOD_MESSAGES_FUNCTION, 2, stream, marks, *args)
+            done, busy = done + int(call[0]), busy + int(call[1])
         if len(entries) < PAGE:
-            return done
+            return done, busy
         start = "(" + entries[-1][0]
 
 

@@ -64,19 +64,46 @@ redis.register_function(FUNCTIONS.park_periods, park_periods)
 redis.register_function(FUNCTIONS.drop_parked, drop_parked)
 
 --[[
+Mark an entry of a period outbox as being published, if it is still there as read: KEYS[1] the
+outbox (a board's, or a deleted board's parked one), KEYS[2] its publishing marks (a hash: entry id
+to the time, ms, the mark lapses). ARGV: the entry's id, how long the mark holds (ms; longer than a
+publish may take). An entry an erasure replaced since it was read (erase_period_messages, below)
+is gone: it is not to be published, its rewriting goes out in its place. The relay removes the
+mark after the entry (confirmed) or alone (not published). Returns 1 if marked, 0 if gone.
+]]
+local function publishing_period(keys, args)
+  if #redis.call('XRANGE', keys[1], args[1], args[1]) == 0 then return 0 end
+  local now = redis.call('TIME')
+  local lapses = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(args[2])
+  redis.call('HSET', keys[2], args[1], lapses)
+  redis.call('PEXPIRE', keys[2], args[2])
+  return 1
+end
+
+redis.register_function(FUNCTIONS.publishing_period, publishing_period)
+
+--[[
 Rewrite period.closed messages still waiting in a period outbox without an erased user, atomically
-with respect to the relay, which reads, publishes and then deletes an entry: KEYS[1] the outbox (a
-board's, or a deleted board's parked one). ARGV: triples of an entry's id, its message as read,
-and its message rewritten ('' for none: the entry goes). An entry still there with that message
-is replaced by one at the end of the stream, of the same fields but the message; an entry gone
-meanwhile (published) or changed is left alone. An entry deleted while pending is acknowledged by
-the relay's next read. Returns the number of entries replaced or removed.
+with respect to the relay, which reads, marks, publishes and then deletes an entry: KEYS[1] the
+outbox (a board's, or a deleted board's parked one), KEYS[2] its publishing marks
+(publishing_period, above). ARGV: triples of an entry's id, its message as read, and its message
+rewritten ('' for none: the entry goes). An entry still there with that message is replaced by one
+at the end of the stream, of the same fields but the message; an entry gone meanwhile (published)
+or changed is left alone, and so is one being published (marked, the mark not lapsed): the broker
+may be taking it, and its rewriting would follow it under the same message_id, which consumers
+drop as a copy. An entry deleted while pending is acknowledged by the relay's next read. Returns
+the number of entries replaced or removed, and the number left alone as being published.
 ]]
 local function erase_period_messages(keys, args)
-  local done = 0
+  local done, busy = 0, 0
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   for i = 1, #args - 2, 3 do
     local found = redis.call('XRANGE', keys[1], args[i], args[i])
-    if #found == 1 then
+    local lapses = tonumber(redis.call('HGET', keys[2], args[i]) or '0')
+    if #found == 1 and lapses > now_ms then
+      busy = busy + 1
+    elseif #found == 1 then
       local fields, copy, same = found[1][2], {}, false
       for f = 1, #fields, 2 do
         if fields[f] == 'm' then
@@ -95,7 +122,7 @@ local function erase_period_messages(keys, args)
       end
     end
   end
-  return done
+  return {done, busy}
 end
 
 redis.register_function(FUNCTIONS.erase_period_messages, erase_period_messages)

@@ -17,7 +17,7 @@ from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
 from shared.erasure import BoardDeletion, to_ms
 from shared.keys import Keys
-from shared.parked_periods import parked_outbox, parked_set
+from shared.parked_periods import park, parked_outbox, parked_set
 from shared.settings import LadderSettings
 from shared.topology import Topology
 
@@ -120,3 +120,26 @@ async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_par
         older: ["cup:daily:2026-11-30", "cup:daily:2026-12-01"],
         newer: ["cup:daily:2026-12-02"],
     }
+
+
+async def test_a_deletion_notes_a_parked_outbox_only_where_it_parked_entries(
+    redis: Redis, keys: Keys
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    deletion = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    parked = parked_outbox(keys, "cup", to_ms(deletion.cutoff))
+    # No period outbox at all, then an empty one (every message published): nothing is noted.
+    assert await park(redis, keys, "cup", to_ms(deletion.cutoff)) == 0
+    await redis.xadd(keys.periods_outbox("cup"), message("2026-11-30"))
+    await redis.xtrim(keys.periods_outbox("cup"), maxlen=0)
+    await eraser.delete_boards([deletion])
+    assert await redis.smembers(parked_set(keys)) == set()
+    assert await board_keys(redis, keys) == []
+    # A message waiting at the second pass: parked and noted.
+    await redis.xadd(keys.periods_outbox("cup"), message("2026-12-01"))
+    assert await park(redis, keys, "cup", to_ms(deletion.cutoff)) == 1
+    assert await redis.smembers(parked_set(keys)) == {parked}
+    # Parked already, nothing more waiting: the name stays as it is.
+    assert await park(redis, keys, "cup", to_ms(deletion.cutoff)) == 0
+    assert await redis.smembers(parked_set(keys)) == {parked}

@@ -19,9 +19,9 @@ from services.api.eraser import Eraser
 from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog
 from shared.db import open_engine
-from shared.functions import ERASE_PERIOD_MESSAGES_FUNCTION
+from shared.functions import ERASE_PERIOD_MESSAGES_FUNCTION, PUBLISHING_PERIOD_FUNCTION
 from shared.keys import Keys
-from shared.parked_periods import parked_outbox, parked_set
+from shared.parked_periods import parked_outbox, parked_set, publishing_marks
 from shared.settings import LadderSettings
 from shared.topology import Topology
 
@@ -128,10 +128,34 @@ async def test_a_message_changed_or_published_since_it_was_read_is_left_alone(
     assert rewritten is not None
     assert [e["user_id"] for e in orjson.loads(rewritten)["scopes"]["global"]] == ["a"]
     # Another message under the id than the one read: not replaced.
-    swap = ERASE_PERIOD_MESSAGES_FUNCTION
-    assert await redis.fcall(swap, 1, outbox, entry_id, read["m"] + " ", rewritten) == 0
+    swap, marks = ERASE_PERIOD_MESSAGES_FUNCTION, publishing_marks(outbox)
+    assert await redis.fcall(swap, 2, outbox, marks, entry_id, read["m"] + " ", rewritten) == [0, 0]
+    assert [f["m"] for _, f in await redis.xrange(outbox)] == [read["m"]]
+    # Being published (the relay's mark): not replaced, and counted as such.
+    mark = PUBLISHING_PERIOD_FUNCTION
+    assert await redis.fcall(mark, 2, outbox, marks, entry_id, 15_000) == 1
+    assert await redis.fcall(swap, 2, outbox, marks, entry_id, read["m"], rewritten) == [0, 1]
     assert [f["m"] for _, f in await redis.xrange(outbox)] == [read["m"]]
     # Published and deleted meanwhile: nothing comes back.
     await redis.xdel(outbox, entry_id)
-    assert await redis.fcall(swap, 1, outbox, entry_id, read["m"], rewritten) == 0
+    await redis.hdel(marks, entry_id)
+    assert await redis.fcall(swap, 2, outbox, marks, entry_id, read["m"], rewritten) == [0, 0]
     assert await redis.xlen(outbox) == 0
+    # Nor is an entry gone marked: the relay does not publish it.
+    assert await redis.fcall(mark, 2, outbox, marks, entry_id, 15_000) == 0
+    assert not await redis.exists(marks)
+
+
+async def test_a_mark_left_by_a_relay_that_died_lapses(redis: Redis, keys: Keys) -> None:
+    outbox = keys.periods_outbox("cup")
+    marks = publishing_marks(outbox)
+    read = message("cup", "2026-12-01", ["a", "x"])
+    entry_id = await redis.xadd(outbox, read)
+    rewritten = without_user(read["m"], "x")
+    assert rewritten is not None
+    assert await redis.fcall(PUBLISHING_PERIOD_FUNCTION, 2, outbox, marks, entry_id, 200) == 1
+    swap = ERASE_PERIOD_MESSAGES_FUNCTION
+    assert await redis.fcall(swap, 2, outbox, marks, entry_id, read["m"], rewritten) == [0, 1]
+    await asyncio.sleep(0.3)
+    assert await redis.fcall(swap, 2, outbox, marks, entry_id, read["m"], rewritten) == [1, 0]
+    assert [f["m"] for _, f in await redis.xrange(outbox)] == [rewritten]
