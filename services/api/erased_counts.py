@@ -26,10 +26,10 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.api.erased_rows import delete_user_events
 from services.api.write.submit import response_from_record
 from shared.boards import Board
 from shared.db import from_db_time, score_events, to_db_time
+from shared.erased_events import delete_user_events
 from shared.events import parse_period_ids
 from shared.keys import Keys, parse_event_ref
 from shared.periods import window_at

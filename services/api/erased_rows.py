@@ -1,35 +1,19 @@
-"""The history database's side of an erasure and of a board's purge (docs/api.md section 8b),
-for the worker in :mod:`services.api.eraser`: deletes go in statements of ``DELETE_CHUNK`` rows,
-each its own transaction, so that none holds MySQL's locks for long; every step is idempotent."""
+"""The history database's side of an erasure (its snapshots; its events' rows are
+shared/erased_events.py's) and of a board's purge (docs/api.md section 8b), for the worker in
+:mod:`services.api.eraser`: deletes go in statements of ``DELETE_CHUNK`` rows, each its own
+transaction, so that none holds MySQL's locks for long; every step is idempotent."""
 
 from __future__ import annotations
-
-from datetime import datetime
 
 import orjson
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db import board_epoch_of, score_events, snapshots, to_db_time
+from shared.erased_events import DELETE_CHUNK
 from shared.erasure import BoardDeletion
 
-DELETE_CHUNK = 5000  # MySQL rows a DELETE statement
 SNAPSHOT_PAGE = 200
-
-
-async def delete_user_events(engine: AsyncEngine, user_id: str, cutoff: datetime) -> None:
-    """The user's events accepted at or before ``cutoff``."""
-    t = score_events.c
-    while True:
-        async with engine.begin() as conn:
-            result = await conn.execute(
-                delete(score_events)
-                .where(t.user_id == user_id, t.accepted_at <= to_db_time(cutoff))
-                .execution_options(synchronize_session=False)
-                .with_dialect_options(mysql_limit=DELETE_CHUNK)
-            )
-        if result.rowcount < DELETE_CHUNK:
-            return
 
 
 async def erase_from_snapshots(engine: AsyncEngine, user_id: str) -> None:

@@ -17,6 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history.snapshotter import changed_views
 from shared.consumer import Handler
 from shared.db import board_deletions, board_epoch_of, from_db_time, score_events, to_db_time
+from shared.erased_events import delete_user_events
+from shared.erasure import StoredTombstones, erasure_of, stored_tombstones, to_ms
 from shared.events import ScoreAccepted, outbox_position, period_ids_text
 from shared.keys import Keys
 
@@ -26,6 +28,10 @@ ROWS = Counter(
     "ladder_history_events_total",
     "Events offered to the event log, by whether they were new or already stored",
     ["outcome"],
+)
+LATE = Counter(
+    "ladder_history_late_erased_total",
+    "Events stored while their user's erasure was being recorded, deleted again after the store",
 )
 
 # Rows a driver call. The driver also splits them into statements of at most 1 MB; this bounds
@@ -138,6 +144,48 @@ class HistoryHandler:
         ROWS.labels("inserted").inc(inserted)
         ROWS.labels("duplicate").inc(duplicates)
         log.debug("events stored", inserted=inserted, duplicates=duplicates)
+
+
+class LateErasures:
+    """After a batch is stored: its events of a user whose erasure was recorded meanwhile
+    (accepted at or before its cut-off), deleted from the event log again, and handed to
+    ``on_erased`` (the consumer's :class:`~shared.uncount.Uncount`), as if the filter before the
+    store had left them out.
+
+    The filter (shared/erasure.py ``skipping``) reads the tombstones before the store, and the
+    erasure deletes the user's rows in passes that start after its tombstone is recorded; a
+    batch filtered before the tombstone and stored after the last pass would keep its events.
+    This look comes after the batch's commit, in a transaction of its own: a tombstone recorded
+    before it is seen here, and one recorded after it was recorded after the commit, so the
+    erasure's passes, which follow it, find the rows. An event left in the log either way is
+    none. One query a batch; the deletes only when a tombstone is found."""
+
+    def __init__(self, engine: AsyncEngine, secret: str, on_erased: Handler) -> None:
+        self._engine = engine
+        self._secret = secret
+        self._tombstones = StoredTombstones(engine, secret)
+        self._on_erased = on_erased
+
+    async def __call__(self, events: list[ScoreAccepted]) -> None:
+        async with self._engine.connect() as conn:
+            cutoffs = await stored_tombstones(conn, {e.user_id for e in events}, self._secret)
+        late = {
+            e.user_id
+            for e in events
+            if e.user_id in cutoffs and to_ms(e.accepted_at) <= cutoffs[e.user_id]
+        }
+        if not late:
+            return
+        for user_id in sorted(late):
+            erasure = await erasure_of(self._engine, user_id, self._secret)
+            if erasure is not None:  # the cut-off as stored, to the microsecond
+                await delete_user_events(self._engine, user_id, erasure.cutoff)
+        # What the filter would have handed over: a deleted board's events are not taken back.
+        _, erased = await self._tombstones.split(events)
+        LATE.inc(len(erased))
+        log.info("events of users erased meanwhile deleted after their store", events=len(erased))
+        if erased:
+            await self._on_erased(erased)
 
 
 class MarkChangedViews:

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.history.handlers import HistoryHandler, MarkChangedViews, in_order
+from services.history.handlers import HistoryHandler, LateErasures, MarkChangedViews, in_order
 from services.history.migrate import wait_for_schema
 from services.history.snapshotter import Snapshotter, tick
 from shared import service
@@ -50,13 +50,17 @@ def batch_handler(
     changed. Erased users' and purged boards' events in flight are not stored (read from MySQL);
     a board's deleted without purge are, its history staying, but mark nothing: its keys went
     within seconds of the deletion, and a late event must not bring one back (nor mark the
-    views of a board made since under its name)."""
+    views of a board made since under its name). The events of a user whose erasure was
+    recorded while the batch went in are deleted again after its commit (``LateErasures``)."""
     secret = settings.effective_jwt_secret
     deleted = StoredTombstones(engine, secret, purged_only=False)
     marks = skipping("history_marks", deleted, MarkChangedViews(redis, keys))
-    # The event log first: the views are marked only for events that are stored.
-    handler = in_order(HistoryHandler(engine), marks)
-    return skipping("history", StoredTombstones(engine, secret), handler, Uncount(redis, keys))
+    uncount = Uncount(redis, keys)
+    # The event log first: the views are marked only for events that are stored. Then the
+    # events of a user whose erasure was recorded while the batch went in, out again.
+    late = LateErasures(engine, secret, uncount)
+    handler = in_order(HistoryHandler(engine), late, marks)
+    return skipping("history", StoredTombstones(engine, secret), handler, uncount)
 
 
 async def run(settings: LadderSettings) -> None:
