@@ -160,9 +160,10 @@ CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
 ``period_closed`` pushes, exactly once. (v2: the message's id comes as an argument, kept in its
 outbox entry, since a season's is named by its end too; and a period that ends at or before its
 kind's watermark is refused, claimed or not under the claim's name.)"""
-PARK_PERIODS_FUNCTION = "ladder_park_periods_v1"
+PARK_PERIODS_FUNCTION = "ladder_park_periods_v2"
 """A deleted board's period outbox moved, whole, to a key the deletion leaves to the period relay
-(shared/parked_periods.py)."""
+(shared/parked_periods.py). (v2: an empty outbox is removed in the same step, so that the
+deletion, which parks again after its scan, never unlinks an outbox a late close wrote to.)"""
 DROP_PARKED_FUNCTION = "ladder_drop_parked_v1"
 """A parked period outbox removed once it holds no entry."""
 PUBLISHING_PERIOD_FUNCTION = "ladder_publishing_period_v1"

@@ -1,7 +1,9 @@
 """A deleted board's ``period.closed`` messages not yet published (docs/api.md section 8b).
 
 The deletion (services/api/eraser.py) does not remove a board's period outbox that holds
-entries: it parks it first (``ladder_park_periods_v1``), renamed to
+entries: it parks it, before its scan of the board's keys and again after it (a close that read
+the definition before it went may queue a message meanwhile; the scan leaves the outbox alone),
+with ``ladder_park_periods_v2``, renamed to
 ``{P:B}:periods:parked:<deletion cut-off, ms>``, and notes that name in the set ``P:periods:
 parked``. The key keeps the board's hash tag, so the function touches one slot; the deletion's
 removal of the board's keys leaves keys of that form alone, and a fresh board of the name writes
@@ -50,7 +52,7 @@ async def park(redis: Redis, keys: Keys, board_id: str, cutoff_ms: int) -> int:
     """Park the board's period outbox if it holds entries, and note the parked key's name then
     only; how many entries it held.
 
-    The name is noted on the count the atomic step returns (``ladder_park_periods_v1``: the
+    The name is noted on the count the atomic step returns (``ladder_park_periods_v2``: the
     outbox's length read and its entries moved at once), so an entry added to the outbox after
     that step is no entry of this parked key, and a key that got entries always gets its name.
     The set and the outbox cannot share one step: the set has no hash tag (the relay reads it

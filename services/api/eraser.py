@@ -369,9 +369,12 @@ class Eraser:
             await park(self._redis, self._keys, deletion.board_id, to_ms(deletion.cutoff))
         one = self._keys.board_match(deletions[0].board_id)
         match = one if len(tags) == 1 else self._keys.boards_match()
+        # A close that read the definition before it went may still queue a message after the
+        # park: the outbox is left to the scan's end and parked again then, not unlinked.
+        outboxes = {self._keys.periods_outbox(d.board_id) for d in deletions}
         gone, batch, parked = 0, [], []
         async for key in self._redis.scan_iter(match=match, count=SCAN_COUNT):
-            if key[: key.find("}") + 1] not in tags:
+            if key[: key.find("}") + 1] not in tags or key in outboxes:
                 continue
             if is_parked(self._keys, key):
                 parked.append(key)
@@ -382,6 +385,8 @@ class Eraser:
                 batch = []
         if batch:
             gone += await self._redis.unlink(*batch)
+        for deletion in deletions:  # an empty outbox goes in the same step
+            await park(self._redis, self._keys, deletion.board_id, to_ms(deletion.cutoff))
         if parked:  # named again, where a relay died between forgetting one and removing it
             await self._redis.sadd(parked_set(self._keys), *parked)
         for deletion in deletions:

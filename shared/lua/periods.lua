@@ -31,14 +31,18 @@ redis.register_function(FUNCTIONS.close_period, close_period)
 --[[
 Park a deleted board's period outbox (docs/api.md section 8b): KEYS[1] the board's period outbox,
 KEYS[2] the key it is parked under, which the deletion leaves to the period relay. An outbox that
-holds no entry is left for the deletion to remove. The outbox is renamed, its consumer group and
+holds no entry is removed (v2: it was left, and the deletion unlinked it later, when a close may
+have queued a message in it since). The outbox is renamed, its consumer group and
 pending entries with it; where the parked key is there already (a second pass of the same
 deletion), the outbox's entries are appended to it and the outbox removed. Returns the number of
 entries parked.
 ]]
 local function park_periods(keys, args)
   local waiting = redis.call('XLEN', keys[1])
-  if waiting == 0 then return 0 end
+  if waiting == 0 then
+    redis.call('DEL', keys[1])
+    return 0
+  end
   if redis.call('EXISTS', keys[2]) == 0 then
     redis.call('RENAME', keys[1], keys[2])
     return waiting

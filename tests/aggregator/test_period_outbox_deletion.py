@@ -5,10 +5,12 @@ it stays once out, and a fresh board of the name sends its own messages beside t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import pytest
 from redis.asyncio import Redis
 
 from services.aggregator.period_relay import PeriodRelay
@@ -143,3 +145,31 @@ async def test_a_deletion_notes_a_parked_outbox_only_where_it_parked_entries(
     # Parked already, nothing more waiting: the name stays as it is.
     assert await park(redis, keys, "cup", to_ms(deletion.cutoff)) == 0
     assert await redis.smembers(parked_set(keys)) == {parked}
+
+
+async def test_a_message_queued_between_the_park_and_the_scan_is_parked_not_unlinked(
+    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close that read the board's definition before the deletion removed it queues its
+    message after the pass parked the outbox, while the pass scans the board's keys to remove
+    them: the message is parked (and goes out), not removed with the board's keys."""
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(CUP)
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    deletion = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    outbox = keys.periods_outbox("cup")
+    await redis.set(keys.period_watermark("cup", "daily"), 1)  # a key of the board, to scan
+    scan_iter = type(redis).scan_iter
+
+    async def closed_meanwhile(self: Redis, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await redis.xadd(outbox, message("2026-11-30"))
+        async for key in scan_iter(self, *args, **kwargs):
+            yield key
+
+    monkeypatch.setattr(type(redis), "scan_iter", closed_meanwhile)
+    await eraser.delete_boards([deletion])
+    monkeypatch.undo()
+    parked = parked_outbox(keys, "cup", to_ms(deletion.cutoff))
+    assert [f["i"] for _, f in await redis.xrange(parked)] == ["cup:daily:2026-11-30"]
+    assert await redis.smembers(parked_set(keys)) == {parked}
+    assert await board_keys(redis, keys) == [parked]
