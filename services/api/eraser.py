@@ -178,7 +178,11 @@ class Eraser:
         """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
         Redis lost (or the end of an erasure asked again meanwhile removed) comes back, one a
         crash left after its erasure was done goes. ``held`` was read first: an entry in it was
-        in MySQL before ``pending`` was read."""
+        in MySQL before ``pending`` was read. Their tombstones are written to ``Keys.erased``
+        too, before the round's passes, whether or not the request wrote them (its process may
+        have stopped between MySQL and Redis): the aggregator's look after each apply reads them
+        there (services/aggregator/late_erasures.py), and a batch applied too late for the last
+        pass is looked at after that pass began, so after they were written."""
         wanted = {e.user_hash: to_ms(e.cutoff) for e in pending if e.user_id is not None}
         stale = {h.decode() if isinstance(h, bytes) else h for h in held} - set(wanted)
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -186,6 +190,7 @@ class Eraser:
                 pipe.hdel(self._keys.erasing, *stale)
             if wanted:
                 pipe.hset(self._keys.erasing, mapping={h: c for h, c in wanted.items()})
+                pipe.hset(self._keys.erased, mapping={h: c for h, c in wanted.items()})
             await pipe.execute()
 
     # -- a user ------------------------------------------------------------------------------
