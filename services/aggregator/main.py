@@ -21,7 +21,8 @@ from services.aggregator import closer as closes
 from services.aggregator.closer import Closer
 from services.aggregator.derive import Derive
 from services.aggregator.fresh import FreshRegions
-from services.aggregator.handlers import MarkDirty, aggregate
+from services.aggregator.handlers import Each, MarkDirty, aggregate
+from services.aggregator.late_erasures import LateErasures
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
@@ -110,10 +111,15 @@ def batch_handler(
     writes changed are synced into the regional distinct sets all the same
     (:meth:`Derive.sync_dropped`), so that those stay exact (the erasure takes the user's entries
     out). A deleted board's are not: its views went with its keys, and a board made since under
-    its name is another (shared/erasure.py ``skipping``)."""
+    its name is another (shared/erasure.py ``skipping``). The events of a user whose erasure was
+    recorded while the batch went in are taken out again after the apply (``LateErasures``)."""
+    secret = settings.effective_jwt_secret
     derive = Derive(redis, keys, catalog, settings.feed_length)
-    handler = aggregate(derive, MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
-    tombstones = Tombstones(redis, keys, settings.effective_jwt_secret)
+    apply = aggregate(derive, MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
+    # After the whole apply, the tombstones read again.
+    late = LateErasures(redis, keys, catalog, secret, settings.future_tolerance_seconds)
+    handler = Each(apply, late)
+    tombstones = Tombstones(redis, keys, secret)
     return skipping("aggregator", tombstones, handler, on_dropped=derive.sync_dropped)
 
 

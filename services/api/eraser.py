@@ -11,13 +11,13 @@ writes wait until then (services/api/erasing.py): nothing it has in Redis is a f
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
-badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v3``); its
-friend sets, both directions, and in MySQL its friendships and friend requests both ways; its
-events, taken out of the event counters they were counted in, each once (services/api/
-erased_counts.py), then deleted: in MySQL those accepted by the cut-off, in Redis the event
-records naming it, found by one ``SCAN`` of the keyspace; its entries in stored snapshots
-and in the ``period.closed`` messages still waiting in a period outbox (rewritten without them,
-services/api/erased_periods.py).
+badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_user_v3``,
+shared/erased_views.py); its friend sets, both directions, and in MySQL its friendships and
+friend requests both ways; its events, taken out of the event counters they were counted in,
+each once (services/api/erased_counts.py), then deleted: in MySQL those accepted by the
+cut-off, in Redis the event records naming it, found by one ``SCAN`` of the keyspace; its
+entries in stored snapshots and in the ``period.closed`` messages still waiting in a period
+outbox (rewritten without them, services/api/erased_periods.py).
 
 A board's pass: every key of its hash tag (one ``SCAN`` for all the boards a round deletes,
 ``UNLINK`` in batches) but its period outbox's entries, parked for the period relay first
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -47,6 +46,7 @@ from shared.db import (
     friendships,
     hidden_users,
 )
+from shared.erased_views import Found, erase_from_board
 from shared.erasure import (
     BoardDeletion,
     Erasure,
@@ -56,11 +56,8 @@ from shared.erasure import (
     pending_erasures,
     to_ms,
 )
-from shared.functions import ERASE_USER_FUNCTION
-from shared.keys import Keys, dirty_member, regions_of
-from shared.live_maths import HOT_WINDOWS
+from shared.keys import Keys
 from shared.parked_periods import is_parked, park, parked_set
-from shared.periods import window_at, windows_before
 
 log = structlog.get_logger(__name__)
 
@@ -76,16 +73,6 @@ SECOND_PASS_MARGIN = timedelta(seconds=0.5)
 def _unsuffixed(key: str) -> str:
     """A view's key from the key of its records (``<view>:ties``)."""
     return key.removesuffix(":ties")
-
-
-@dataclass(slots=True)
-class Found:
-    """What the keyspace holds of one board: its views' periods and regions."""
-
-    windows: set[tuple[str, str]] = field(default_factory=set)
-    regions: set[str] = field(default_factory=set)
-    # MVP teams' member sets: a user who changed teams in a period is in several.
-    team_sets: set[str] = field(default_factory=set)
 
 
 class Eraser:
@@ -191,7 +178,11 @@ class Eraser:
         """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
         Redis lost (or the end of an erasure asked again meanwhile removed) comes back, one a
         crash left after its erasure was done goes. ``held`` was read first: an entry in it was
-        in MySQL before ``pending`` was read."""
+        in MySQL before ``pending`` was read. Their tombstones are written to ``Keys.erased``
+        too, before the round's passes, whether or not the request wrote them (its process may
+        have stopped between MySQL and Redis): the aggregator's look after each apply reads them
+        there (services/aggregator/late_erasures.py), and a batch applied too late for the last
+        pass is looked at after that pass began, so after they were written."""
         wanted = {e.user_hash: to_ms(e.cutoff) for e in pending if e.user_id is not None}
         stale = {h.decode() if isinstance(h, bytes) else h for h in held} - set(wanted)
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -199,6 +190,7 @@ class Eraser:
                 pipe.hdel(self._keys.erasing, *stale)
             if wanted:
                 pipe.hset(self._keys.erasing, mapping={h: c for h, c in wanted.items()})
+                pipe.hset(self._keys.erased, mapping={h: c for h, c in wanted.items()})
             await pipe.execute()
 
     # -- a user ------------------------------------------------------------------------------
@@ -243,89 +235,14 @@ class Eraser:
                 views.setdefault(board_id, Found()).team_sets.add(name)
         return records, views
 
-    def _windows(self, board: Board) -> list[tuple[str, str]]:
-        """Every (period, period_id) the board may still keep, the one just begun included."""
-        latest = datetime.now(UTC) + self._future
-        found: list[tuple[str, str]] = []
-        for period in board.periods:
-            window = window_at(period, latest, board.timezone, board.schedule)
-            found.append((period, window.period_id))
-            if window.end is None:
-                continue
-            retention = (board.retention.of(period) or 0) + 1
-            for before in windows_before(window, board.timezone, retention, board.schedule):
-                found.append((period, before.period_id))
-        return found
-
     async def _erase_from_board(self, board: Board, user_id: str, seen: Found) -> int:
-        keys, bid = self._keys, board.board_id
         # A rebuild under way puts its staged views, replayed from MySQL before this erasure
         # reached it, in place of the live ones when it finishes: the pass waits for it.
-        if await self._redis.exists(keys.rebuilding(bid)):
-            raise RuntimeError(f"board {bid!r} is being rebuilt; the erasure waits for it")
-        kept = set(self._windows(board))
-        windows = sorted(kept | seen.windows)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(keys.legacy_user_regions(bid, user_id))
-            pipe.hget(keys.user_team(bid), user_id)
-            pipe.hget(keys.user_regions(bid), user_id)
-            for period, period_id in windows:
-                pipe.smembers(keys.regions(bid, period, period_id))
-                pipe.hget(keys.member_team(bid, period, period_id), user_id)
-            found: list[Any] = await pipe.execute()
-        regions: set[str] = set(found[0]) | set(regions_of(found[2]))
-        regions |= set(board.regions or ()) | seen.regions
-        teams: set[str] = {found[1]} if found[1] else set()
-        for i in range(len(windows)):
-            regions |= set(found[3 + 2 * i])
-            latest_team = found[4 + 2 * i]
-            if latest_team:
-                teams.add(latest_team.partition("|")[2])
-        call_keys: list[str] = [
-            keys.names(bid),
-            keys.user_team(bid),
-            keys.feed(bid),
-            keys.badges(bid, user_id),
-            keys.legacy_user_regions(bid, user_id),
-            keys.hot_events(bid),
-            keys.newest_event(bid),
-            keys.rate_bucket(bid, "user", user_id),
-            keys.dirty(bid),
-            keys.mvp_dirty(bid),
-        ]
-        marks: list[str] = []
-        tops: list[str] = []
-        for period, period_id in windows:
-            scopes = [("global", "")] + [(f"region:{r}", r) for r in sorted(regions)]
-            for scope, region in scopes:
-                view = keys.board_view(bid, period, period_id, scope)
-                call_keys += [view, keys.distinct(view), keys.distinct_building(view)]
-                call_keys.append(keys.ties(view))
-                # A period the definition no longer keeps is not merged: its entry goes, no mark.
-                merged = bool(region) and (period, period_id) in kept
-                marks.append(dirty_member(period, period_id, region, user_id) if merged else "")
-                tops.append(keys.last_top(bid, period, period_id, scope))
-        hashes = [keys.user_regions(bid)] + [keys.member_team(bid, p, pid) for p, pid in windows]
-        hot = [key for w in HOT_WINDOWS for key in (keys.hot_window(bid, w), keys.hot_rank(bid, w))]
-        members = sorted(
-            {keys.team_members(bid, p, pid, team) for p, pid in windows for team in teams}
-            | seen.team_sets
-        )
-        call_keys += hashes + hot + members
-        # Only an incr board keeps MVPs: another's marks would never be taken.
-        incr = board.operator == "incr"
-        mvp_marks = [f"{p}|{pid}" for p, pid in windows if incr and (p, pid) in kept]
-        args: list[str | int] = [user_id, len(marks), len(hashes), len(HOT_WINDOWS), len(members)]
-        args += [*marks, len(mvp_marks), *mvp_marks]
-        removed = int(
-            await self._redis.fcall(ERASE_USER_FUNCTION, len(call_keys), *call_keys, *args)
-        )
-        # The top 10 last pushed of each view: it may name the user (a global view of a period
-        # no longer kept is never merged again to replace it); the next push of each view
-        # compares with nothing and sends its top afresh.
-        for start in range(0, len(tops), UNLINK_BATCH):
-            await self._redis.unlink(*tops[start : start + UNLINK_BATCH])
-        return removed
+        if await self._redis.exists(self._keys.rebuilding(board.board_id)):
+            raise RuntimeError(
+                f"board {board.board_id!r} is being rebuilt; the erasure waits for it"
+            )
+        return await erase_from_board(self._redis, self._keys, board, user_id, seen, self._future)
 
     async def _erase_hidden(self, user_id: str, boards: list[Board]) -> None:
         """The boards' records of the user as hidden (MySQL first, then each board's set): a
