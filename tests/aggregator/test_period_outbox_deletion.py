@@ -40,6 +40,15 @@ def message(period_id: str) -> dict[str, str]:
     return {"m": orjson.dumps(body).decode(), "i": f"cup:daily:{period_id}"}
 
 
+# A deletion of board "cup", and the worker that makes its passes (no MySQL: no purge).
+DELETION = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+
+
+@pytest.fixture
+def eraser(redis: Redis, keys: Keys) -> Eraser:
+    return Eraser(None, redis, keys, BoardCatalog(redis, keys), 0)  # type: ignore[arg-type]
+
+
 async def board_keys(redis: Redis, keys: Keys) -> list[Any]:
     return [key async for key in redis.scan_iter(match=keys.board_match("cup"))]
 
@@ -94,11 +103,9 @@ async def test_a_board_deleted_with_messages_waiting_still_sends_each_once(
 
 
 async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_parked(
-    redis: Redis, keys: Keys
+    redis: Redis, keys: Keys, eraser: Eraser
 ) -> None:
-    catalog = BoardCatalog(redis, keys)
-    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
-    first = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    first = DELETION
     second = BoardDeletion("cup", datetime(2026, 12, 3, tzinfo=UTC), False, None)
     outbox = keys.periods_outbox("cup")
     await redis.xadd(outbox, message("2026-11-30"))
@@ -108,7 +115,7 @@ async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_par
     await redis.xadd(outbox, message("2026-12-01"))
     await eraser.delete_boards([first])
     # A fresh board of the name, deleted in turn with a message waiting.
-    await catalog.put(CUP)
+    await BoardCatalog(redis, keys).put(CUP)
     await redis.xadd(outbox, message("2026-12-02"))
     await eraser.delete_boards([second])
     older, newer = (
@@ -125,11 +132,9 @@ async def test_each_deletion_parks_what_waits_and_leaves_what_an_earlier_one_par
 
 
 async def test_a_deletion_notes_a_parked_outbox_only_where_it_parked_entries(
-    redis: Redis, keys: Keys
+    redis: Redis, keys: Keys, eraser: Eraser
 ) -> None:
-    catalog = BoardCatalog(redis, keys)
-    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
-    deletion = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    deletion = DELETION
     parked = parked_outbox(keys, "cup", to_ms(deletion.cutoff))
     # No period outbox at all, then an empty one (every message published): nothing is noted.
     assert await park(redis, keys, "cup", to_ms(deletion.cutoff)) == 0
@@ -148,15 +153,13 @@ async def test_a_deletion_notes_a_parked_outbox_only_where_it_parked_entries(
 
 
 async def test_a_message_queued_between_the_park_and_the_scan_is_parked_not_unlinked(
-    redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+    redis: Redis, keys: Keys, eraser: Eraser, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A close that read the board's definition before the deletion removed it queues its
     message after the pass parked the outbox, while the pass scans the board's keys to remove
     them: the message is parked (and goes out), not removed with the board's keys."""
-    catalog = BoardCatalog(redis, keys)
-    await catalog.put(CUP)
-    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
-    deletion = BoardDeletion("cup", datetime(2026, 12, 1, tzinfo=UTC), False, None)
+    await BoardCatalog(redis, keys).put(CUP)
+    deletion = DELETION
     outbox = keys.periods_outbox("cup")
     await redis.set(keys.period_watermark("cup", "daily"), 1)  # a key of the board, to scan
     scan_iter = type(redis).scan_iter
