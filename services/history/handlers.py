@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.history.snapshotter import changed_views
 from shared.consumer import Handler
 from shared.db import board_deletions, board_epoch_of, from_db_time, score_events, to_db_time
-from shared.erased_events import delete_user_events
-from shared.erasure import StoredTombstones, erasure_of, stored_tombstones, to_ms
+from shared.erased_events import delete_stored
+from shared.erasure import StoredTombstones, stored_tombstones, to_ms
 from shared.events import ScoreAccepted, outbox_position, period_ids_text
 from shared.keys import Keys
 
@@ -158,7 +158,11 @@ class LateErasures:
     This look comes after the batch's commit, in a transaction of its own: a tombstone recorded
     before it is seen here, and one recorded after it was recorded after the commit, so the
     erasure's passes, which follow it, find the rows. An event left in the log either way is
-    none. One query a batch; the deletes only when a tombstone is found."""
+    none. One query a batch; the deletes only when a tombstone is found.
+
+    :meth:`dropped` is the filter's hand-over of the events it leaves out: the same deletes
+    (of nothing, unless an earlier delivery of the batch was stored and its look failed), then
+    ``on_erased``."""
 
     def __init__(self, engine: AsyncEngine, secret: str, on_erased: Handler) -> None:
         self._engine = engine
@@ -169,23 +173,22 @@ class LateErasures:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         async with self._engine.connect() as conn:
             cutoffs = await stored_tombstones(conn, {e.user_id for e in events}, self._secret)
-        late = {
-            e.user_id
-            for e in events
-            if e.user_id in cutoffs and to_ms(e.accepted_at) <= cutoffs[e.user_id]
-        }
+        late = [
+            e for e in events if e.user_id in cutoffs and to_ms(e.accepted_at) <= cutoffs[e.user_id]
+        ]
         if not late:
             return
-        for user_id in sorted(late):
-            erasure = await erasure_of(self._engine, user_id, self._secret)
-            if erasure is not None:  # the cut-off as stored, to the microsecond
-                await delete_user_events(self._engine, user_id, erasure.cutoff)
+        await delete_stored(self._engine, late)
+        LATE.inc(len(late))
+        log.info("events of users erased meanwhile deleted after their store", events=len(late))
         # What the filter would have handed over: a deleted board's events are not taken back.
-        _, erased = await self._tombstones.split(events)
-        LATE.inc(len(erased))
-        log.info("events of users erased meanwhile deleted after their store", events=len(erased))
+        _, erased = await self._tombstones.split(late)
         if erased:
             await self._on_erased(erased)
+
+    async def dropped(self, events: list[ScoreAccepted]) -> None:
+        await delete_stored(self._engine, events)
+        await self._on_erased(events)
 
 
 class MarkChangedViews:

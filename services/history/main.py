@@ -60,7 +60,7 @@ def batch_handler(
     # events of a user whose erasure was recorded while the batch went in, out again.
     late = LateErasures(engine, secret, uncount)
     handler = in_order(HistoryHandler(engine), late, marks)
-    return skipping("history", StoredTombstones(engine, secret), handler, uncount)
+    return skipping("history", StoredTombstones(engine, secret), handler, late.dropped)
 
 
 async def run(settings: LadderSettings) -> None:

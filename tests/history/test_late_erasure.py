@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from services.api.eraser import Eraser
-from services.history.handlers import HistoryHandler
+from services.history.handlers import HistoryHandler, LateErasures
 from services.history.main import batch_handler
 from shared.boards import MAIN_BOARD, BoardCatalog
 from shared.db import count_events, open_engine
@@ -69,3 +69,37 @@ async def test_a_batch_stored_after_the_erasures_passes_leaves_none_of_the_users
         assert await count_events(engine, "main", user_id="u-x") == 0
         assert await count_events(engine, "main", user_id="u-2") == 1
         assert await redis.get(counter) == "1"
+
+
+async def test_a_batch_whose_look_failed_after_its_store_is_deleted_when_delivered_again(
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store committed, then the look failed (MySQL lost at that moment): the batch comes
+    again, and the filter, which sees the tombstone now, leaves the user's events out of the
+    store; the rows the first delivery stored are deleted all the same."""
+    async with (
+        api_client(quiet) as client,
+        open_engine(quiet.mysql_url, changed_rows=True) as engine,
+    ):
+        await post(client, score(user_id="u-x", event_id="e-1"))
+        await post(client, score(user_id="u-2", event_id="e-2"))
+        entries: list[Any] = await redis.xrange(keys.outbox("main"))
+        batch = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        store = HistoryHandler.__call__
+
+        async def erased_before_the_store(self: HistoryHandler, events: list[Any]) -> None:
+            await request_erasure(engine, redis, keys, "u-x", quiet.effective_jwt_secret)
+            await store(self, events)
+
+        async def lost(self: LateErasures, events: list[Any]) -> None:
+            raise ConnectionError("MySQL went away")
+
+        monkeypatch.setattr(HistoryHandler, "__call__", erased_before_the_store)
+        monkeypatch.setattr(LateErasures, "__call__", lost)
+        with pytest.raises(ConnectionError):
+            await batch_handler(engine, redis, keys, quiet)(batch)
+        assert await count_events(engine, "main", user_id="u-x") == 1
+        monkeypatch.undo()
+        await batch_handler(engine, redis, keys, quiet)(batch)
+        assert await count_events(engine, "main", user_id="u-x") == 0
+        assert await count_events(engine, "main", user_id="u-2") == 1
