@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
-from sqlalchemy import delete, or_, text
+from sqlalchemy import delete, exists, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.api.erased_counts import take_out_events
@@ -42,6 +42,8 @@ from services.api.erased_periods import erase_from_period_outboxes
 from services.api.erased_rows import erase_from_snapshots, purge_board
 from shared.boards import Board, BoardCatalog
 from shared.db import (
+    board_deletions,
+    erasures,
     friend_requests,
     friendships,
     hidden_users,
@@ -113,6 +115,8 @@ class Eraser:
     async def round(self) -> int:
         """Work what is pending, under the lock (another process working them: nothing here).
         Returns how many jobs were finished."""
+        if not await self._anything_to_do():
+            return 0
         name = f"ladder.erasure.{self._engine.url.database}"[:64]
         async with self._engine.connect() as conn:
             got = await conn.scalar(text("SELECT GET_LOCK(:name, 0)"), {"name": name})
@@ -124,6 +128,22 @@ class Eraser:
             finally:
                 await conn.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
                 await conn.commit()
+
+    async def _anything_to_do(self) -> bool:
+        """Whether a round has work: a first pass made here, a user marked erasing in Redis (a
+        mark of a job done is taken away by a round), or a job pending in MySQL. Read without the
+        lock, in one statement: every API process polls, and an idle poll would otherwise cost
+        MySQL a lock taken and given back and a query for each kind of job."""
+        if self._first_pass_done or await self._redis.exists(self._keys.erasing):
+            return True
+        pending = select(
+            or_(
+                exists().where(erasures.c.done_at.is_(None)),
+                exists().where(board_deletions.c.done_at.is_(None)),
+            )
+        )
+        async with self._engine.connect() as conn:
+            return bool(await conn.scalar(pending))
 
     async def _work(self) -> int:
         """Each pending job's pass due. A job that fails leaves the others to go on; the round

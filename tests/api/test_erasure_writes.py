@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import event
 
 from services.api.eraser import Eraser
 from services.api.erasing import ErasingUsers
@@ -76,6 +77,37 @@ async def test_the_worker_keeps_the_waiting_users_to_the_pending_erasures(
         eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
         await eraser.round()
         assert [e.user_id for e in await pending_erasures(engine)] == ["u-1"]
+        assert await redis.hkeys(keys.erasing) == [user_hash("u-1", secret)]
+
+
+async def test_an_idle_round_is_one_statement_and_still_takes_a_stale_mark_away(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Every API process polls every half second: with nothing pending, a round reads MySQL
+    once and takes no lock. A mark in Redis with no job behind it still has a round take it
+    away, and a job recorded after an idle round is worked by the next."""
+    secret = quiet.effective_jwt_secret
+    async with open_engine(quiet.mysql_url) as engine:
+        statements: list[str] = []
+
+        def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+            statements.append(statement)
+
+        event.listen(engine.sync_engine, "before_cursor_execute", seen)
+        eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
+        assert await eraser.round() == 0
+        assert len(statements) == 1 and "GET_LOCK" not in statements[0]
+        assert "erasures" in statements[0] and "board_deletions" in statements[0]
+
+        await redis.hset(keys.erasing, user_hash("u-2", secret), 1)
+        statements.clear()
+        await eraser.round()
+        assert not await redis.exists(keys.erasing)
+        assert any("GET_LOCK" in s for s in statements)
+
+        await request_erasure(engine, redis, keys, "u-1", secret)
+        await redis.delete(keys.erasing)  # as if the request's process stopped before Redis
+        await eraser.round()
         assert await redis.hkeys(keys.erasing) == [user_hash("u-1", secret)]
 
 
