@@ -112,7 +112,9 @@ def batch_handler(
     (:meth:`Derive.sync_dropped`), so that those stay exact (the erasure takes the user's entries
     out). A deleted board's are not: its views went with its keys, and a board made since under
     its name is another (shared/erasure.py ``skipping``). The events of a user whose erasure was
-    recorded while the batch went in are taken out again after the apply (``LateErasures``)."""
+    recorded while the batch went in are taken out again after the apply (``LateErasures``), and
+    on a delivery again after that look failed, once the filter left them out
+    (``LateErasures.dropped``)."""
     secret = settings.effective_jwt_secret
     derive = Derive(redis, keys, catalog, settings.feed_length)
     apply = aggregate(derive, MarkDirty(redis, keys, fresh), RecordLive(redis, keys, catalog))
@@ -120,7 +122,10 @@ def batch_handler(
     late = LateErasures(redis, keys, catalog, secret, settings.future_tolerance_seconds)
     handler = Each(apply, late)
     tombstones = Tombstones(redis, keys, secret)
-    return skipping("aggregator", tombstones, handler, on_dropped=derive.sync_dropped)
+    # The events it leaves out: their pairs synced, then what an earlier delivery applied and
+    # its failed look left (LateErasures.dropped).
+    dropped = Each(derive.sync_dropped, late.dropped)
+    return skipping("aggregator", tombstones, handler, on_dropped=dropped)
 
 
 async def run(settings: LadderSettings) -> None:

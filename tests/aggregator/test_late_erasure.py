@@ -11,16 +11,19 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from services.aggregator import late_erasures
 from services.aggregator import main as aggregator
 from services.aggregator.fresh import FreshRegions
 from services.api.eraser import Eraser
 from shared.boards import BoardCatalog
 from shared.db import open_engine
-from shared.erasure import request_erasure
+from shared.erasure import Erasure, Split, finish_erasure, request_erasure, user_hash
 from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.settings import LadderSettings
+from shared.uncount import Uncount
 from tests.api.helpers import post, score
 from tests.helpers import api_client, snapshot
 
@@ -118,3 +121,90 @@ async def test_the_look_sees_a_tombstone_whose_request_had_not_written_it_to_red
         monkeypatch.setattr(aggregator, "aggregate", erased_before_the_apply)
         await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
         assert sorted(await naming(redis, keys, "u-x")) == []
+
+
+@pytest.mark.parametrize(
+    ("done", "history_first"),
+    [(False, False), (True, False), (True, True)],
+    ids=["erasing", "erased", "erased-history-first"],
+)
+async def test_a_batch_whose_look_failed_is_taken_out_when_delivered_again(
+    quiet: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
+    done: bool,
+    history_first: bool,
+) -> None:
+    """The apply succeeds and the look after it fails (Redis lost at that moment): the batch is
+    delivered again, and the filter, which sees the tombstone by then, leaves the user's event
+    out. The redelivery finds the event applied by its record and takes the user out of the
+    board as the look would have, the event out of the counters once: before or after the
+    history consumer's own taking out (``Uncount``, which sets the record's derive-pending bit
+    again), the erasure marked done or not yet. Before, all of it was left until a rebuild."""
+    counter = keys.event_count("main", "alltime", "all")
+    secret = quiet.effective_jwt_secret
+    async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
+        await post(client, score(user_id="u-x", event_id="e-1", team_id="t-x"))
+        await post(client, score(user_id="u-2", event_id="e-2", team_id="t-2"))
+        entries: list[Any] = await redis.xrange(keys.outbox("main"))
+        batch = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        catalog = BoardCatalog(redis, keys)
+        aggregate = aggregator.aggregate
+        erasures: list[Erasure] = []
+
+        def erased_before_the_apply(*handlers: Any) -> Any:
+            apply = aggregate(*handlers)
+
+            async def handle(events: list[ScoreAccepted]) -> None:
+                erasure = await request_erasure(engine, redis, keys, "u-x", secret)
+                eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
+                for _ in range(2):
+                    await eraser.erase_user("u-x", erasure.cutoff)
+                erasures.append(erasure)
+                await apply(events)
+
+            return handle
+
+        class LookFailsOnce(late_erasures.Tombstones):
+            calls = 0
+
+            async def split(self, events: list[ScoreAccepted]) -> Split:
+                LookFailsOnce.calls += 1
+                if LookFailsOnce.calls == 1:
+                    raise RedisConnectionError("Redis lost after the apply")
+                return await super().split(events)
+
+        monkeypatch.setattr(aggregator, "aggregate", erased_before_the_apply)
+        monkeypatch.setattr(late_erasures, "Tombstones", LookFailsOnce)
+        with pytest.raises(RedisConnectionError):
+            await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
+        # The apply wrote the user's views and counted e-1; the look took nothing out.
+        assert await naming(redis, keys, "u-x") != {}
+        assert await redis.get(counter) == "2"
+        if done:  # the worker's round after its second pass
+            await finish_erasure(engine, erasures[0])
+            await redis.hdel(keys.erasing, user_hash("u-x", secret))
+        if history_first:  # the history consumer leaves e-1 out first
+            await Uncount(redis, keys)([e for e in batch if e.user_id == "u-x"])
+            assert await redis.get(counter) == "1"
+
+        monkeypatch.setattr(aggregator, "aggregate", aggregate)
+        await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
+        assert sorted(await naming(redis, keys, "u-x")) == []
+        assert await naming(redis, keys, "u-2") != {}
+        assert await redis.get(counter) == "1"
+
+        # Once more (another crash before the ack): nothing is left to find, nothing is erased.
+        erased: list[str] = []
+        erase = late_erasures.erase_from_board
+
+        async def counting(*args: Any) -> int:
+            erased.append(args[3])
+            return await erase(*args)
+
+        monkeypatch.setattr(late_erasures, "erase_from_board", counting)
+        await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
+        assert erased == []
+        assert sorted(await naming(redis, keys, "u-x")) == []
+        assert await redis.get(counter) == "1"
