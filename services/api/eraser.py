@@ -2,8 +2,9 @@
 requests MySQL holds pending, in the background of every API process.
 
 A request is recorded in MySQL before the API answers 202 (:mod:`shared.erasure`), so a job
-survives any restart: the worker polls for pending ones every ``POLL_SECONDS``; a MySQL named
-lock lets one process at a time work them (the steps are idempotent anyway). Each job runs two
+survives any restart: the worker polls for pending ones every ``POLL_SECONDS`` (with none, a
+poll is one statement and one Redis read); a MySQL named lock lets one process at a time work
+them (the steps are idempotent anyway). Each job runs two
 passes: one at once, and one after its cut-off, which catches whatever was accepted, derived or
 stored while the first ran (a write accepted by a process that still had the board cached, an
 event the history consumer stored just before the tombstone); then it is marked done. The user's

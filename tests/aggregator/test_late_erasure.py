@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.aggregator import late_erasures
 from services.aggregator import main as aggregator
@@ -46,37 +47,50 @@ async def naming(redis: Redis, keys: Keys, user_id: str) -> dict[str, Any]:
     return found
 
 
+async def two_users_batch(client: Any, redis: Redis, keys: Keys) -> list[ScoreAccepted]:
+    """u-x's event e-1 (team t-x) and u-2's e-2 (team t-2) written, and the batch of both as the
+    aggregator would be given it, read from the outbox."""
+    await post(client, score(user_id="u-x", event_id="e-1", team_id="t-x"))
+    await post(client, score(user_id="u-2", event_id="e-2", team_id="t-2"))
+    entries: list[Any] = await redis.xrange(keys.outbox("main"))
+    return [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+
+
+def erased_before_the_apply(
+    engine: AsyncEngine, redis: Redis, keys: Keys, secret: str, erasures: list[Erasure]
+) -> Any:
+    """``aggregator.aggregate`` whose apply comes late: the filter has let the batch through,
+    then u-x's erasure is recorded (appended to ``erasures``) and both its passes run (they find
+    nothing the batch writes), and only then is the batch applied."""
+    aggregate = aggregator.aggregate
+
+    def late(*handlers: Any) -> Any:
+        apply = aggregate(*handlers)
+
+        async def handle(events: list[ScoreAccepted]) -> None:
+            erasure = await request_erasure(engine, redis, keys, "u-x", secret)
+            eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
+            for _ in range(2):
+                await eraser.erase_user("u-x", erasure.cutoff)
+            erasures.append(erasure)
+            await apply(events)
+
+        return handle
+
+    return late
+
+
 async def test_a_batch_applied_after_the_erasures_passes_leaves_none_of_the_user_in_redis(
     quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counter = keys.event_count("main", "alltime", "all")
     async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
-        await post(client, score(user_id="u-x", event_id="e-1", team_id="t-x"))
-        await post(client, score(user_id="u-2", event_id="e-2", team_id="t-2"))
-        entries: list[Any] = await redis.xrange(keys.outbox("main"))
-        batch = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        batch = await two_users_batch(client, redis, keys)
         catalog = BoardCatalog(redis, keys)
         aggregate = aggregator.aggregate
-        erasures = []
-
-        def erased_before_the_apply(*handlers: Any) -> Any:
-            apply = aggregate(*handlers)
-
-            async def handle(events: list[ScoreAccepted]) -> None:
-                # The filter has let the batch through; the erasure is recorded and both its
-                # passes run (they find nothing the batch writes), then the batch is applied.
-                erasure = await request_erasure(
-                    engine, redis, keys, "u-x", quiet.effective_jwt_secret
-                )
-                eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
-                for _ in range(2):
-                    await eraser.erase_user("u-x", erasure.cutoff)
-                erasures.append(erasure)
-                await apply(events)
-
-            return handle
-
-        monkeypatch.setattr(aggregator, "aggregate", erased_before_the_apply)
+        erasures: list[Erasure] = []
+        erased = erased_before_the_apply(engine, redis, keys, quiet.effective_jwt_secret, erasures)
+        monkeypatch.setattr(aggregator, "aggregate", erased)
         await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
         assert erasures
         assert sorted(await naming(redis, keys, "u-x")) == []
@@ -106,7 +120,7 @@ async def test_the_look_sees_a_tombstone_whose_request_had_not_written_it_to_red
         catalog = BoardCatalog(redis, keys)
         aggregate = aggregator.aggregate
 
-        def erased_before_the_apply(*handlers: Any) -> Any:
+        def recorded_before_the_apply(*handlers: Any) -> Any:
             apply = aggregate(*handlers)
 
             async def handle(events: list[ScoreAccepted]) -> None:
@@ -118,7 +132,7 @@ async def test_the_look_sees_a_tombstone_whose_request_had_not_written_it_to_red
 
             return handle
 
-        monkeypatch.setattr(aggregator, "aggregate", erased_before_the_apply)
+        monkeypatch.setattr(aggregator, "aggregate", recorded_before_the_apply)
         await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
         assert sorted(await naming(redis, keys, "u-x")) == []
 
@@ -145,26 +159,10 @@ async def test_a_batch_whose_look_failed_is_taken_out_when_delivered_again(
     counter = keys.event_count("main", "alltime", "all")
     secret = quiet.effective_jwt_secret
     async with api_client(quiet) as client, open_engine(quiet.mysql_url) as engine:
-        await post(client, score(user_id="u-x", event_id="e-1", team_id="t-x"))
-        await post(client, score(user_id="u-2", event_id="e-2", team_id="t-2"))
-        entries: list[Any] = await redis.xrange(keys.outbox("main"))
-        batch = [ScoreAccepted.model_validate_json(fields["e"]) for _, fields in entries]
+        batch = await two_users_batch(client, redis, keys)
         catalog = BoardCatalog(redis, keys)
         aggregate = aggregator.aggregate
         erasures: list[Erasure] = []
-
-        def erased_before_the_apply(*handlers: Any) -> Any:
-            apply = aggregate(*handlers)
-
-            async def handle(events: list[ScoreAccepted]) -> None:
-                erasure = await request_erasure(engine, redis, keys, "u-x", secret)
-                eraser = Eraser(engine, redis, keys, BoardCatalog(redis, keys), 0)
-                for _ in range(2):
-                    await eraser.erase_user("u-x", erasure.cutoff)
-                erasures.append(erasure)
-                await apply(events)
-
-            return handle
 
         class LookFailsOnce(late_erasures.Tombstones):
             calls = 0
@@ -175,7 +173,8 @@ async def test_a_batch_whose_look_failed_is_taken_out_when_delivered_again(
                     raise RedisConnectionError("Redis lost after the apply")
                 return await super().split(events)
 
-        monkeypatch.setattr(aggregator, "aggregate", erased_before_the_apply)
+        erased = erased_before_the_apply(engine, redis, keys, secret, erasures)
+        monkeypatch.setattr(aggregator, "aggregate", erased)
         monkeypatch.setattr(late_erasures, "Tombstones", LookFailsOnce)
         with pytest.raises(RedisConnectionError):
             await aggregator.batch_handler(redis, keys, catalog, quiet, FreshRegions())(batch)
