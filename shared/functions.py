@@ -32,7 +32,8 @@ replay and rebuild finish, v5 of derive and merge: the users' regions are one ha
 (``{P:B}:user-regions``) in place of a set a user: the write's ninth key names it, the derive
 step takes it as its fourth key (and each event's set of the layout before, to fold it in), the
 merge as its ninth. v12 of the write: the lean layout, the keys the write touches alone; the
-journaled layout keeps the names v10 and v11.)
+journaled layout keeps the names v10 and v11. v13 of the lean write: each period's regions set,
+a third key a period.)
 
 A change of what a function does with the same keys and arguments keeps its name: a call of
 either version then reads and writes the right keys, and whichever library was loaded last
@@ -65,19 +66,23 @@ LIBRARY = "ladder_v1"
 below in one step (a library of another name could not hold functions of the same names)."""
 
 # -- the write (docs/api.md sections 4 and 9a) -------------------------------------------------
-SUBMIT_FUNCTION = "ladder_submit_v12"
+SUBMIT_FUNCTION = "ladder_submit_v13"
 """One accepted score, atomically: boards, ranks, brackets, idempotency answer, outbox. Given
 only the keys it touches (the lean layout, shared/submit.py): while the board is being rebuilt it
 writes nothing and answers ``rebuilding``, and the caller sends the journaled call instead.
-(v12: the lean layout; the journaled one keeps its name.)"""
-WRITE_FUNCTION = "ladder_write_v12"
+(v12: the lean layout; the journaled one keeps its name. v13: each period's regions set, a third
+key a period, which a user's first score on the regional board adds the region to.)"""
+WRITE_FUNCTION = "ladder_write_v13"
 """``SUBMIT_FUNCTION`` behind the user's and the credential's token buckets, in the same step.
-(v11: each bucket a string, no longer a hash: both read in one MGET. v12: the lean layout.)"""
+(v11: each bucket a string, no longer a hash: both read in one MGET. v12: the lean layout. v13:
+the regions set a period.)"""
 JOURNALED_SUBMIT_FUNCTION = "ladder_submit_v10"
 """``SUBMIT_FUNCTION`` given every key a replay of the call writes (the journaled layout), so
 that it is journaled whole while the board is being rebuilt (shared/lua/rebuild.lua). (v9: a
 last key, the board's hidden users, whose entries stay records alone, out of every view. v10:
-its ninth key is the board's users' regions hash, for the replay's derive step.)"""
+its ninth key is the board's users' regions hash, for the replay's derive step. It kept its name
+when a user's first score on a regional board came to add the region to the period's regions set,
+a key it named already.)"""
 JOURNALED_WRITE_FUNCTION = "ladder_write_v11"
 """``JOURNALED_SUBMIT_FUNCTION`` behind the token buckets, as ``WRITE_FUNCTION``."""
 

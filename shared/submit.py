@@ -35,8 +35,9 @@ from shared.ranking import MAX_SCORE, reached_ms, sub_part, tie_key
 # record of the layout before, outbox, rebuild flag, journal and newest event), then nine a
 # period, the period's event counter last, then the board's hidden users (a replay reads its
 # staging copy, which the rebuild fills from MySQL). The derived views' keys (feed, user regions
-# and team, each period's regions, players and event count) are named though the write does not
-# touch them: a journaled call is replayed whole, the write then the derive step
+# and team, each period's players and event count) are named though the write does not touch
+# them, and each period's regions set though the write adds to it only for a user new to the
+# regional board: a journaled call is replayed whole, the write then the derive step
 # (shared/lua/rebuild.lua). The lean layout, which the API sends first, names only the keys the
 # write touches (write.lua); it is refused while the board is being rebuilt.
 WRITE_OWN_KEYS = 6
@@ -169,11 +170,11 @@ def _lean_board_keys(keys: Keys, board_id: str) -> tuple[str, str, str, str]:
 @functools.lru_cache(maxsize=4096)
 def _lean_period_keys(
     keys: Keys, board_id: str, period: Period, period_id: str, region: str
-) -> tuple[str, str]:
-    """Those of :func:`_period_keys` a lean write is given: the regional board and its tie
-    keys."""
-    view, _, ties, *_ = _period_keys(keys, board_id, period, period_id, region)
-    return view, ties
+) -> tuple[str, str, str]:
+    """Those of :func:`_period_keys` a lean write is given: the regional board, its tie keys and
+    the period's regions set (which a user's first score on the regional board adds to)."""
+    view, _, ties, regions, *_ = _period_keys(keys, board_id, period, period_id, region)
+    return view, ties, regions
 
 
 def _record(board_id: str, event: SubmitEvent) -> dict[str, object]:

@@ -1,5 +1,5 @@
 """What one write asks of Redis: the commands a steady-state write runs, by board shape, as the API
-sends it (``ladder_write_v12``, lean: the write behind the user's and the credential's rate limits),
+sends it (``ladder_write_v13``, lean: the write behind the user's and the credential's rate limits),
 counted exactly (``INFO commandstats``) on a private ``redis-server`` that nothing else talks to;
 and what the aggregator's derive step (``ladder_derive_v5``, in batches of ``DERIVE_BATCH``) then
 runs per event for the views the write leaves to it. A count, not a

@@ -25,12 +25,13 @@ KEYS, in one of two layouts (shared/submit.py builds both):
       its distinct set, its tie keys, players (HyperLogLog), event count. Last, the board's
       hidden users (absent from a journaled call of the version before: none hidden).
   lean: the keys the write touches, and no others: the event's record, the record of the layout
-      before, outbox, rebuild flag, newest event, names; then two per period: regional board,
-      its tie keys; last, the board's hidden users. A lean call cannot be journaled (a replay
+      before, outbox, rebuild flag, newest event, names; then three per period: regional board,
+      its tie keys, regions set (written only by a user's first score on the regional board);
+      last, the board's hidden users. A lean call cannot be journaled (a replay
       writes the derived views, which it does not name): while the board is being rebuilt it
       writes nothing and returns {'rebuilding', ''}, and the caller sends the journaled call.
       Every key a function is given costs Redis about as much as a command (its argument read,
-      made an object, then a Lua string); the lean call is given 15 where the journaled one is
+      made an object, then a Lua string); the lean call is given 19 where the journaled one is
       given 47, on a board of four periods.
 ARGV: 1 body hash, 2 operator, 3 value, 4 user_id, 5 region, 6 display_name ('' for none),
       7 the event as JSON without its closing brace, 8 period count, 9 idempotency ttl,
@@ -56,9 +57,9 @@ local TIME_MAX = 2 ^ 48 - 1
 -- among them the regional board's tie keys are, and where the names, the newest event and (a
 -- journaled call only) the journal are. Both start with the record, the record of the layout
 -- before, the outbox and the rebuild flag.
-local JOURNALED = {before = KEYS_BEFORE, per = KEYS_PER_PERIOD, ties = 3, names = 7, newest = 6,
-                   journal = 5}
-local LEAN = {before = 6, per = 2, ties = 2, names = 6, newest = 5}
+local JOURNALED = {before = KEYS_BEFORE, per = KEYS_PER_PERIOD, ties = 3, regions = 4, names = 7,
+                   newest = 6, journal = 5}
+local LEAN = {before = 6, per = 3, ties = 2, regions = 3, names = 6, newest = 5}
 
 -- The event's record under its user and id (docs/architecture.md, "Idempotency"): a marks
 -- byte (the consumers' seen bits, live.lua), the body hash, then the first answer, compactly:
@@ -163,10 +164,10 @@ end
 -- What every period's write needs to know of the event and its board.
 local function event_of(args)
   -- Only what the write reads: each field of this table costs every write, as every table does.
-  local e = {op = args[2], value = tonumber(args[3]), user = args[4], display = args[6],
-             sign = args[12] == '1' and 1 or -1, tie = args[15], at = tie_time(args[15]),
-             sub = sub_of(args[15]), max = tonumber(args[16]), meta = args[17],
-             sub_order = args[18], brackets = {}}
+  local e = {op = args[2], value = tonumber(args[3]), user = args[4], region = args[5],
+             display = args[6], sign = args[12] == '1' and 1 or -1, tie = args[15],
+             at = tie_time(args[15]), sub = sub_of(args[15]), max = tonumber(args[16]),
+             meta = args[17], sub_order = args[18], brackets = {}}
   -- Each bracket as a number then as its digits, which name it in the answer and go to Redis as
   -- they are (a number given to redis.call() is formatted on every call): one flat list.
   local brackets = e.brackets
@@ -184,7 +185,7 @@ end
 local function period_of(keys, args, i, layout)
   local a, k = ARGS_BEFORE + (i - 1) * ARGS_PER_PERIOD, layout.before + (i - 1) * layout.per
   return {name = args[a + 1], id = args[a + 2], expire = tonumber(args[a + 3]),
-          view = keys[k + 1], ties = keys[k + layout.ties]}
+          view = keys[k + 1], ties = keys[k + layout.ties], regions = keys[k + layout.regions]}
 end
 
 -- Whether the event's (value, subscore part) beats an entry's: a better score, or an equal one
@@ -247,11 +248,18 @@ local function plan_period(e, p)
   return out_of_range(e, p, ' score', p.score)
 end
 
--- put_entry() of the user's new score into the period's board, reached at p.tie.
+-- put_entry() of the user's new score into the period's board, reached at p.tie. A user new to
+-- the regional board names its region in the period's regions set, in this step: the period's
+-- close reads its regions there (services/aggregator/closer.py), and on a board that declares
+-- none a region whose events were all still on their way to the derive step (which adds each
+-- event's region too) would be left out of the close. Once for each user and regional board:
+-- a steady-state write adds nothing.
 local function put_in_period(e, p)
   put_entry(p, e.user, p.old, p.score * e.sign, p.tie, p.meta)
+  if p.old ~= nil then return end
   -- A user new to the board may be its first: then the board's keys were just made.
-  expire_made(p.old == nil and redis.call('ZCARD', p.view) == 1, {p.view, p.ties}, p.expire)
+  expire_made(redis.call('ZCARD', p.view) == 1, {p.view, p.ties}, p.expire)
+  expire_made(redis.call('SADD', p.regions, e.region) == 1, {p.regions}, p.expire)
 end
 
 -- The subscore a subscore part (shared/ranking.py sub_part: 's', then 14 hex digits of the

@@ -32,21 +32,25 @@ from shared.topology import Topology
 BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
 
 
-async def write(redis: Redis, keys: Keys, settings: LadderSettings, at: datetime) -> None:
+async def write(
+    redis: Redis, keys: Keys, settings: LadderSettings, at: datetime, board: Board = BOARD
+) -> None:
     for n, (user, region, value) in enumerate(
         [("a", "eu", 30), ("b", "eu", 10), ("c", "na", 20), ("a", "na", 5)]
     ):
         score = ScoreIn(user_id=user, region=region, value=value, occurred_at=at)
-        await submit(redis, keys, settings, BOARD, score, f"e-{n}")
+        await submit(redis, keys, settings, board, score, f"e-{n}")
 
 
-async def close_until_done(closers: list[Closer], merger: Merger, now: datetime) -> int:
+async def close_until_done(
+    closers: list[Closer], merger: Merger, now: datetime, board: Board = BOARD
+) -> int:
     """Tick the closers (and the merge between their ticks) until the season is claimed."""
     closed = 0
     for _ in range(10):
-        results = await asyncio.gather(*(c.close_board(BOARD, now) for c in closers))
+        results = await asyncio.gather(*(c.close_board(board, now) for c in closers))
         closed += sum(results)
-        await merger.merge_board(BOARD)
+        await merger.merge_board(board)
     return closed
 
 
@@ -89,6 +93,44 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     # Again, later, by either: nothing more.
     assert await close_until_done(closers, Merger(redis, keys), after + timedelta(seconds=30)) == 0
     assert await redis.xlen(keys.periods_outbox("cup")) == 1
+
+
+async def test_a_board_without_declared_regions_closes_every_region_the_writes_made(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """On a board with ``regions: null`` the close learns the period's regions from its regions
+    set. The derive step fills it from the events it consumes, and an event whose message was
+    still on its way left its region out of the close, and its users out of the global top: the
+    write now names a region in the set in the step that gives a user its first score there.
+    No consumer runs here, as if every message were still in the broker."""
+    open_board = BOARD.model_copy(update={"board_id": "open", "regions": None})
+    now = datetime.now(UTC)
+    season = window_at("season", now, "UTC", open_board.schedule)
+    await write(
+        redis, keys, settings.model_copy(update={"allowed_lateness": 60.0}), now, open_board
+    )
+    regions = keys.regions("open", "season", season.period_id)
+    assert await redis.smembers(regions) == {"eu", "na"}
+    assert season.end is not None
+    # Expiring with the season's other keys.
+    assert await redis.expiretime(regions) == await redis.expiretime(
+        keys.region_view("open", "season", season.period_id, "eu")
+    )
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+
+    after = season.end + timedelta(seconds=5)
+    assert await close_until_done([closer], Merger(redis, keys), after, open_board) == 4
+    [(_, fields)] = await redis.xrange(keys.periods_outbox("open"))
+    scopes = orjson.loads(fields["m"])["scopes"]
+    ranked = {
+        scope: [(e["user_id"], e["score"]) for e in entries] for scope, entries in scopes.items()
+    }
+    assert ranked == {
+        "global": [("a", 35), ("c", 20), ("b", 10)],
+        "region:eu": [("a", 30), ("b", 10)],
+        "region:na": [("c", 20), ("a", 5)],
+        "teams": [],
+    }
 
 
 async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_close(

@@ -60,9 +60,10 @@ async def test_the_lean_call_names_only_the_keys_the_write_touches(
     assert call.journaled_keys is not None
     full = call.journaled_keys()
 
-    # Record, record of the layout before, outbox, flag, newest event, names; two a period; the
-    # hidden users: each one of the journaled call's, in the same order.
-    assert len(call.keys) == 6 + 2 * PERIODS + 1
+    # Record, record of the layout before, outbox, flag, newest event, names; three a period
+    # (regional board, its records, the regions set); the hidden users: each one of the
+    # journaled call's, in the same order.
+    assert len(call.keys) == 6 + 3 * PERIODS + 1
     assert len(full) == KEYS_BEFORE + KEYS_PER_PERIOD * PERIODS + 1
     assert [key for key in full if key in call.keys] == call.keys
     assert call.command(None, 0, journaled=True)[:2] == [JOURNALED_SUBMIT_FUNCTION, len(full)]
