@@ -92,8 +92,7 @@ class Keys:
         return f"{self.tag(board_id)}:dirty:merging"
 
     def merge_lease(self, board_id: str) -> str:
-        """``{P:B}:merge:lease`` (string, expiring): "<fence>|<owner>", the aggregator that merges
-        the board now (shared/lease.py)."""
+        """``{P:B}:merge:lease`` (string, expiring): "<fence>|<owner>", its merger (lease.py)."""
         return f"{self.tag(board_id)}:merge:lease"
 
     def merge_fence(self, board_id: str) -> str:
@@ -280,7 +279,8 @@ class Keys:
         return f"{self.tag(board_id)}:closed:{period}"
 
     def period_closing(self, board_id: str, period: str, name: str) -> str:
-        """Set once a period's close marked its users for a last merge: the take count after."""
+        """Set once a period's close marked its users for a last merge: the take count after (incr
+        boards: then the time, Unix seconds, and the newest event, awaited derived)."""
         return f"{self.tag(board_id)}:closing:{period}:{name}"
 
     def periods_outbox(self, board_id: str) -> str:

@@ -11,20 +11,6 @@ from shared.events import ScoreAccepted
 from shared.functions import UNCOUNT_EVENTS_FUNCTION, UNCOUNT_FUNCTION
 from shared.keys import Keys
 
-# The derive-pending bit of a record's marks byte (shared/lua/live.lua, PENDING_BIT 5; marks
-# bytes are '@' to 'G'; a record of the layout before starts with a hex digit).
-PENDING_MASK = 0x04
-
-
-def derive_pending(first: str | bytes) -> bool:
-    """Whether a record's first byte (``GETRANGE 0 0``; empty: no record) is a marks byte with
-    the derive-pending bit set: the write's, not applied by the derive step, or set again by
-    :func:`uncount_events` once it took the event out of the counters."""
-    if not first:
-        return False
-    byte = first.encode("latin-1")[0] if isinstance(first, str) else first[0]
-    return 0x40 <= byte < 0x48 and bool(byte & PENDING_MASK)
-
 
 async def uncount(
     redis: Redis, keys: Keys, board_id: str, counts: dict[tuple[str, str], int]

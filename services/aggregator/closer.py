@@ -8,14 +8,18 @@ would fall in it (older than the lateness), so its regional boards, which the wr
 same step as it answers, are final. Its close then goes in three steps, each taken again on the
 next tick if this one did not get there (a restart, an error, another aggregator):
 
-1. **Last merge.** Every user of each of the period's regional boards is marked dirty for the
-   merge (once: ``Keys.period_closing``), so that the global board is recomputed from the final
-   regional ones, whether or not the events' messages reached the aggregator (a broker down).
+1. **Last merge.** Every user of each of the period's regional boards (the declared regions and
+   the period's regions set, which the write fills) is marked dirty for the merge (once:
+   ``Keys.period_closing``), so that the global board is recomputed from the final regional
+   ones, whether or not the events' messages reached the aggregator (a broker down).
 2. **Drained.** The close waits until the merge has drained a batch of marks it took after
    step 1 (the board's take counter, ``Keys.merge_takes``, past the count step 1 noted), or
    until no mark waits at all: every mark of the period was in that batch or an earlier one,
    so the global board is then exactly the merge of the final regional boards. (A mark that a
    late message adds after step 1 merges a final regional record again: it changes nothing.)
+   On an ``incr`` board it also waits until the derive step has applied the event the board
+   accepted last when step 1 ran (noted with the count), so that the team boards, which the
+   derive step sums, hold every event of the period; for ``DERIVE_WAIT`` at most.
 3. **Claim.** The top ``LADDER_SNAPSHOT_SIZE`` of every scope (global, each region, teams on
    ``incr`` boards) is read and handed to ``ladder_close_period_v1`` (shared/lua/periods.lua),
    which sets the period's claim with ``SET NX``, and only if it was not set appends the
@@ -54,6 +58,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from shared.boards import Board, BoardCatalog
+from shared.derived import underived
 from shared.entries import team_entry, user_entry
 from shared.events import rfc3339
 from shared.functions import CLOSE_PERIOD_FUNCTION
@@ -81,6 +86,8 @@ CLOSE_TICK = 1.0
 MARK_FLOOR = 3600
 PUSH_TOP = 10
 MARK_CHUNK = 1000
+# Seconds an incr board's close waits for the derive step (the teams scope) from its marks.
+DERIVE_WAIT = 60.0
 SCHEMA = 1
 
 
@@ -182,11 +189,12 @@ class Closer:
         since = await self._redis.get(closing)
         if since is None:
             await self._mark_all(board, window, regions)
-            # Read after the marks went in: a take counted past it took every one of them.
-            takes = await self._redis.get(keys.merge_takes(bid))
-            await self._redis.set(closing, int(takes or 0), exat=expiry or None)
+            await self._note_marked(board, closing, now, expiry)
             return None
-        if not claim or await self._merging(bid, int(since)):
+        taken, *derived = str(since).split(" ", 2)
+        if not claim or await self._merging(bid, int(taken)):
+            return None
+        if derived and await self._underived(board, window, now, *derived):
             return None
         scopes = await self._tops(board, window, regions)
         closed_at = rfc3339(now)
@@ -254,6 +262,39 @@ class Closer:
             return
         field = f"{window.period}:{gone.period_id}"
         await self._redis.hdel(self._keys.as_of(board.board_id), field)
+
+    async def _note_marked(self, board: Board, closing: str, now: datetime, expiry: int) -> None:
+        """Note the marks made (step 1): the board's take count, read after the marks went in (a
+        take counted past it took every one of them), and on an incr board the time and the
+        newest event, whose derive the teams scope waits for."""
+        keys, bid = self._keys, board.board_id
+        found: list[Any] = await self._redis.mget(keys.merge_takes(bid), keys.newest_event(bid))
+        takes, newest = found
+        noted = f"{int(takes or 0)}"
+        if newest and board.operator == "incr":
+            noted += f" {int(now.timestamp())} {newest}"
+        await self._redis.set(closing, noted, exat=expiry or None)
+
+    async def _underived(
+        self, board: Board, window: PeriodWindow, now: datetime, since: str, newest: str
+    ) -> bool:
+        """Whether the close still waits for the derive step, whose team boards make the teams
+        scope: the event the board accepted last when the close made its marks (at ``since``,
+        Unix seconds) is not derived yet, and ``DERIVE_WAIT`` has not passed since. The derive
+        step applies a board's events in the order they were accepted, so with that one every
+        event of the period is in. Past the wait the close goes on, and says so."""
+        if not await underived(self._redis, self._keys, board.board_id, [newest]):
+            return False
+        if now.timestamp() < int(since) + DERIVE_WAIT:
+            return True
+        log.warning(
+            "period closed before the derive step caught up: its teams scope may trail",
+            board_id=board.board_id,
+            period=window.period,
+            period_id=window.period_id,
+            waited_for=newest,
+        )
+        return False
 
     async def _mark_all(self, board: Board, window: PeriodWindow, regions: list[str]) -> None:
         """Mark every user of the period's regional boards dirty for the merge."""

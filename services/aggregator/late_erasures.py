@@ -12,11 +12,12 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from shared.boards import BoardCatalog
+from shared.derived import derive_pending
 from shared.erased_views import Found, erase_from_board
 from shared.erasure import Tombstones, user_hash
 from shared.events import ScoreAccepted
 from shared.keys import Keys
-from shared.uncount import derive_pending, uncount_events
+from shared.uncount import uncount_events
 
 log = structlog.get_logger(__name__)
 

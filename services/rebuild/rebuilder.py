@@ -22,28 +22,15 @@ from services.rebuild.staging import Staged, expire_former, journaled_refs, repl
 from shared import hidden
 from shared.boards import Board, BoardCatalog
 from shared.db import from_db_time
+from shared.derived import underived
 from shared.erasure import restore_projections, stored_tombstones, to_ms
-from shared.keys import Keys, parse_event_ref
+from shared.keys import Keys
 from shared.restore import reconcile_friendships, restore_definitions
 from shared.settings import LadderSettings
 
 log = structlog.get_logger(__name__)
 
 ATTEMPTS = 5
-
-
-# The derive-pending bit of a record's marks byte (shared/lua/live.lua, PENDING_BIT 5), and the
-# marks bytes ('@' to 'G'); a record of the layout before starts with a hex digit.
-_PENDING_MASK = 0x04
-
-
-def _pending(first: Any) -> bool:
-    """Whether a record's first byte (``GETRANGE 0 0``; empty if it has none) is a marks byte
-    with the derive-pending bit set."""
-    if not first:
-        return False
-    byte = first.encode("latin-1")[0] if isinstance(first, str) else first[0]
-    return 0x40 <= byte < 0x48 and bool(byte & _PENDING_MASK)
 
 
 class RebuildFailed(RuntimeError):
@@ -208,19 +195,10 @@ class Rebuilder:
         applied after the flag (the journal's): together, every event the rebuild replays is
         one the aggregator will not derive again onto what the rebuild puts in place."""
 
-        async def underived(pending: list[str]) -> list[str]:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for ref in pending:
-                    for record in self._records(board_id, ref):
-                        pipe.getrange(record, 0, 0)
-                firsts: list[Any] = await pipe.execute()
-            return [
-                ref
-                for ref, own, legacy in zip(pending, firsts[::2], firsts[1::2], strict=True)
-                if _pending(own) or _pending(legacy)
-            ]
+        async def left(pending: list[str]) -> list[str]:
+            return await underived(self._redis, self._keys, board_id, pending)
 
-        await self._wait(board_id, refs, underived, "not derived", "the aggregator")
+        await self._wait(board_id, refs, left, "not derived", "the aggregator")
 
     async def _wait(
         self,
@@ -257,15 +235,6 @@ class Rebuilder:
                 )
             await self._flags[board_id].extend()
             await asyncio.sleep(0.25)
-
-    def _records(self, board_id: str, ref: str) -> tuple[str, str]:
-        """The event's record and the record of the layout before under its id alone; a bare
-        id (the newest event the write of the layout before noted) has only the latter."""
-        event_id, user_id = parse_event_ref(ref)
-        legacy = self._keys.legacy_idempotency(board_id, event_id)
-        if user_id is None:
-            return legacy, legacy
-        return self._keys.idempotency(board_id, event_id, user_id), legacy
 
     async def _build(
         self, board: Board, done: BoardRebuild, live: set[str]

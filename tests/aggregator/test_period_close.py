@@ -8,6 +8,7 @@ the message while no queue is bound to ``<prefix>.periods`` and publishes it onc
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -15,7 +16,9 @@ import aio_pika
 import orjson
 import pytest
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
+from services.aggregator import closer as closer_module
 from services.aggregator import merge as merge_module
 from services.aggregator.closer import Closer, tick
 from services.aggregator.merge import Merger
@@ -25,11 +28,19 @@ from services.api.write.submit import submit
 from shared.amqp import connect as connect_broker
 from shared.boards import Board, BoardCatalog, Retention
 from shared.keys import REGIONS_SEPARATOR, Keys
-from shared.periods import close_name, previous_window, window_at
+from shared.periods import PeriodWindow, close_name, previous_window, window_at
 from shared.settings import CLOSE_GRACE, LadderSettings
 from shared.topology import Topology
+from tests.helpers import derive_outbox
 
 BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
+
+
+@pytest.fixture
+def no_derive_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the tests that run no consumer: the close's wait for the derive step (an ``incr``
+    board's teams scope, which the derive step sums) taken as run out at once."""
+    monkeypatch.setattr(closer_module, "DERIVE_WAIT", 0.0)
 
 
 async def write(
@@ -55,7 +66,7 @@ async def close_until_done(
 
 
 async def test_two_closers_close_a_season_once_with_the_merged_global_board(
-    settings: LadderSettings, redis: Redis, keys: Keys
+    settings: LadderSettings, redis: Redis, keys: Keys, no_derive_wait: None
 ) -> None:
     now = datetime.now(UTC)
     season = window_at("season", now, "UTC", BOARD.schedule)
@@ -103,7 +114,7 @@ async def test_a_board_without_declared_regions_closes_every_region_the_writes_m
     still on its way left its region out of the close, and its users out of the global top: the
     write now names a region in the set in the step that gives a user its first score there.
     No consumer runs here, as if every message were still in the broker."""
-    open_board = BOARD.model_copy(update={"board_id": "open", "regions": None})
+    open_board = BOARD.model_copy(update={"board_id": "open", "regions": None, "operator": "best"})
     now = datetime.now(UTC)
     season = window_at("season", now, "UTC", open_board.schedule)
     await write(
@@ -126,15 +137,90 @@ async def test_a_board_without_declared_regions_closes_every_region_the_writes_m
         scope: [(e["user_id"], e["score"]) for e in entries] for scope, entries in scopes.items()
     }
     assert ranked == {
-        "global": [("a", 35), ("c", 20), ("b", 10)],
+        "global": [("a", 30), ("c", 20), ("b", 10)],
         "region:eu": [("a", 30), ("b", 10)],
         "region:na": [("c", 20), ("a", 5)],
-        "teams": [],
     }
 
 
-async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_close(
+@dataclass
+class TeamsSeason:
+    """A season of this minute in which two teams scored (no consumer runs), its claim's key,
+    and a closer and merge to tick past its close's delay (``after``)."""
+
+    season: PeriodWindow
+    claim: str
+    closer: Closer
+    merger: Merger
+    after: datetime
+
+
+async def teams_played(redis: Redis, keys: Keys, settings: LadderSettings) -> TeamsSeason:
+    now = datetime.now(UTC)
+    season = window_at("season", now, "UTC", BOARD.schedule)
+    assert season.end is not None
+    late_ok = settings.model_copy(update={"allowed_lateness": 60.0})
+    for n, (user, team, value) in enumerate([("a", "red", 30), ("b", "blue", 10), ("c", "red", 5)]):
+        score = ScoreIn(user_id=user, region="eu", value=value, team_id=team, occurred_at=now)
+        await submit(redis, keys, late_ok, BOARD, score, f"e-{n}")
+    return TeamsSeason(
+        season,
+        keys.period_closed("cup", "season", close_name(season)),
+        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100),
+        Merger(redis, keys),
+        season.end + timedelta(seconds=5),
+    )
+
+
+def season_messages(entries: list[Any]) -> list[dict[str, Any]]:
+    return [m for _, f in entries if (m := orjson.loads(f["m"]))["period"] == "season"]
+
+
+async def test_an_incr_board_s_close_waits_for_the_derive_step_to_count_every_team(
     settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The teams scope is summed by the derive step from the event stream. The close now waits
+    until the event the board accepted last when it made its marks is derived (the derive step
+    applies a board's events in the order they were accepted); it closed with the teams scope as
+    the derive step had left it, here empty, however far the stream trailed."""
+    t = await teams_played(redis, keys, settings)
+
+    # Marked and merged, but the events are not derived: nothing closes, however often it ticks.
+    assert await close_until_done([t.closer], t.merger, t.after) == 0
+    assert not await redis.exists(t.claim)
+    assert await derive_outbox(redis, keys, BOARD, 10) == 3
+    assert await close_until_done([t.closer], t.merger, t.after) == 4
+    [body] = season_messages(await redis.xrange(keys.periods_outbox("cup")))
+    teams = [(e["team_id"], e["score"]) for e in body["scopes"]["teams"]]
+    assert teams == [("red", 35), ("blue", 10)]
+
+
+async def test_a_close_waits_for_the_derive_step_so_long_at_most(
+    settings: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A derive step that does not catch up (a broker down since the period's end) holds the
+    close ``DERIVE_WAIT`` from its marks, no longer: it then closes with the teams scope the
+    derive step had summed, and says so. (The wait is shortened here, so that the minute season
+    is still the latest due when it runs out: a board's first close of a kind looks at the
+    latest period alone.)"""
+    monkeypatch.setattr(closer_module, "DERIVE_WAIT", 20.0)
+    t = await teams_played(redis, keys, settings)
+
+    assert await close_until_done([t.closer], t.merger, t.after) == 0
+    waited = timedelta(seconds=closer_module.DERIVE_WAIT - 1)
+    assert await close_until_done([t.closer], t.merger, t.after + waited) == 0
+    with capture_logs() as logs:
+        await close_until_done([t.closer], t.merger, t.after + waited + timedelta(seconds=2))
+    assert await redis.exists(t.claim)
+    [body] = season_messages(await redis.xrange(keys.periods_outbox("cup")))
+    assert [e["user_id"] for e in body["scopes"]["global"]] == ["a", "b", "c"]
+    assert body["scopes"]["teams"] == []
+    trailing = [e for e in logs if "teams scope may trail" in e["event"]]
+    assert {(e["period"], e["waited_for"]) for e in trailing} >= {("season", "e-2:c")}
+
+
+async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_close(
+    settings: LadderSettings, redis: Redis, keys: Keys, no_derive_wait: None
 ) -> None:
     """The season that ended last (under a minute ago): its events arrive after its end, within
     the board's allowed lateness. A closer ticking meanwhile closes nothing; one event more
@@ -189,7 +275,7 @@ class NoScans:
 
 
 async def test_the_close_waits_for_a_batch_taken_after_its_marks_without_scanning(
-    settings: LadderSettings, redis: Redis, keys: Keys
+    settings: LadderSettings, redis: Redis, keys: Keys, no_derive_wait: None
 ) -> None:
     now = datetime.now(UTC)
     season = window_at("season", now, "UTC", BOARD.schedule)
@@ -366,7 +452,11 @@ async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
 
 
 async def test_a_close_sums_a_user_of_two_regions_whose_marks_fall_in_two_rounds(
-    settings: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+    settings: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    monkeypatch: pytest.MonkeyPatch,
+    no_derive_wait: None,
 ) -> None:
     """No consumer ran (nothing derived: the users' regions hash is empty), and the close's
     marks, one a user and region, are merged in rounds too small to hold both of a user's: the

@@ -3,7 +3,8 @@
 A changed schedule starts its own seasons at once, and one of them may start at the same minute
 as a season of the schedule before, so carry the same id: it is still a period of its own,
 announced once with a ``message_id`` of its own. No consumer runs here: the close's last merge
-makes the global board from the regional ones, as in test_period_close.py.
+makes the global board from the regional ones, as in test_period_close.py, and its wait for the
+derive step (the teams scope) is taken as run out at once.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import orjson
+import pytest
 from redis.asyncio import Redis
 
+from services.aggregator import closer as closer_module
 from services.aggregator.closer import Closer
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import message_id
@@ -23,6 +26,12 @@ from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys
 from shared.periods import PeriodWindow, close_name, window_at
 from shared.settings import LadderSettings
+
+
+@pytest.fixture(autouse=True)
+def no_derive_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(closer_module, "DERIVE_WAIT", 0.0)
+
 
 MINUTES = Board(board_id="cup", periods=("alltime",), schedule="* * * * *", regions=("eu",))
 FIVES = MINUTES.model_copy(update={"schedule": "*/5 * * * *"})

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from services.aggregator.closer import DERIVE_WAIT
 from shared.amqp import connect as connect_broker
 from shared.keys import Keys
 from shared.periods import close_name, window_of
@@ -282,7 +283,9 @@ async def test_a_season_closed_while_the_broker_is_away_is_published_once_it_is_
         async def claimed() -> bool:
             return bool(await redis.exists(claim))
 
-        await eventually(claimed, within=CLOSE_WITHIN)
+        # No event reaches a derive step either: the close first waits DERIVE_WAIT for it (the
+        # teams scope), then goes on without.
+        await eventually(claimed, within=CLOSE_WITHIN + DERIVE_WAIT)
         pushed = await watcher.expect(lambda m: m["type"] == "period_closed", within=10)
         assert [e["user_id"] for e in pushed["entries"]] == ["a", "c", "b"]
         # The message waits in the outbox, once, though two processes closed the period.

@@ -18,6 +18,7 @@ from services.rebuild import finish as finish_module
 from services.rebuild import rebuilder as rebuilder_module
 from services.rebuild.rebuilder import Rebuilder
 from shared.boards import BoardCatalog
+from shared.derived import derive_pending
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -86,7 +87,7 @@ async def test_events_journaled_after_the_journal_was_read_are_applied_in_the_sa
     assert await redis.hget(keys.user_regions(board.board_id), "newcomer0") == "sa"
     records = [keys.idempotency(board.board_id, f"late{i}", f"newcomer{i}") for i in range(LATE)]
     firsts = [await redis.getrange(record, 0, 0) for record in records]
-    assert not [first for first in firsts if rebuilder_module._pending(first)]
+    assert not [first for first in firsts if derive_pending(first)]
     assert not await redis.exists(Keys.distinct(sa))
     async with api_client(settings) as client:
         standing = await client.get(
