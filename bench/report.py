@@ -86,7 +86,8 @@ times a second in two runs a day apart on machines of this kind.
   with the other in one `MGET` (three commands a write where six were) and before the write's
   Lua stopped making tables of keys and fields it never reads (the write alone: 10.9 R's, then
   10.3); 11.5 before the API's call named only the keys the write touches (the lean layout: 15
-  keys where 47 were, half the bytes); 11.0 before each period's result went straight to its
+  keys where 47 were, half the bytes; 19 since each period's regions set joined them, within
+  callgrind's spread); 11.0 before each period's result went straight to its
   JSON text and compact answer, with no table for it, its brackets or its buckets. Before
   those two steps (callgrind on a build with symbols), a little more than half was the write's
   own Lua (tables, fields, strings), a quarter its `redis.call`s with the commands they run, a

@@ -4,11 +4,11 @@ requests MySQL holds pending, in the background of every API process.
 A request is recorded in MySQL before the API answers 202 (:mod:`shared.erasure`), so a job
 survives any restart: the worker polls for pending ones every ``POLL_SECONDS`` (with none, a
 poll is one statement and one Redis read); a MySQL named lock lets one process at a time work
-them (the steps are idempotent anyway). Each job runs two
-passes: one at once, and one after its cut-off, which catches whatever was accepted, derived or
-stored while the first ran (a write accepted by a process that still had the board cached, an
-event the history consumer stored just before the tombstone); then it is marked done. The user's
-writes wait until then (services/api/erasing.py): nothing it has in Redis is a fresh user's.
+them (the steps are idempotent anyway). Each job runs two passes: one at once, and one after its
+cut-off, which catches whatever was accepted, derived or stored while the first ran (a write
+accepted by a process that still had the board cached, an event the history consumer stored
+just before the tombstone); then it is marked done. The user's writes wait until then
+(services/api/erasing.py): nothing it has in Redis is a fresh user's.
 
 A user's pass: on every board, the user's entry in every view of every period the board keeps
 (its regions: those the user, the board and the periods name), its name, team, regions,
