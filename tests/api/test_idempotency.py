@@ -81,13 +81,16 @@ async def test_without_an_event_id_the_server_makes_one(quiet: LadderSettings) -
 async def test_a_retry_after_the_lateness_window_is_still_a_duplicate(
     quiet: LadderSettings,
 ) -> None:
-    settings = quiet.model_copy(update={"allowed_lateness": 1.0})
+    settings = quiet.model_copy(update={"allowed_lateness": 2.0})
     async with api_client(settings) as client:
+        # A first write pays for what a process does once (on a cluster, the slot map and the
+        # function library), which took the first POST past a tighter allowance on a slow run.
+        await post(client, score(event_id="warm-up", user_id="u-warm"))
         occurred = datetime.now(UTC) - timedelta(seconds=0.5)
         body = score(event_id="late-1", occurred_at=rfc(occurred))
         first = await post(client, body)
         # Only the clock can take the event past the allowance: wait out what is left of it.
-        left = occurred + timedelta(seconds=1.05) - datetime.now(UTC)
+        left = occurred + timedelta(seconds=2.05) - datetime.now(UTC)
         await asyncio.sleep(max(left.total_seconds(), 0))
         fresh = await client.post(
             SCORES, json=score(event_id="late-2", occurred_at=rfc(occurred)), headers=SERVER
