@@ -188,10 +188,15 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 # whole `make test` selection with the tests' Redis a Redis Cluster (LADDER_TEST_REDIS_CLUSTER=1):
 # a private one started once for the session, or the running one LADDER_TEST_REDIS_URL names (as
 # make test-rehearsal does with `make cluster-up`'s 7000); the same tests hold on one Redis and on
-# a cluster (docs/operations.md, "On a Redis Cluster").
+# a cluster (docs/operations.md, "On a Redis Cluster"). CLUSTER_SUITE=0 runs tests/cluster alone:
+# .ci/run does, since make test-rehearsal runs the same whole suite on a Redis Cluster after it.
+CLUSTER_SUITE ?= 1
 test-cluster: venv infra ## the Redis Cluster tests, then the whole suite of `make test` on a cluster
 	$(PY) -m pytest -m cluster tests/cluster -rP $(PYTEST_ARGS)
-	LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)
+	@if [ "$(CLUSTER_SUITE)" != 0 ]; then \
+		echo 'LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)'; \
+		LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS); \
+	else echo "CLUSTER_SUITE=0: the whole suite on a cluster is left to make test-rehearsal"; fi
 
 # The cluster rehearsal: every process of Ladder beyond one machine, on loopback, under its own
 # supervisord (scripts/cluster.sh and deploy/cluster/supervisord.conf say what runs where;
