@@ -274,8 +274,8 @@ class Keys:
         return f"{self.tag(board_id)}:closed:{period}:{name}"
 
     def period_watermark(self, board_id: str, period: str) -> str:
-        """The end (Unix seconds) of the latest closed period of that kind: a restart closes
-        the periods that ended since, and none before."""
+        """The end (Unix seconds) of the latest closed period of that kind (before the first:
+        the start of the one closing): the periods that ended since are closed, none before."""
         return f"{self.tag(board_id)}:closed:{period}"
 
     def period_closing(self, board_id: str, period: str, name: str) -> str:

@@ -42,7 +42,8 @@ claimed is not claimed again under the new name, even by a close that began befo
 ``ladder.periods`` exchange with publisher confirms. A period in which nobody scored closes
 without a message (its claim and watermark are still set). After a restart the periods that
 ended since the latest one closed (``Keys.period_watermark``) are closed, within their
-retention; a board closing a kind of period for the first time closes only the latest one.
+retention; a board closing a kind of period for the first time closes only the latest one, and
+every one after it (its marks set the watermark to its start).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class Closer:
 
     async def _due(self, board: Board, current: PeriodWindow) -> list[PeriodWindow]:
         """The periods before ``current`` that ended after the watermark, oldest first; the
-        latest alone if none of this kind was closed yet."""
+        latest alone if none of this kind was closed or closing yet (no watermark)."""
         tz, schedule = board.timezone, board.schedule
         earlier = windows_before(current, tz, board.retention.of(current.period) or 1, schedule)
         raw = await self._redis.get(self._keys.period_watermark(board.board_id, current.period))
@@ -189,7 +190,7 @@ class Closer:
         since = await self._redis.get(closing)
         if since is None:
             await self._mark_all(board, window, regions)
-            await self._note_marked(board, closing, now, expiry)
+            await self._note_marked(board, window, closing, now, expiry)
             return None
         taken, *derived = str(since).split(" ", 2)
         if not claim or await self._merging(bid, int(taken)):
@@ -263,17 +264,29 @@ class Closer:
         field = f"{window.period}:{gone.period_id}"
         await self._redis.hdel(self._keys.as_of(board.board_id), field)
 
-    async def _note_marked(self, board: Board, closing: str, now: datetime, expiry: int) -> None:
+    async def _note_marked(
+        self, board: Board, window: PeriodWindow, closing: str, now: datetime, expiry: int
+    ) -> None:
         """Note the marks made (step 1): the board's take count, read after the marks went in (a
         take counted past it took every one of them), and on an incr board the time and the
-        newest event, whose derive the teams scope waits for."""
+        newest event, whose derive the teams scope waits for.
+
+        A kind's first close also sets its watermark, where none is, to the period's start: from
+        then on the period is due until claimed, as are those after it. Without it the close
+        looked at the latest period alone until a claim set the watermark, and a first close
+        still waiting when the next period fell due (a minute season waiting for its derive
+        step) was passed over, never claimed."""
         keys, bid = self._keys, board.board_id
         found: list[Any] = await self._redis.mget(keys.merge_takes(bid), keys.newest_event(bid))
         takes, newest = found
         noted = f"{int(takes or 0)}"
         if newest and board.operator == "incr":
             noted += f" {int(now.timestamp())} {newest}"
-        await self._redis.set(closing, noted, exat=expiry or None)
+        start = int(window.start.timestamp())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.period_watermark(bid, window.period), start, nx=True)
+            pipe.set(closing, noted, exat=expiry or None)
+            await pipe.execute()
 
     async def _underived(
         self, board: Board, window: PeriodWindow, now: datetime, since: str, newest: str

@@ -80,8 +80,9 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     assert await closers[0].close_board(BOARD, season.end + timedelta(seconds=2)) == 0
     assert not await redis.exists(keys.period_closed("cup", "season", close_name(season)))
 
-    # The season, and the latest day, week and month (nobody scored then: no message).
-    assert await close_until_done(closers, Merger(redis, keys), after) == 4
+    # The season; the one before it, whose close the look above began (then the latest due);
+    # and the latest day, week and month. Nobody scored but in the season: one message.
+    assert await close_until_done(closers, Merger(redis, keys), after) == 5
     assert await redis.exists(keys.period_closed("cup", "season", close_name(season)))
     outbox = await redis.xrange(keys.periods_outbox("cup"))
     assert len(outbox) == 1
@@ -428,6 +429,34 @@ async def test_an_older_period_waiting_for_its_merge_is_closed_before_a_newer_on
     assert [await redis.exists(key) for key in claimed] == [0, 0]
     await closer.close_board(board, now)
     assert [await redis.exists(key) for key in claimed] == [1, 1]
+
+
+async def test_a_first_close_still_waiting_when_the_next_period_falls_due_is_not_passed_over(
+    redis: Redis, keys: Keys, settings: LadderSettings, no_derive_wait: None
+) -> None:
+    """A board's first close of a kind looks at the latest period: one that waits past the next
+    period's due time (a minute season's close waiting for its derive step) still closes, and
+    before the next. It was passed over: the next tick looked at the newer season alone."""
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    now = datetime.now(UTC)
+    # The season under way once the close's delay (2 + 0.2 + 1 s) is taken off, and before it.
+    current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
+    first = previous_window(current, "UTC", 1, BOARD.schedule)
+    await write(redis, keys, settings, first.start + timedelta(seconds=1))
+    await closer.close_board(BOARD, now)  # the first season's users marked
+    # A minute on, its close not claimed yet: the season that was under way is due too.
+    await close_until_done([closer], Merger(redis, keys), now + timedelta(minutes=1))
+    claims = [
+        await redis.get(keys.period_closed("cup", "season", close_name(w)))
+        for w in (first, current)
+    ]
+    assert None not in claims
+    messages = await redis.xrange(keys.periods_outbox("cup"))
+    assert [
+        orjson.loads(fields["m"])["period_id"]
+        for _, fields in messages
+        if orjson.loads(fields["m"])["period"] == "season"
+    ] == [first.period_id]
 
 
 async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
