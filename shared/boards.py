@@ -333,6 +333,10 @@ class BoardCatalog:
         self._cache[board_id] = board
         return board
 
+    async def defined(self, board_id: str) -> bool:
+        """Whether a definition of ``board_id`` is stored now (Redis, not the cache)."""
+        return bool(await self._redis.hexists(self._keys.boards, board_id))
+
     async def all(self) -> list[Board]:
         """Every stored definition, by board id. Each is parsed once while its stored text
         stays the same: the tickers that go over every board ask for all of them each tick."""

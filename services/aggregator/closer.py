@@ -28,6 +28,10 @@ next tick if this one did not get there (a restart, an error, another aggregator
    all in one atomic step under the board's hash tag. A second aggregator, or one restarted
    after the claim, finds the claim set and does nothing.
 
+The steps that write (the marks and the claim) look first that the board is still defined: a
+close that went on after a deletion's last pass left the deleted board's claim, marks and
+message to a board made later under the name.
+
 A period's claim, its close marker and its message's ``message_id`` are named by
 :func:`shared.periods.close_name`: the period id, and for a season its end as well, since a
 changed schedule may start a season whose id a closed season of the schedule before had (the
@@ -53,14 +57,13 @@ import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
+from services.aggregator.final_tops import announced, final_tops
 from shared.boards import Board, BoardCatalog
 from shared.derived import underived
-from shared.entries import team_entry, user_entry
 from shared.events import rfc3339
 from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys, dirty_member
@@ -85,11 +88,9 @@ CLOSE_TICK = 1.0
 # Markers of a close (closing, closed) live at least this long from the close, whatever the
 # period's own expiry: one already past would drop the marker as it is set.
 MARK_FLOOR = 3600
-PUSH_TOP = 10
 MARK_CHUNK = 1000
 # Seconds an incr board's close waits for the derive step (the teams scope) from its marks.
 DERIVE_WAIT = 60.0
-SCHEMA = 1
 
 
 class Closer:
@@ -103,9 +104,12 @@ class Closer:
         lateness: float,
         merge_interval: float,
         size: int,
+        catalog: BoardCatalog | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
+        # Where a board's definition is looked for before a close step writes (_deleted).
+        self._catalog = catalog
         self._delay = timedelta(seconds=lateness + merge_interval + CLOSE_GRACE)
         self._size = size
         # Boards found with nothing due: the definition looked at, and when its earliest
@@ -189,6 +193,8 @@ class Closer:
             expiry = max(expiry, int(now.timestamp()) + MARK_FLOOR)
         since = await self._redis.get(closing)
         if since is None:
+            if await self._deleted(board):
+                return None
             await self._mark_all(board, window, regions)
             await self._note_marked(board, window, closing, now, expiry)
             return None
@@ -197,43 +203,22 @@ class Closer:
             return None
         if derived and await self._underived(board, window, now, *derived):
             return None
-        scopes = await self._tops(board, window, regions)
+        scopes = await final_tops(self._redis, keys, board, window, regions, self._size)
         closed_at = rfc3339(now)
         ended = int(window.end.timestamp()) if window.end else 0
         args: list[Any] = [closed_at, expiry, ended, f"{bid}:{period}:{name}"]
-        if any(scopes.values()):
-            body = {
-                "schema": SCHEMA,
-                "type": "period.closed",
-                "board_id": bid,
-                "period": period,
-                "period_id": pid,
-                "closed_at": closed_at,
-                "scopes": scopes,
-            }
-            args.append(orjson.dumps(body).decode())
-            for scope, entries in scopes.items():
-                push = {
-                    "type": "period_closed",
-                    "board_id": bid,
-                    "scope": scope,
-                    "period": period,
-                    "period_id": pid,
-                    "closed_at": closed_at,
-                    "entries": entries[:PUSH_TOP],
-                }
-                args += [keys.board_channel(bid, scope, period), orjson.dumps(push).decode()]
-        else:
-            args.append("")  # nobody scored: claimed, no message
-            if 0 < kept_until <= now.timestamp():
-                # Closed late (the aggregator stopped for longer than the period is kept): its
-                # views are gone, and who scored in it is not known here any more.
-                log.warning(
-                    "period closed after its views expired: nothing announced",
-                    board_id=bid,
-                    period=period,
-                    period_id=pid,
-                )
+        args += announced(keys, board, window, scopes, closed_at)
+        if await self._deleted(board):
+            return None
+        if not args[4] and 0 < kept_until <= now.timestamp():
+            # Closed late (the aggregator stopped for longer than the period is kept): its views
+            # are gone, and who scored in it is not known here any more.
+            log.warning(
+                "period closed after its views expired: nothing announced",
+                board_id=bid,
+                period=period,
+                period_id=pid,
+            )
         call_keys = [claimed, keys.period_watermark(bid, period), keys.periods_outbox(bid)]
         reply = await self._redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args)
         done = bool(int(reply))
@@ -249,6 +234,18 @@ class Closer:
             )
             await self._forget_as_of(board, window)
         return done
+
+    async def _deleted(self, board: Board) -> bool:
+        """Whether ``board``'s definition is gone since the tick read it: a close step that
+        writes is taken only for a board still defined. A close whose tick read the catalog
+        before a deletion and wrote after its last pass (6 s after it began) left its claim,
+        marks and message to a board made later under the name, whose relay sent the message.
+        The look comes right before each writing step; the deletion takes the definition out
+        before its first pass."""
+        if self._catalog is None or await self._catalog.defined(board.board_id):
+            return False
+        log.info("period close left: the board was deleted", board_id=board.board_id)
+        return True
 
     async def _forget_as_of(self, board: Board, window: PeriodWindow) -> None:
         """The merge's as_of of the period whose views expired as this one ended (``retention``
@@ -339,46 +336,6 @@ class Closer:
         if merging:
             return True
         return bool(dirty) and int(takes or 0) <= since
-
-    async def _tops(
-        self, board: Board, window: PeriodWindow, regions: list[str]
-    ) -> dict[str, list[dict[str, Any]]]:
-        """The final top ``size`` of every scope, entries as a leaderboard read shows them."""
-        keys, bid = self._keys, board.board_id
-        scopes = ["global", *(f"region:{r}" for r in regions)]
-        if board.operator == "incr":
-            scopes.append("teams")
-        view_keys = [keys.board_view(bid, window.period, window.period_id, s) for s in scopes]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key in view_keys:
-                pipe.zrevrange(key, 0, self._size - 1, True)
-            tops: list[list[tuple[str, float]]] = await pipe.execute()
-        users = sorted(
-            {
-                id_of(m)
-                for scope, rows in zip(scopes, tops, strict=True)
-                if scope != "teams"
-                for m, _ in rows
-            }
-        )
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(keys.names(bid), users or ["-"])
-            for scope, key, rows in zip(scopes, view_keys, tops, strict=True):
-                if scope != "teams":
-                    pipe.hmget(Keys.ties(key), [id_of(m) for m, _ in rows] or ["-"])
-            replies = iter(await pipe.execute())
-        names = dict(zip(users, next(replies), strict=False))
-        result: dict[str, list[dict[str, Any]]] = {}
-        for scope, rows in zip(scopes, tops, strict=True):
-            if scope == "teams":  # on incr boards, as a region: [] when no team scored
-                result[scope] = [team_entry(board, i, *row) for i, row in enumerate(rows, 1)]
-                continue
-            records = next(replies)
-            result[scope] = [
-                user_entry(board, i, raw, stored, names.get(id_of(raw)), record)
-                for i, ((raw, stored), record) in enumerate(zip(rows, records, strict=False), 1)
-            ]
-        return result
 
 
 async def tick(closer: Closer, catalog: BoardCatalog, stop: asyncio.Event) -> None:

@@ -459,6 +459,32 @@ async def test_a_first_close_still_waiting_when_the_next_period_falls_due_is_not
     ] == [first.period_id]
 
 
+async def test_a_close_going_on_after_its_board_was_deleted_writes_nothing(
+    redis: Redis, keys: Keys, settings: LadderSettings, no_derive_wait: None
+) -> None:
+    """A close whose tick read the board's definition before the board was deleted, going on
+    with it after: neither its claim, nor its message, nor the marks of another period are
+    written, so nothing of it is left to a board made later under the name. They were all
+    written, and a fresh board's period relay sent the deleted board's message."""
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(BOARD)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, catalog=catalog)
+    now = datetime.now(UTC)
+    current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
+    season = previous_window(current, "UTC", 1, BOARD.schedule)
+    await write(redis, keys, settings, season.start + timedelta(seconds=1))
+    await closer.close_board(BOARD, now)  # the season's users marked, the board defined
+    assert await redis.exists(keys.period_closing("cup", "season", close_name(season)))
+
+    await catalog.remove("cup")  # a deletion's first step; the closer holds its copy of it
+    merger = Merger(redis, keys)
+    assert await close_until_done([closer], merger, now) == 0
+    assert await close_until_done([closer], merger, now + timedelta(minutes=1)) == 0
+    assert not await redis.exists(keys.period_closed("cup", "season", close_name(season)))
+    assert not await redis.exists(keys.periods_outbox("cup"))
+    assert not await redis.exists(keys.period_closing("cup", "season", close_name(current)))
+
+
 async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
     redis: Redis, keys: Keys
 ) -> None:
