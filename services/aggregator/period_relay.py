@@ -92,6 +92,8 @@ class PeriodRelay(StreamRelay):
             RelayMetrics(CONNECTED, FAILURES, BACKLOG),
             keys.periods_outbox,
         )
+        # The outboxes whose next message came back unrouted: said once, not every poll.
+        self._unrouted: set[str] = set()
 
     async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
         return await self._topology.declare_periods_exchange(channel)
@@ -130,6 +132,7 @@ class PeriodRelay(StreamRelay):
                 self._redis, self._keys, parked
             ):
                 self._groups.discard(parked)
+                self._unrouted.discard(parked)
                 log.info("parked period outbox emptied", stream=parked)
         return done
 
@@ -175,13 +178,18 @@ class PeriodRelay(StreamRelay):
         except aio_pika.exceptions.DeliveryError:
             # Routed to no queue: it waits (pending) for a queue to be bound.
             await self._redis.hdel(marks, entry_id)
-            log.info("period.closed routed to no queue; it waits", stream=stream)
+            if stream not in self._unrouted:
+                self._unrouted.add(stream)
+                log.info("period.closed routed to no queue; it waits", stream=stream)
             return False
         except BaseException:
             # Not confirmed: an erasure may rewrite it now (else the mark lapses).
             with contextlib.suppress(Exception):
                 await self._redis.hdel(marks, entry_id)
             raise
+        if stream in self._unrouted:
+            self._unrouted.discard(stream)
+            log.info("period.closed routed to a queue again", stream=stream)
         return True
 
     async def _publish(self, entry: dict[str, str]) -> None:

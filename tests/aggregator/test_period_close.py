@@ -335,17 +335,24 @@ async def test_the_relay_keeps_a_message_until_a_queue_is_bound_then_publishes_i
         async with connection:
             channel = await connection.channel()
             exchange = await broker.declare_periods_exchange(channel)
-            await asyncio.sleep(2)  # published mandatory to no queue: it waits
-            assert await redis.xlen(keys.periods_outbox("cup")) == 1
-            tap = await channel.declare_queue(exclusive=True)
-            await tap.bind(exchange)
-            got = None
-            for _ in range(100):
-                got = await tap.get(no_ack=True, fail=False)
-                if got is not None:
-                    break
-                await asyncio.sleep(0.1)
+            with capture_logs() as logs:
+                await asyncio.sleep(2)  # published mandatory to no queue: it waits
+                assert await redis.xlen(keys.periods_outbox("cup")) == 1
+                tap = await channel.declare_queue(exclusive=True)
+                await tap.bind(exchange)
+                got = None
+                for _ in range(100):
+                    got = await tap.get(no_ack=True, fail=False)
+                    if got is not None:
+                        break
+                    await asyncio.sleep(0.1)
             assert got is not None
+            # Said once while it waited (the relay polls twice a second), and once when it went.
+            said = [e["event"] for e in logs if "routed" in e["event"]]
+            assert said == [
+                "period.closed routed to no queue; it waits",
+                "period.closed routed to a queue again",
+            ]
             assert got.body.decode() == body
             assert got.message_id == "cup:daily:2026-12-01"
             assert got.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
