@@ -28,9 +28,10 @@ next tick if this one did not get there (a restart, an error, another aggregator
    all in one atomic step under the board's hash tag. A second aggregator, or one restarted
    after the claim, finds the claim set and does nothing.
 
-The steps that write (the marks and the claim) look first that the board is still defined: a
-close that went on after a deletion's last pass left the deleted board's claim, marks and
-message to a board made later under the name.
+The steps that write (the marks and the claim) look first that the board is still defined, and
+the marks look again before their marker and watermark are set: a close that went on after a
+deletion's last pass left the deleted board's claim, marker and message to a board made later
+under the name. (Marks left so are harmless: the merge reads the records as they stand.)
 
 A period's claim, its close marker and its message's ``message_id`` are named by
 :func:`shared.periods.close_name`: the period id, and for a season its end as well, since a
@@ -104,12 +105,12 @@ class Closer:
         lateness: float,
         merge_interval: float,
         size: int,
-        catalog: BoardCatalog | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
-        # Where a board's definition is looked for before a close step writes (_deleted).
-        self._catalog = catalog
+        # Where a board's definition is looked for before a close step writes (_deleted): the
+        # stored definitions, never a cached copy.
+        self._catalog = BoardCatalog(redis, keys)
         self._delay = timedelta(seconds=lateness + merge_interval + CLOSE_GRACE)
         self._size = size
         # Boards found with nothing due: the definition looked at, and when its earliest
@@ -196,7 +197,10 @@ class Closer:
             if await self._deleted(board):
                 return None
             await self._mark_all(board, window, regions)
-            await self._note_marked(board, window, closing, now, expiry)
+            # Again once the marks are in: a large board's take many calls, and the marker
+            # and watermark must not outlive a deletion that began meanwhile.
+            if not await self._deleted(board):
+                await self._note_marked(board, window, closing, now, expiry)
             return None
         taken, *derived = str(since).split(" ", 2)
         if not claim or await self._merging(bid, int(taken)):
@@ -242,7 +246,7 @@ class Closer:
         marks and message to a board made later under the name, whose relay sent the message.
         The look comes right before each writing step; the deletion takes the definition out
         before its first pass."""
-        if self._catalog is None or await self._catalog.defined(board.board_id):
+        if await self._catalog.defined(board.board_id):
             return False
         log.info("period close left: the board was deleted", board_id=board.board_id)
         return True

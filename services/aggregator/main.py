@@ -159,7 +159,6 @@ async def run(settings: LadderSettings) -> None:
             lateness=settings.allowed_lateness,
             merge_interval=settings.merge_interval,
             size=settings.snapshot_size,
-            catalog=catalog,
         )
         relay = PeriodRelay(redis, keys, catalog, settings)
 

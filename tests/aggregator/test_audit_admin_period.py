@@ -19,6 +19,7 @@ from shared.boards import Board
 from shared.keys import Keys
 from shared.periods import close_name, window_at
 from shared.settings import LadderSettings
+from tests.helpers import catalog_of
 
 
 async def closed(
@@ -34,6 +35,7 @@ async def closed(
     for n, (user, value) in enumerate(scores):
         score = ScoreIn(user_id=user, region="eu", value=value, occurred_at=now)
         await submit(redis, keys, settings, board, score, f"e-{n}")
+    await catalog_of(redis, keys, [board.board_id])  # a close writes for a defined board alone
     closer, merger = (
         Closer(redis, keys, lateness=2, merge_interval=0.2, size=100),
         Merger(redis, keys),

@@ -31,9 +31,16 @@ from shared.keys import REGIONS_SEPARATOR, Keys
 from shared.periods import PeriodWindow, close_name, previous_window, window_at
 from shared.settings import CLOSE_GRACE, LadderSettings
 from shared.topology import Topology
-from tests.helpers import derive_outbox
+from tests.helpers import catalog_of, derive_outbox
 
 BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
+
+
+@pytest.fixture(autouse=True)
+async def defined(redis: Redis, keys: Keys) -> None:
+    """A close writes only for a board whose definition is stored (its look for a deletion):
+    the boards these tests close are defined."""
+    await catalog_of(redis, keys, ["cup", "open"])
 
 
 @pytest.fixture
@@ -474,8 +481,7 @@ async def test_a_close_going_on_after_its_board_was_deleted_writes_nothing(
     written, so nothing of it is left to a board made later under the name. They were all
     written, and a fresh board's period relay sent the deleted board's message."""
     catalog = BoardCatalog(redis, keys)
-    await catalog.put(BOARD)
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, catalog=catalog)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
     now = datetime.now(UTC)
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
     season = previous_window(current, "UTC", 1, BOARD.schedule)
@@ -490,6 +496,33 @@ async def test_a_close_going_on_after_its_board_was_deleted_writes_nothing(
     assert not await redis.exists(keys.period_closed("cup", "season", close_name(season)))
     assert not await redis.exists(keys.periods_outbox("cup"))
     assert not await redis.exists(keys.period_closing("cup", "season", close_name(current)))
+
+
+class DeletedWhileMarking(Closer):
+    """A closer whose board is deleted while it marks the period's users (a large board's marks
+    take many calls)."""
+
+    async def _mark_all(self, board: Board, window: PeriodWindow, regions: list[str]) -> None:
+        await super()._mark_all(board, window, regions)
+        if window.period == "season":  # the one with scores; the board's days come first
+            await BoardCatalog(self._redis, self._keys).remove(board.board_id)
+
+
+async def test_a_board_deleted_while_its_close_marks_gets_no_close_marker_or_watermark(
+    redis: Redis, keys: Keys, settings: LadderSettings
+) -> None:
+    """The close looks again once its marks are in: a deletion whose last pass came while they
+    went in left the period's close marker and the kind's watermark, which a board made later
+    under the name took for its own (its first season's close never began)."""
+    closer = DeletedWhileMarking(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    now = datetime.now(UTC)
+    current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
+    season = previous_window(current, "UTC", 1, BOARD.schedule)
+    await write(redis, keys, settings, season.start + timedelta(seconds=1))
+    assert await closer.close_board(BOARD, now) == 0
+    assert await redis.scard(keys.dirty("cup")) == 4  # the marks went in before the deletion
+    assert not await redis.exists(keys.period_closing("cup", "season", close_name(season)))
+    assert not await redis.exists(keys.period_watermark("cup", "season"))
 
 
 async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(

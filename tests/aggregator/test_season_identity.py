@@ -26,11 +26,15 @@ from shared.functions import CLOSE_PERIOD_FUNCTION
 from shared.keys import Keys
 from shared.periods import PeriodWindow, close_name, window_at
 from shared.settings import LadderSettings
+from tests.helpers import catalog_of
 
 
 @pytest.fixture(autouse=True)
-def no_derive_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+async def no_derive_wait(monkeypatch: pytest.MonkeyPatch, redis: Redis, keys: Keys) -> None:
+    """No consumer runs: the close's wait for the derive step taken as run out at once; and
+    the board is defined, as a close writes only for a board whose definition is stored."""
     monkeypatch.setattr(closer_module, "DERIVE_WAIT", 0.0)
+    await catalog_of(redis, keys, ["cup"])
 
 
 MINUTES = Board(board_id="cup", periods=("alltime",), schedule="* * * * *", regions=("eu",))
