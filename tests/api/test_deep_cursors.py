@@ -14,6 +14,8 @@ import pytest
 from redis.asyncio import Redis
 
 from services.api.reads.cursors import encode_cursor
+from services.api.reads.views import View
+from shared.boards import MAIN_BOARD
 from shared.keys import Keys
 from shared.ranking import member, reached_ms, record, tie_key
 from shared.settings import LadderSettings
@@ -100,14 +102,15 @@ async def test_a_deep_cursor_answers_as_fast_as_the_first_page(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
     view = await tie_everyone(redis, keys)
+    read_view = View(MAIN_BOARD, SCOPE, "alltime", "all", view)
     deep = 90_000
     limit, runs = 100, 7
     # A cursor as the API hands it out, its entry still there; one whose entry has left since
     # (the player's score changed: the cursor's member is gone); and one made up, between two
     # members, as a client crafting cursors would.
-    held = encode_cursor(SCORE, member_of(deep - 1))
-    left = encode_cursor(SCORE, member_of(deep - 2))
-    made_up = encode_cursor(SCORE, member_of(deep - 1) + "~")
+    held = encode_cursor(read_view, SCORE, member_of(deep - 1))
+    left = encode_cursor(read_view, SCORE, member_of(deep - 2))
+    made_up = encode_cursor(read_view, SCORE, member_of(deep - 1) + "~")
     await redis.zrem(view, member_of(deep - 2))
     async with api_client(quiet) as client:
         for cursor in (held, left, made_up):

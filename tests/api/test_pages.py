@@ -9,9 +9,23 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
+from shared.boards import MAIN_BOARD
+from shared.keys import Keys
 from shared.settings import LadderSettings
-from tests.api.helpers import LEADERBOARD, MAIN, get_ok, period_ids, post, rfc, score
+from tests.api.helpers import (
+    LEADERBOARD,
+    MAIN,
+    SERVER,
+    assert_problem,
+    get_ok,
+    period_ids,
+    post,
+    rfc,
+    score,
+)
+from tests.api.test_audit_reads_model import aggregate
 from tests.helpers import api_client
 
 # PyJWT warns on every sign and verify with a key under 32 bytes; the contract's development
@@ -59,6 +73,44 @@ async def test_a_region_pages_with_a_cursor(quiet: LadderSettings) -> None:
         assert page["as_of"] is not None
     assert all(p["next_cursor"] for p in pages[:-1])
     assert pages[-1]["next_cursor"] is None
+
+
+async def test_a_cursor_pages_only_the_view_that_handed_it_out(
+    quiet: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
+) -> None:
+    """A cursor names its view: given with another scope, period, board or friends owner it is a
+    422, where it paged that view from a point of the other (a teams read gave an empty page of
+    a view of two teams); the same view in another rank style goes on from it."""
+    async with api_client(quiet) as client:
+        await seed_players(client)
+        for friend in ("u-02", "u-03", "u-04"):
+            put = await client.put(f"/v1/users/u-01/friends/{friend}", headers=SERVER)
+            assert put.status_code == 204
+        await aggregate(redis, keys, MAIN_BOARD)  # the friends scope ranks on the merged view
+        first = await get_ok(client, LEADERBOARD, scope="region:eu", limit=10)
+        cursor = first["next_cursor"]
+        dense = await get_ok(
+            client, LEADERBOARD, scope="region:eu", cursor=cursor, rank_style="dense"
+        )
+        assert [e["rank"] for e in dense["entries"]] == list(range(11, 21))
+        elsewhere = [
+            {"scope": "global"},
+            {"scope": "region:na"},
+            {"scope": "region:eu", "period": "daily"},
+            {"scope": "friends:u-01"},
+        ]
+        for query in elsewhere:
+            refused = await client.get(
+                LEADERBOARD, params=query | {"cursor": cursor}, headers=SERVER
+            )
+            body = assert_problem(refused, 422)
+            assert body["errors"][0]["loc"] == ["query", "cursor"], query
+            assert "another view" in body["errors"][0]["msg"]
+        friends = await get_ok(client, LEADERBOARD, scope="friends:u-01", limit=2)
+        for scope, status in (("friends:u-01", 200), ("friends:u-02", 422)):
+            query = {"scope": scope, "limit": 2, "cursor": friends["next_cursor"]}
+            answer = await client.get(LEADERBOARD, params=query, headers=SERVER)
+            assert answer.status_code == status, answer.text
 
 
 @pytest.mark.parametrize("limit", [10, 3, 1])

@@ -30,7 +30,7 @@ async def _friends_page(
     rows = group.rows
     start = 0
     if cursor is not None:
-        after = decode_cursor(cursor)
+        after = decode_cursor(view, cursor)
         start = next((i for i, (m, c) in enumerate(rows) if (c, m) < after), len(rows))
     ranks = local_ranks(style, view, rows)
     chosen = rows[start : start + limit]
@@ -43,7 +43,9 @@ async def _friends_page(
             )
             for i, (m, c) in enumerate(chosen)
         ],
-        "next_cursor": encode_cursor(chosen[-1][1], chosen[-1][0]) if more and chosen else None,
+        "next_cursor": encode_cursor(view, chosen[-1][1], chosen[-1][0])
+        if more and chosen
+        else None,
         "as_of": group.as_of,
     }
 
@@ -67,7 +69,7 @@ async def page(
         return await _friends_page(redis, keys, view, limit, cursor, style, as_of_field)
     after: tuple[Any, ...] = ("", "")
     if cursor is not None:
-        stored, member = decode_cursor(cursor)
+        stored, member = decode_cursor(view, cursor)
         after = (int(stored), member)
     board_id = view.board.board_id
     found: list[Any] = await fcall_ro(
@@ -88,5 +90,5 @@ async def page(
     # The function's replies in the order entries_of() takes them; a team view has no names.
     replies = [found[6]] if view.kind == "teams" else [found[4], found[5], found[6]]
     entries = entries_of(view, rows, first + 1, style, iter(replies))
-    next_cursor = encode_cursor(rows[-1][1], rows[-1][0]) if more and rows else None
+    next_cursor = encode_cursor(view, rows[-1][1], rows[-1][0]) if more and rows else None
     return {"total": total, "entries": entries, "next_cursor": next_cursor, "as_of": found[7]}

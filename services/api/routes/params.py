@@ -123,7 +123,14 @@ class PageQuery(BaseModel):
     period: Period = "alltime"
     period_id: _PeriodId = None
     limit: Annotated[int, Field(ge=1, le=1000), IN_DIGITS] = 10
-    cursor: Annotated[str | None, Field(max_length=512)] = None
+    cursor: Annotated[
+        str | None,
+        Field(
+            max_length=512,
+            description="The next_cursor of the page before, given with the same board, scope, "
+            "period and period_id (another view's is a 422)",
+        ),
+    ] = None
     rank_style: _RankStyle = "ordinal"
 
 
