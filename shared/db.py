@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -287,21 +288,28 @@ def board_epoch_of(cutoff: datetime) -> int:
     return (to_db_time(cutoff) - datetime(1970, 1, 1)) // timedelta(milliseconds=1)
 
 
-def _encode_cursor(accepted_at: datetime, row_id: int) -> str:
-    raw = orjson.dumps([accepted_at.isoformat(timespec="microseconds"), row_id])
+def _cursor_tag(board_id: str, user_id: str) -> str:
+    """What a cursor carries of the read that handed it out: a digest of its board and user."""
+    return hashlib.blake2b(f"{board_id}\n{user_id}".encode(), digest_size=6).hexdigest()
+
+
+def _encode_cursor(tag: str, accepted_at: datetime, row_id: int) -> str:
+    raw = orjson.dumps([accepted_at.isoformat(timespec="microseconds"), row_id, tag])
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, int]:
+def _decode_cursor(tag: str, cursor: str) -> tuple[datetime, int]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        stored_at, row_id = orjson.loads(raw)
+        stored_at, row_id, made_for = orjson.loads(raw)
         # A naive ISO time is what _encode_cursor writes; anything else was not made here.
         accepted_at = datetime.fromisoformat(stored_at)
     except (binascii.Error, orjson.JSONDecodeError, TypeError, ValueError) as exc:
         raise BadCursor("cursor is not one that this API returned") from exc
     if accepted_at.tzinfo is not None or type(row_id) is not int or row_id < 1:
         raise BadCursor("cursor is not one that this API returned")
+    if made_for != tag:
+        raise BadCursor("cursor was handed out for another board or user")
     return accepted_at, row_id
 
 
@@ -337,7 +345,7 @@ async def user_events(
         .limit(limit + 1)  # one more than asked says whether a next page exists
     )
     if cursor is not None:
-        after_at, after_id = _decode_cursor(cursor)
+        after_at, after_id = _decode_cursor(_cursor_tag(board_id, user_id), cursor)
         # Spelled out rather than as a row comparison, which MariaDB does not turn into a range.
         query = query.where(
             or_(t.accepted_at < after_at, and_(t.accepted_at == after_at, t.id < after_id))
@@ -362,7 +370,7 @@ async def user_events(
     next_cursor = None
     if len(rows) > limit:
         last = page[-1]
-        next_cursor = _encode_cursor(last.accepted_at, last.id)
+        next_cursor = _encode_cursor(_cursor_tag(board_id, user_id), last.accepted_at, last.id)
     return events, next_cursor
 
 

@@ -46,6 +46,13 @@ async def test_a_users_events_come_from_the_history_database(
         second = await get_ok(
             client, "/v1/boards/main/users/u-1/events", limit=2, cursor=first["next_cursor"]
         )
+        # A cursor belongs to the user and board it paged: u-2's page after it skipped u-2's
+        # events newer than u-1's last one.
+        elsewhere = await client.get(
+            "/v1/boards/main/users/u-2/events",
+            params={"cursor": first["next_cursor"]},
+            headers=SERVER,
+        )
         own = await client.get("/v1/boards/main/users/u-1/events", headers=player("u-1"))
         other = await client.get("/v1/boards/main/users/u-2/events", headers=player("u-1"))
 
@@ -64,6 +71,8 @@ async def test_a_users_events_come_from_the_history_database(
     assert [e["event_id"] for e in first["events"]] == ["e-4", "e-3"]
     assert [e["event_id"] for e in second["events"]] == ["e-1"]
     assert second["next_cursor"] is None
+    refused = assert_problem(elsewhere, 422)
+    assert refused["errors"][0]["msg"] == "cursor was handed out for another board or user"
     assert own.status_code == 200
     assert [e["event_id"] for e in own.json()["events"]] == ["e-4", "e-3", "e-1"]
     assert_problem(other, 403)

@@ -345,7 +345,14 @@ async def events(
     user_id: UserIdPath,
     state: State,
     limit: Annotated[int, Query(ge=1, le=500), IN_DIGITS] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            max_length=512,
+            description="The next_cursor of the page before, of the same board and user "
+            "(another's is a 422)",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """The user's accepted events, newest first, from the history database.
 
