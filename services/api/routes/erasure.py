@@ -19,6 +19,7 @@ from sqlalchemy import delete
 
 from services.api.errors import Conflict, NotFound, Unavailable, problems
 from services.api.routes.definitions import Admin
+from services.api.routes.params import TRUE_OR_FALSE
 from services.api.state import BoardIdPath, State
 from services.api.strict_json import StrictJsonRoute
 from shared.boards import MAIN_BOARD_ID
@@ -112,7 +113,9 @@ async def delete_board(
     board_id: Annotated[str, Depends(board_to_delete)],
     response: Response,
     state: State,
-    purge: Annotated[bool, Query(description="Delete its history too")] = False,
+    purge: Annotated[
+        bool, Query(description="Delete its history too: true or false"), TRUE_OR_FALSE
+    ] = False,
 ) -> DeletionOut:
     """Delete the board: its definition at once, its cached keys within seconds, its history
     only with ``purge=true``. Its name then takes a fresh board, none of the old scores showing.

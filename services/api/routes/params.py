@@ -44,6 +44,18 @@ IN_DIGITS = BeforeValidator(_in_digits)
 """The check of an integer of a query string, given after its ``Field`` or ``Query`` (placed
 before them, it leaves their bounds out of the document's schema)."""
 
+
+def _true_or_false(value: Any) -> Any:
+    """A query's boolean as JSON writes one: ``true`` or ``false``. pydantic also reads ``1``,
+    ``yes``, ``on``, ``TRUE`` and ``off`` (and their opposites) as booleans."""
+    if isinstance(value, str) and value not in ("true", "false"):
+        raise ValueError("a boolean is written true or false")
+    return value
+
+
+TRUE_OR_FALSE = BeforeValidator(_true_or_false)
+"""The check of a boolean of a query string, given after its ``Query``."""
+
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 ScopeQuery = Annotated[
     str,
