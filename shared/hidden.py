@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, exists, insert, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import db_locks
@@ -140,12 +140,13 @@ async def store(
     was not so already)."""
     t = hidden_table
     if hidden:
+        # Inserted where no row is: an INSERT IGNORE of a user hidden already raised a warning,
+        # which the driver logged, at every repeated hide.
         now = to_db_time(datetime.now(UTC))
-        statement: Any = (
-            insert(t)
-            .prefix_with("IGNORE")
-            .values(board_id=board_id, user_id=user_id, hidden_at=now)
+        row = select(literal(board_id), literal(user_id), literal(now)).where(
+            ~exists().where(t.c.board_id == board_id, t.c.user_id == user_id)
         )
+        statement: Any = insert(t).from_select(["board_id", "user_id", "hidden_at"], row)
     else:
         statement = delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
     if isinstance(db, AsyncConnection):

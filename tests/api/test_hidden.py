@@ -313,7 +313,11 @@ async def test_a_friends_scope_whose_only_friend_is_hidden_ranks_the_player_alon
 
 
 async def test_hide_and_unhide_are_idempotent_and_kept_in_mysql(
-    quiet: LadderSettings, redis: Redis, keys: Keys, db: AsyncEngine
+    quiet: LadderSettings,
+    redis: Redis,
+    keys: Keys,
+    db: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     async with api_client(quiet) as client:
         await post_score(client, "u-a", "eu", "red", 5)
@@ -322,6 +326,10 @@ async def test_hide_and_unhide_are_idempotent_and_kept_in_mysql(
             assert await redis.smembers(keys.hidden("main")) == {"u-a"}
             async with db.connect() as conn:
                 assert await hidden.stored(conn, "main") == ["u-a"]
+        # A hide of a user hidden already changes no row, and says nothing: its INSERT IGNORE
+        # made the driver log MySQL's duplicate-entry warning every time.
+        assert await hidden.store(db, "main", "u-a", hidden=True) is False
+        assert [r.message for r in caplog.records if r.name.startswith("asyncmy")] == []
         # A user with no score on the board can be hidden too (before its first write).
         response = await client.put(HIDDEN.format("u-new"), headers=ADMIN)
         assert response.status_code == 204 and response.content == b""
