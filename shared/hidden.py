@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.asyncio import Redis
-from sqlalchemy import delete, exists, insert, literal, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from shared import db_locks
@@ -136,25 +136,30 @@ async def store(
     db: AsyncEngine | AsyncConnection, board_id: str, user_id: str, *, hidden: bool
 ) -> bool:
     """Record ``user_id`` hidden on ``board_id`` (or not): idempotent either way, committed
-    before it returns (on ``db``'s own connection when it is one). Whether the row changed (it
-    was not so already)."""
-    t = hidden_table
-    if hidden:
-        # Inserted where no row is: an INSERT IGNORE of a user hidden already raised a warning,
-        # which the driver logged, at every repeated hide.
-        now = to_db_time(datetime.now(UTC))
-        row = select(literal(board_id), literal(user_id), literal(now)).where(
-            ~exists().where(t.c.board_id == board_id, t.c.user_id == user_id)
-        )
-        statement: Any = insert(t).from_select(["board_id", "user_id", "hidden_at"], row)
-    else:
-        statement = delete(t).where(t.c.board_id == board_id, t.c.user_id == user_id)
+    before it returns (on ``db``'s own connection when it is one, which holds the user's lock:
+    :func:`changing`). Whether the row changed (it was not so already)."""
     if isinstance(db, AsyncConnection):
-        done = await db.execute(statement)
+        changed = await _store(db, board_id, user_id, hidden)
         await db.commit()
-        return bool(done.rowcount)
+        return changed
     async with db.begin() as conn:
-        return bool((await conn.execute(statement)).rowcount)
+        return await _store(conn, board_id, user_id, hidden)
+
+
+async def _store(conn: AsyncConnection, board_id: str, user_id: str, hidden: bool) -> bool:
+    t = hidden_table
+    where = (t.c.board_id == board_id, t.c.user_id == user_id)
+    if not hidden:
+        return bool((await conn.execute(delete(t).where(*where))).rowcount)
+    # Looked for, then inserted if absent (the user's lock keeps another hide of it out between
+    # the two): an INSERT IGNORE of a user hidden already raised a duplicate-entry warning, which
+    # the driver logged at every repeated hide, and an INSERT ... SELECT ... WHERE NOT EXISTS
+    # took gap locks that made concurrent hides of other users deadlock.
+    if (await conn.execute(select(t.c.user_id).where(*where))).first() is not None:
+        return False
+    now = to_db_time(datetime.now(UTC))
+    await conn.execute(insert(t).values(board_id=board_id, user_id=user_id, hidden_at=now))
+    return True
 
 
 async def stored(conn: AsyncConnection, board_id: str) -> list[str]:
