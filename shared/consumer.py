@@ -50,10 +50,18 @@ from dataclasses import dataclass, field
 
 import structlog
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustConnection
-from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from shared import amqp
+from shared.consumer_metrics import (
+    BATCH_SECONDS,
+    CONNECTED,
+    EVENTS,
+    EVENTS_REFUSED,
+    MESSAGES,
+    RETRIES,
+    series_from_start,
+)
 from shared.events import ScoreAccepted, ScoreMessage, split_message
 from shared.failures import is_transient, short_reason
 from shared.heap import settle_heap
@@ -72,17 +80,6 @@ Handler = Callable[[list[ScoreAccepted]], Awaitable[None]]
 # A message, its events for the handler, and whether to dead-letter it once they are handled.
 Decoded = tuple[AbstractIncomingMessage, list[ScoreAccepted], bool]
 
-MESSAGES = Counter("ladder_consumer_messages_total", "Messages taken", ["consumer", "outcome"])
-EVENTS = Counter("ladder_consumer_events_total", "Events handed to the handler", ["consumer"])
-BATCH_SECONDS = Histogram("ladder_consumer_batch_seconds", "Handler time a batch", ["consumer"])
-RETRIES = Counter("ladder_consumer_handler_failures_total", "Handler failures", ["consumer"])
-EVENTS_REFUSED = Counter(
-    "ladder_consumer_events_refused_total",
-    "Events refused: by the handler (not an outage; their messages go back toward the delivery"
-    " limit), or by the schema (their messages dead-lettered once their other events are handled)",
-    ["consumer", "reason"],
-)
-CONNECTED = Gauge("ladder_consumer_connected", "1 while consuming", ["consumer"])
 
 # The longest wait between two tries of a topology the broker refuses (a configuration error:
 # nothing changes it but an operator).
@@ -159,7 +156,7 @@ class ConsumerRunner:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`; then finish and ack the batch in hand, and return."""
-        CONNECTED.labels(self.name).set(0)  # a sample from the start, the broker away or not
+        series_from_start(self.name)  # samples from the start, the broker away or not
         backoff = 1.0
         while not self._stopping.is_set():
             self.connection = await self._connect()

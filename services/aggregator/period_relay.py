@@ -52,6 +52,8 @@ FAILURES = Counter(
     "it refuses the topology) and period.closed publishes refused or returned (stage=publish)",
     ["stage"],
 )
+for _stage in ("connect", "publish"):  # each series at 0 from the start, for an alert on its rise
+    FAILURES.labels(_stage)
 BACKLOG = Gauge(
     "ladder_periods_backlog",
     "period.closed messages in the board's period outbox at the last look (every poll, and "

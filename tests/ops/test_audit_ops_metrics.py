@@ -3,11 +3,13 @@ operator reading the list finds each series ``/metrics`` gives (docs/api.md sect
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
@@ -16,9 +18,11 @@ import services.aggregator.main
 import services.api.app
 import services.history.main
 import services.notifier.main
+from shared.consumer import ConsumerRunner
 from shared.settings import LadderSettings
+from shared.topology import Topology
 from tests.api.helpers import SCORES, score
-from tests.helpers import SERVER, api_client
+from tests.helpers import SERVER, UNREACHABLE_BROKER, api_client, eventually
 
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.warnings.InsecureKeyLengthWarning")
 
@@ -92,3 +96,55 @@ async def test_client_input_adds_no_series_and_counters_only_grow(
     assert all(after[key] >= before[key] for key in counters)
     accepted = ("ladder_api_scores_total", (("outcome", "accepted"),))
     assert after[accepted] == before[accepted] + 1
+
+
+# The labelled counters the operations guide alerts on a rise of, each with its label values.
+ALERTED = {
+    "ladder_api_rate_limited_total": ("bucket", ("user", "key")),
+    "ladder_relay_failures_total": ("stage", ("connect", "publish")),
+    "ladder_ws_turned_away_total": ("cap", ("address", "process")),
+    "ladder_periods_publish_failures_total": ("stage", ("connect", "publish")),
+}
+CONSUMER_ALERTED = {
+    "ladder_consumer_handler_failures_total": {()},
+    "ladder_consumer_messages_total": {
+        (("outcome", o),) for o in ("dead-lettered", "poison", "poison-split")
+    },
+}
+
+
+async def test_every_series_alerted_on_is_there_from_the_start(
+    settings: LadderSettings, broker: Topology
+) -> None:
+    """A labelled counter has no series until its first count: an alert on its rise missed that
+    count, and a dashboard showed nothing where a flat 0 was healthy (three of the guide's
+    alerting counters were absent from a fresh API's /metrics). The services' and a consumer's
+    series are there before any count; the consumer's while its broker is away."""
+    assert all(m.__name__ for m in MODULES)
+    series = _series(generate_latest(REGISTRY).decode())
+    for name, (label, values) in ALERTED.items():
+        assert {(name, ((label, v),)) for v in values} <= series.keys(), name
+
+    runner = ConsumerRunner(
+        name="audit-start", amqp_url=UNREACHABLE_BROKER, topology=broker, handler=_nothing
+    )
+    running = asyncio.create_task(runner.run())
+
+    def made() -> bool:
+        found = _series(generate_latest(REGISTRY).decode())
+        wanted = {
+            (name, tuple(sorted((("consumer", "audit-start"), *labels))))
+            for name, labelsets in CONSUMER_ALERTED.items()
+            for labels in labelsets
+        }
+        return wanted <= found.keys()
+
+    try:
+        assert await eventually(lambda: asyncio.sleep(0, made()), within=5)
+    finally:
+        runner.stop()
+        await asyncio.wait_for(running, 10)
+
+
+async def _nothing(events: list[Any]) -> None:
+    return None

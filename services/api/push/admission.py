@@ -42,6 +42,8 @@ log = structlog.get_logger(__name__)
 TURNED_AWAY = Counter(
     "ladder_ws_turned_away_total", "WebSocket handshakes refused past a cap", ["cap"]
 )
+for _cap in ("address", "process"):  # each series at 0 from the start, for an alert on its rise
+    TURNED_AWAY.labels(_cap)
 
 RETRY_AFTER_SECONDS = 5
 LEASE_SECONDS = 60

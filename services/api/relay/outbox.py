@@ -65,6 +65,8 @@ FAILURES = Counter(
     "topology) and reads whose batches the broker did not confirm (stage=publish)",
     ["stage"],
 )
+for _stage in ("connect", "publish"):  # each series at 0 from the start, for an alert on its rise
+    FAILURES.labels(_stage)
 BACKLOG = Gauge(
     "ladder_relay_backlog",
     "Entries in the outbox at the last look (every pass, and every retry while the broker is away)",

@@ -16,6 +16,8 @@ from shared.keys import Keys
 from shared.settings import LadderSettings
 
 LIMITED = Counter("ladder_api_rate_limited_total", "Submissions refused with 429", ["bucket"])
+for _bucket in ("user", "key"):  # each series at 0 from the start, for an alert on its rise
+    LIMITED.labels(_bucket)
 
 
 class RateLimited(Problem):
