@@ -122,6 +122,26 @@ class ProblemDetails(BaseModel):
     )
 
 
+class EventProblem(ProblemDetails):
+    """A batch's problem for one of its events."""
+
+    retry_after: int | None = Field(
+        default=None,
+        exclude_if=lambda seconds: seconds is None,
+        description="429 and 503 only: the seconds to wait before sending this event again, "
+        "as a single POST's Retry-After header says",
+    )
+
+
+def event_problem(problem: Problem) -> dict[str, Any]:
+    """``problem``'s body as a batch answers it for one event: with ``retry_after`` where a
+    single POST's answer would carry ``Retry-After``."""
+    body = problem.body()
+    if "Retry-After" in problem.headers:
+        body["retry_after"] = int(problem.headers["Retry-After"])
+    return body
+
+
 _SCHEMAS = "#/components/schemas/"
 _PROBLEM_TEXTS = {
     400: "Malformed JSON",

@@ -255,6 +255,10 @@ async def test_users_over_their_rate_are_refused_alone(
     # of 1 a second) lets two through, the third is refused alone, the other user is untouched.
     assert [r.get("error", {}).get("status") for r in results] == [None, None, 429, None]
     assert results[2]["error"]["type"].endswith("rate-limited")
+    # When to send it again, as a single POST's Retry-After: a token a second, so 1 s; the
+    # events answered otherwise have no such member.
+    assert results[2]["error"]["retry_after"] == 1
+    assert all("retry_after" not in r.get("error", {}) for r in results[:2] + results[3:])
     assert results[1]["periods"]["alltime"]["score"] == events[1]["value"]
     assert results[3]["periods"]["alltime"]["score"] == events[3]["value"]
 

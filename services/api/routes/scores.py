@@ -17,11 +17,12 @@ from services.api.auth import Principal, authenticate, bearer
 from services.api.erasing import refusal
 from services.api.errors import (
     Conflict,
+    EventProblem,
     Forbidden,
     Invalid,
     Problem,
-    ProblemDetails,
     Unauthorized,
+    event_problem,
     problems,
 )
 from services.api.routes.params import DirectRoute, NoIdempotencyKey, parameters_of, path_errors
@@ -237,7 +238,7 @@ class BatchIn(BaseModel):
 
 class BatchError(BaseModel):
     event_id: str | None
-    error: ProblemDetails = Field(description="A problem (RFC 9457) for this event alone")
+    error: EventProblem = Field(description="A problem (RFC 9457) for this event alone")
 
 
 class BatchOut(BaseModel):
@@ -347,7 +348,10 @@ async def post_batch(
     erasing = await state.erasing.erasing({s.user_id for s in scores.values()})
     for i, score in scores.items():
         if score.user_id in erasing:
-            results[i] = {"event_id": score.event_id, "error": refusal(score.user_id).body()}
+            results[i] = {
+                "event_id": score.event_id,
+                "error": event_problem(refusal(score.user_id)),
+            }
             continue
         event_id = score.event_id or uuid.uuid4().hex
         try:
@@ -355,7 +359,7 @@ async def post_batch(
                 state.redis, state.keys, state.settings, board, score, event_id, now
             )
         except Problem as problem:
-            results[i] = {"event_id": event_id, "error": problem.body()}
+            results[i] = {"event_id": event_id, "error": event_problem(problem)}
             continue
         if call.known is not None:
             results[i] = call.known
@@ -384,7 +388,7 @@ async def post_batch(
         try:
             results[i] = answer(status, payload, call)
         except Problem as problem:
-            results[i] = {"event_id": call.event_id, "error": problem.body()}
+            results[i] = {"event_id": call.event_id, "error": event_problem(problem)}
     _repeats_conflict(batch.events, results)
     _locate_in_batch(results)
     _count(results)
