@@ -231,9 +231,17 @@ def problem_response(problem: Problem) -> JSONResponse:
     )
 
 
+def public_message(error: Any) -> str:
+    """A validation error's message as a client reads it: pydantic names the model class where an
+    object was wanted ("a valid dictionary or instance of ScoreIn"), a name of the code."""
+    if error.get("type") in ("model_type", "model_attributes_type"):
+        return "Input should be a JSON object"
+    return str(error.get("msg", ""))
+
+
 def _validation_response(exc: RequestValidationError) -> JSONResponse:
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        {"loc": list(e.get("loc", ())), "msg": public_message(e), "type": e.get("type", "")}
         for e in exc.errors()
     ]
     if any(e["type"] == "json_invalid" for e in errors) or malformed_in(exc.errors()):

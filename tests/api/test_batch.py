@@ -108,6 +108,15 @@ async def test_a_batch_answers_each_event_on_its_own(
         assert results[4]["duplicate"] is False and results[4]["event_id"]
         assert results[5] == {"event_id": None, "error": results[5]["error"]}
         assert results[5]["error"]["status"] == 422
+        # Said as a client reads it: the message named the model's class ("... or instance of
+        # ScoreIn").
+        assert results[5]["error"]["errors"] == [
+            {
+                "loc": ["body", "events", 5],
+                "msg": "Input should be a JSON object",
+                "type": "model_type",
+            }
+        ]
 
         # A player token may not post batches; nor may anyone without a credential.
         response = await client.post(

@@ -24,6 +24,7 @@ from services.api.errors import (
     Unauthorized,
     event_problem,
     problems,
+    public_message,
 )
 from services.api.routes.params import DirectRoute, NoIdempotencyKey, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board, opened
@@ -248,7 +249,7 @@ class BatchOut(BaseModel):
 def _validation_problem(exc: ValidationError) -> dict[str, Any]:
     body = Invalid("The event failed validation.").body()
     body["errors"] = [
-        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        {"loc": list(e["loc"]), "msg": public_message(e), "type": e["type"]}
         for e in exc.errors(include_url=False, include_context=False, include_input=False)
     ]
     return body
@@ -348,10 +349,8 @@ async def post_batch(
     erasing = await state.erasing.erasing({s.user_id for s in scores.values()})
     for i, score in scores.items():
         if score.user_id in erasing:
-            results[i] = {
-                "event_id": score.event_id,
-                "error": event_problem(refusal(score.user_id)),
-            }
+            refused = event_problem(refusal(score.user_id))
+            results[i] = {"event_id": score.event_id, "error": refused}
             continue
         event_id = score.event_id or uuid.uuid4().hex
         try:
