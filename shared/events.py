@@ -82,6 +82,13 @@ def _rfc3339(value: object) -> object:
     if isinstance(value, datetime):
         return value
     if not isinstance(value, str) or not _RFC3339.fullmatch(value):
+        text = value if isinstance(value, str) else ""
+        if text[-6:-5] == " " and _RFC3339.fullmatch(f"{text[:-6]}+{text[-5:]}"):
+            # A query string's '+' decodes to a space: the offset came as " 01:00".
+            raise ValueError(
+                "must be an RFC 3339 time with an offset; the offset's '+' arrived as a space: "
+                "in a query string send it as %2B, like 2026-11-29T18:00:00%2B01:00"
+            )
         raise ValueError("must be an RFC 3339 time with an offset, like 2026-11-29T17:00:00Z")
     return value
 

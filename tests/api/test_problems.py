@@ -454,3 +454,21 @@ async def test_an_error_is_a_problem_and_changes_nothing(
         assert any(e["loc"] and e["loc"][-1] == case.loc for e in body["errors"]), body
     assert before, "the seed score should be in the snapshot"
     assert after == before
+
+
+async def test_a_time_whose_plus_arrived_as_a_space_is_told_so(
+    quiet: LadderSettings, mysql_database: str
+) -> None:
+    """A query string's '+' decodes to a space, so an offset sent unencoded arrives as
+    ``00:00:00 01:00``: the 422 says so, where it said the time had no offset."""
+    async with api_client(quiet) as client:
+        raw = "/v1/boards/main/snapshots?at=2026-11-29T18:00:00+01:00"
+        response = await client.get(raw, headers=SERVER)
+        encoded = await client.get(
+            "/v1/boards/main/snapshots", params={"at": "2026-11-29T18:00:00+01:00"}, headers=SERVER
+        )
+    body = assert_problem(response, 422)
+    assert body["errors"][0]["loc"] == ["query", "at"]
+    assert "arrived as a space" in body["errors"][0]["msg"]
+    assert "%2B" in body["errors"][0]["msg"]
+    assert encoded.status_code == 404, encoded.text  # read as meant: no snapshot by then
