@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from shared.failures import short_reason
+from shared.problems import PROBLEM, problem_body
 from shared.settings import multiprocess_metrics_dir
 
 Check = Callable[[], Awaitable[bool]]
@@ -80,10 +82,12 @@ def ops_app(
     says about a dependency that is down (its last connection error, say), and what it says
     under a name that is no dependency (``handler``: the error a held batch is retried on)."""
 
-    async def healthz(_: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+    async def healthz(request: Request) -> JSONResponse:
+        return _no_query(request) or JSONResponse({"status": "ok"})
 
-    async def readyz(_: Request) -> JSONResponse:
+    async def readyz(request: Request) -> JSONResponse:
+        if refused := _no_query(request):
+            return refused
         why: dict[str, str] = {}
         states = await run_checks(checks, reasons=why)
         for name, reason in (reasons() if reasons is not None else {}).items():
@@ -91,16 +95,41 @@ def ops_app(
                 why.setdefault(name, reason)
         return readiness_response(states, required, why)
 
-    async def metrics(_: Request) -> Response:
-        return metrics_response()
+    async def metrics(request: Request) -> Response:
+        return _no_query(request) or metrics_response()
 
     return Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),
-        ]
+        ],
+        exception_handlers={HTTPException: _http_problem},
     )
+
+
+def _no_query(request: Request) -> JSONResponse | None:
+    """422 for a query parameter, which none of these routes takes, as the API's routes answer
+    one they do not take (docs/api.md section 1): a typo is told, not ignored."""
+    if not request.query_params:
+        return None
+    body = problem_body(
+        422, "Unprocessable content", "validation", "The request failed validation."
+    )
+    body["errors"] = [
+        {"loc": ["query", name], "msg": "Extra inputs are not permitted", "type": "extra_forbidden"}
+        for name in dict.fromkeys(request.query_params.keys())
+    ]
+    return JSONResponse(body, status_code=422, media_type=PROBLEM)
+
+
+async def _http_problem(_: Request, exc: Exception) -> Response:
+    """A path or method these routes do not have, answered as a problem like the API's."""
+    assert isinstance(exc, HTTPException)
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "Error")
+    slug = title.lower().replace(" ", "-")
+    body = problem_body(exc.status_code, title, slug, str(exc.detail))
+    return JSONResponse(body, exc.status_code, headers=exc.headers, media_type=PROBLEM)
 
 
 class _QuietServer(uvicorn.Server):

@@ -23,11 +23,9 @@ from starlette.routing import compile_path
 
 from services.api.strict_json import malformed_in
 from shared.failures import is_transient
+from shared.problems import PROBLEM, problem_body
 
 log = structlog.get_logger(__name__)
-
-PROBLEM = "application/problem+json"
-TYPE_BASE = "https://ladder.dev/problems/"
 
 
 class Problem(Exception):
@@ -43,12 +41,7 @@ class Problem(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {
-            "type": TYPE_BASE + self.slug,
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-        }
+        return problem_body(self.status, self.title, self.slug, self.detail)
 
 
 class Unauthorized(Problem):
@@ -302,12 +295,7 @@ def install(app: FastAPI) -> None:
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         title, slug = _HTTP_PROBLEMS.get(exc.status_code, ("Error", str(exc.status_code)))
-        body = {
-            "type": TYPE_BASE + slug,
-            "title": title,
-            "status": exc.status_code,
-            "detail": str(exc.detail),
-        }
+        body = problem_body(exc.status_code, title, slug, str(exc.detail))
         headers = exc.headers
         if exc.status_code == 405 and headers:
             headers = {**headers, "Allow": _allowed_methods(request, headers.get("Allow", ""))}

@@ -32,9 +32,10 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 
 from services.api.app import create_app
-from services.api.errors import PROBLEM, Problem
+from services.api.errors import Problem
 from services.api.state import ApiState
 from shared.heap import settle_heap
+from shared.problems import PROBLEM
 from shared.settings import LadderSettings
 
 if TYPE_CHECKING:
