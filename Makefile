@@ -133,8 +133,10 @@ sim: venv ## the game simulation in the foreground: make sim SIM_ARGS="--speed 1
 	$(PY) -m sim $(SIM_ARGS)
 
 sim-set: venv ## change a running simulation: make sim-set NAME=robot_share VALUE=1.0
-	@if [ -z "$(NAME)" ] || [ -z "$(VALUE)" ]; then $(PY) -m sim.set --help; exit 2; fi
-	@$(PY) -m sim.set '$(NAME)' '$(VALUE)'
+	@if [ -z "$(NAME)" ] && [ -z "$(VALUE)" ]; then $(PY) -m sim.set --help; \
+	elif [ -z "$(NAME)" ] || [ -z "$(VALUE)" ]; then \
+		echo "sim-set: give both NAME and VALUE (make sim-set lists them)" >&2; exit 2; \
+	else $(PY) -m sim.set '$(NAME)' '$(VALUE)'; fi
 
 # clean: services that run are stopped first (so that nothing is recreated halfway), then started
 # again on a fresh schema and topology; with nothing running, nothing of the prefixes is left.

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     print(
-        f"replay-dead: {moved} messages from {topology.dead_queue(consumer)} to "
+        f"replay-dead: {moved} message{'' if moved == 1 else 's'} from "
+        f"{topology.dead_queue(consumer)} to "
         f"{topology.queue(consumer)}"
     )
     return 0

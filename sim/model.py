@@ -276,6 +276,15 @@ class Game:
             due.append(heapq.heappop(self._late)[2])
         return due
 
+    def take_held(self) -> list[Score]:
+        """At the stop, once the model has ended: every score not handed out yet, the late ones
+        held back included (sooner than their delay, still with the time each was earned), so
+        that a stop sends what the game made rather than dropping it."""
+        held, self._ready = self._ready, []
+        held += [score for _, _, score in sorted(self._late)]
+        self._late = []
+        return held
+
     @property
     def robots_online(self) -> int:
         # Read from the asyncio side while the SimPy thread adds and removes players: a copy

@@ -5,8 +5,8 @@ real-time environment sleeps between events); one SimPy process, the ticker, han
 due every ``tick_s`` wall-clock seconds to the asyncio side, which posts them as one batch.
 ``speed`` is the environment's factor (1/speed wall seconds per simulated second). Changes from
 the control exchange replace the model's parameters in one reference swap, read by the next
-arrival, round or tick. SIGTERM and SIGINT stop the ticker, send what is waiting (for up to
-``DRAIN_SECONDS``) and close the connections.
+arrival, round or tick. SIGTERM and SIGINT stop the ticker, send what is waiting, the late
+scores held back included (for up to ``DRAIN_SECONDS``), and close the connections.
 """
 
 from __future__ import annotations
@@ -158,6 +158,9 @@ class Simulation:
                 self.stopping.set()
                 with contextlib.suppress(Exception):
                     await model
+                # The model's thread is done: what it still holds (late scores held back) goes
+                # out with the rest.
+                poster.add([score.body() for score in self.game.take_held()])
                 if not posting.done():
                     await poster.drain(DRAIN_SECONDS)
                 self.listener.stop()

@@ -399,3 +399,32 @@ def test_a_game_can_start_with_players_already_in_it() -> None:
     assert len(warm.scores) >= 3
     assert len(cold.scores) <= 1
     assert all(len(t.members) <= SimParams().team_max for t in warm.teams.values())
+
+
+async def test_a_stop_sends_the_late_scores_still_held_back(settings: LadderSettings) -> None:
+    """Every score is late here, each held back about a minute of game time: a stop sends those
+    still held, with the time each was earned, rather than dropping them (a stopped run left
+    24 unsent, against the guide's "it sends what it holds")."""
+    config = Config(
+        api_url="http://127.0.0.1:9",  # never called: the run does not post
+        board_id="arena",
+        server_key="unused",
+        admin_key="unused",
+        amqp_url=settings.amqp_url,
+        broker_prefix=settings.broker_prefix,
+        seed=11,
+        allowed_lateness=600.0,
+        dry_run=True,
+        keep_records=True,
+    )
+    params = SimParams(speed=20.0, tick_s=0.1, arrival_mean_s=0.5, late_share=1.0)
+    sim = Simulation(config, params.model_copy(update={"late_delay_mean_s": 60.0}))
+    running = asyncio.create_task(sim.run())
+    try:
+        await asyncio.wait_for(sim.listener.bound.wait(), 10)
+        await eventually(lambda: _true(len(sim.game.scores) > 50), within=20)
+    finally:
+        sim.request_stop()
+        await asyncio.wait_for(running, 30)
+    assert sim.game.summary()["late_pending"] == 0
+    assert sim._poster is not None and sim._poster.accepted == len(sim.game.scores)
