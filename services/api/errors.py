@@ -197,7 +197,9 @@ def problems(*statuses: int, said: Mapping[int, str] | None = None) -> dict[int 
 
 def document(app: FastAPI) -> None:
     """Put :class:`ProblemDetails` in the app's OpenAPI components, where :data:`PROBLEMS`
-    refers to it, whichever routes there are."""
+    refers to it, whichever routes there are; and 413 on every operation, which the body limit
+    (services/api/bodies.py) answers on any route to a request that says its body is larger,
+    one that takes no body included."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -209,6 +211,9 @@ def document(app: FastAPI) -> None:
             known = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, definition in defs.get("$defs", {}).items():
                 known.setdefault(name, definition)
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.setdefault("responses", {}).setdefault("413", PROBLEMS[413])
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -472,3 +472,19 @@ async def test_a_time_whose_plus_arrived_as_a_space_is_told_so(
     assert "arrived as a space" in body["errors"][0]["msg"]
     assert "%2B" in body["errors"][0]["msg"]
     assert encoded.status_code == 404, encoded.text  # read as meant: no snapshot by then
+
+
+async def test_every_operation_declares_the_413_any_route_answers(quiet: LadderSettings) -> None:
+    """The body limit answers 413 on any route to a request that says its body is larger than
+    1 MiB, a read included; the document declared it on the routes that take a body alone."""
+    async with api_client(quiet) as client:
+        refused = await client.get("/v1/boards", headers={"Content-Length": "2000000"})
+        document = (await client.get("/openapi.json")).json()
+    assert_problem(refused, 413)
+    undeclared = [
+        f"{method.upper()} {path}"
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        if "413" not in operation["responses"]
+    ]
+    assert undeclared == []
