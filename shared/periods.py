@@ -127,7 +127,9 @@ def schedule_error(schedule: str, *, stored: bool = False) -> str | None:
         return "schedule must be a cron expression of 5 fields (minute hour day month weekday)"
     # croniter's R (random) and H (hashed) pick a time anew at every reading: a season would
     # have other bounds in every process. No month or weekday name starts with either letter.
-    if not stored and any(t.upper().startswith(("R", "H")) for f in fields for t in f.split(",")):
+    # H without the hash id croniter wants was never a schedule, so no stored one holds it.
+    refused = ("R", "H") if not stored else ("H",)
+    if any(t.upper().startswith(refused) for f in fields for t in f.split(",")):
         return f"schedule {schedule!r} uses R or H: a season's firings must be fixed"
     try:
         if not croniter.is_valid(schedule):

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from shared.boards import BoardSpec
+from shared.boards import BoardSpec, StoredSpec
 from shared.periods import (
     PeriodIdError,
     PeriodRangeError,
@@ -81,6 +81,13 @@ def test_a_schedule_adds_the_season_period_and_bad_ones_are_refused() -> None:
             BoardSpec(schedule=schedule)
     with pytest.raises(ValidationError):
         BoardSpec(periods=("daily", "season"))
+    # H needs a hash id croniter was never given, so no stored definition holds it: refused
+    # with its cause however the definition is read, where a stored one's was "not a cron
+    # expression" (R stays readable there: a board stored with it keeps it).
+    for spec in (BoardSpec, StoredSpec):
+        with pytest.raises(ValidationError, match="uses R or H"):
+            spec(schedule="H * * * *")
+    assert StoredSpec(schedule="R 0 * * *").schedule == "R 0 * * *"
     assert BoardSpec(schedule="0 12 * MAR,APR FRI,THU").schedule == "0 12 * MAR,APR FRI,THU"
 
 

@@ -180,7 +180,7 @@ async def put_board(
             )
             if refused := refused_new(board, previous):
                 field, reason = refused
-                raise Invalid(f"{field}: {reason}.", loc=("body", field))
+                raise Invalid(f"{reason}.", loc=("body", field))
             if previous is not None:
                 await _refuse_reranking(state, previous, board)
             await save_board(conn, board)
