@@ -7,11 +7,10 @@ midnight in the board's timezone, so a day may last 23 or 25 hours across a DST 
 ``season`` exists on boards with a ``schedule`` (a 5-field cron expression, read in the board's
 timezone by croniter): a season runs from one firing of the schedule to the next, and its id is
 its start in the board's timezone, ``2026-12-04T18:00``. Every function here that may meet a
-season takes the board's ``schedule``; without one a season is no period
-(:class:`PeriodIdError`). Where clocks go back, a schedule fires twice at the wall-clock times
-of the hour that repeats (01:30 once on summer time, again an hour later): the firings of the
-second pass start no season, so that no two seasons share an id, and the season running when
-the clocks went back lasts an hour longer.
+season takes the board's ``schedule`` (without one a season is no period: PeriodIdError).
+Where clocks go back, a schedule fires twice at the wall-clock times of the hour that repeats
+(01:30 on summer time, then an hour later): the second pass's firings start no season, so no
+two seasons share an id, and the season running when the clocks went back lasts an hour more.
 """
 
 from __future__ import annotations
@@ -126,9 +125,8 @@ def schedule_error(schedule: str, *, stored: bool = False) -> str | None:
     if len(fields) != 5:
         return "schedule must be a cron expression of 5 fields (minute hour day month weekday)"
     # croniter's R (random) and H (hashed) pick a time anew at every reading: a season would
-    # have other bounds in every process. No month or weekday name starts with either letter.
-    # H without the hash id croniter wants was never a schedule, so no stored one holds it.
-    refused = ("R", "H") if not stored else ("H",)
+    # have other bounds in every process (no month or weekday name starts with either letter).
+    refused = ("H",) if stored else ("R", "H")  # H, with no hash id, was never a schedule
     if any(t.upper().startswith(refused) for f in fields for t in f.split(",")):
         return f"schedule {schedule!r} uses R or H: a season's firings must be fixed"
     try:
