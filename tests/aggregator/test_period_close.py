@@ -31,7 +31,7 @@ from shared.keys import REGIONS_SEPARATOR, Keys
 from shared.periods import PeriodWindow, close_name, previous_window, window_at
 from shared.settings import CLOSE_GRACE, LadderSettings
 from shared.topology import Topology
-from tests.helpers import catalog_of, derive_outbox
+from tests.helpers import ADMIN, api_client, catalog_of, derive_outbox
 
 BOARD = Board(board_id="cup", schedule="* * * * *", regions=("eu", "na"))
 
@@ -574,3 +574,34 @@ async def test_a_close_sums_a_user_of_two_regions_whose_marks_fall_in_two_rounds
     assert body["period_id"] == season.period_id
     scores = {e["user_id"]: e["score"] for e in body["scopes"]["global"]}
     assert scores == {user: 7 for user in users}
+
+
+async def test_closes_begin_at_a_board_s_creation_and_at_a_change_of_schedule(
+    quiet: LadderSettings, redis: Redis, keys: Keys, mysql_database: str
+) -> None:
+    """A board made by a PUT closes no period that ended before it (the allowed lateness back),
+    nor a changed schedule seasons that ended before the change. A first close looked at the
+    latest period ended, which the board never ran, and a weekly board made minute by minute
+    closed twelve minute seasons of the hour before at once, most of them already expired."""
+    settings = quiet.model_copy(update={"allowed_lateness": 2.0})
+    weekly = {"schedule": "0 0 * * 0", "retention": {"season": 12}}
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=10)
+    merger = Merger(redis, keys)
+    async with api_client(settings) as client:
+        made = await client.put("/v1/boards/fresh", json=weekly, headers=ADMIN)
+        assert made.status_code == 201, made.text
+        board = Board.model_validate(made.json())
+        assert await close_until_done([closer], merger, datetime.now(UTC), board) == 0
+        changed_at = datetime.now(UTC)
+        minutes = await client.put(
+            "/v1/boards/fresh", json=weekly | {"schedule": "* * * * *"}, headers=ADMIN
+        )
+        assert minutes.status_code == 200, minutes.text
+    board = Board.model_validate(minutes.json())
+    later = changed_at + timedelta(minutes=2)
+    closed = await close_until_done([closer], merger, later, board)
+    # The season under way at the change, and the one after it, if it is due by then.
+    assert 1 <= closed <= 2
+    claims = [str(key) async for key in redis.scan_iter(f"{keys.tag('fresh')}:closed:season:*")]
+    ends = [datetime.fromtimestamp(int(claim.rsplit("/", 1)[-1]), UTC) for claim in claims]
+    assert len(claims) == closed and all(end > changed_at for end in ends), claims

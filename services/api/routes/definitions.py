@@ -184,6 +184,7 @@ async def put_board(
             if previous is not None:
                 await _refuse_reranking(state, previous, board)
             await save_board(conn, board)
+            await _start_closes(state, previous, board)
             await state.catalog.put(board)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
@@ -204,6 +205,28 @@ CLOSE_MARGIN = 60.0
 # Past the definitions' cache lifetime, before the second raise of a changed schedule's seasons'
 # keys: for a request that read the old definition just before, and writes just after.
 RAISE_AGAIN_MARGIN = 1.0
+
+
+async def _start_closes(state: ApiState, previous: Board | None, board: Board) -> None:
+    """Where the period closes (docs/api.md section 8b) of the kinds ``board`` starts keeping
+    begin: every kind of a new board, a kind added, and the seasons of a changed schedule close
+    from the allowed lateness before now, the earliest time an event may fall in from now on.
+    A first close looked at the latest period ended, which the board never ran (yesterday, for a
+    board made today; a week of the old schedule read as minute seasons), and a new schedule's
+    seasons closed, within their retention, back to the latest claim of the old one. Set before
+    the definition reaches the catalog, where the aggregator reads it; every claimed end is older
+    (a close comes more than the lateness after a period's end), so the watermark only moves on."""
+    kinds = {p for p in board.periods if p != "alltime"}
+    if previous is not None:
+        kinds -= set(previous.periods)
+        if board.schedule is not None and board.schedule != previous.schedule:
+            kinds.add("season")
+    since = int(datetime.now(UTC).timestamp() - state.settings.allowed_lateness)
+    if kinds:
+        async with state.redis.pipeline(transaction=False) as pipe:
+            for kind in sorted(kinds):
+                pipe.set(state.keys.period_watermark(board.board_id, kind), since)
+            await pipe.execute()
 
 
 async def _raise_season_expiry(state: ApiState, board: Board) -> None:
