@@ -280,22 +280,26 @@ def test_parameters_are_checked_by_name_and_value() -> None:
             params.changed(name, value)
 
 
-async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_round(
-    settings: LadderSettings,
-) -> None:
-    config = Config(
+def dry_run(settings: LadderSettings, seed: int) -> Config:
+    """A simulation that keeps its records and posts nothing, on the test's broker."""
+    return Config(
         api_url="http://127.0.0.1:9",  # never called: the run does not post
         board_id="arena",
         server_key="unused",
         admin_key="unused",
         amqp_url=settings.amqp_url,
         broker_prefix=settings.broker_prefix,
-        seed=5,
+        seed=seed,
         allowed_lateness=600.0,
         dry_run=True,
         keep_records=True,
     )
-    sim = Simulation(config, SimParams(speed=50.0, tick_s=0.1, arrival_mean_s=0.5))
+
+
+async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_round(
+    settings: LadderSettings,
+) -> None:
+    sim = Simulation(dry_run(settings, 5), SimParams(speed=50.0, tick_s=0.1, arrival_mean_s=0.5))
     running = asyncio.create_task(sim.run())
     try:
         await asyncio.wait_for(sim.listener.bound.wait(), 10)
@@ -405,20 +409,8 @@ async def test_a_stop_sends_the_late_scores_still_held_back(settings: LadderSett
     """Every score is late here, each held back about a minute of game time: a stop sends those
     still held, with the time each was earned, rather than dropping them (a stopped run left
     24 unsent, against the guide's "it sends what it holds")."""
-    config = Config(
-        api_url="http://127.0.0.1:9",  # never called: the run does not post
-        board_id="arena",
-        server_key="unused",
-        admin_key="unused",
-        amqp_url=settings.amqp_url,
-        broker_prefix=settings.broker_prefix,
-        seed=11,
-        allowed_lateness=600.0,
-        dry_run=True,
-        keep_records=True,
-    )
     params = SimParams(speed=20.0, tick_s=0.1, arrival_mean_s=0.5, late_share=1.0)
-    sim = Simulation(config, params.model_copy(update={"late_delay_mean_s": 60.0}))
+    sim = Simulation(dry_run(settings, 11), params.model_copy(update={"late_delay_mean_s": 60.0}))
     running = asyncio.create_task(sim.run())
     try:
         await asyncio.wait_for(sim.listener.bound.wait(), 10)
