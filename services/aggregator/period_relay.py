@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 from shared.boards import BoardCatalog
 from shared.functions import PUBLISHING_PERIOD_FUNCTION
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.parked_periods import drop_if_empty, parked_set, publishing_marks
+from shared.parked_periods import drop_if_empty, is_parked, parked_set, publishing_marks
 from shared.relaying import RelayMetrics, StreamRelay
 from shared.settings import LadderSettings
 
@@ -99,6 +99,17 @@ class PeriodRelay(StreamRelay):
 
     async def _declare(self, channel: AbstractChannel) -> AbstractExchange:
         return await self._topology.declare_periods_exchange(channel)
+
+    def _forget_gone(self, boards: list[str]) -> None:
+        """As every relay forgets the deleted boards (their gauges, their streams' groups), and
+        the deleted boards' outboxes among those said to wait for a queue: a board made again
+        under the name says so again of its own first message. The parked outboxes (a deleted
+        board's messages, still to go) keep their groups and their place until emptied."""
+        parked = {s for s in self._groups if is_parked(self._keys, s)}
+        super()._forget_gone(boards)
+        self._groups |= parked
+        defined = {self._keys.periods_outbox(board_id) for board_id in boards}
+        self._unrouted = {s for s in self._unrouted if s in defined or is_parked(self._keys, s)}
 
     async def _pump(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
 from services.aggregator.period_relay import PeriodRelay
 from services.api.eraser import Eraser
@@ -176,3 +177,36 @@ async def test_a_message_queued_between_the_park_and_the_scan_is_parked_not_unli
     assert [f["i"] for _, f in await redis.xrange(parked)] == ["cup:daily:2026-11-30"]
     assert await redis.smembers(parked_set(keys)) == {parked}
     assert await board_keys(redis, keys) == [parked]
+
+
+async def test_a_board_made_again_says_again_that_its_first_message_waits_for_a_queue(
+    settings: LadderSettings, redis: Redis, keys: Keys, broker: Topology
+) -> None:
+    """The relay says once that an outbox's message waits for a queue; a board deleted then
+    made again under the name is another board, whose first waiting message is said again."""
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(CUP)
+    outbox = keys.periods_outbox("cup")
+    await redis.xadd(outbox, message("2026-12-01"))
+    relay = PeriodRelay(redis, keys, catalog, settings)
+    stop = asyncio.Event()
+    eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        running = asyncio.create_task(relay.relay_until(stop))
+        try:
+            await asyncio.sleep(1.5)  # no queue bound to ladder.periods: it waits
+            deletion = BoardDeletion("cup", datetime.now(UTC), False, None)
+            await eraser.delete_boards([deletion])
+            await eraser.delete_boards([deletion])
+            await asyncio.sleep(1.5)  # the relay's passes see the board gone
+            await catalog.put(CUP)
+            await redis.xadd(outbox, message("2026-12-05"))
+            await asyncio.sleep(1.5)
+        finally:
+            stop.set()
+            await running
+    parked = parked_outbox(keys, "cup", to_ms(deletion.cutoff))
+    said = [e["stream"] for e in logs if e["event"] == "period.closed routed to no queue; it waits"]
+    assert said == [outbox, parked, outbox]
+    assert await redis.xlen(outbox) == 1
+    assert await redis.xlen(parked) == 1
