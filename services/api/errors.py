@@ -21,7 +21,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
-from services.api.strict_json import malformed_in
+from services.api.strict_json import unread_body
 from shared.failures import is_transient
 from shared.problems import PROBLEM, problem_body
 
@@ -242,8 +242,9 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
         {"loc": list(e.get("loc", ())), "msg": public_message(e), "type": e.get("type", "")}
         for e in exc.errors()
     ]
-    if any(e["type"] == "json_invalid" for e in errors) or malformed_in(exc.errors()):
-        return problem_response(Problem("The body is not valid JSON."))
+    unread = unread_body(exc.errors())
+    if unread is not None:
+        return problem_response(Problem(unread))
     body = Invalid("The request failed validation.").body()
     body["errors"] = errors
     return JSONResponse(body, status_code=422, media_type=PROBLEM)

@@ -31,6 +31,13 @@ def _not_json(word: str) -> Any:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+# Integers of more digits than Python's and pydantic's parsers read (4300, Python's default bound
+# on a conversion from text, which spares the service the quadratic cost of a longer one): RFC
+# 8259 section 9 lets a reader bound its numbers, and such a body is a 400 that says so.
+TOO_LONG = "The body holds a number of more than 4300 digits, which is not read."
+NOT_JSON = "The body is not valid JSON."
+
+
 def loads(body: bytes) -> Any:
     """``json.loads`` of a UTF-8 body, as the single score POST's parser reads one: a
     ``json.JSONDecodeError`` for ``NaN`` and the infinities, for bytes that are not UTF-8 (in
@@ -44,7 +51,8 @@ def loads(body: bytes) -> Any:
     except json.JSONDecodeError:
         raise
     except ValueError as exc:  # UnicodeError included
-        raise json.JSONDecodeError(str(exc), body.decode(errors="replace"), 0) from None
+        reason = TOO_LONG if "integer string conversion" in str(exc) else str(exc)
+        raise json.JSONDecodeError(reason, body.decode(errors="replace"), 0) from None
     except RecursionError:  # nested deeper than the parser goes
         raise json.JSONDecodeError("nested too deep", body.decode(errors="replace"), 0) from None
 
@@ -56,9 +64,12 @@ class Malformed:
     (404) are judged first (docs/api.md section 1, "The credential first"). No body type takes
     it: FastAPI validates a body model from an object's attributes too, and reading any of this
     one's fails, so validation fails, and the error handler answers that failure 400, as invalid
-    JSON (:func:`malformed_in`)."""
+    JSON (:func:`unread_body`)."""
 
-    __slots__ = ()
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail  # the 400's
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # Python's own look-ups (hasattr of a protocol): not there
@@ -71,14 +82,22 @@ class StrictJsonRequest(Request):
         if not hasattr(self, "_json"):
             try:
                 self._json = loads(await self.body())
-            except json.JSONDecodeError:
-                self._json = Malformed()
+            except json.JSONDecodeError as exc:
+                self._json = Malformed(TOO_LONG if exc.msg == TOO_LONG else NOT_JSON)
         return self._json
 
 
-def malformed_in(errors: Any) -> bool:
-    """Whether validation ``errors`` (pydantic's) are those of a :class:`Malformed` body."""
-    return any(isinstance(error.get("input"), Malformed) for error in errors)
+def unread_body(errors: Any) -> str | None:
+    """The 400's detail where validation ``errors`` (pydantic's) are those of a body not read:
+    a :class:`Malformed` one, or one pydantic's parser refused; ``None`` for any other."""
+    for error in errors:
+        found = error.get("input")
+        if isinstance(found, Malformed):
+            return found.detail
+        if error.get("type") == "json_invalid":
+            said = str(error.get("msg"))
+            return TOO_LONG if "number out of range" in said or TOO_LONG in said else NOT_JSON
+    return None
 
 
 class StrictJsonRoute(StrictQueryRoute):

@@ -196,6 +196,35 @@ async def test_bodies_that_were_a_500_or_kept_wrong_are_refused(
     assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
 
 
+@pytest.mark.parametrize("where", ["value", "metadata"])
+async def test_a_number_too_long_to_read_is_a_400_that_says_so(
+    quiet: LadderSettings, redis: Redis, where: str
+) -> None:
+    """Past 4300 digits an integer is not read (RFC 8259 lets a reader bound its numbers): the
+    400 says so on every route, rather than call the body invalid JSON; one digit fewer is read,
+    and refused by the field's bounds."""
+    headers = SERVER | {"Content-Type": "application/json"}
+    detail = "The body holds a number of more than 4300 digits, which is not read."
+
+    def event(digits: int) -> bytes:
+        number = b"-" + b"9" * digits
+        if where == "value":
+            return b'{"user_id": "u", "region": "eu", "value": ' + number + b"}"
+        return b'{"user_id": "u", "region": "eu", "value": 1, "metadata": {"a": ' + number + b"}}"
+
+    async with api_client(quiet) as client:
+        for path, body in (
+            ("/v1/boards/main/scores", event(4301)),
+            ("/v1/boards/main/scores/batch", b'{"events": [' + event(4301) + b"]}"),
+        ):
+            response = await client.post(path, content=body, headers=headers)
+            assert response.status_code == 400, response.text
+            assert response.json()["detail"] == detail
+        read = await client.post("/v1/boards/main/scores", content=event(4300), headers=headers)
+        assert read.status_code == 422, read.text
+    assert await redis.xlen(Keys(quiet.key_prefix).outbox("main")) == 0
+
+
 @pytest.mark.parametrize(
     "bad",
     [
