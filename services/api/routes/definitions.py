@@ -109,7 +109,9 @@ class BoardIn(StoredSpec):
         return self
 
 
-@router.get("", response_model=BoardsOut, responses=problems(401, 503), openapi_extra=PUBLIC_READ)
+@router.get(
+    "", response_model=BoardsOut, responses=problems(401, 422, 503), openapi_extra=PUBLIC_READ
+)
 async def list_boards(state: State, _: Reader) -> dict[str, Any]:
     """Every board definition."""
     return {"boards": await state.catalog.all()}

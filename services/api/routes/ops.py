@@ -37,7 +37,7 @@ class Readiness(BaseModel):
     )
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, responses=errors.problems(422))
 async def healthz() -> dict[str, str]:
     """Alive; checks no dependency."""
     return {"status": "ok"}
@@ -47,11 +47,12 @@ async def healthz() -> dict[str, str]:
     "/readyz",
     response_model=Readiness,
     responses={
+        **errors.problems(422),
         503: {
             "model": Readiness,
             "description": "Redis is down, or not open yet at start (with Retry-After)",
             "headers": errors.PROBLEMS[503]["headers"],
-        }
+        },
     },
 )
 async def readyz(request: Request) -> JSONResponse:
@@ -104,7 +105,7 @@ async def readyz(request: Request) -> JSONResponse:
     return readiness_response(states, required={"redis"}, reasons=reasons)
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, responses=errors.problems(422))
 async def metrics(_: Request) -> Response:
     """Prometheus text format."""
     return metrics_response()
