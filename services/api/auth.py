@@ -67,6 +67,25 @@ def _matches(candidate: str, keys: frozenset[str]) -> bool:
     return found
 
 
+def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings) -> str:
+    """The 401's detail for a token PyJWT refused: what is wrong where it is a player token's
+    claim, so that an issuer can tell (a clock ahead, an audience); else that the credential is
+    neither a key nor a token, which says nothing of how near it came."""
+    leeway = settings.jwt_leeway_seconds
+    if isinstance(exc, jwt.ExpiredSignatureError):
+        return "The player token has expired."
+    if isinstance(exc, jwt.ImmatureSignatureError):
+        return (
+            "The player token is not valid yet: its nbf or iat is more than "
+            f"{leeway:g} s ahead of the server's clock."
+        )
+    if isinstance(exc, jwt.InvalidAudienceError):
+        return "The player token names an audience (aud); Ladder takes tokens that name none."
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        return f"The player token has no {exc.claim} claim."
+    return "The credential is not a valid key or player token."
+
+
 def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     """The principal a credential names; ``None`` is anonymous; a bad one raises 401."""
     if credential is None:
@@ -83,15 +102,16 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
             options={"require": ["exp", "sub"]},
             leeway=settings.jwt_leeway_seconds,
         )
-    except jwt.ExpiredSignatureError as exc:
-        raise Unauthorized("The player token has expired.") from exc
     except jwt.InvalidTokenError as exc:
-        raise Unauthorized("The credential is not a valid key or player token.") from exc
+        raise Unauthorized(_refusal(exc, settings)) from exc
     subject = claims.get("sub")
     if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
         raise Unauthorized("The player token's subject is not a user id.")
-    # ``exp`` as PyJWT judged it (a number, or a string of one, read as an integer).
-    expires_at = float(min(int(claims["exp"]), _LAST_EXP))
+    expires = claims["exp"]
+    # A NumericDate is a JSON number (RFC 7519 section 2); PyJWT also reads a string of digits.
+    if not isinstance(expires, int | float):
+        raise Unauthorized("The player token's exp is not a number (seconds since the epoch).")
+    expires_at = float(min(int(expires), _LAST_EXP))
     return Principal("player", subject, expires_at)
 
 

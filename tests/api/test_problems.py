@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import jwt
 import orjson
 import pytest
 from redis.asyncio import Redis
@@ -21,7 +22,7 @@ from redis.asyncio import Redis
 from shared.boards import Board
 from shared.keys import Keys
 from shared.ranking import MAX_SCORE
-from shared.settings import LadderSettings
+from shared.settings import DEV_JWT_SECRET, LadderSettings
 from tests.api.helpers import (
     DROP,
     JSON,
@@ -507,3 +508,33 @@ async def test_every_operation_that_refuses_an_unknown_query_parameter_declares_
             if answer.status_code == 422:
                 undeclared.append(path)
     assert undeclared == []
+
+
+@pytest.mark.parametrize(
+    ("claims", "said"),
+    [
+        ({"nbf": 3600}, "not valid yet: its nbf or iat is more than 5 s ahead"),
+        ({"iat": 3600}, "not valid yet: its nbf or iat is more than 5 s ahead"),
+        ({"aud": "another-service"}, "names an audience (aud)"),
+        ({"exp": None}, "has no exp claim"),
+        ({"exp": "4102444800"}, "exp is not a number"),
+    ],
+    ids=["nbf-ahead", "iat-ahead", "audience", "no-exp", "exp-a-string"],
+)
+async def test_a_refused_player_token_is_told_what_is_wrong(
+    quiet: LadderSettings, claims: dict[str, Any], said: str
+) -> None:
+    """An issuer whose clock runs ahead, or that names an audience, learns which from the 401
+    (it read "not a valid key or player token" for all); a string ``exp``, which PyJWT reads as
+    a number, is refused as RFC 7519's NumericDate is a number."""
+    now = int(time.time())
+    payload = {"sub": "u-1", "exp": now + 3600}
+    for claim, value in claims.items():
+        if value is None:
+            del payload[claim]
+        else:
+            payload[claim] = now + value if claim in ("nbf", "iat") else value
+    token = jwt.encode(payload, DEV_JWT_SECRET, algorithm="HS256")
+    async with api_client(quiet) as client:
+        answer = await client.get("/v1/boards/main/users/u-1/events", headers=bearer(token))
+    assert said in assert_problem(answer, 401)["detail"]
