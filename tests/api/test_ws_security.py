@@ -405,3 +405,25 @@ async def test_a_subscribe_that_fails_midway_leaves_no_subscription() -> None:
         answer = json.loads(client.queue.get_nowait())
         assert answer["type"] == "error" and answer["detail"] == "try again", answer
         assert client.topics == {} and hub.wanted == set()
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("not-a-key", DEV_SERVER_KEY),
+        (DEV_SERVER_KEY, "not-a-key"),
+        (DEV_SERVER_KEY, DEV_SERVER_KEY),
+    ],
+    ids=["bad-header-good-token", "good-header-bad-token", "both-good"],
+)
+async def test_a_handshake_with_two_credentials_is_closed_with_1008(
+    quiet: LadderSettings, redis: Redis, broker: Topology, header: str, token: str
+) -> None:
+    """A header and a ``token`` both: the socket acted with the token, passing over a header
+    that was not valid, a rule a client could not know; now neither is chosen."""
+    async with serve(quiet) as url:
+        code, reason = await close_code(
+            f"{url}?token={token}", additional_headers={"Authorization": f"Bearer {header}"}
+        )
+    assert code == 1008
+    assert reason.startswith("Two credentials")

@@ -263,11 +263,17 @@ def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
 
 
 def credential_of(websocket: WebSocket) -> str | None:
-    """The socket's credential: its ``token`` query parameter if there is one (the last, empty
-    or not: an empty one is a credential that is not valid, never anonymous), else its
-    ``Authorization`` header."""
+    """The socket's credential: its ``token`` query parameter (the last, empty or not: an empty
+    one is a credential that is not valid, never anonymous) or its ``Authorization`` header.
+    Both is a 401 (``Unauthorized``): which one the socket acts with is not left to a rule the
+    client may not know, and a header that is not valid is never passed over."""
     token = websocket.query_params.get("token")
-    return token if token is not None else bearer(websocket.headers.get("authorization"))
+    header = websocket.headers.get("authorization")
+    if token is not None and header is not None:
+        raise Unauthorized(
+            "Two credentials: give the token query parameter or the Authorization header."
+        )
+    return token if token is not None else bearer(header)
 
 
 @router.websocket("/v1/ws")
