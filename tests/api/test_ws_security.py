@@ -22,7 +22,7 @@ from shared.keys import Keys
 from shared.settings import DEV_SERVER_KEY, LadderSettings
 from shared.topology import Topology
 from tests.api.test_pubsub import hub_connections
-from tests.helpers import eventually, player_token, production_server, serve
+from tests.helpers import api_client, eventually, player_token, production_server, serve
 
 pytestmark = pytest.mark.usefixtures("mysql_database")
 
@@ -427,3 +427,13 @@ async def test_a_handshake_with_two_credentials_is_closed_with_1008(
         )
     assert code == 1008
     assert reason.startswith("Two credentials")
+
+
+async def test_a_plain_get_of_the_socket_path_is_a_426_that_says_so(quiet: LadderSettings) -> None:
+    """Not a 404 "Not Found" for the path the contract names: what it takes, with ``Upgrade``."""
+    async with api_client(quiet) as client:
+        answer = await client.get("/v1/ws", params={"token": DEV_SERVER_KEY})
+    assert answer.status_code == 426, answer.text
+    assert answer.headers["upgrade"] == "websocket"
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert "WebSocket handshake" in answer.json()["detail"]

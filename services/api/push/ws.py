@@ -276,6 +276,20 @@ def credential_of(websocket: WebSocket) -> str | None:
     return token if token is not None else bearer(header)
 
 
+class UpgradeRequired(Problem):
+    status, title, slug = 426, "Upgrade required", "upgrade-required"
+
+
+@router.get("/v1/ws", include_in_schema=False)
+async def not_upgraded() -> None:
+    """A plain ``GET`` of the socket's path: a 426 that says what it takes (RFC 9110 section
+    15.5.22), where the router answered 404 for a path the contract names."""
+    raise UpgradeRequired(
+        "This is the WebSocket endpoint: open it with a WebSocket handshake.",
+        headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+    )
+
+
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
     state: ApiState = websocket.state.ladder
