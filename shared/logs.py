@@ -60,15 +60,22 @@ def _redacted_parameter(match: re.Match[str]) -> str:
     return f"{match.group(1)}{name}=[redacted]"
 
 
+def _redacted_value(match: re.Match[str]) -> str:
+    return f"{match.group(1)}{match.group(2)}=[redacted]"
+
+
 def _redact(
     _logger: object, _name: str, event: structlog.typing.EventDict
 ) -> structlog.typing.EventDict:
     """Credentials never reach a log: uvicorn logs a WebSocket's URL, and with it ``?token=``,
     whose name a client may also write percent-encoded (``%74oken``, which Starlette decodes
-    and takes): every parameter whose decoded name is ``token`` has its value redacted."""
+    and takes): every parameter whose decoded name is ``token`` has its value redacted, and in
+    a WebSocket's URL every parameter's (the socket reads ``token`` alone: another name is a
+    client's mistake, such as a misspelt ``?tokn=`` that carries a key all the same)."""
     message = event.get("message")
     if isinstance(message, str) and "=" in message and ("?" in message or "&" in message):
-        event["message"] = _QUERY_PARAMETER.sub(_redacted_parameter, message)
+        redacted = _redacted_value if '"WebSocket /' in message else _redacted_parameter
+        event["message"] = _QUERY_PARAMETER.sub(redacted, message)
     return event
 
 

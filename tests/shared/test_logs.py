@@ -29,24 +29,34 @@ def test_a_websocket_token_is_redacted_from_the_log() -> None:
     assert line["service"] == "api"
     assert line["level"] == "info"
     assert "eyJhbGciOi" not in done.stdout
-    assert line["message"].endswith('"WebSocket /v1/ws?token=[redacted]&x=1" [accepted]')
+    assert line["message"].endswith('"WebSocket /v1/ws?token=[redacted]&x=[redacted]" [accepted]')
 
 
 @pytest.mark.parametrize(
     ("query", "redacted"),
     [
-        ("?token=eyJhbGciOi.abc.def&x=1", "?token=[redacted]&x=1"),
-        ("?x=1&%74oken=eyJhbGciOi.abc.def", "?x=1&%74oken=[redacted]"),
+        ("?token=eyJhbGciOi.abc.def&x=1", "?token=[redacted]&x=[redacted]"),
+        ("?x=1&%74oken=eyJhbGciOi.abc.def", "?x=[redacted]&%74oken=[redacted]"),
         ("?TOKEN=eyJhbGciOi.abc.def", "?TOKEN=[redacted]"),
-        ("?tok%65n=eyJhbGciOi.abc.def&t=2", "?tok%65n=[redacted]&t=2"),
+        ("?tok%65n=eyJhbGciOi.abc.def&t=2", "?tok%65n=[redacted]&t=[redacted]"),
+        ("?tokn=dev-server-key", "?tokn=[redacted]"),
     ],
 )
-def test_a_token_is_redacted_however_its_name_is_written(query: str, redacted: str) -> None:
-    """A query's names are read decoded (``%74oken`` is ``token``, and authenticates a socket):
-    the log must not carry the value under any spelling of the name."""
+def test_a_socket_s_query_is_redacted_however_its_token_is_written(
+    query: str, redacted: str
+) -> None:
+    """A query's names are read decoded (``%74oken`` is ``token``, and authenticates a socket),
+    and a misspelt name still carries the credential meant: the log of a socket's handshake
+    carries no value of its query."""
     message = f'127.0.0.1:5 - "WebSocket /v1/ws{query}" [accepted]'
     event = _redact(None, "info", {"message": message})
     assert event["message"] == f'127.0.0.1:5 - "WebSocket /v1/ws{redacted}" [accepted]'
+
+
+def test_outside_a_socket_s_url_only_a_token_is_redacted() -> None:
+    message = "broker at amqp://127.0.0.1/?heartbeat=30&token=abc"
+    event = _redact(None, "info", {"message": message})
+    assert event["message"] == "broker at amqp://127.0.0.1/?heartbeat=30&token=[redacted]"
 
 
 START = """
