@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import jwt
@@ -21,6 +22,12 @@ _USER_ID = re.compile(USER_ID_PATTERN)
 _LAST_EXP = 2**53
 
 
+def key_id(key: str) -> str:
+    """A key as logs and rate buckets name it: ``key:`` and 16 hex digits of its SHA-256, which
+    tell keys apart without giving one away."""
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     kind: Kind
@@ -28,6 +35,16 @@ class Principal:
     # A player token's ``exp`` (seconds since the epoch); None for keys and anonymous. A socket
     # opened with the token is closed once it is past it (push/ws.py).
     expires_at: float | None = None
+    # A server or admin key's own text, for :attr:`who` alone: never shown, never compared.
+    key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def who(self) -> str:
+        """Who acts, as an admin action's log line names it: the key's :func:`key_id`, the
+        player's ``player:<user id>``, or ``anonymous``."""
+        if self.key is not None:
+            return key_id(self.key)
+        return f"player:{self.user_id}" if self.kind == "player" else self.kind
 
     @property
     def is_server(self) -> bool:
@@ -91,9 +108,9 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     if credential is None:
         return ANONYMOUS
     if _matches(credential, settings.effective_admin_keys):
-        return Principal("admin")
+        return Principal("admin", key=credential)
     if _matches(credential, settings.effective_server_keys):
-        return Principal("server")
+        return Principal("server", key=credential)
     try:
         claims = jwt.decode(
             credential,

@@ -152,7 +152,7 @@ async def put_board(
     response: Response,
     after: BackgroundTasks,
     state: State,
-    _: Admin,
+    caller: Admin,
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
     ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
@@ -198,6 +198,11 @@ async def put_board(
     if previous is None:
         response.status_code = 201
         response.headers["Location"] = f"/v1/boards/{board_id}"
+        log.info("board created", board_id=board_id, by=caller.who)
+    else:
+        before, after_ = previous.model_dump(), board.model_dump()
+        changed = sorted(name for name in after_ if before.get(name) != after_[name])
+        log.info("board replaced", board_id=board_id, changed=changed, by=caller.who)
     return board
 
 

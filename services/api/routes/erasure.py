@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import structlog
 from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import delete
@@ -35,6 +36,7 @@ from shared.erasure import (
 from shared.events import USER_ID_PATTERN, rfc3339
 
 router = APIRouter(tags=["moderation"], route_class=StrictJsonRoute)
+log = structlog.get_logger(__name__)
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 
@@ -64,13 +66,17 @@ class DeletionOut(BaseModel):
     response_model=ErasureOut,
     responses=problems(401, 403, 422, 503),
 )
-async def erase_user(user_id: UserIdPath, response: Response, state: State, _: Admin) -> ErasureOut:
+async def erase_user(
+    user_id: UserIdPath, response: Response, state: State, caller: Admin
+) -> ErasureOut:
     """Erase the user from every board, period, scope, friend list, the feed, badges and the
     history database: 202 once recorded, done within seconds (``GET`` its ``Location``). Asked
     again, the erasure runs again (a later cut-off)."""
     erasure = await request_erasure(
         state.engine, state.redis, state.keys, user_id, state.settings.effective_jwt_secret
     )
+    # Named by its hash, as the erasure's own "user erased" line does: the log keeps no id of it.
+    log.info("erasure requested", user_hash=erasure.user_hash, by=caller.who)
     response.headers["Location"] = f"/v1/erasures/{user_id}"
     return ErasureOut(user_id=user_id, status="pending", cutoff=rfc3339(erasure.cutoff))
 
@@ -113,6 +119,7 @@ async def delete_board(
     board_id: Annotated[str, Depends(board_to_delete)],
     response: Response,
     state: State,
+    caller: Admin,
     purge: Annotated[
         bool, Query(description="Delete its history too: true or false"), TRUE_OR_FALSE
     ] = False,
@@ -135,6 +142,7 @@ async def delete_board(
             await state.catalog.remove(board_id)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
+    log.info("board deletion requested", board_id=board_id, purge=purge, by=caller.who)
     response.headers["Location"] = f"/v1/board-deletions/{board_id}"
     return DeletionOut(
         board_id=board_id, status="pending", purge=purge, cutoff=rfc3339(deletion.cutoff)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import structlog
 from fastapi import APIRouter, Depends, Path, Response
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,6 +26,7 @@ from shared import hidden
 from shared.events import USER_ID_PATTERN
 
 router = APIRouter(prefix="/v1/boards", tags=["moderation"], route_class=StrictJsonRoute)
+log = structlog.get_logger(__name__)
 
 UserIdPath = Annotated[str, Path(pattern=USER_ID_PATTERN, examples=["u-42"])]
 
@@ -90,11 +92,12 @@ async def _change(
         **OUTCOMES,
     },
 )
-async def hide_user(_: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
+async def hide_user(caller: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
     """Hide a user from every view of the board without losing its scores: its writes are still
     accepted, its own standing read (its player token) still answers, and everyone else's ranks
     close up."""
     await _set(state, board.board_id, user_id, hide=True)
+    log.info("user hidden", board_id=board.board_id, user_id=user_id, by=caller.who)
     return Response(status_code=204)
 
 
@@ -107,8 +110,9 @@ async def hide_user(_: Admin, board: BoardDep, user_id: UserIdPath, state: State
         **OUTCOMES,
     },
 )
-async def show_user(_: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
+async def show_user(caller: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
     """Show a hidden user again: every view holds it once more, the global one within a merge
     interval."""
     await _set(state, board.board_id, user_id, hide=False)
+    log.info("user shown", board_id=board.board_id, user_id=user_id, by=caller.who)
     return Response(status_code=204)

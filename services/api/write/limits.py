@@ -3,14 +3,13 @@ write itself."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from services.api.auth import Principal
+from services.api.auth import Principal, key_id
 from services.api.errors import Problem
 from shared.keys import Keys
 from shared.settings import LadderSettings
@@ -32,7 +31,7 @@ class RateLimited(Problem):
 def _credential_id(principal: Principal, credential: str) -> str:
     if principal.kind == "player" and principal.user_id:
         return "player:" + principal.user_id
-    return "key:" + hashlib.sha256(credential.encode()).hexdigest()[:16]
+    return key_id(credential)
 
 
 @dataclass(frozen=True, slots=True)
