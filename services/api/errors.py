@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import compile_path
+from starlette.routing import Match, compile_path
 
 from services.api.strict_json import unread_body
 from shared.failures import is_transient
@@ -284,6 +284,11 @@ def _allowed_methods(request: Request, named: str) -> str:
         for method in paths[template]
         if method in _METHODS
     }
+    # HEAD, where a route answers it, is in no document (the ops routes' and the page's): the
+    # router is asked whether it has a route for a HEAD of the path.
+    head = {**request.scope, "method": "HEAD"}
+    if methods and any(route.matches(head)[0] is Match.FULL for route in request.app.routes):
+        methods.add("HEAD")
     return ", ".join(sorted(methods)) if methods else named
 
 

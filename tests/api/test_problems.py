@@ -538,3 +538,25 @@ async def test_a_refused_player_token_is_told_what_is_wrong(
     async with api_client(quiet) as client:
         answer = await client.get("/v1/boards/main/users/u-1/events", headers=bearer(token))
     assert said in assert_problem(answer, 401)["detail"]
+
+
+@pytest.mark.parametrize(
+    ("path", "allow"),
+    [
+        ("/readyz", "GET, HEAD"),
+        ("/healthz", "GET, HEAD"),
+        ("/metrics", "GET, HEAD"),
+        ("/v1/boards/main/leaderboard", "GET"),
+    ],
+)
+async def test_a_405_allows_head_where_the_path_answers_it(
+    quiet: LadderSettings, path: str, allow: str
+) -> None:
+    """The ops routes answer HEAD, which no operation of the document lists: the 405's Allow
+    named GET alone there; a read without a HEAD route still names GET alone."""
+    async with api_client(quiet) as client:
+        refused = await client.post(path, headers=SERVER)
+        head = await client.head(path, headers=SERVER)
+    assert_problem(refused, 405)
+    assert refused.headers["allow"] == allow
+    assert (head.status_code == 405) is ("HEAD" not in allow)
