@@ -62,7 +62,7 @@ from shared.consumer_metrics import (
     RETRIES,
     series_from_start,
 )
-from shared.events import ScoreAccepted, ScoreMessage, split_message
+from shared.events import ScoreAccepted, ScoreMessage, split_message, why_invalid
 from shared.failures import is_transient, short_reason
 from shared.heap import settle_heap
 from shared.topology import (
@@ -290,7 +290,7 @@ class ConsumerRunner:
         try:
             return message, ScoreMessage.model_validate_json(message.body).events, False
         except ValidationError as exc:
-            error = str(exc.errors(include_url=False, include_input=False)[:3])
+            error = why_invalid(exc)
         if (split := split_message(message.body)) is None:
             log.warning("poison message dead-lettered", message_id=message.message_id, error=error)
             MESSAGES.labels(self.name, "poison").inc()

@@ -168,7 +168,7 @@ class EventRefusal:
 
     board_id: str | None
     event_id: str | None
-    error: str
+    error: list[dict[str, Any]] | str
 
 
 def _readable(event: object, name: str) -> str | None:
@@ -177,10 +177,13 @@ def _readable(event: object, name: str) -> str | None:
     return value[:100] if isinstance(value, str) else None
 
 
-def _why(exc: BaseException) -> str:
-    """A validation error's first few errors, without the input (an event's own data)."""
+def why_invalid(exc: BaseException) -> list[dict[str, Any]] | str:
+    """A validation error's first few errors as a log line carries them, JSON all through (each
+    error's ``loc``, ``msg`` and ``type``, without the input: an event's own data); another
+    exception's ``repr``."""
     if isinstance(exc, ValidationError):
-        return str(exc.errors(include_url=False, include_input=False)[:3])
+        found = exc.errors(include_url=False, include_input=False, include_context=False)[:3]
+        return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in found]
     return repr(exc)
 
 
@@ -203,7 +206,9 @@ def split_message(body: bytes) -> tuple[list[ScoreAccepted], list[EventRefusal]]
             valid.append(ScoreAccepted.model_validate_json(json.dumps(event)))
         except (ValueError, RecursionError) as exc:  # a ValidationError is a ValueError
             refused.append(
-                EventRefusal(_readable(event, "board_id"), _readable(event, "event_id"), _why(exc))
+                EventRefusal(
+                    _readable(event, "board_id"), _readable(event, "event_id"), why_invalid(exc)
+                )
             )
     return valid, refused
 

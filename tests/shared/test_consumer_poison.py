@@ -15,10 +15,11 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from shared.amqp import connect as connect_broker
 from shared.consumer import ConsumerRunner
-from shared.events import ScoreAccepted, message_body, split_message
+from shared.events import ScoreAccepted, ScoreMessage, message_body, split_message, why_invalid
 from shared.ranking import MAX_SCORE
 from shared.settings import LadderSettings
 from shared.topology import Topology
@@ -219,6 +220,24 @@ def test_a_split_reads_each_event_alone_and_names_the_refused() -> None:
     valid, refused = split
     assert [e.event_id for e in valid] == ["e-1", "e-3"]
     assert [(r.board_id, r.event_id) for r in refused] == [("main", "e-2"), (None, None)]
-    assert "less_than_equal" in refused[0].error
+    assert "less_than_equal" in str(refused[0].error)
     # The log gets what failed, not the event's own data.
-    assert "input" not in refused[0].error
+    assert "input" not in str(refused[0].error)
+
+
+def test_the_validation_errors_logged_are_json_a_log_tool_reads() -> None:
+    """The poison and schema-refusal lines carry the errors as JSON (each one's loc, msg and
+    type); they carried Python's repr of pydantic's list, quotes and tuples, in one string."""
+    split = split_message(message_body([good("e-1"), bad("e-2", "value")]))
+    assert split is not None
+    refused = split[1][0].error
+    assert isinstance(refused, list)
+    assert json.loads(json.dumps(refused)) == refused
+    assert refused[0]["loc"] == ["value"]
+    assert refused[0]["type"] == "less_than_equal"
+    with pytest.raises(ValidationError) as caught:
+        ScoreMessage.model_validate_json(b'{"schema": 1}')
+    poison = why_invalid(caught.value)
+    assert isinstance(poison, list)
+    assert json.loads(json.dumps(poison)) == poison
+    assert {tuple(e) for e in poison} == {("loc", "msg", "type")}
