@@ -9,6 +9,11 @@ LADDER_RUN_DIR ?= $(ROOT)/.run
 SUPERVISORD := $(VENV)/bin/supervisord -c $(ROOT)/deploy/supervisord.conf
 SUPERVISORCTL := $(VENV)/bin/supervisorctl -c $(ROOT)/deploy/supervisord.conf
 SERVICES := api aggregator history notifier
+# One service of supervisord's programs, named by SERVICE= (the four, and the simulation), or a
+# usage line and status 2.
+CHECK_SERVICE = case " $(SERVICES) sim " in *" $(SERVICE) "*) ;; *) \
+	echo "usage: make $@ SERVICE=<$(SERVICES) sim>$(if $(SERVICE), ($(SERVICE) is none of them))"; \
+	exit 2;; esac
 LINES ?= 200
 # Each service starts with the caller's LADDER_* settings of the make up, start or restart that
 # started it, recorded in $(LADDER_RUN_DIR)/env/<service>.json (scripts/service_env.py).
@@ -90,7 +95,7 @@ ps: ## each service and whether it runs
 	fi
 
 stop: ## stop one service: make stop SERVICE=notifier
-	@test -n "$(SERVICE)" || { echo "usage: make stop SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(CHECK_SERVICE)
 	$(SUPERVISORCTL) stop $(SERVICE)
 
 # start_with_env: start each of $(1) that does not run, with the caller's settings recorded for it
@@ -106,17 +111,20 @@ done
 endef
 
 start: ## start one service: make start SERVICE=notifier (with the caller's LADDER_* settings)
-	@test -n "$(SERVICE)" || { echo "usage: make start SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(CHECK_SERVICE)
 	@$(call start_with_env,$(SERVICE))
 
 restart: ## restart one service: make restart SERVICE=api (with the caller's LADDER_* settings)
-	@test -n "$(SERVICE)" || { echo "usage: make restart SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(CHECK_SERVICE)
 	@$(SUPERVISORCTL) pid >/dev/null 2>&1 || { echo "Ladder is not running (make up starts it)"; exit 1; }
 	@$(SERVICE_ENV) write $(SERVICE)
 	$(SUPERVISORCTL) restart $(SERVICE)
 
 logs: ## a service's log: make logs SERVICE=api [LINES=200] [FOLLOW=1]
-	@test -n "$(SERVICE)" || { echo "usage: make logs SERVICE=<$(SERVICES)>"; exit 2; }
+	@$(CHECK_SERVICE)
+	@test -n "$(FOLLOW)" -o -e $(LADDER_RUN_DIR)/logs/$(SERVICE).log || { \
+		echo "$(SERVICE) has no log yet: it has not run here$(if $(filter sim,$(SERVICE)), (make demo starts it))"; \
+		exit 1; }
 	@tail -n $(LINES) $(if $(FOLLOW),-F) $(LADDER_RUN_DIR)/logs/$(SERVICE).log
 
 # The game simulation (sim/) feeding board arena: `make demo` runs it under supervisord beside
@@ -141,6 +149,7 @@ sim-set: venv ## change a running simulation: make sim-set NAME=robot_share VALU
 # clean: services that run are stopped first (so that nothing is recreated halfway), then started
 # again on a fresh schema and topology; with nothing running, nothing of the prefixes is left.
 replay-dead: venv ## a consumer's dead letters back to its own queue (QUEUE=history)
+	@test -n "$(QUEUE)" || { echo "usage: make replay-dead QUEUE=<history|aggregator|notifier>"; exit 2; }
 	$(PY) scripts/replay_dead.py $(QUEUE)
 
 clean: venv ## remove all Ladder made: its keys, queues, exchanges and history database
