@@ -43,6 +43,8 @@ Place = tuple[int, tuple[float, str]]
 PUSHES = Counter(
     "ladder_aggregator_rank_pushes_total", "Global-scope rank messages published", ["reason"]
 )
+for _reason in ("entered_top", "overtaken"):  # each series at 0 from the start
+    PUSHES.labels(_reason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,9 @@ PUSHES = Counter("ladder_aggregator_live_pushes_total", "Live view changes publi
 RECORDED = Counter(
     "ladder_aggregator_live_events_total", "Events recorded for the live views", ["view"]
 )
+for _view in ("hot", "mvps"):  # each series at 0 from the start
+    PUSHES.labels(_view)
+    RECORDED.labels(_view)
 
 SEEN_TTL_SECONDS = 86_400
 # Hot state nobody trims, and a hot view nobody recomputes (no aggregator running), disappear

@@ -29,6 +29,8 @@ ROWS = Counter(
     "Events offered to the event log, by whether they were new or already stored",
     ["outcome"],
 )
+for _outcome in ("inserted", "duplicate"):  # each series at 0 from the start
+    ROWS.labels(_outcome)
 LATE = Counter(
     "ladder_history_late_erased_total",
     "Events stored while their user's erasure was being recorded, deleted again after the store",

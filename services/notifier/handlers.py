@@ -19,6 +19,8 @@ from shared.periods import Period
 from shared.ranking import parse_record, score_of
 
 PUSHES = Counter("ladder_notifier_pushes_total", "Rank messages published", ["reason"])
+for _reason in ("entered_top", "overtaken"):  # each series at 0 from the start
+    PUSHES.labels(_reason)
 SKIPPED = Counter("ladder_notifier_duplicates_total", "Events already handled, skipped")
 AWARDS = Counter("ladder_notifier_badges_awarded_total", "Badges awarded (once per user and board)")
 

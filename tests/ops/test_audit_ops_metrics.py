@@ -104,6 +104,12 @@ ALERTED = {
     "ladder_relay_failures_total": ("stage", ("connect", "publish")),
     "ladder_ws_turned_away_total": ("cap", ("address", "process")),
     "ladder_periods_publish_failures_total": ("stage", ("connect", "publish")),
+    # Not alerted on, but of a fixed set of label values too: a dashboard's flat 0.
+    "ladder_history_events_total": ("outcome", ("inserted", "duplicate")),
+    "ladder_aggregator_live_events_total": ("view", ("hot", "mvps")),
+    "ladder_aggregator_live_pushes_total": ("view", ("hot", "mvps")),
+    "ladder_aggregator_rank_pushes_total": ("reason", ("entered_top", "overtaken")),
+    "ladder_notifier_pushes_total": ("reason", ("entered_top", "overtaken")),
 }
 CONSUMER_ALERTED = {
     "ladder_consumer_handler_failures_total": {()},
