@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 
 from services.api.strict_query import StrictQueryRoute
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def _not_json(word: str) -> Any:
@@ -34,7 +37,7 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Integers of more digits than Python's and pydantic's parsers read (4300, Python's default bound
 # on a conversion from text, which spares the service the quadratic cost of a longer one): RFC
 # 8259 section 9 lets a reader bound its numbers, and such a body is a 400 that says so.
-TOO_LONG = "The body holds a number of more than 4300 digits, which is not read."
+TOO_LONG = "The body holds an integer of more than 4300 digits, which is not read."
 NOT_JSON = "The body is not valid JSON."
 
 
@@ -111,6 +114,26 @@ class StrictJsonRoute(StrictQueryRoute):
             return await handler(StrictJsonRequest(request.scope, request.receive))
 
         return strict
+
+
+def validated(model: type[M], raw: bytes) -> M:
+    """``model.model_validate_json(raw)``, but for a number pydantic's parser refuses for its
+    length where Python's reads it (a decimal of more than 4300 digits): then the body as
+    :func:`loads` reads it, as a batch's is, validated from that. A ``ValidationError`` as
+    pydantic raises it; for an integer of more than 4300 digits, which neither reads, a
+    ``RequestValidationError`` that the error handler answers 400 (:data:`TOO_LONG`)."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        if not any("number out of range" in str(e.get("msg")) for e in exc.errors()):
+            raise
+    try:
+        found = loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestValidationError(
+            [{"type": "json_invalid", "loc": ("body", exc.pos), "msg": exc.msg}]
+        ) from None
+    return model.model_validate(found)
 
 
 def refuse_non_json_numbers(raw: bytes) -> None:

@@ -28,7 +28,7 @@ from services.api.errors import (
 )
 from services.api.routes.params import DirectRoute, NoIdempotencyKey, parameters_of, path_errors
 from services.api.state import BEARER, ApiState, BoardDep, Server, State, get_board, opened
-from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers
+from services.api.strict_json import StrictJsonRoute, refuse_non_json_numbers, validated
 from services.api.strict_query import query_errors
 from services.api.write import limits
 from services.api.write.models import ScoreIn, ScoreOut
@@ -117,7 +117,7 @@ async def _score_of(request: Request) -> tuple[ScoreIn, str | None]:
     else:
         refuse_non_json_numbers(raw)
         try:
-            score = ScoreIn.model_validate_json(raw)
+            score = validated(ScoreIn, raw)
         except ValidationError as exc:
             errors += [
                 {**e, "loc": ("body", *e["loc"])}
