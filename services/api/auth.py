@@ -84,6 +84,9 @@ def _matches(candidate: str, keys: frozenset[str]) -> bool:
     return found
 
 
+EXP_NOT_A_NUMBER = "The player token's exp is not a number (seconds since the epoch)."
+
+
 def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings) -> str:
     """The 401's detail for a token PyJWT refused: what is wrong where it is a player token's
     claim, so that an issuer can tell (a clock ahead, an audience); else that the credential is
@@ -100,6 +103,8 @@ def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings) -> str:
         return "The player token names an audience (aud); Ladder takes tokens that name none."
     if isinstance(exc, jwt.MissingRequiredClaimError):
         return f"The player token has no {exc.claim} claim."
+    if isinstance(exc, jwt.DecodeError) and "(exp)" in str(exc):
+        return EXP_NOT_A_NUMBER
     return "The credential is not a valid key or player token."
 
 
@@ -127,7 +132,7 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
     expires = claims["exp"]
     # A NumericDate is a JSON number (RFC 7519 section 2); PyJWT also reads a string of digits.
     if not isinstance(expires, int | float):
-        raise Unauthorized("The player token's exp is not a number (seconds since the epoch).")
+        raise Unauthorized(EXP_NOT_A_NUMBER)
     expires_at = float(min(int(expires), _LAST_EXP))
     return Principal("player", subject, expires_at)
 

@@ -518,8 +518,10 @@ async def test_every_operation_that_refuses_an_unknown_query_parameter_declares_
         ({"aud": "another-service"}, "names an audience (aud)"),
         ({"exp": None}, "has no exp claim"),
         ({"exp": "4102444800"}, "exp is not a number"),
+        ({"exp": "soon"}, "exp is not a number"),
+        ({"exp": [4102444800]}, "exp is not a number"),
     ],
-    ids=["nbf-ahead", "iat-ahead", "audience", "no-exp", "exp-a-string"],
+    ids=["nbf-ahead", "iat-ahead", "audience", "no-exp", "exp-digits", "exp-words", "exp-a-list"],
 )
 async def test_a_refused_player_token_is_told_what_is_wrong(
     quiet: LadderSettings, claims: dict[str, Any], said: str

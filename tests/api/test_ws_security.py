@@ -437,3 +437,10 @@ async def test_a_plain_get_of_the_socket_path_is_a_426_that_says_so(quiet: Ladde
     assert answer.headers["upgrade"] == "websocket"
     assert answer.headers["content-type"].startswith("application/problem+json")
     assert "WebSocket handshake" in answer.json()["detail"]
+    # Its credential judged first, as on every route of /v1/.
+    async with api_client(quiet) as client:
+        bad = await client.get("/v1/ws", headers={"Authorization": "Bearer not-a-key"})
+        two = await client.get(
+            "/v1/ws", params={"token": DEV_SERVER_KEY}, headers={"Authorization": "Bearer x"}
+        )
+    assert (bad.status_code, two.status_code) == (401, 401)

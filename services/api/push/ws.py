@@ -31,9 +31,10 @@ from typing import Any
 
 import orjson
 import structlog
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
+from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocketState
 
 from services.api.auth import ANONYMOUS, Principal, authenticate, bearer
@@ -262,7 +263,7 @@ def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
     return host is not None and origin in (f"http://{host}", f"https://{host}")
 
 
-def credential_of(websocket: WebSocket) -> str | None:
+def credential_of(websocket: HTTPConnection) -> str | None:
     """The socket's credential: its ``token`` query parameter (the last, empty or not: an empty
     one is a credential that is not valid, never anonymous) or its ``Authorization`` header.
     Both is a 401 (``Unauthorized``): which one the socket acts with is not left to a rule the
@@ -281,9 +282,11 @@ class UpgradeRequired(Problem):
 
 
 @router.get("/v1/ws", include_in_schema=False)
-async def not_upgraded() -> None:
+async def not_upgraded(request: Request) -> None:
     """A plain ``GET`` of the socket's path: a 426 that says what it takes (RFC 9110 section
-    15.5.22), where the router answered 404 for a path the contract names."""
+    15.5.22), where the router answered 404 for a path the contract names; its credential
+    judged first, as on every route (401 for one not valid, or for two)."""
+    authenticate(credential_of(request), request.state.ladder.settings)
     raise UpgradeRequired(
         "This is the WebSocket endpoint: open it with a WebSocket handshake.",
         headers={"Upgrade": "websocket", "Connection": "Upgrade"},
