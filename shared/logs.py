@@ -60,8 +60,9 @@ def _redacted_parameter(match: re.Match[str]) -> str:
     return f"{match.group(1)}{name}=[redacted]"
 
 
-def _redacted_value(match: re.Match[str]) -> str:
-    return f"{match.group(1)}{match.group(2)}=[redacted]"
+# The query of a WebSocket's URL as uvicorn logs it (``"WebSocket /v1/ws?…" [accepted]``), to
+# the closing quote: a request target holds no space.
+_SOCKET_QUERY = re.compile(r'("WebSocket [^?"\s]*)\?\S*?(?=" |"$|$)')
 
 
 def _redact(
@@ -69,13 +70,15 @@ def _redact(
 ) -> structlog.typing.EventDict:
     """Credentials never reach a log: uvicorn logs a WebSocket's URL, and with it ``?token=``,
     whose name a client may also write percent-encoded (``%74oken``, which Starlette decodes
-    and takes): every parameter whose decoded name is ``token`` has its value redacted, and in
-    a WebSocket's URL every parameter's (the socket reads ``token`` alone: another name is a
-    client's mistake, such as a misspelt ``?tokn=`` that carries a key all the same)."""
+    and takes): every parameter whose decoded name is ``token`` has its value redacted, and of a
+    WebSocket's URL the whole query (the socket reads ``token`` alone: anything else is a
+    client's mistake, such as a misspelt ``?tokn=`` or a bare ``?<key>``, that carries a key
+    all the same)."""
     message = event.get("message")
-    if isinstance(message, str) and "=" in message and ("?" in message or "&" in message):
-        redacted = _redacted_value if '"WebSocket /' in message else _redacted_parameter
-        event["message"] = _QUERY_PARAMETER.sub(redacted, message)
+    if isinstance(message, str) and '"WebSocket /' in message:
+        event["message"] = _SOCKET_QUERY.sub(r"\1?[redacted]", message)
+    elif isinstance(message, str) and "=" in message and ("?" in message or "&" in message):
+        event["message"] = _QUERY_PARAMETER.sub(_redacted_parameter, message)
     return event
 
 
