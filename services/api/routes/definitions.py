@@ -190,6 +190,7 @@ async def put_board(
             await state.catalog.put(board)
     except LockTimeout as exc:
         raise Unavailable("Board definitions are being changed; retry shortly.", 2) from exc
+    _log_definition(previous, board, caller)
     if previous is not None and previous.schedule != board.schedule:
         # A new season that starts at the same minute as one of the old schedule writes into
         # that season's keys: they must be kept as long as the new one (shared/season_keys.py).
@@ -198,12 +199,18 @@ async def put_board(
     if previous is None:
         response.status_code = 201
         response.headers["Location"] = f"/v1/boards/{board_id}"
-        log.info("board created", board_id=board_id, by=caller.who)
-    else:
-        before, after_ = previous.model_dump(), board.model_dump()
-        changed = sorted(name for name in after_ if before.get(name) != after_[name])
-        log.info("board replaced", board_id=board_id, changed=changed, by=caller.who)
     return board
+
+
+def _log_definition(previous: Board | None, board: Board, caller: Principal) -> None:
+    """The admin trail's line of a definition stored (docs/operations.md, "The admin trail"),
+    written as soon as it is: what follows may fail, the definition being in force."""
+    if previous is None:
+        log.info("board created", board_id=board.board_id, by=caller.who)
+        return
+    before, after = previous.model_dump(), board.model_dump()
+    changed = sorted(name for name in after if before.get(name) != after[name])
+    log.info("board replaced", board_id=board.board_id, changed=changed, by=caller.who)
 
 
 # How long a period's keys must outlive its close, beyond the close's own delay.
