@@ -290,9 +290,11 @@ class ConsumerRunner:
         try:
             return message, ScoreMessage.model_validate_json(message.body).events, False
         except ValidationError as exc:
-            error = why_invalid(exc)
+            errors = why_invalid(exc)
         if (split := split_message(message.body)) is None:
-            log.warning("poison message dead-lettered", message_id=message.message_id, error=error)
+            log.warning(
+                "poison message dead-lettered", message_id=message.message_id, errors=errors
+            )
             MESSAGES.labels(self.name, "poison").inc()
             await self._reject(message)
             return None
@@ -303,7 +305,7 @@ class ConsumerRunner:
                 message_id=message.message_id,
                 board_id=refusal.board_id,
                 event_id=refusal.event_id,
-                error=refusal.error,
+                errors=refusal.errors,
             )
         EVENTS_REFUSED.labels(self.name, "schema").inc(len(refused))
         if valid:

@@ -168,7 +168,7 @@ class EventRefusal:
 
     board_id: str | None
     event_id: str | None
-    error: list[dict[str, Any]] | str
+    errors: list[dict[str, Any]]
 
 
 def _readable(event: object, name: str) -> str | None:
@@ -177,14 +177,14 @@ def _readable(event: object, name: str) -> str | None:
     return value[:100] if isinstance(value, str) else None
 
 
-def why_invalid(exc: BaseException) -> list[dict[str, Any]] | str:
-    """A validation error's first few errors as a log line carries them, JSON all through (each
-    error's ``loc``, ``msg`` and ``type``, without the input: an event's own data); another
-    exception's ``repr``."""
+def why_invalid(exc: BaseException) -> list[dict[str, Any]]:
+    """A validation error's first few errors as a log line's ``errors`` carries them, JSON all
+    through (each error's ``loc``, ``msg`` and ``type``, without the input: an event's own
+    data); another exception (a nesting too deep to read) as one such error, at no ``loc``."""
     if isinstance(exc, ValidationError):
         found = exc.errors(include_url=False, include_input=False, include_context=False)[:3]
         return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in found]
-    return repr(exc)
+    return [{"loc": [], "msg": repr(exc), "type": type(exc).__name__}]
 
 
 def split_message(body: bytes) -> tuple[list[ScoreAccepted], list[EventRefusal]] | None:

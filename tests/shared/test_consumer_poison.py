@@ -220,9 +220,9 @@ def test_a_split_reads_each_event_alone_and_names_the_refused() -> None:
     valid, refused = split
     assert [e.event_id for e in valid] == ["e-1", "e-3"]
     assert [(r.board_id, r.event_id) for r in refused] == [("main", "e-2"), (None, None)]
-    assert "less_than_equal" in str(refused[0].error)
+    assert "less_than_equal" in str(refused[0].errors)
     # The log gets what failed, not the event's own data.
-    assert "input" not in str(refused[0].error)
+    assert "input" not in str(refused[0].errors)
 
 
 def test_the_validation_errors_logged_are_json_a_log_tool_reads() -> None:
@@ -230,7 +230,7 @@ def test_the_validation_errors_logged_are_json_a_log_tool_reads() -> None:
     type); they carried Python's repr of pydantic's list, quotes and tuples, in one string."""
     split = split_message(message_body([good("e-1"), bad("e-2", "value")]))
     assert split is not None
-    refused = split[1][0].error
+    refused = split[1][0].errors
     assert isinstance(refused, list)
     assert json.loads(json.dumps(refused)) == refused
     assert refused[0]["loc"] == ["value"]
