@@ -11,7 +11,7 @@ SUPERVISORCTL := $(VENV)/bin/supervisorctl -c $(ROOT)/deploy/supervisord.conf
 SERVICES := api aggregator history notifier
 # One service of supervisord's programs, named by SERVICE= (the four, and the simulation), or a
 # usage line and status 2.
-CHECK_SERVICE = case " $(SERVICES) sim " in *" $(SERVICE) "*) ;; *) \
+CHECK_SERVICE = case "$(strip $(SERVICE))" in $(subst $(eval) ,|,$(SERVICES) sim)) ;; *) \
 	echo "usage: make $@ SERVICE=<$(SERVICES) sim>$(if $(SERVICE), ($(SERVICE) is none of them))"; \
 	exit 2;; esac
 LINES ?= 200

@@ -23,6 +23,7 @@ from shared.keys import Keys
 from shared.parked_periods import park, parked_outbox, parked_set
 from shared.settings import LadderSettings
 from shared.topology import Topology
+from tests.helpers import eventually
 
 CUP = Board(board_id="cup", periods=("daily",))
 
@@ -191,22 +192,31 @@ async def test_a_board_made_again_says_again_that_its_first_message_waits_for_a_
     relay = PeriodRelay(redis, keys, catalog, settings)
     stop = asyncio.Event()
     eraser = Eraser(None, redis, keys, catalog, 0)  # type: ignore[arg-type]
+    waiting = "period.closed routed to no queue; it waits"
     with capture_logs() as logs:
+
+        def said(count: int) -> Any:
+            async def probe() -> list[str] | None:
+                streams = [e["stream"] for e in logs if e["event"] == waiting]
+                return streams if len(streams) >= count else None
+
+            return probe
+
         running = asyncio.create_task(relay.relay_until(stop))
         try:
-            await asyncio.sleep(1.5)  # no queue bound to ladder.periods: it waits
+            await eventually(said(1))  # no queue bound to ladder.periods: it waits
             deletion = BoardDeletion("cup", datetime.now(UTC), False, None)
             await eraser.delete_boards([deletion])
             await eraser.delete_boards([deletion])
-            await asyncio.sleep(1.5)  # the relay's passes see the board gone
+            await eventually(said(2))  # the parked outbox's message waits in turn
+            await asyncio.sleep(1.0)  # two more of the relay's passes see the board gone
             await catalog.put(CUP)
             await redis.xadd(outbox, message("2026-12-05"))
-            await asyncio.sleep(1.5)
+            streams = await eventually(said(3))
         finally:
             stop.set()
             await running
     parked = parked_outbox(keys, "cup", to_ms(deletion.cutoff))
-    said = [e["stream"] for e in logs if e["event"] == "period.closed routed to no queue; it waits"]
-    assert said == [outbox, parked, outbox]
+    assert streams == [outbox, parked, outbox]
     assert await redis.xlen(outbox) == 1
     assert await redis.xlen(parked) == 1
