@@ -118,7 +118,36 @@ def test_a_stored_retention_past_the_calendar_keeps_forever_instead_of_failing()
     current = window_at("season", now, "UTC", board.schedule)
     assert board_period_expiry(board, "season", current.period_id) == 0
     past = window_at("season", now.replace(year=now.year - 3), "UTC", board.schedule)
-    assert resolve_window(board, "season", past.period_id) == past
+    assert resolve_window(board, "season", past.period_id, ahead=5) == past
+
+
+@pytest.mark.usefixtures("mysql_database")
+async def test_a_period_beginning_within_the_future_tolerance_is_readable(
+    quiet: LadderSettings,
+) -> None:
+    """A write takes an ``occurred_at`` up to the future tolerance ahead, and answers with the
+    id of the period it fell in, one that may not have begun: a read of that id answered 404
+    "not kept" until it began. The season after next (beginning one to two minutes ahead) is
+    readable under a tolerance of two minutes, and not under the default five seconds."""
+    after_next = window_at("season", datetime.now(UTC) + timedelta(seconds=61), "UTC", "* * * * *")
+    path = f"/v1/boards/cup/leaderboard?period=season&period_id={after_next.period_id}"
+    board = {"schedule": "* * * * *", "regions": ["eu"]}
+    async with api_client(quiet) as client:
+        assert (await client.put("/v1/boards/cup", json=board, headers=ADMIN)).status_code == 201
+        assert (await client.get(path)).status_code == 404
+    wide = quiet.model_copy(update={"future_tolerance_seconds": 120.0})
+    async with api_client(wide) as client:
+        ahead = datetime.now(UTC) + timedelta(seconds=100)
+        event = {"user_id": "u", "region": "eu", "value": 3, "occurred_at": ahead.isoformat()}
+        posted = await client.post("/v1/boards/cup/scores", json=event, headers=SERVER)
+        assert posted.status_code == 200, posted.text
+        named = posted.json()["periods"]["season"]["period_id"]
+        read = await client.get(
+            f"/v1/boards/cup/leaderboard?scope=region:eu&period=season&period_id={named}"
+        )
+        assert read.status_code == 200, read.text
+        assert [e["user_id"] for e in read.json()["entries"]] == ["u"]
+        assert (await client.get(path)).status_code == 200
 
 
 @pytest.fixture

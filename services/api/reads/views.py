@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from services.api.auth import Principal
@@ -112,12 +112,17 @@ def current_window(
     return window
 
 
-def resolve_window(board: Board, period: Period, period_id: str | None) -> PeriodWindow:
+def resolve_window(
+    board: Board, period: Period, period_id: str | None, *, ahead: float
+) -> PeriodWindow:
     """The period a read names: 404 for one the board does not keep (not a board period, past
-    retention, not yet begun), 422 for an id that names no period."""
+    retention, not yet begun), 422 for an id that names no period. One that begins within
+    ``ahead`` seconds (the future tolerance of ``occurred_at``) is readable already: a write
+    may have put a score in it, and answered with its id."""
     if period not in board.periods:
         raise NotFound(f"Board {board.board_id!r} does not keep a {period} period.")
-    current = current_window(period, datetime.now(UTC), board.timezone, board.schedule)
+    now = datetime.now(UTC)
+    current = current_window(period, now, board.timezone, board.schedule)
     if period_id is None or period_id == current.period_id:
         return current
     not_kept = f"Period {period_id!r} is not kept (retention or not yet begun)."
@@ -128,7 +133,8 @@ def resolve_window(board: Board, period: Period, period_id: str | None) -> Perio
     except PeriodIdError as exc:
         raise Invalid(str(exc), loc=("query", "period_id")) from exc
     oldest = _oldest_kept(current, board.timezone, board.retention.of(period) or 0, board.schedule)
-    if window.start > current.start or (oldest is not None and window.start < oldest):
+    begun = window.start <= current.start or window.start <= now + timedelta(seconds=ahead)
+    if not begun or (oldest is not None and window.start < oldest):
         raise NotFound(not_kept)
     return window
 
@@ -179,6 +185,7 @@ def resolve_view(
     period: Period,
     period_id: str | None,
     *,
+    ahead: float,
     reader: Principal | None = None,
 ) -> View:
     """The view a read names: 422 for a scope that is nonsense or not on this board, 401/403
@@ -210,7 +217,7 @@ def resolve_view(
             "scope must be 'global', 'region:<region>', 'teams' or 'friends:<user_id>'.",
             loc=("query", "scope"),
         )
-    window = resolve_window(board, period, period_id)
+    window = resolve_window(board, period, period_id, ahead=ahead)
     bid, pid = board.board_id, window.period_id
     if kind == "friends":
         key = keys.global_view(bid, period, pid)

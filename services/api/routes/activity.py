@@ -154,7 +154,9 @@ async def stats(
 ) -> dict[str, Any]:
     """How many distinct players scored in a period (approximate) and how many events were
     accepted in it (exact)."""
-    window = views.resolve_window(board, period, period_id)
+    window = views.resolve_window(
+        board, period, period_id, ahead=state.settings.future_tolerance_seconds
+    )
     keys, bid = state.keys, board.board_id
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.pfcount(keys.players(bid, period, window.period_id))

@@ -144,7 +144,9 @@ async def mvps(
             f"{board.board_id!r} is {board.operator}.",
             loc=("path", "board_id"),
         )
-    window = views.resolve_window(board, period, period_id)
+    window = views.resolve_window(
+        board, period, period_id, ahead=state.settings.future_tolerance_seconds
+    )
     as_of, entries = await mvp_view(state.redis, state.keys, board, period, window.period_id)
     return {
         "board_id": board.board_id,

@@ -197,7 +197,15 @@ async def leaderboard(request: Request) -> Response:
     of the board. For a region, written as each score is, it is the time of the read. Team
     entries carry ``team_id`` and no ``display_name``."""
     state, board, reader, q = await _read_of(request, PageQuery)
-    view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
+    view = views.resolve_view(
+        state.keys,
+        board,
+        q.scope,
+        q.period,
+        q.period_id,
+        reader=reader,
+        ahead=state.settings.future_tolerance_seconds,
+    )
     as_of_field = _as_of_field(state, view)
     body = await pages.page(
         state.redis, state.keys, view, q.limit, q.cursor, q.rank_style, as_of_field
@@ -237,7 +245,15 @@ async def standing(request: Request) -> Response:
     """A user's rank and score in one view, with ``around`` entries either side. The teams
     scope has no users (422); a friends scope ranks the user among that player's friends."""
     state, board, reader, q = await _read_of(request, StandingQuery, "user_id")
-    view = views.resolve_view(state.keys, board, q.scope, q.period, q.period_id, reader=reader)
+    view = views.resolve_view(
+        state.keys,
+        board,
+        q.scope,
+        q.period,
+        q.period_id,
+        reader=reader,
+        ahead=state.settings.future_tolerance_seconds,
+    )
     user_id = request.path_params["user_id"]
     as_of_field = _as_of_field(state, view)
     body = await standings.standing(
@@ -304,7 +320,8 @@ async def user_ranks(
         kind = views.period_of_id(board, pid)
         if chosen.setdefault(kind, pid) != pid:
             raise Invalid(f"Two {kind} period ids given.", loc=("query", "period_id"))
-    windows = [views.resolve_window(board, p, chosen.get(p)) for p in board.periods]
+    ahead = state.settings.future_tolerance_seconds
+    windows = [views.resolve_window(board, p, chosen.get(p), ahead=ahead) for p in board.periods]
     body = await ranks.user_ranks(
         state.redis,
         state.keys,
