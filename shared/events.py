@@ -90,6 +90,17 @@ def _rfc3339(value: object) -> object:
                 "in a query string send it as %2B, like 2026-11-29T18:00:00%2B01:00"
             )
         raise ValueError("must be an RFC 3339 time with an offset, like 2026-11-29T17:00:00Z")
+    try:
+        datetime.fromisoformat(value.upper())
+    except ValueError as exc:
+        # Of RFC 3339's form but no time there is: say which part, not pydantic's "unexpected
+        # extra characters" (a leap second's :60, which RFC 3339 allows, has no datetime).
+        why = str(exc)
+        if value[17:19] == "60":
+            why = "a leap second (:60) is not taken"
+        elif "offset" in why:
+            why = "an offset's hours are 00 to 23 and its minutes 00 to 59"
+        raise ValueError(f"names no time: {why}") from None
     return value
 
 

@@ -562,3 +562,33 @@ async def test_a_405_allows_head_where_the_path_answers_it(
     assert_problem(refused, 405)
     assert refused.headers["allow"] == allow
     assert (head.status_code == 405) is ("HEAD" not in allow)
+
+
+@pytest.mark.parametrize(
+    ("at", "said"),
+    [
+        ("2026-12-07T08:27:60Z", "a leap second (:60) is not taken"),
+        ("2026-12-07T08:27:30+24:00", "an offset's hours are 00 to 23"),
+        ("2026-12-07T24:00:00Z", "hour must be in 0..23"),
+        ("2026-02-30T00:00:00Z", "day is out of range for month"),
+    ],
+    ids=["leap-second", "offset-24h", "hour-24", "february-30"],
+)
+async def test_a_time_of_rfc_3339_s_form_that_names_no_time_says_which_part(
+    quiet: LadderSettings, at: str, said: str
+) -> None:
+    """Such a time read "unexpected extra characters at the end of the input", pydantic's
+    words for another fault, in a score's occurred_at and in a snapshot's at alike."""
+    async with api_client(quiet) as client:
+        posted = await client.post(SCORES, json=score(occurred_at=at), headers=SERVER)
+        asked = await client.get("/v1/boards/main/snapshots", params={"at": at}, headers=SERVER)
+    for answer in (posted, asked):
+        error = assert_problem(answer, 422)["errors"][0]
+        assert error["loc"][-1] in ("occurred_at", "at")
+        assert said in error["msg"], error
+
+
+async def test_a_time_too_far_ahead_names_the_tolerance(quiet: LadderSettings) -> None:
+    async with api_client(quiet) as client:
+        answer = await client.post(SCORES, json=score(occurred_at=ago(-60)), headers=SERVER)
+    assert "future tolerance of 5 seconds" in assert_problem(answer, 422)["detail"]

@@ -73,7 +73,11 @@ def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -
             loc=("body", "occurred_at"),
         )
     if occurred_at > now + timedelta(seconds=settings.future_tolerance_seconds):
-        raise Invalid("occurred_at is in the future.", loc=("body", "occurred_at"))
+        raise Invalid(
+            f"occurred_at is more than the future tolerance of "
+            f"{settings.future_tolerance_seconds:g} seconds ahead of the server's clock.",
+            loc=("body", "occurred_at"),
+        )
 
 
 def check_value(score: ScoreIn, board: Board) -> None:
