@@ -66,18 +66,14 @@ def resolve_event_id(score: ScoreIn, header: str | None) -> str:
 
 
 def check_time(occurred_at: datetime, now: datetime, settings: LadderSettings) -> None:
-    if occurred_at < now - timedelta(seconds=settings.allowed_lateness):
-        raise Invalid(
-            f"occurred_at is older than the allowed lateness of "
-            f"{settings.allowed_lateness:g} seconds.",
-            loc=("body", "occurred_at"),
-        )
-    if occurred_at > now + timedelta(seconds=settings.future_tolerance_seconds):
-        raise Invalid(
-            f"occurred_at is more than the future tolerance of "
-            f"{settings.future_tolerance_seconds:g} seconds ahead of the server's clock.",
-            loc=("body", "occurred_at"),
-        )
+    late, ahead = settings.allowed_lateness, settings.future_tolerance_seconds
+    if occurred_at < now - timedelta(seconds=late):
+        why = f"older than the allowed lateness of {late:g} seconds."
+    elif occurred_at > now + timedelta(seconds=ahead):
+        why = f"more than the future tolerance of {ahead:g} seconds ahead of the server's clock."
+    else:
+        return
+    raise Invalid(f"occurred_at is {why}", loc=("body", "occurred_at"))
 
 
 def check_value(score: ScoreIn, board: Board) -> None:
