@@ -85,14 +85,25 @@ def _matches(candidate: str, keys: frozenset[str]) -> bool:
 
 
 EXP_NOT_A_NUMBER = "The player token's exp is not a number (seconds since the epoch)."
+SUBJECT_NOT_A_USER = "The player token's subject is not a user id."
 
 
-def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings) -> str:
+def _numeric_date(value: object) -> bool:
+    """Whether a claim is a NumericDate: a JSON number (RFC 7519 section 2). PyJWT also reads a
+    string of digits, and ``true`` as 1, which is not one."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings, credential: str) -> str:
     """The 401's detail for a token PyJWT refused: what is wrong where it is a player token's
     claim, so that an issuer can tell (a clock ahead, an audience); else that the credential is
     neither a key nor a token, which says nothing of how near it came."""
     leeway = settings.jwt_leeway_seconds
     if isinstance(exc, jwt.ExpiredSignatureError):
+        # Its signature held (PyJWT checks it first); an exp of true read as 1 is no date.
+        claims = jwt.decode(credential, options={"verify_signature": False})
+        if not _numeric_date(claims["exp"]):
+            return EXP_NOT_A_NUMBER
         return "The player token has expired."
     if isinstance(exc, jwt.ImmatureSignatureError):
         return (
@@ -101,6 +112,8 @@ def _refusal(exc: jwt.InvalidTokenError, settings: LadderSettings) -> str:
         )
     if isinstance(exc, jwt.InvalidAudienceError):
         return "The player token names an audience (aud); Ladder takes tokens that name none."
+    if isinstance(exc, jwt.exceptions.InvalidSubjectError):
+        return SUBJECT_NOT_A_USER
     if isinstance(exc, jwt.MissingRequiredClaimError):
         return f"The player token has no {exc.claim} claim."
     if isinstance(exc, jwt.DecodeError) and "(exp)" in str(exc):
@@ -125,13 +138,12 @@ def authenticate(credential: str | None, settings: LadderSettings) -> Principal:
             leeway=settings.jwt_leeway_seconds,
         )
     except jwt.InvalidTokenError as exc:
-        raise Unauthorized(_refusal(exc, settings)) from exc
+        raise Unauthorized(_refusal(exc, settings, credential)) from exc
     subject = claims.get("sub")
     if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
-        raise Unauthorized("The player token's subject is not a user id.")
+        raise Unauthorized(SUBJECT_NOT_A_USER)
     expires = claims["exp"]
-    # A NumericDate is a JSON number (RFC 7519 section 2); PyJWT also reads a string of digits.
-    if not isinstance(expires, int | float):
+    if not _numeric_date(expires):
         raise Unauthorized(EXP_NOT_A_NUMBER)
     expires_at = float(min(int(expires), _LAST_EXP))
     return Principal("player", subject, expires_at)

@@ -520,15 +520,30 @@ async def test_every_operation_that_refuses_an_unknown_query_parameter_declares_
         ({"exp": "4102444800"}, "exp is not a number"),
         ({"exp": "soon"}, "exp is not a number"),
         ({"exp": [4102444800]}, "exp is not a number"),
+        ({"exp": True}, "exp is not a number"),
+        ({"sub": 42}, "subject is not a user id"),
+        ({"sub": "u 1"}, "subject is not a user id"),
     ],
-    ids=["nbf-ahead", "iat-ahead", "audience", "no-exp", "exp-digits", "exp-words", "exp-a-list"],
+    ids=[
+        "nbf-ahead",
+        "iat-ahead",
+        "audience",
+        "no-exp",
+        "exp-digits",
+        "exp-words",
+        "exp-a-list",
+        "exp-true",
+        "sub-a-number",
+        "sub-not-an-id",
+    ],
 )
 async def test_a_refused_player_token_is_told_what_is_wrong(
     quiet: LadderSettings, claims: dict[str, Any], said: str
 ) -> None:
     """An issuer whose clock runs ahead, or that names an audience, learns which from the 401
     (it read "not a valid key or player token" for all); a string ``exp``, which PyJWT reads as
-    a number, is refused as RFC 7519's NumericDate is a number."""
+    a number, is refused as RFC 7519's NumericDate is a number, and so is ``true`` (which it
+    read as 1: "expired"); a subject that is no string is said as one that is no user id."""
     now = int(time.time())
     payload = {"sub": "u-1", "exp": now + 3600}
     for claim, value in claims.items():
