@@ -58,12 +58,22 @@ OutboxId = Annotated[str, Field(pattern=OUTBOX_ID_PATTERN), AfterValidator(_stre
 
 def _printable(value: str) -> str:
     if not value.isprintable():
-        raise ValueError("must be printable: no control, format or separator characters")
+        raise ValueError(
+            "must be printable: no control or format characters, and no separator but the space"
+        )
+    if value.isspace():
+        raise ValueError("must show something: not spaces only")
     return value
 
 
 DisplayName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64), AfterValidator(_printable)
+    str,
+    StringConstraints(min_length=1, max_length=64),
+    AfterValidator(_printable),
+    Field(
+        description="1 to 64 printable characters (no control or format characters, no "
+        "separator but the space), not spaces only"
+    ),
 ]
 
 # RFC 3339's date-time: full date, T (or t, or a space, as section 5.6 allows), time with

@@ -328,6 +328,10 @@ ERROR_CASES = [
         id="422-display_name-empty",
     ),
     pytest.param(
+        Case(422, body=lambda: score(display_name="   "), loc="display_name"),
+        id="422-display_name-spaces-only",
+    ),
+    pytest.param(
         Case(422, body=lambda: score(team_id="Red Wombats"), loc="team_id"), id="422-bad-team_id"
     ),
     pytest.param(

@@ -170,8 +170,8 @@ REFUSALS: dict[tuple[str, tuple[str, ...]], str] = {
     ),
     (SCORE, ("body", "display_name")): (
         "display_name is printable (Python's str.isprintable: no control, format, separator, "
-        "private-use or unassigned characters), a set of code points that changes with each "
-        "Unicode version and that no pattern can list"
+        "private-use or unassigned characters) and not spaces only, a set of code points that "
+        "changes with each Unicode version and that no pattern can list"
     ),
     (PUT_BOARD, ("body", "timezone")): "A timezone is a name the server's tz database knows",
     (PUT_BOARD, ("body", "schedule")): (
