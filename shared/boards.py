@@ -44,7 +44,9 @@ most on a board that declares them (docs/security.md, "Invented regions and team
 
 class Retention(BaseModel):
     # Strict integers, as scores are (docs/api.md section 1): "7", 7.0 and true are refused.
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", json_schema_serialization_defaults_required=True
+    )
 
     daily: StrictInt = Field(default=35, ge=1, le=3660)
     weekly: StrictInt = Field(default=12, ge=1, le=520)
@@ -232,6 +234,10 @@ class Board(StoredSpec):
     Read back as it was stored (:class:`StoredSpec`), as a board stored with ``player_writes``
     and no regions is, so that such a board stops no service that reads the catalog.
     """
+
+    # As answered, a definition carries every field: the document says so (required), where
+    # a field's default would make it optional, as it is in a PUT's body.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
     board_id: BoardId
 

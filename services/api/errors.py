@@ -195,6 +195,12 @@ def problems(*statuses: int, said: Mapping[int, str] | None = None) -> dict[int 
     }
 
 
+def location(where: str) -> dict[str, Any]:
+    """The ``headers`` of a response answered with a ``Location`` (a made board, an erasure's or
+    a deletion's status), for a route's ``responses=``."""
+    return {"Location": {"description": where, "schema": {"type": "string"}}}
+
+
 def document(app: FastAPI) -> None:
     """Put :class:`ProblemDetails` in the app's OpenAPI components, where :data:`PROBLEMS`
     refers to it, whichever routes there are; and 413 on every operation, which the body limit

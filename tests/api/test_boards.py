@@ -111,6 +111,43 @@ async def test_the_document_takes_a_definition_read_back(quiet: LadderSettings) 
     assert validator.is_valid(read), list(validator.iter_errors(read))
 
 
+async def test_the_document_requires_every_field_a_definition_is_answered_with(
+    quiet: LadderSettings,
+) -> None:
+    """A definition as answered carries every field, and the document says so: a client made
+    from it had every field but ``board_id`` optional, retention's periods too."""
+    async with api_client(quiet) as client:
+        read = (await client.get("/v1/boards/main")).json()
+        document = (await client.get("/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    answered = document["paths"]["/v1/boards/{board_id}"]["get"]["responses"]["200"]
+    assert answered["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Board"
+    }
+    assert sorted(schemas["Board"]["required"]) == sorted(read)
+    retention = schemas["Board"]["properties"]["retention"]["$ref"].rsplit("/", 1)[1]
+    assert sorted(schemas[retention]["required"]) == sorted(read["retention"])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("put", "/v1/boards/{board_id}", "201"),
+        ("delete", "/v1/boards/{board_id}", "202"),
+        ("delete", "/v1/users/{user_id}", "202"),
+    ],
+)
+async def test_the_document_declares_each_location_answered(
+    quiet: LadderSettings, method: str, path: str, status: str
+) -> None:
+    """A made board, a deletion and an erasure answer with a ``Location``, which the
+    document's responses left out."""
+    async with api_client(quiet) as client:
+        document = (await client.get("/openapi.json")).json()
+    headers = document["paths"][path][method]["responses"][status].get("headers", {})
+    assert headers.get("Location", {}).get("schema") == {"type": "string"}
+
+
 async def test_a_schedule_s_season_is_stored_last(quiet: LadderSettings) -> None:
     body = {"periods": ["season", "daily"], "schedule": "0 18 * * 5"}
     async with api_client(quiet) as client:

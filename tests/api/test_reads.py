@@ -464,8 +464,10 @@ async def test_a_feed_longer_than_a_thousand_is_read_to_its_length(
         document = (await client.get("/openapi.json")).json()
 
     feed = document["paths"]["/v1/boards/{board_id}/feed"]["get"]["parameters"]
-    (limit,) = [p["schema"]["anyOf"][0] for p in feed if p["name"] == "limit"]
-    assert limit == {"type": "integer", "minimum": 1, "maximum": 2000}
+    (schema,) = [p["schema"] for p in feed if p["name"] == "limit"]
+    assert schema["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 2000}
+    # The default, 20, is the document's too (it was only in the description).
+    assert schema["default"] == 20
     assert whole.status_code == 200
     assert whole.json()["events"] == []
     assert_problem(past, 422)

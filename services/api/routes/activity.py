@@ -54,8 +54,8 @@ FEED_PATH = "/v1/boards/{board_id}/feed"
 
 def document_feed_length(app: FastAPI, length: int) -> None:
     """Make ``app``'s OpenAPI document give the feed's ``limit`` its maximum, the deployment's
-    feed length (``LADDER_FEED_LENGTH``), which a route's ``Query`` bound, fixed when the module
-    loads, cannot follow."""
+    feed length (``LADDER_FEED_LENGTH``), and its default, 20 or that length if shorter, which a
+    route's ``Query``, fixed when the module loads, cannot follow."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -63,6 +63,7 @@ def document_feed_length(app: FastAPI, length: int) -> None:
             operation = build()["paths"][FEED_PATH]["get"]
             for parameter in operation["parameters"]:
                 if parameter["name"] == "limit":
+                    parameter["schema"]["default"] = min(FEED_LIMIT_DEFAULT, length)
                     for option in parameter["schema"]["anyOf"]:
                         if option.get("type") == "integer":
                             option["maximum"] = length

@@ -17,7 +17,7 @@ from fastapi import APIRouter, BackgroundTasks, Depends, Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from services.api.auth import Principal
-from services.api.errors import Conflict, Invalid, Unavailable, problems
+from services.api.errors import Conflict, Invalid, Unavailable, location, problems
 from services.api.state import (
     PUBLIC_READ,
     ApiState,
@@ -132,7 +132,11 @@ async def get_board(board: BoardDep, _: Reader) -> Board:
     "/{board_id}",
     response_model=Board,
     responses={
-        201: {"model": Board, "description": "Created"},
+        201: {
+            "model": Board,
+            "description": "Created",
+            "headers": location("The board's path, /v1/boards/{board_id}"),
+        },
         **problems(
             400,
             401,
@@ -155,12 +159,12 @@ async def put_board(
     caller: Admin,
 ) -> Board:
     """Create (201) or replace (200) a board's definition; a field left out takes board
-    ``main``'s default. Changing ``operator``, ``order`` or ``timezone`` of a board that has
-    scores answers 409. A board with ``player_writes`` must declare its ``regions`` (422). A
-    retention that reaches outside years 1 to 9999, or lets a period expire before its close
-    (the allowed lateness and a merge interval after its end, and a minute more), is 422. A
-    changed schedule keeps the keys its seasons share with the old one's (those starting at the
-    same minute) as long as it keeps its own seasons."""
+    ``main``'s default. Changing ``operator``, ``order``, ``subscore_order`` or ``timezone`` of
+    a board that has scores answers 409. A board with ``player_writes`` must declare its
+    ``regions`` (422). A retention that reaches outside years 1 to 9999, or lets a period expire
+    before its close (the allowed lateness and a merge interval after its end, and a minute
+    more), is 422. A changed schedule keeps the keys its seasons share with the old one's (those
+    starting at the same minute) as long as it keeps its own seasons."""
     if spec.board_id is not None and spec.board_id != board_id:
         raise Invalid(
             "board_id in the body must be the board of the path.", loc=("body", "board_id")
@@ -284,8 +288,8 @@ async def _refuse_reranking(state: ApiState, previous: Board, board: Board) -> N
             f"{f} {getattr(previous, f)!r} -> {getattr(board, f)!r}" for f in changed
         )
         raise Conflict(
-            f"Board {board.board_id!r} has scores, ranked by its operator, order and timezone; "
-            f"they cannot change ({detail})."
+            f"Board {board.board_id!r} has scores, ranked by its operator, order, subscore "
+            f"order and timezone; they cannot change ({detail})."
         )
 
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from pydantic import BaseModel, Field
 from sqlalchemy import delete
 
-from services.api.errors import Conflict, NotFound, Unavailable, problems
+from services.api.errors import Conflict, NotFound, Unavailable, location, problems
 from services.api.routes.definitions import Admin
 from services.api.routes.params import TRUE_OR_FALSE
 from services.api.state import BoardIdPath, State
@@ -64,7 +64,13 @@ class DeletionOut(BaseModel):
     "/v1/users/{user_id}",
     status_code=202,
     response_model=ErasureOut,
-    responses=problems(401, 403, 422, 503),
+    responses={
+        202: {
+            "description": "Recorded",
+            "headers": location("The erasure's status, /v1/erasures/{user_id}"),
+        },
+        **problems(401, 403, 422, 503),
+    },
 )
 async def erase_user(
     user_id: UserIdPath, response: Response, state: State, caller: Admin
@@ -111,9 +117,15 @@ async def board_to_delete(board_id: BoardIdPath, state: State, _: Admin) -> str:
     "/v1/boards/{board_id}",
     status_code=202,
     response_model=DeletionOut,
-    responses=problems(
-        401, 403, 404, 409, 422, 503, said={409: "Board main, which exists out of the box"}
-    ),
+    responses={
+        202: {
+            "description": "Recorded",
+            "headers": location("The deletion's status, /v1/board-deletions/{board_id}"),
+        },
+        **problems(
+            401, 403, 404, 409, 422, 503, said={409: "Board main, which exists out of the box"}
+        ),
+    },
 )
 async def delete_board(
     board_id: Annotated[str, Depends(board_to_delete)],
