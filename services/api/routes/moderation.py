@@ -111,8 +111,9 @@ async def hide_user(caller: Admin, board: BoardDep, user_id: UserIdPath, state: 
     },
 )
 async def show_user(caller: Admin, board: BoardDep, user_id: UserIdPath, state: State) -> Response:
-    """Show a hidden user again: every view holds it once more, the global one within a merge
-    interval."""
+    """Show a hidden user again: its entries are back in every region and global view at once,
+    from the records kept while it was hidden (a score it wrote meanwhile reaches the global view
+    as any does, within a merge interval)."""
     await _set(state, board.board_id, user_id, hide=False)
     log.info("user shown", board_id=board.board_id, user_id=user_id, by=caller.who)
     return Response(status_code=204)
