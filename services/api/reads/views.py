@@ -193,10 +193,16 @@ def resolve_view(
     offered), 404 for a period the board does not keep."""
     kind: ScopeKind = "users"
     owner: str | None = None
-    if scope == "global" or (
-        scope.startswith("region:") and _REGION.fullmatch(scope.removeprefix("region:"))
-    ):
+    if scope == "global":
         pass
+    elif scope.startswith("region:") and _REGION.fullmatch(region := scope.removeprefix("region:")):
+        # As a write naming it is (and a socket's topic): an empty board would hide the typo.
+        if board.regions is not None and region not in board.regions:
+            raise Invalid(
+                f"Board {board.board_id!r} declares no region {region!r}; its regions are "
+                f"{', '.join(board.regions)}.",
+                loc=("query", "scope"),
+            )
     elif scope == "teams":
         if board.operator != "incr":
             raise Invalid(
