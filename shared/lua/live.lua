@@ -98,8 +98,8 @@ ARGV: seen ttl, event count, group count; then five an event: value, user, accep
 team, its group (1-based); then each group: the index in KEYS of its first view key, its period
 count, and each period's expire-at (0: never).
 The user's team in a period is the one its latest accepted event named (of equal times, the
-later in the batch). The events a call counts are summed before they are written: one ZINCRBY
-a member and team, one HGET (and HSET) a user and period, one EXPIREAT a key, however many of
+later in the batch). The events a call counts are summed before they are written: one ZMSCORE
+a team, one ZADD a member and team whose sum changed, one HGET (and HSET) a user and period, one EXPIREAT a key, however many of
 the batch's events name them. Returns how many events were counted now (the others had been
 counted before, or came twice in the batch).
 ]]
@@ -135,6 +135,27 @@ local function per_user(found, user)
   return found.by[user]
 end
 
+-- A member's contribution to its team, as the team's total (derive.lua sum_teams()), is held
+-- within the exact scores: an event that would take it past ±(2^53 - 1) is left out, and the
+-- contribution stays at its last exact sum (a ZINCRBY's double lost the sum's last digits there).
+-- sum.by[user] is the list of the batch's values for the user, in order.
+local CONTRIBUTION_MAX = 9007199254740991
+
+local function add_contributions(key, sum)
+  local stored = redis.call('ZMSCORE', key, unpack(sum.users))
+  for u, user in ipairs(sum.users) do
+    local before = stored[u] and tonumber(stored[u])
+    local total = before or 0
+    for _, value in ipairs(sum.by[user]) do
+      local next_total = total + value
+      if next_total <= CONTRIBUTION_MAX and next_total >= -CONTRIBUTION_MAX then
+        total = next_total
+      end
+    end
+    if total ~= before then redis.call('ZADD', key, fmt(total), user) end
+  end
+end
+
 local function contribute(keys, args)
   local ttl, n = tonumber(args[1]), tonumber(args[2])
   local groups = contribution_groups(keys, args, 4 + CONTRIBUTE_EVENT_ARGS * n)
@@ -148,7 +169,9 @@ local function contribute(keys, args)
       local team, ms = args[a + 3], tonumber(accepted)
       for _, v in ipairs(groups[tonumber(args[a + 4])]) do
         local sum = per_key(sums, sum_keys, v.members)
-        sum.by[user] = (per_user(sum, user) or 0) + value
+        local values = per_user(sum, user) or {}
+        values[#values + 1] = value
+        sum.by[user] = values
         local last = per_key(latest, latest_keys, v.teams)
         local before = per_user(last, user)
         if before == nil or before.ms <= ms then
@@ -159,8 +182,7 @@ local function contribute(keys, args)
     end
   end
   for _, key in ipairs(sum_keys) do
-    local sum = sums[key]
-    for _, user in ipairs(sum.users) do redis.call('ZINCRBY', key, fmt(sum.by[user]), user) end
+    add_contributions(key, sums[key])
     expire({key}, expiries[key])
   end
   for _, key in ipairs(latest_keys) do

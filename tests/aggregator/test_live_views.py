@@ -423,6 +423,34 @@ async def test_a_user_who_changes_team_ranks_with_its_latest_team(
     assert [e["share"] for e in body["entries"]] == [0.75, 0.25, 0.25]
 
 
+@pytest.mark.usefixtures("mysql_database")  # where board definitions are kept
+async def test_an_mvp_contribution_is_held_within_the_exact_scores_as_its_team_total(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """A member's contribution leaves out an event that would take it past ±(2^53 - 1), as its
+    team's total does: it was summed in a double, past the range and inexactly (user_score
+    18014398509481976 against a team total of 9007199254740991, a share of 2)."""
+    big = 2**53 - 1
+    async with api_client(quiet) as client:
+        wide = {"operator": "incr", "min_value": -big, "max_value": big}
+        made_board = await client.put("/v1/boards/wide", json=wide, headers=ADMIN)
+        assert made_board.status_code == 201, made_board.text
+        await post(client, "wide", user_id="u-1", value=big, team_id="red")
+        await post(client, "wide", user_id="u-1", value=big - 5, team_id="red", region="na")
+        await post(client, "wide", user_id="u-1", value=-3, team_id="red")
+        await post(client, "wide", user_id="u-2", value=7, team_id="blue")
+        await post(client, "wide", user_id="u-2", value=big - 8, team_id="blue", region="na")
+        await consumer(redis, keys)(await outbox(redis, keys, "wide"))
+        body = await get_ok(client, "/v1/boards/wide/mvps")
+        teams = await get_ok(client, "/v1/boards/wide/leaderboard", scope="teams")
+    assert ranking(teams["entries"], "team_id", "score") == [("blue", big - 1), ("red", big - 3)]
+    assert ranking(body["entries"], "user_id", "team_id", "user_score", "team_score") == [
+        ("u-2", "blue", big - 1, big - 1),
+        ("u-1", "red", big - 3, big - 3),
+    ]
+    assert [e["share"] for e in body["entries"]] == [1.0, 1.0]
+
+
 async def test_a_batch_larger_than_a_call_counts_as_its_events_one_by_one(
     quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
