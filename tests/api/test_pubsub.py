@@ -286,6 +286,29 @@ async def test_a_slow_client_is_cut_off_and_the_fast_one_gets_everything(
     assert index > got and fast_had >= index - quiet.ws_send_queue // 4, (overflow, got)
 
 
+async def test_a_burst_past_the_send_queue_reaches_a_client_that_reads(
+    quiet: LadderSettings, redis: Redis, broker: Topology
+) -> None:
+    """A batch's rank messages come from one call of the notifier, back to back on the hub's
+    connection: more of them than a socket's send queue holds (256) reach a client that reads
+    as they come. The hub put all of them in the queue before the socket's sender ran once, and
+    the client was closed with 1013 after 256."""
+    channel = Keys(quiet.key_prefix).user_channel("u-1")
+    burst = 3 * quiet.ws_send_queue
+    async with (
+        production_server(quiet) as (_, url),
+        websockets.connect(f"{url}?{TOKEN}", compression=None) as ws,
+    ):
+        await subscribe(ws, "user:u-1")
+        async with redis.pipeline(transaction=True) as pipe:
+            for i in range(burst):
+                pipe.publish(channel, json.dumps({"type": "rank", "i": i}))
+            await pipe.execute()
+        got = [(await next_message(ws, within=10))["i"] for _ in range(burst)]
+        assert ws.close_code is None
+    assert got == list(range(burst))
+
+
 async def test_a_client_that_never_reads_is_dropped(
     quiet: LadderSettings, redis: Redis, broker: Topology, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -218,6 +218,10 @@ class Hub:
                     heard, pinged = now, None
                     if message["type"] == "message":
                         self._dispatch(message["channel"], message["data"])
+                        # The sockets' senders take their turn before the next message: a burst
+                        # read in one go (a batch's rank messages) would otherwise fill a send
+                        # queue before its sender ran once, and close a client that reads.
+                        await asyncio.sleep(0)
                 elif pinged is None and now - heard >= PING_AFTER:
                     await pubsub.ping(PING_MESSAGE)
                     pinged = now
