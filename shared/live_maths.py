@@ -81,6 +81,22 @@ def hot_message(
     }
 
 
+def mvp_message(
+    board_id: str, period: str, period_id: str, as_of: str | None, entries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """An MVP view as the aggregator stores and pushes it, and a new subscriber is sent it."""
+    return {
+        "type": "leaderboard",
+        "view": "mvps",
+        "board_id": board_id,
+        "scope": "mvps",
+        "period": period,
+        "period_id": period_id,
+        "as_of": as_of,
+        "entries": entries,
+    }
+
+
 def hot_current(board_id: str, window: int, stored: Any, quiet: Any) -> dict[str, Any]:
     """The hot view to answer with, from the one the aggregator stored (its JSON, or None once
     it expired) and ``quiet`` (:meth:`shared.keys.Keys.live_quiet`, or None): a view without

@@ -15,13 +15,13 @@ Consumed events are recorded in Redis, idempotently and with no regard to order:
 On the ticker (:meth:`LiveViews.tick`, a pass over every board) each window's start moves up to
 the clock (``ladder_hot_trim_v2`` takes the events it leaves out of its sums, so a tick costs
 what arrived and left since the last one plus one read per window of its users' sums), and the
-MVPs of each current period whose contributions changed (or, at least every
-``FULL_PASS_SECONDS``, all of them). Each result is swapped into its view key with
+MVPs of each current period whose contributions changed or that began since (or, at least
+every ``FULL_PASS_SECONDS``, all of them). Each result is swapped into its view key with
 ``SET ... GET``; it is pushed only when its entries differ from those it replaced, so several
 aggregators computing the same view push it once (and put back if its push fails, so the next
-pass pushes it). A board with no hot event whose hot view was
-empty when last computed is left as it is (one pipelined ``EXISTS`` a pass finds them), the
-pass's time stored for the API to answer for them (``Keys.live_quiet``). State lives in Redis
+pass pushes it). A board with no hot event whose hot view was empty when last computed is left
+as it is (one pipelined ``EXISTS`` a pass finds them), the pass's time stored for the API to
+answer for them (``Keys.live_quiet``). State lives in Redis
 only: a restarted aggregator carries on where the last one was (computing each board once
 before it leaves the quiet ones alone).
 """
@@ -49,6 +49,7 @@ from shared.live_maths import (
     hot_entries,
     hot_member,
     hot_message,
+    mvp_message,
     mvp_view,
 )
 from shared.live_maths import on_time as is_on_time
@@ -96,10 +97,6 @@ class RecordLive:
             tuple[str, str, tuple[tuple[Period, str], ...]],
             tuple[Board, tuple[str, ...], tuple[int, ...], frozenset[str]],
         ] = {}
-
-    @staticmethod
-    def _expiry(board: Board, period: Period, period_id: str) -> int:
-        return board_period_expiry(board, period, period_id)
 
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         horizon = _ms(datetime.now(UTC)) - HOT_SPAN_MS
@@ -195,7 +192,7 @@ class RecordLive:
                 keys.team_members(bid, period, period_id, team),
                 keys.member_team(bid, period, period_id),
             ]
-            expiries.append(self._expiry(board, period, period_id))
+            expiries.append(board_period_expiry(board, period, period_id))
             dirty.add(f"{period}|{period_id}")
         return tuple(view_keys), tuple(expiries), frozenset(dirty)
 
@@ -214,6 +211,8 @@ class LiveViews:
         self._redis = redis
         self._keys = keys
         self._full_pass_at: dict[str, float] = {}
+        # Each board period's id whose MVPs this process last stored (a new one: _rolled()).
+        self._period_ids: dict[tuple[str, Period], str] = {}
         self._settled: set[str] = set()
         """Boards whose hot view this process last computed empty, or another aggregator
         holds (their live lease): looked at again when events come."""
@@ -242,7 +241,9 @@ class LiveViews:
             hot = events or bid not in self._settled
             # Only an incr board keeps MVPs: another's is never computed, and a mark left on it
             # (by an erasure of the version before) goes rather than stay for good.
-            mvps = board.operator == "incr" and (dirty or self._full_due(bid))
+            mvps = board.operator == "incr" and (
+                dirty or self._full_due(bid) or self._rolled(board)
+            )
             with board_step(board, "live views"):
                 if dirty and board.operator != "incr":
                     await self._redis.delete(self._keys.mvp_dirty(bid))
@@ -251,6 +252,7 @@ class LiveViews:
                     # next full pass of MVPs (in case that one is gone).
                     self._settled.add(bid)
                     self._full_pass_at[bid] = time.monotonic()
+                    self._rolled(board, note=True)
                     continue
                 if hot:
                     pushed += await self.hot(board)
@@ -266,7 +268,19 @@ class LiveViews:
         board's would stay for the life of the process."""
         self._settled &= board_ids
         self._full_pass_at = {b: at for b, at in self._full_pass_at.items() if b in board_ids}
+        self._period_ids = {k: p for k, p in self._period_ids.items() if k[0] in board_ids}
         self.lease.keep_only(board_ids)
+
+    def _rolled(self, board: Board, *, note: bool = False) -> bool:
+        """Whether a period of the board began since this process stored its MVPs; ``note``:
+        take the current ones as stored (a board another aggregator computes)."""
+        now, rolled = datetime.now(UTC), False
+        for period in board.periods:
+            found = current_window(period, now, board.timezone, board.schedule).period_id
+            rolled |= self._period_ids.get((board.board_id, period)) != found
+            if note:
+                self._period_ids[board.board_id, period] = found
+        return rolled
 
     async def tick_board(self, board: Board) -> int:
         """Recompute ``board``'s live views; returns how many were pushed."""
@@ -326,30 +340,23 @@ class LiveViews:
 
     async def _mvps(self, board: Board, now: datetime, full: bool, dirty: set[Any]) -> int:
         """Compute and push the MVPs of ``board``'s current periods (``full``: all of them, else
-        those ``dirty`` names); how many were pushed."""
+        those ``dirty`` names or begun since this process stored them); how many were pushed."""
         keys, bid = self._keys, board.board_id
         pushed = 0
         for period in board.periods:
             window = current_window(period, now, board.timezone, board.schedule)
-            if not full and f"{period}|{window.period_id}" not in dirty:
+            rolled = self._period_ids.get((bid, period)) != window.period_id
+            if not full and not rolled and f"{period}|{window.period_id}" not in dirty:
                 continue
             as_of, entries = await mvp_view(self._redis, keys, board, period, window.period_id)
-            message = {
-                "type": "leaderboard",
-                "view": "mvps",
-                "board_id": bid,
-                "scope": "mvps",
-                "period": period,
-                "period_id": window.period_id,
-                "as_of": as_of,
-                "entries": entries,
-            }
+            message = mvp_message(bid, period, window.period_id, as_of, entries)
             # Cached: a season's expiry walks its schedule (croniter) once a period kept, and
             # the first pass after a start computes every board's views.
             retention = board.retention.of(period)
             expiry = expiry_of(window, board.timezone, retention, board.schedule) or None
             channel = keys.board_channel(bid, "mvps", period)
             pushed += await self._swap(keys.mvp_view(bid, period), channel, message, None, expiry)
+            self._period_ids[bid, period] = window.period_id
         return pushed
 
     def _full_due(self, board_id: str) -> bool:

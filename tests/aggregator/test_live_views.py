@@ -35,6 +35,7 @@ from shared.events import ScoreAccepted, rfc3339
 from shared.keys import DERIVED_FIELD, Keys
 from shared.lease import Lease
 from shared.settings import DEV_SERVER_KEY, LadderSettings
+from shared.submit import current_window
 from tests.helpers import (
     ADMIN,
     SERVER,
@@ -397,6 +398,34 @@ async def test_mvps_of_members_tied_in_a_large_team_take_the_smaller_user_ids(
     )
     big = [e["user_id"] for e in body["entries"] if e["team_id"] == "big"]
     assert big and big == [f"big-{i:02d}" for i in range(len(big) + 2) if i not in (1, 2)]
+
+
+async def test_mvps_of_a_new_period_are_pushed_at_its_first_tick(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The tick after a period begins stores and pushes the new period's MVP view (empty), so a
+    new subscriber's first message and a pushed client name the new period: the view was
+    computed again only for a contribution or by the full pass every 30 s, and until then a
+    subscriber was sent the period before's."""
+    async with api_client(quiet) as client:
+        await post(client, user_id="u-1", value=30, team_id="red")
+        await consumer(redis, keys)(await outbox(redis, keys))
+    live = LiveViews(redis, keys)
+    today = datetime.now(UTC)
+    assert await live.mvps(MAIN_BOARD, now=today) == len(MAIN_BOARD.periods)
+    tomorrow = today + timedelta(days=1)
+    rolled = [
+        period
+        for period in MAIN_BOARD.periods
+        if current_window(period, today, "UTC", None).period_id
+        != current_window(period, tomorrow, "UTC", None).period_id
+    ]
+    # The next day's tick, within the full pass's 30 s: the daily view (and the week's or the
+    # month's, where tomorrow begins one) is the new period's.
+    assert await live.mvps(MAIN_BOARD, now=tomorrow) == len(rolled)
+    stored = json.loads(await redis.get(keys.mvp_view("main", "daily")) or "{}")
+    assert stored["period_id"] == tomorrow.date().isoformat()
+    assert stored["entries"] == []
 
 
 async def test_a_user_who_changes_team_ranks_with_its_latest_team(
