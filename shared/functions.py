@@ -54,6 +54,10 @@ when it came to leave out a period already past its retention, answering the new
 and the merge kept theirs, too, when a set entry's record came to keep the time of its latest
 write beside its reach time: a record without it reads as one written when reached, as before.
 The award kept its name when a badge held already came to take the earlier of its two times.
+The derive step (and the rebuild's finish, which clears the same bit) kept theirs when clearing an
+event's derive-pending bit came to keep its record a day more (``EXPIRE ... GT``), as a
+consumer's seen mark keeps it: the same keys and arguments, and a record of the same layout,
+whose answer a retry gets for as long as it lasts, as after a mark.
 The standing read kept its name when it came to read the board's as_of field, an optional fifth
 key and argument: a caller of the version before passes neither, and a reply of the library
 before lacks the element, read as no as_of.

@@ -15,8 +15,9 @@ without the bit (written by the write of the layout before, which applied these 
 derives nothing. An event with no record at all (it expired: the event reached the derive step
 more than the idempotency TTL after it was accepted, the broker or the aggregator away that
 long) is applied too, and gets a record of marks alone without the bit, kept DERIVED_MARK_TTL
-seconds (as the consumers' seen marks are): nothing accepted is lost from these views, and an
-event derives twice only if it is delivered again after that record expired too (as a consumer's
+seconds (as the consumers' seen marks are): nothing accepted is lost from these views. Clearing
+the bit keeps any record that long at least (clear_pending()), so an event derives twice only if
+it is delivered again more than DERIVED_MARK_TTL seconds after its derive step (as a consumer's
 mark made for an event without a record sets the bit: live.lua's mark_seen()). The sets, the
 HyperLogLog, the team hash and the users' regions are idempotent by nature; the counter, the
 team sums and the feed are not, and the bit guards them.
@@ -29,12 +30,17 @@ local function pending(marks)
   return marks == nil or (is_marks(marks) and bit.band(marks, 2 ^ (7 - PENDING_BIT)) ~= 0)
 end
 
--- Note the event's derived views applied (its record and marks byte as pending() took them).
+-- Note the event's derived views applied (its record and marks byte as pending() took them),
+-- and keep the record DERIVED_MARK_TTL seconds more at least (as a consumer's mark does,
+-- live.lua's mark_seen()): the cleared bit is the only guard against a redelivery, and the
+-- record would otherwise expire with its answer, however short the idempotency TTL. A record
+-- kept longer (a longer TTL, a later mark) keeps its expiry (GT).
 local function clear_pending(record, marks)
   if marks == nil then
     redis.call('SET', record, '@', 'EX', DERIVED_MARK_TTL)
   else
     redis.call('SETBIT', record, PENDING_BIT, 0)
+    redis.call('EXPIRE', record, DERIVED_MARK_TTL, 'GT')
   end
 end
 

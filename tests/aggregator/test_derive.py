@@ -224,6 +224,35 @@ async def test_an_event_whose_record_expired_is_derived_once(
     assert 86_000 < await redis.ttl(record(keys, events[1])) <= 86_400
 
 
+async def test_a_derived_event_is_known_a_day_however_short_the_idempotency_ttl(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """The derive step keeps an event's record at least a day from the step on (as a consumer's
+    seen mark does, live.lua), so that a redelivery after the idempotency TTL (here its least,
+    60 s: the aggregator died between its derive step and its ack) derives nothing again, its
+    count, team sum and feed entry counted once. The minute is taken off each record's life with
+    ``PEXPIRE`` rather than waited out (a record with less left is deleted, as it would expire).
+    A record of marks alone that a consumer's mark made (here for 60 s) is kept a day too."""
+    short = settings.model_copy(update={"idempotency_ttl_seconds": 60})
+    events = await accept(redis, keys, short, 3)
+    await redis.delete(record(keys, events[2]))
+    mark = seen_keys(keys, BOARD.board_id, "notifier", "d-2", events[2].user_id)
+    await redis.fcall(MARK_SEEN_FUNCTION, 3, *mark, "notifier", 60)
+    assert await derive(redis, keys, BOARD, events, FEED) == 3
+    once = await derived(redis, keys, events)
+
+    for event in events:
+        left = await redis.pttl(record(keys, event))
+        await redis.pexpire(record(keys, event), left - 60_000)
+    assert await derive(redis, keys, BOARD, events, FEED) == 0
+    assert await derived(redis, keys, events) == once
+    assert once["alltime"] == ("3", 3, {"eu", "na"})
+    assert once["teams"] == [("red", 2)]
+    for event in events:
+        assert await redis.getbit(record(keys, event), 5) == 0  # derived: its bit clear
+        assert 86_000 < await redis.ttl(record(keys, event)) <= 86_400
+
+
 async def test_a_team_sum_beyond_the_exact_scores_leaves_the_event_out(
     settings: LadderSettings, redis: Redis, keys: Keys
 ) -> None:
