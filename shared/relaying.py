@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from abc import ABC, abstractmethod
@@ -261,20 +262,34 @@ class StreamRelay(ABC):
         return found
 
     async def _claim(self, stream: str, count: int) -> bool:
-        """Take over up to ``count`` entries another consumer left pending longer than
-        ``LADDER_RELAY_CLAIM_IDLE_MS`` (a process that died); whether there were any."""
-        claimed = await self._grouped(
-            stream,
-            lambda: self._redis.xautoclaim(
+        """Take over every entry other consumers left pending longer than
+        ``LADDER_RELAY_CLAIM_IDLE_MS`` (processes that died); whether there were any. Up to
+        ``count`` an ``XAUTOCLAIM``, each going on where the last stopped until the group's
+        pending list is gone through: one claim takes all a dead relay read (several reads'
+        worth where several died), which this relay then reads as its own pending entries (the
+        outbox relay a read at a time, before any new one: they go out in the stream's order),
+        not seconds later at the next claims."""
+        claimed, cursor = False, "0-0"
+        while True:
+            reply = await self._grouped(
                 stream,
-                OUTBOX_GROUP,
-                self._consumer,
-                min_idle_time=self._settings.relay_claim_idle_ms,
-                start_id="0-0",
-                count=count,
-            ),
-        )
-        return bool(claimed and claimed[1])
+                functools.partial(
+                    self._redis.xautoclaim,
+                    stream,
+                    OUTBOX_GROUP,
+                    self._consumer,
+                    min_idle_time=self._settings.relay_claim_idle_ms,
+                    start_id=cursor,
+                    count=count,
+                ),
+            )
+            if not reply:
+                return claimed  # the stream is gone
+            claimed = claimed or bool(reply[1])
+            # The next call's start; 0-0 once the whole pending list was gone through.
+            cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            if cursor == "0-0":
+                return claimed
 
     async def _read(self, stream: str, start: str, count: int) -> list[Entry] | None:
         """Up to ``count`` entries: from ``"0"`` this consumer's pending ones (read before, not

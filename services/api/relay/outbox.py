@@ -24,8 +24,9 @@ few reads take before the next: under load a read waits its turn in a busy Redis
 milliseconds, and the next message gathers what was written meanwhile; idle, the wait is a
 fraction of a millisecond, and a lone event has gone out before it. A read that could not be
 confirmed stays pending for this consumer and is published again; entries left pending by a
-crashed process are claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``. Consumers are
-idempotent on ``event_id``, so a batch published twice has one effect.
+crashed process are claimed by a live one after ``LADDER_RELAY_CLAIM_IDLE_MS``, all of them at
+its next claim, and read as its own pending ones, before new ones. Consumers are idempotent on
+``event_id``, so a batch published twice has one effect.
 
 Every message is published ``mandatory``: a message that no queue is bound to receive comes back
 (``Basic.Return``) ahead of its confirm, and a confirm alone does not remove it. Its entries stay
@@ -257,7 +258,7 @@ class Relay(StreamRelay):
         if retry_at is not None and asyncio.get_running_loop().time() < retry_at:
             return 0
         stream = self._keys.outbox(board_id)
-        if claim and await self._claim(stream, self._settings.relay_batch):
+        if claim and await self._claim(stream, self._settings.relay_batch * IN_FLIGHT):
             self._settled.discard(stream)
         # Our own pending entries first (a read not yet confirmed), then new ones.
         for start in (">",) if stream in self._settled else ("0", ">"):
