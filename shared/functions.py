@@ -162,6 +162,9 @@ AWARD_FUNCTION = "ladder_award_v1"
 NOTIFY_FUNCTION = "ladder_notify_v1"
 """Publish the rank messages of a board's events not handled yet and mark them handled, in one
 step: each event's messages go out exactly once."""
+UNAWARD_FUNCTION = "ladder_unaward_v1"
+"""Take back a user's badges on a board up to a cut-off, and the event's record if it holds the
+notifier's mark alone: the notifier's look after a batch (services/notifier/late_erasures.py)."""
 
 # -- period ends (docs/api.md section 8b) -------------------------------------------------------
 CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
@@ -254,6 +257,7 @@ REGISTERED: dict[str, str] = {
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,
     "notify": NOTIFY_FUNCTION,
+    "unaward": UNAWARD_FUNCTION,
     "close_period": CLOSE_PERIOD_FUNCTION,
     "park_periods": PARK_PERIODS_FUNCTION,
     "drop_parked": DROP_PARKED_FUNCTION,

@@ -301,6 +301,13 @@ class Eraser:
         if not deletions:
             return 0
         tags = {self._keys.tag(d.board_id): d.board_id for d in deletions}
+        # Their projection first, whether or not the request wrote it (its process may have
+        # stopped between MySQL and Redis): the notifier's look after each batch reads it there
+        # (services/notifier/late_erasures.py), and a batch written too late for the last pass
+        # is looked at after that pass began, so after it was written.
+        await self._redis.hset(
+            self._keys.deleted_boards, mapping={d.board_id: to_ms(d.cutoff) for d in deletions}
+        )
         await self._redis.hdel(self._keys.boards, *tags.values())
         # Its period.closed messages not yet published stay, parked for the period relay.
         for deletion in deletions:

@@ -47,3 +47,26 @@ local function notify(keys, args)
 end
 
 redis.register_function(FUNCTIONS.notify, notify)
+
+--[[
+Undo what the notifier wrote for an event of a user erased, or a board deleted, while it handled
+the event (services/notifier/late_erasures.py). KEYS[1] the user's badges hash on the board,
+KEYS[2] the event's record. ARGV[1] the cut-off, as a badge's time. Every badge whose time is at
+or before the cut-off goes (a badge's time is that of the event that earned it, and an event of
+a fresh user, or of a fresh board of the name, is accepted after it), and the hash with the last;
+the record only if it holds nothing but the notifier's mark, the record mark_seen makes for an
+event with none (live.lua): one with more is the write's or the aggregator's, which the
+erasure's pass or the aggregator's own look takes. Returns how many badges went.
+]]
+local function unaward(keys, args)
+  local held, gone = redis.call('HGETALL', keys[1]), {}
+  local notifier_only = string.char(64 + mask_of('notifier') + 2 ^ (7 - PENDING_BIT))
+  for i = 1, #held, 2 do
+    if held[i + 1] <= args[1] then gone[#gone + 1] = held[i] end
+  end
+  if #gone > 0 then redis.call('HDEL', keys[1], unpack(gone)) end
+  if redis.call('GET', keys[2]) == notifier_only then redis.call('DEL', keys[2]) end
+  return #gone
+end
+
+redis.register_function(FUNCTIONS.unaward, unaward)
