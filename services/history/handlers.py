@@ -11,7 +11,7 @@ import orjson
 import structlog
 from prometheus_client import Counter
 from redis.asyncio import Redis
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from services.history.snapshotter import changed_views
@@ -34,6 +34,12 @@ for _outcome in ("inserted", "duplicate"):  # each series at 0 from the start
 LATE = Counter(
     "ladder_history_late_erased_total",
     "Events stored while their user's erasure was being recorded, deleted again after the store",
+)
+
+PURGED = Counter(
+    "ladder_history_late_purged_total",
+    "Events stored while their board's deletion with purge was being recorded, deleted again "
+    "after the store",
 )
 
 # Rows a driver call. The driver also splits them into statements of at most 1 MB; this bounds
@@ -115,11 +121,12 @@ class HistoryHandler:
 
     The unique key on (board_id, board_epoch, user_id, event_id) makes the write idempotent, so
     a batch the broker delivers again after a crash before the ack stores nothing twice; an
-    event of a board deleted since lands on its epoch. ``ON DUPLICATE KEY UPDATE
-    id = id`` rather than ``INSERT IGNORE``: IGNORE also swallows genuine errors (a value out of
-    range would be stored clipped), and every warning it raises costs asyncmy a ``SHOW
-    WARNINGS`` round trip. Give it an engine made with ``changed_rows=True`` for honest
-    inserted / duplicate counts; with any other the events are stored just the same.
+    event of a board deleted since lands on its epoch (one purged, deleted again after the
+    commit: ``LateErasures``). ``ON DUPLICATE KEY UPDATE id = id`` rather than ``INSERT
+    IGNORE``: IGNORE also swallows genuine errors (a value out of range would be stored
+    clipped), and every warning it raises costs asyncmy a ``SHOW WARNINGS`` round trip. Give it
+    an engine made with ``changed_rows=True`` for honest inserted / duplicate counts; with any
+    other the events are stored just the same.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -162,6 +169,15 @@ class LateErasures:
     erasure's passes, which follow it, find the rows. An event left in the log either way is
     none. One query a batch; the deletes only when a tombstone is found.
 
+    The same look, in the same query's transaction, deletes again the batch's events of a
+    board whose deletion with purge was recorded meanwhile (accepted by its cut-off): the filter
+    leaves a purged board's events out, and the store's own read of the deletions puts them on
+    the deletion's epoch, but both may come before the deletion's row commits and the insert
+    after the purge's last pass. Not storing what the store's read finds purged would not do:
+    a deletion committed between that read and the insert is not seen there. The look after the
+    commit sees every deletion committed before it, and the purge's passes, which start after
+    its row commits, find every row committed before that.
+
     :meth:`dropped` is the filter's hand-over of the events it leaves out: the same deletes
     (of nothing, unless an earlier delivery of the batch was stored and its look failed), then
     ``on_erased``."""
@@ -175,6 +191,15 @@ class LateErasures:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         async with self._engine.connect() as conn:
             cutoffs = await stored_tombstones(conn, {e.user_id for e in events}, self._secret)
+            t = board_deletions.c
+            found = await conn.execute(
+                select(t.board_id, t.cutoff).where(
+                    t.board_id.in_({e.board_id for e in events}), t.purge.is_(True)
+                )
+            )
+            purges = {row.board_id: from_db_time(row.cutoff) for row in found}
+        if purges:
+            await self._purged(events, purges)
         late = [
             e for e in events if e.user_id in cutoffs and to_ms(e.accepted_at) <= cutoffs[e.user_id]
         ]
@@ -191,6 +216,36 @@ class LateErasures:
     async def dropped(self, events: list[ScoreAccepted]) -> None:
         await delete_stored(self._engine, events)
         await self._on_erased(events)
+
+    async def _purged(self, events: list[ScoreAccepted], purges: dict[str, datetime]) -> None:
+        """The rows of those of ``events`` a purge recorded meanwhile covers (its board's,
+        accepted by its cut-off: of epoch 0 or of its own, as the purge deletes them,
+        services/api/erased_rows.py ``purge_board``), deleted in one transaction."""
+        covered = [
+            e for e in events if e.board_id in purges and e.accepted_at <= purges[e.board_id]
+        ]
+        ids: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for event in covered:
+            ids[(event.board_id, event.user_id)].append(event.event_id)
+        if not ids:
+            return
+        e, deleted = score_events.c, 0
+        async with self._engine.begin() as conn:
+            for (board_id, user_id), event_ids in sorted(ids.items()):
+                cutoff = purges[board_id]
+                result = await conn.execute(
+                    delete(score_events).where(
+                        e.board_id == board_id,
+                        e.user_id == user_id,
+                        e.event_id.in_(event_ids),
+                        e.board_epoch.in_([0, board_epoch_of(cutoff)]),
+                        e.accepted_at <= to_db_time(cutoff),
+                    )
+                )
+                deleted += result.rowcount
+        if deleted:
+            PURGED.inc(deleted)
+            log.info("events of boards purged meanwhile deleted after their store", events=deleted)
 
 
 class MarkChangedViews:

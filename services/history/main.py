@@ -50,8 +50,9 @@ def batch_handler(
     changed. Erased users' and purged boards' events in flight are not stored (read from MySQL);
     a board's deleted without purge are, its history staying, but mark nothing: its keys went
     within seconds of the deletion, and a late event must not bring one back (nor mark the
-    views of a board made since under its name). The events of a user whose erasure was
-    recorded while the batch went in are deleted again after its commit (``LateErasures``)."""
+    views of a board made since under its name). The events of a user whose erasure, or
+    of a board whose deletion with purge, was recorded while the batch went in are deleted
+    again after its commit (``LateErasures``)."""
     secret = settings.effective_jwt_secret
     deleted = StoredTombstones(engine, secret, purged_only=False)
     marks = skipping("history_marks", deleted, MarkChangedViews(redis, keys))
