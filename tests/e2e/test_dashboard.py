@@ -393,6 +393,9 @@ def test_a_board_without_teams_neither_reads_nor_retries_them_nor_a_deleted_boar
     browser.get(f"{stack.api}/?board=best")
     wait_until(lambda: status_of(browser) == "live", 15, "the socket open", browser)
     wait_until(lambda: rows(browser, "#players") == 1, 10, "the top player", browser)
+    # On a best board an event's value is the score sent, not an increment: no '+' before it.
+    wait_until(lambda: rows(browser, "#feed") == 1, 10, "the feed", browser)
+    assert text_of(browser, "#feed tr[data-key] td.num") == "1,000"
     # Pushes make the page read the views without a topic again (the teams among them, once).
     post_score(stack, "best-two", "Best Two", 1, board="best")
     wait_until(lambda: rows(browser, "#players") == 2, 15, "the second player", browser)

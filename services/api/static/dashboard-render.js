@@ -57,8 +57,25 @@ function scheduleRename() {
   }, 300);
 }
 
+// A name learnt from a board's entries shows in the other tables too (hot streaks, MVPs, the
+// feed may hold the player by id, its look-up having come before the merge): shown again.
 function remember(entries) {
-  for (const e of entries) if (e.user_id && e.display_name) keep(state.names, e.user_id, e.display_name);
+  let learnt = false;
+  for (const e of entries) {
+    if (!e.user_id || !e.display_name) continue;
+    // A name the page did not have: one it had differently (an entry of a view not pushed
+    // since a rename) is kept as the newest, and draws nothing again, or two views would
+    // take turns.
+    learnt ||= !state.names.has(e.user_id);
+    keep(state.names, e.user_id, e.display_name);
+  }
+  if (learnt) scheduleRename();
+}
+
+// An event's value: on an incr board what it adds (+40, −90), on best and set the score sent.
+function valueText(value) {
+  if (state.boards.get(state.board)?.operator !== "incr") return number.format(value);
+  return value < 0 ? `−${number.format(-value)}` : `+${number.format(value)}`;
 }
 
 // Rows are keyed; a row whose key or value changed since the last render flashes.
@@ -156,7 +173,7 @@ const renderers = {
         [new Date(e.occurred_at).toLocaleTimeString(), "muted"],
         [nameOf(e.user_id), "name"],
         [e.region, "muted"],
-        [`+${number.format(e.value)}`, "num"],
+        [valueText(e.value), "num"],
       ],
     }));
     fill("feed", rows, "nothing yet");
