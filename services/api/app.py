@@ -179,7 +179,7 @@ def lifespan_of(settings: LadderSettings) -> Lifespan:
             if isinstance(redis, LadderCluster):
                 hub_url = seed_nodes(settings.redis_url)[0]
                 nodes = functools.partial(redis.node_urls, hub_url)
-            hub = Hub(hub_url, f"ladder-hub-{settings.key_prefix}", nodes)
+            hub = Hub(hub_url, f"ladder-hub-{settings.key_prefix}", nodes, settings.ws_send_queue)
             eraser = Eraser(engine, redis, keys, catalog, settings.future_tolerance_seconds)
             sockets = SocketSlots(settings.ws_max, settings.ws_max_per_ip, redis, keys)
             opened = asyncio.Event()

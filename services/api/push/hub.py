@@ -58,6 +58,11 @@ PING_AFTER = 5.0
 PONG_WITHIN = 3.0
 PING_MESSAGE = "ladder-hub"
 LINKS_EVERY = 1.0
+# Messages handed out in a row at most, before the sockets' senders take their turn: a burst read
+# in one go (a batch's rank messages, from one notifier call) would otherwise fill a send queue
+# before its sender ran once, and close a client that reads. Not after every message: each turn
+# lets the whole process's ready work run, which would slow a busy process's pushes.
+YIELD_EVERY = 32
 
 
 class Subscriber(Protocol):
@@ -72,9 +77,12 @@ class Hub:
         redis_url: str,
         name: str = "ladder-hub",
         nodes: Callable[[], list[str]] | None = None,
+        send_queue: int = 256,
     ) -> None:
         """``name`` is the connection's name in Redis (``CLIENT LIST``); ``nodes``, on a
-        cluster, the URLs of its nodes now."""
+        cluster, the URLs of its nodes now; ``send_queue`` the sockets' (``LADDER_WS_SEND_QUEUE``),
+        which says how often the senders take their turn in a burst of messages."""
+        self._yield_every = max(1, min(YIELD_EVERY, send_queue // 2))
         self._redis_url = redis_url
         self._name = name
         self._nodes = nodes
@@ -192,7 +200,7 @@ class Hub:
             links = await self._links(client)  # before the first subscribe
             self.connected = True
             heard, pinged = loop.time(), None
-            looked = heard
+            looked, handed = heard, 0
             while not self._stopping:
                 await self._reconcile(pubsub)
                 if resync:
@@ -218,10 +226,9 @@ class Hub:
                     heard, pinged = now, None
                     if message["type"] == "message":
                         self._dispatch(message["channel"], message["data"])
-                        # The sockets' senders take their turn before the next message: a burst
-                        # read in one go (a batch's rank messages) would otherwise fill a send
-                        # queue before its sender ran once, and close a client that reads.
-                        await asyncio.sleep(0)
+                        handed += 1
+                        if handed % self._yield_every == 0:
+                            await asyncio.sleep(0)  # the senders' turn (YIELD_EVERY)
                 elif pinged is None and now - heard >= PING_AFTER:
                     await pubsub.ping(PING_MESSAGE)
                     pinged = now
