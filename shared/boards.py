@@ -44,9 +44,7 @@ most on a board that declares them (docs/security.md, "Invented regions and team
 
 class Retention(BaseModel):
     # Strict integers, as scores are (docs/api.md section 1): "7", 7.0 and true are refused.
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", json_schema_serialization_defaults_required=True
-    )
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     daily: StrictInt = Field(default=35, ge=1, le=3660)
     weekly: StrictInt = Field(default=12, ge=1, le=520)
