@@ -148,7 +148,8 @@ local function add_contributions(key, sum)
     local total = before or 0
     for _, value in ipairs(sum.by[user]) do
       local next_total = total + value
-      if next_total <= CONTRIBUTION_MAX and next_total >= -CONTRIBUTION_MAX then
+      -- (or nearer the range: a sum a ZINCRBY left past it comes back by the events that may)
+      if math.abs(next_total) <= CONTRIBUTION_MAX or math.abs(next_total) < math.abs(total) then
         total = next_total
       end
     end
