@@ -35,7 +35,6 @@ from shared.events import ScoreAccepted, rfc3339
 from shared.keys import DERIVED_FIELD, Keys
 from shared.lease import Lease
 from shared.settings import DEV_SERVER_KEY, LadderSettings
-from shared.submit import current_window
 from tests.helpers import (
     ADMIN,
     SERVER,
@@ -401,7 +400,7 @@ async def test_mvps_of_members_tied_in_a_large_team_take_the_smaller_user_ids(
 
 
 async def test_mvps_of_a_new_period_are_pushed_at_its_first_tick(
-    quiet: LadderSettings, redis: Redis, keys: Keys
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tick after a period begins stores and pushes the new period's MVP view (empty), so a
     new subscriber's first message and a pushed client name the new period: the view was
@@ -411,20 +410,20 @@ async def test_mvps_of_a_new_period_are_pushed_at_its_first_tick(
         await post(client, user_id="u-1", value=30, team_id="red")
         await consumer(redis, keys)(await outbox(redis, keys))
     live = LiveViews(redis, keys)
-    today = datetime.now(UTC)
-    assert await live.mvps(MAIN_BOARD, now=today) == len(MAIN_BOARD.periods)
-    tomorrow = today + timedelta(days=1)
-    rolled = [
-        period
-        for period in MAIN_BOARD.periods
-        if current_window(period, today, "UTC", None).period_id
-        != current_window(period, tomorrow, "UTC", None).period_id
-    ]
-    # The next day's tick, within the full pass's 30 s: the daily view (and the week's or the
-    # month's, where tomorrow begins one) is the new period's.
-    assert await live.mvps(MAIN_BOARD, now=tomorrow) == len(rolled)
+    await live.tick([MAIN_BOARD])  # the first: every period's view, the contribution taken
+    today = json.loads(await redis.get(keys.mvp_view("main", "daily")) or "{}")
+    assert [e["user_id"] for e in today["entries"]] == ["u-1"]
+
+    class Tomorrow(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.now(tz) + timedelta(days=1)
+
+    # The next day's tick, within the full pass's 30 s and with nothing marked.
+    monkeypatch.setattr(live_tracker, "datetime", Tomorrow)
+    await live.tick([MAIN_BOARD])
     stored = json.loads(await redis.get(keys.mvp_view("main", "daily")) or "{}")
-    assert stored["period_id"] == tomorrow.date().isoformat()
+    assert stored["period_id"] == Tomorrow.now(UTC).date().isoformat()
     assert stored["entries"] == []
 
 
