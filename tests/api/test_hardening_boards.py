@@ -145,23 +145,32 @@ async def test_an_undeclared_region_gets_422_and_a_player_team_403_creating_no_k
     print(f"refused writes left {len(after_tag)} keys of the tag; accepted ones made {written}")
 
 
-async def test_a_read_of_an_undeclared_region_gets_422(quiet: LadderSettings) -> None:
-    """A region scope the board does not declare is refused as a write naming it is: it read as
-    an empty board (200, total 0), which hid a client's typo."""
+async def test_a_read_of_an_undeclared_region_gets_422_unless_its_view_is_kept(
+    quiet: LadderSettings,
+) -> None:
+    """A region scope the board does not declare, and of which it keeps no view, is refused as
+    a write naming it is: it read as an empty board (200, total 0), which hid a client's typo.
+    A region the declaration left out stays readable while its view is kept."""
     async with api_client(quiet) as client:
-        await put_board(client, "open", {"regions": ["eu", "na"]})
+        await put_board(client, "open", {"regions": ["eu", "na", "sa"]})
         await client.post("/v1/boards/open/scores", json=score(region="eu"), headers=SERVER)
+        await client.post("/v1/boards/open/scores", json=score(region="sa"), headers=SERVER)
+        await put_board(client, "open", {"regions": ["eu", "na"]})
         refused = [
             await client.get("/v1/boards/open/leaderboard", params={"scope": "region:as"}),
             await client.get("/v1/boards/open/users/u-1", params={"scope": "region:as"}),
         ]
         declared = await client.get("/v1/boards/open/leaderboard", params={"scope": "region:eu"})
+        left_out = await client.get("/v1/boards/open/leaderboard", params={"scope": "region:sa"})
     for response in refused:
         body = assert_problem(response, 422)
         assert body["errors"][0]["loc"] == ["query", "scope"], body
-        assert "declares no region 'as'; its regions are eu, na" in body["detail"], body
+        assert "declares no region 'as' and keeps no view of it" in body["detail"], body
+        assert "its regions are eu, na" in body["detail"], body
     assert declared.status_code == 200, declared.text
     assert [e["user_id"] for e in declared.json()["entries"]] == ["u-1"]
+    assert left_out.status_code == 200, left_out.text
+    assert [e["user_id"] for e in left_out.json()["entries"]] == ["u-1"]
 
 
 async def test_a_batch_judges_each_event_s_region_on_its_own(

@@ -178,6 +178,25 @@ def check_friends_reader(reader: Principal, owner: str) -> None:
         raise Forbidden("A player may read only its own friends scope.")
 
 
+def undeclared_region(board: Board, scope: str) -> str | None:
+    """The region a ``region:`` scope names where the board declares its regions and not that
+    one; else None. Such a view is read only where it is kept (a region the declaration left
+    out stays readable until its periods expire): else it is a typo, which an empty board would
+    hide, and a 422 (as a write naming it is, and a socket's topic)."""
+    region = scope.removeprefix("region:")
+    if region == scope or board.regions is None or region in board.regions:
+        return None
+    return region
+
+
+def refuse_undeclared(board: Board, region: str) -> Invalid:
+    return Invalid(
+        f"Board {board.board_id!r} declares no region {region!r} and keeps no view of it in "
+        f"this period; its regions are {', '.join(board.regions or ())}.",
+        loc=("query", "scope"),
+    )
+
+
 def resolve_view(
     keys: Keys,
     board: Board,
@@ -193,16 +212,10 @@ def resolve_view(
     offered), 404 for a period the board does not keep."""
     kind: ScopeKind = "users"
     owner: str | None = None
-    if scope == "global":
+    if scope == "global" or (
+        scope.startswith("region:") and _REGION.fullmatch(scope.removeprefix("region:"))
+    ):
         pass
-    elif scope.startswith("region:") and _REGION.fullmatch(region := scope.removeprefix("region:")):
-        # As a write naming it is (and a socket's topic): an empty board would hide the typo.
-        if board.regions is not None and region not in board.regions:
-            raise Invalid(
-                f"Board {board.board_id!r} declares no region {region!r}; its regions are "
-                f"{', '.join(board.regions)}.",
-                loc=("query", "scope"),
-            )
     elif scope == "teams":
         if board.operator != "incr":
             raise Invalid(

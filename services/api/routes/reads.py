@@ -197,7 +197,7 @@ async def leaderboard(request: Request) -> Response:
     of the board. For a region, written as each score is, it is the time of the read. Team
     entries carry ``team_id`` and no ``display_name``."""
     state, board, reader, q = await _read_of(request, PageQuery)
-    view = _view_of(state, board, reader, q)
+    view = await _view_of(state, board, reader, q)
     as_of_field = _as_of_field(state, view)
     body = await pages.page(
         state.redis, state.keys, view, q.limit, q.cursor, q.rank_style, as_of_field
@@ -233,21 +233,25 @@ router.add_api_route(
 )
 
 
-def _view_of(
+async def _view_of(
     state: ApiState, board: Board, reader: Principal, q: PageQuery | StandingQuery
 ) -> views.View:
     """The view a page or a standing reads, as its query names it."""
     ahead = state.settings.future_tolerance_seconds
-    return views.resolve_view(
+    view = views.resolve_view(
         state.keys, board, q.scope, q.period, q.period_id, reader=reader, ahead=ahead
     )
+    region = views.undeclared_region(board, q.scope)
+    if region is not None and not await state.redis.exists(view.key):
+        raise views.refuse_undeclared(board, region)
+    return view
 
 
 async def standing(request: Request) -> Response:
     """A user's rank and score in one view, with ``around`` entries either side. The teams
     scope has no users (422); a friends scope ranks the user among that player's friends."""
     state, board, reader, q = await _read_of(request, StandingQuery, "user_id")
-    view = _view_of(state, board, reader, q)
+    view = await _view_of(state, board, reader, q)
     user_id = request.path_params["user_id"]
     as_of_field = _as_of_field(state, view)
     body = await standings.standing(
