@@ -169,7 +169,7 @@ class LateErasures:
     erasure's passes, which follow it, find the rows. An event left in the log either way is
     none. One query a batch; the deletes only when a tombstone is found.
 
-    The same look, in the same query's transaction, deletes again the batch's events of a
+    The same look (:meth:`purges`, given the whole batch) deletes again the batch's events of a
     board whose deletion with purge was recorded meanwhile (accepted by its cut-off): the filter
     leaves a purged board's events out, and the store's own read of the deletions puts them on
     the deletion's epoch, but both may come before the deletion's row commits and the insert
@@ -191,15 +191,6 @@ class LateErasures:
     async def __call__(self, events: list[ScoreAccepted]) -> None:
         async with self._engine.connect() as conn:
             cutoffs = await stored_tombstones(conn, {e.user_id for e in events}, self._secret)
-            t = board_deletions.c
-            found = await conn.execute(
-                select(t.board_id, t.cutoff).where(
-                    t.board_id.in_({e.board_id for e in events}), t.purge.is_(True)
-                )
-            )
-            purges = {row.board_id: from_db_time(row.cutoff) for row in found}
-        if purges:
-            await self._purged(events, purges)
         late = [
             e for e in events if e.user_id in cutoffs and to_ms(e.accepted_at) <= cutoffs[e.user_id]
         ]
@@ -216,6 +207,21 @@ class LateErasures:
     async def dropped(self, events: list[ScoreAccepted]) -> None:
         await delete_stored(self._engine, events)
         await self._on_erased(events)
+
+    async def purges(self, events: list[ScoreAccepted]) -> None:
+        """The purge's look, given the whole batch after the filtered one is stored (not the
+        kept events alone): a delivery whose look failed after its store is delivered again, and
+        the filter then leaves the purged board's events out, while their rows stay."""
+        async with self._engine.connect() as conn:
+            t = board_deletions.c
+            found = await conn.execute(
+                select(t.board_id, t.cutoff).where(
+                    t.board_id.in_({e.board_id for e in events}), t.purge.is_(True)
+                )
+            )
+            purges = {row.board_id: from_db_time(row.cutoff) for row in found}
+        if purges:
+            await self._purged(events, purges)
 
     async def _purged(self, events: list[ScoreAccepted], purges: dict[str, datetime]) -> None:
         """The rows of those of ``events`` a purge recorded meanwhile covers (its board's,

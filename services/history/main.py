@@ -26,6 +26,7 @@ from shared.boards import BoardCatalog
 from shared.consumer import Handler
 from shared.db import open_engine
 from shared.erasure import StoredTombstones, skipping
+from shared.events import ScoreAccepted
 from shared.keys import Keys
 from shared.ops import Check
 from shared.settings import LadderSettings
@@ -61,7 +62,13 @@ def batch_handler(
     # events of a user whose erasure was recorded while the batch went in, out again.
     late = LateErasures(engine, secret, uncount)
     handler = in_order(HistoryHandler(engine), late, marks)
-    return skipping("history", StoredTombstones(engine, secret), handler, late.dropped)
+    filtered = skipping("history", StoredTombstones(engine, secret), handler, late.dropped)
+
+    async def handle(events: list[ScoreAccepted]) -> None:
+        await filtered(events)
+        await late.purges(events)  # the whole batch: see LateErasures.purges
+
+    return handle
 
 
 async def run(settings: LadderSettings) -> None:

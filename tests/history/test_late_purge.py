@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.api.erased_rows import purge_board
-from services.history.handlers import HistoryHandler
+from services.history.handlers import HistoryHandler, LateErasures
 from services.history.main import batch_handler
 from shared.db import count_events, open_engine
 from shared.erasure import finish_board_deletion, record_board_deletion
@@ -79,5 +79,38 @@ async def test_a_purge_between_the_stores_read_and_its_insert_leaves_none_of_its
         monkeypatch.setattr(AsyncConnection, "exec_driver_sql", purged_before_the_insert)
         await batch_handler(engine, redis, keys, quiet)(batch())
         assert done
+        assert await count_events(engine, "quest") == 0
+        assert await count_events(engine, "laps") == 1
+
+
+async def test_a_redelivery_after_a_failed_look_leaves_none_of_the_purged_boards_events(
+    quiet: LadderSettings, redis: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The look after the store failed (MySQL away a moment): the broker delivers the batch
+    again, whose filter now leaves the purged board's events out. The look is given the whole
+    batch, and deletes the rows the first delivery stored; given the kept events alone, it
+    never saw them, and they stayed."""
+    store, look = HistoryHandler.__call__, LateErasures.purges
+    failed: list[bool] = []
+    async with open_engine(quiet.mysql_url, changed_rows=True) as engine:
+
+        async def purged_before_the_store(self: HistoryHandler, events: list[Any]) -> None:
+            if not failed:
+                await purged(engine, "quest")
+            await store(self, events)
+
+        async def failing_once(self: LateErasures, events: list[Any]) -> None:
+            if not failed:
+                failed.append(True)
+                raise ConnectionError("the history database went away")
+            await look(self, events)
+
+        monkeypatch.setattr(HistoryHandler, "__call__", purged_before_the_store)
+        monkeypatch.setattr(LateErasures, "purges", failing_once)
+        handler = batch_handler(engine, redis, keys, quiet)
+        with pytest.raises(ConnectionError):
+            await handler(batch())
+        assert await count_events(engine, "quest") == 1  # stored; its look failed
+        await handler(batch())  # delivered again
         assert await count_events(engine, "quest") == 0
         assert await count_events(engine, "laps") == 1
