@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from bench import bare
+from bench import bare, cpu
 from shared.settings import child_environment
 
 WRK_DIR = Path(__file__).resolve().parent / "wrk"
@@ -139,9 +139,24 @@ end)
 """
 
 
-def redis_loop(url: str, prefix: str, *, seconds: float, threads: int = 8) -> float:
-    """Submissions a second of the bare loop: ``threads`` threads of sync redis-py, each
-    submission one FCALL (ZADD GT, ZREVRANK, PFADD, XADD) and two ``EXPIRE NX``."""
+@dataclass(frozen=True)
+class LoopResult:
+    """The bare loop's submissions a second, and the CPU seconds each group of processes
+    (bench/cpu.py) spent over the same counted seconds."""
+
+    rate: float
+    submissions: int
+    cpu: dict[str, float]
+
+    def cpu_per_submission(self, group: str) -> float:
+        """µs of ``group``'s CPU a submission."""
+        return self.cpu.get(group, 0.0) / max(1, self.submissions) * 1e6
+
+
+def redis_loop(url: str, prefix: str, *, seconds: float, threads: int = 8) -> LoopResult:
+    """The bare loop: ``threads`` threads of sync redis-py, each submission one FCALL (ZADD GT,
+    ZREVRANK, PFADD, XADD) and two ``EXPIRE NX``; its rate and the CPU it took, Redis's and its
+    own (the bench's process), which say how fast the machine ran in this run."""
     client = redis.Redis.from_url(url)
     client.function_load(BASELINE_SOURCE, replace=True)
     tag = "{" + prefix + ":baseline}"
@@ -166,9 +181,10 @@ def redis_loop(url: str, prefix: str, *, seconds: float, threads: int = 8) -> fl
         for worker in workers:
             worker.start()
         time.sleep(1.0)  # warm-up, not counted
-        before, started = sum(counts), time.monotonic()
+        before, started, cpu_before = sum(counts), time.monotonic(), cpu.snapshot()
         time.sleep(seconds)
         done, elapsed = sum(counts) - before, time.monotonic() - started
+        used = cpu.spent(cpu_before, cpu.snapshot())
     finally:
         stop.set()
         for worker in workers:
@@ -176,4 +192,4 @@ def redis_loop(url: str, prefix: str, *, seconds: float, threads: int = 8) -> fl
         client.unlink(board, players, stream)
         client.function_delete(BASELINE_LIBRARY)
         client.close()
-    return done / elapsed
+    return LoopResult(done / elapsed, done, used)

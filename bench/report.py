@@ -71,7 +71,9 @@ figure judged against the CPU targets (≤ 250 µs an event batched, ≤ 800 µs
 processes with their Redis, RabbitMQ and MariaDB; what the load generator, the bench and the
 rest of the machine spent is listed after it, outside. Unlike the other figures it is a time,
 not a ratio, so it moves with the machine's speed: R, the bare Redis loop, ran 1,622 and 5,680
-times a second in two runs a day apart on machines of this kind.
+times a second in two runs a day apart on machines of this kind. The row under R, the CPU a
+submission of that loop in Redis and in its client, is this run's yardstick of the machine: a
+CPU figure that moved between two runs as much as it did was the machine, not Ladder.
 
 - **Batch ingest is bound by Redis**, one core, and now also by the aggregator. The write
   keeps only the boards, ranks, brackets, names, the idempotency record and the outbox entry;

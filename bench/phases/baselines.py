@@ -26,6 +26,10 @@ class Baselines:
         return f"http://127.0.0.1:{self.port}"
 
 
+# The group of processes (bench/cpu.py) the loop's threads run in: this process.
+LOOP_GROUP = "the bench itself"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -33,7 +37,7 @@ def free_port() -> int:
 
 
 async def measure(bench: Bench) -> tuple[Baselines, list[Line]]:
-    redis_rate = await asyncio.to_thread(
+    loop = await asyncio.to_thread(
         load.redis_loop, bench.ladder.settings.redis_url, BENCH_PREFIX, seconds=bench.seconds
     )
     port = free_port()
@@ -46,8 +50,14 @@ async def measure(bench: Bench) -> tuple[Baselines, list[Line]]:
     rows: list[Line] = [
         Row(
             "R: bare Redis write loop (8 threads, FCALL + 2 EXPIRE NX)",
-            f"{redis_rate:,.0f} /s",
+            f"{loop.rate:,.0f} /s",
             "1.00 R",
+        ),
+        # The yardstick of the machine's speed in this run: the CPU figures below are absolute.
+        Row(
+            "  … CPU a submission: Redis; the loop's client (redis-py)",
+            f"{loop.cpu_per_submission('Redis'):,.0f} µs; "
+            f"{loop.cpu_per_submission(LOOP_GROUP):,.0f} µs",
         ),
         Row(
             "U: bare uvicorn endpoint, POST (wrk, 64 connections)",
@@ -57,4 +67,4 @@ async def measure(bench: Bench) -> tuple[Baselines, list[Line]]:
         Row("U: bare uvicorn endpoint, GET at 500 req/s: p50", ms(bare_read.p50_ms)),
         Row("  … p99", ms(bare_read.p99_ms)),
     ]
-    return Baselines(redis_rate, port, bare, bare_read), rows
+    return Baselines(loop.rate, port, bare, bare_read), rows
