@@ -56,6 +56,18 @@ _REDIS_TRANSIENT_REPLIES = (
 )
 
 
+def _redis_reply(error: redis_errors.ResponseError) -> str:
+    """The server's error reply, lower case. redis-py gives a pipeline's error after a
+    description of the command that met it, ``Command # 1 (FCALL ...) of pipeline caused error:
+    ('Function not found',)``, the asyncio client with the reply as a tuple: the reply is what
+    follows the last "caused error: " (the command's own arguments come before it)."""
+    text = str(error)
+    _, said, reply = text.rpartition("caused error: ")
+    if said and text.startswith("Command # "):
+        text = reply.lstrip("('\"")
+    return text.lower()
+
+
 def _mysql_code(error: sa.DBAPIError) -> int | None:
     args = getattr(error.orig, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
@@ -73,7 +85,7 @@ def _one_is_transient(error: BaseException) -> bool:
     if isinstance(error, (OSError, TimeoutError, *_REDIS_TRANSIENT)):
         return True
     if isinstance(error, redis_errors.ResponseError):
-        return str(error).lower().startswith(_REDIS_TRANSIENT_REPLIES)
+        return _redis_reply(error).startswith(_REDIS_TRANSIENT_REPLIES)
     return False
 
 

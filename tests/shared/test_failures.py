@@ -72,6 +72,31 @@ async def test_redis_away_or_without_its_functions_is_transient(redis: Redis) ->
     assert not is_transient(wrong_type.value)
 
 
+async def test_a_pipelines_missing_function_is_transient_and_its_wrong_type_not(
+    redis: Redis,
+) -> None:
+    """redis-py puts a pipeline's error reply after a description of its command (the
+    notifier's calls go in pipelines): a lost library is an outage there too, and the batch
+    waits for it rather than being refused toward the dead-letter queue."""
+    await redis.set("lt-failures-pipe", "x", ex=5)
+    replies = []
+    # A member named like a transient reply: the command's arguments are not the reply.
+    for command in (
+        ("FCALL", "ladder_no_such_function_v1", 0),
+        ("ZADD", "lt-failures-pipe", 1, "busy"),
+    ):
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.execute_command(*command)
+            with pytest.raises(RedisError) as caught:
+                await pipe.execute()
+        replies.append(caught.value)
+    no_function, wrong_type = replies
+
+    assert str(no_function).startswith("Command # 1 (FCALL ladder_no_such_function_v1 0)")
+    assert is_transient(no_function)
+    assert not is_transient(wrong_type)
+
+
 def test_a_handlers_own_error_is_not_transient_unless_an_outage_caused_it() -> None:
     assert not is_transient(ValueError("bad event"))
     try:
