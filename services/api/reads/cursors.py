@@ -37,8 +37,9 @@ def encode_cursor(view: View, stored: float, member: str) -> str:
 
 
 def decode_cursor(view: View, cursor: str) -> tuple[float, str]:
-    """``(score, member)`` of a cursor of ``view``; 422 for one this API did not hand out
-    (cursors of the earlier layouts included) or handed out for another view."""
+    """``(score, member)`` of a cursor of ``view``; 422 for one not of the form this API hands
+    out (cursors of the earlier layouts included) or handed out for another view. A cursor is
+    not signed: one made up in that form reads the view from the point it names."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         data = orjson.loads(raw)
