@@ -205,7 +205,14 @@ async def snapshot_at(
     period_id: str | None = None,
 ) -> SnapshotRecord | None:
     """The newest snapshot of a view taken at or before ``at`` (aware), of any period id unless
-    ``period_id`` names one; ``None`` if none was taken by then."""
+    ``period_id`` names one; ``None`` if none was taken by then.
+
+    One backward range scan of an index: of any period id, the view's index by time; of one,
+    the unique key (the view, the period id, the time), ordered by the time alone, which the
+    key keeps unique within a period id. Ordered by the id as well, the key could not give the
+    order, and MySQL took the index by time instead, walking back over every snapshot of the
+    view taken after the period's: with 50,000 of them, a public read of an old period id
+    took 3.6 s."""
     t = snapshots.c
     query = (
         select(t.period_id, t.taken_at, t.entries)
@@ -216,11 +223,12 @@ async def snapshot_at(
             t.taken_at <= to_db_time(at),
             after_deletion(t.taken_at, board_id),
         )
-        .order_by(t.taken_at.desc(), t.id.desc())
         .limit(1)
     )
-    if period_id is not None:
-        query = query.where(t.period_id == period_id)
+    if period_id is None:
+        query = query.order_by(t.taken_at.desc(), t.id.desc())
+    else:
+        query = query.where(t.period_id == period_id).order_by(t.taken_at.desc())
     async with engine.connect() as conn:
         row = (await conn.execute(query)).first()
     if row is None:
