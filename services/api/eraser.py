@@ -267,22 +267,41 @@ class Eraser:
 
     async def _erase_hidden(self, user_id: str, boards: list[Board]) -> None:
         """The boards' records of the user as hidden (MySQL first, then each board's set): a
-        hidden user's entries were in no view, and its records went with the board's step."""
+        hidden user's entries were in no view, and its records went with the board's step.
+        The table's key begins with the board: the boards it holds (a board being deleted
+        among them) are read first, one dive a board, and the user's rows are a key a board,
+        where a statement on the user alone scanned the table and locked every row."""
+        h = hidden_users.c
         async with self._engine.begin() as conn:
-            await conn.execute(delete(hidden_users).where(hidden_users.c.user_id == user_id))
+            held = list(await conn.scalars(select(h.board_id).distinct()))
+            if held:
+                await conn.execute(
+                    delete(hidden_users).where(h.board_id.in_(held), h.user_id == user_id)
+                )
         async with self._redis.pipeline(transaction=False) as pipe:
             for board in boards:
                 pipe.srem(self._keys.hidden(board.board_id), user_id)
             await pipe.execute()
 
     async def _erase_friends(self, user_id: str) -> None:
-        """MySQL first (the source of truth), then the friend sets both ways."""
+        """MySQL first (the source of truth), then the friend sets both ways. Both directions
+        of a friendship are rows, written and deleted together: the rows naming the user as
+        the friend are found from the user's own, one range of the primary key, read with
+        their locks so that the deletes take what was read (``friend_id`` has no index, and a
+        statement on it scanned the table, locking every row). Requests are indexed both
+        ways."""
+        f, r = friendships.c, friend_requests.c
         async with self._engine.begin() as conn:
-            for table in (friendships, friend_requests):
-                c = table.c
+            mirrors = select(f.friend_id).where(f.user_id == user_id).with_for_update()
+            friend_ids = list(await conn.scalars(mirrors))
+            await conn.execute(delete(friendships).where(f.user_id == user_id))
+            if friend_ids:
                 await conn.execute(
-                    delete(table).where(or_(c.user_id == user_id, c.friend_id == user_id))
+                    delete(friendships).where(f.user_id.in_(friend_ids), f.friend_id == user_id)
                 )
+            await conn.execute(
+                delete(friend_requests).where(or_(r.user_id == user_id, r.friend_id == user_id))
+            )
         own = self._keys.friends(user_id)
         friends: set[Any] = await self._redis.smembers(own)
         async with self._redis.pipeline(transaction=False) as pipe:

@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from services.api.eraser import Eraser
 from services.history.handlers import HistoryHandler
 from shared.boards import Board, BoardCatalog
-from shared.db import open_engine, score_events
+from shared.db import friend_requests, friendships, hidden_users, open_engine, score_events
 from shared.erasure import finish_board_deletion, record_board_deletion
+from shared.friendships import ask, befriend
 from shared.keys import Keys
 from shared.settings import LadderSettings
 from tests.helpers import accepted_event
@@ -85,3 +86,66 @@ async def test_an_erasure_finds_the_users_events_board_by_board_on_every_epoch(
         assert plan["type"] != "ALL", (statement, plan)
         if "user_id" in statement:  # a range a board of an index on board and user
             assert plan["key"] in BY_BOARD_AND_USER and int(plan["rows"]) < 20, (statement, plan)
+
+
+async def test_an_erasure_finds_the_users_friendships_and_hides_by_their_keys(
+    quiet: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    """Friendships both ways, from the user's own rows (each has its mirror), its requests, and
+    its hides on every board, one no longer defined (being deleted) included; nobody else's.
+    (Requests are indexed both ways: on the table's few rows here MySQL scans it all the same.)"""
+    catalog = BoardCatalog(redis, keys)
+    for board in ("main", "arena"):
+        await catalog.put(Board(board_id=board))
+    now = datetime.now(UTC)
+    pairs = [(f"u-{n}", f"u-{(n + step) % USERS}") for n in range(USERS) for step in (1, 2)]
+    async with open_engine(quiet.mysql_url) as engine:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(friendships),
+                [
+                    {"user_id": a, "friend_id": b, "created_at": now}
+                    for p in pairs
+                    for a, b in (p, p[::-1])
+                ],
+            )
+            await conn.execute(
+                insert(hidden_users),
+                [
+                    {"board_id": board, "user_id": f"u-{n}", "hidden_at": now}
+                    for board in ("main", "arena")
+                    for n in range(USERS)
+                ]
+                + [{"board_id": b, "user_id": "u-x", "hidden_at": now} for b in ("main", "gone")],
+            )
+        for friend in ("u-1", "u-2", "u-3"):
+            await befriend(engine, "u-x", friend)
+        await ask(engine, "u-x", "u-4")
+        await ask(engine, "u-5", "u-x")
+        await analyze(engine, "friendships", "friend_requests", "hidden_users")
+
+        eraser = Eraser(engine, redis, keys, catalog, 0)
+        with (
+            recorded(engine, "friendships") as by_friends,
+            recorded(engine, "hidden_users") as by_hides,
+        ):
+            for _ in range(2):  # both passes
+                await eraser.erase_user("u-x", now + timedelta(minutes=1))
+
+        f, h = friendships.c, hidden_users.c
+        async with engine.connect() as conn:
+            friends = [tuple(row) for row in await conn.execute(select(f.user_id, f.friend_id))]
+            requests = (await conn.execute(select(friend_requests))).all()
+            hides = [tuple(row) for row in await conn.execute(select(h.board_id, h.user_id))]
+        found = [
+            (statement, plan)
+            for table, seen in (("friendships", by_friends), ("hidden_users", by_hides))
+            for statement, plan in zip(seen, await plans(engine, table, seen), strict=True)
+        ]
+
+    assert sorted(friends) == sorted(p for pair in pairs for p in (pair, pair[::-1]))
+    assert requests == []
+    assert sorted(hides) == sorted((b, f"u-{n}") for b in ("main", "arena") for n in range(USERS))
+    assert by_friends and by_hides
+    for statement, plan in found:
+        assert plan["type"] != "ALL", (statement, plan)
