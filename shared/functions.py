@@ -187,6 +187,11 @@ without an erased user (services/api/erased_periods.py), each if still there as 
 being published. (v2: an entry the period relay marked as being published is left alone, and
 counted apart, so that its rewriting never follows it under the same ``message_id``.)"""
 
+# -- the relays (shared/relaying.py) -----------------------------------------------------------
+FORGET_CONSUMERS_FUNCTION = "ladder_forget_consumers_v1"
+"""Consumers of a relay's group deleted where they have no entry pending and have been idle long
+enough: a stopped relay's own, a dead one's."""
+
 # -- the rebuild (docs/reliability.md) ---------------------------------------------------------
 REPLAY_FUNCTION = "ladder_replay_v10"
 """``SUBMIT_FUNCTION`` and the derive step onto staging keys, leaving no answer and no outbox
@@ -263,6 +268,7 @@ REGISTERED: dict[str, str] = {
     "drop_parked": DROP_PARKED_FUNCTION,
     "publishing_period": PUBLISHING_PERIOD_FUNCTION,
     "erase_period_messages": ERASE_PERIOD_MESSAGES_FUNCTION,
+    "forget_consumers": FORGET_CONSUMERS_FUNCTION,
     "replay": REPLAY_FUNCTION,
     "rebuild_begin": REBUILD_BEGIN_FUNCTION,
     "rebuild_extend": REBUILD_EXTEND_FUNCTION,

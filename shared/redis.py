@@ -19,7 +19,7 @@ from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
-from shared.functions import LIBRARY, REGISTERED
+from shared.functions import FORGET_CONSUMERS_FUNCTION, LIBRARY, REGISTERED
 from shared.redis_cluster import LadderCluster, seed_nodes
 from shared.settings import SettingsError
 
@@ -45,6 +45,7 @@ LUA_FILES = (
     "rebuild",
     "read",
     "periods",
+    "relay",
     "erase",
 )
 # A process's connections to one Redis, and how long a call waits for one of them when all are
@@ -387,3 +388,17 @@ async def ensure_group(redis: Redis, stream: str, group: str, *, make_stream: bo
             return False
         raise
     return True
+
+
+async def forget_consumers(
+    redis: Redis, streams: Sequence[str], group: str, idle_ms: int, consumer: str = ""
+) -> int:
+    """Delete the consumers of group ``group`` of each of ``streams`` (``consumer`` alone, if
+    named) that have no entry pending and have been idle ``idle_ms`` at least, each in one step
+    with the look at its pending entries (shared/lua/relay.lua), in one pipeline; how many were.
+    A stream or group that is gone has none. The relays forget so the consumers of processes
+    that stopped or died, which a group keeps until they are deleted (shared/relaying.py)."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.fcall(FORGET_CONSUMERS_FUNCTION, 1, stream, group, idle_ms, consumer)
+        return sum(int(n) for n in await pipe.execute())

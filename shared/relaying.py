@@ -12,6 +12,12 @@ missing and again wherever it went away (a board deleted and made again: one boa
 group holds back no other board), entries left pending by a dead process claimed, and a
 stream's entries read.
 
+And the groups' consumers: each relay process is one, named after its host and process id, in
+every group it reads, until deleted, so each start of a process would add one to each board's
+groups for good. A relay stopped gracefully deletes its own where it has nothing pending
+(:meth:`StreamRelay._leave`); a claim, and a relay's first use of a group, delete those with
+nothing pending idle ``FORGET_IDLE_CLAIMS`` claim thresholds. One holding entries stays.
+
 And what they show of it (:class:`RelayMetrics`), the broker away or not: whether the relay is
 connected, each failed connection attempt and each publish that failed, and each board's
 stream length, read on every pass while connected and on every retry while the broker is away
@@ -43,7 +49,7 @@ from shared import amqp
 from shared.boards import BoardCatalog
 from shared.failures import short_reason
 from shared.keys import OUTBOX_GROUP, Keys
-from shared.redis import ensure_group
+from shared.redis import ensure_group, forget_consumers
 from shared.settings import LadderSettings
 from shared.topology import Service, Topology, client_properties, topology_refusal
 
@@ -59,6 +65,12 @@ Entry = tuple[str, dict[str, str]]
 # The claim of entries a dead process left pending asks about every board, in pipelines of this
 # many (the event loop is held one pipeline at a time), every few seconds.
 SWEEP_MOST = 250
+# A consumer with no entry pending is forgotten once idle this many times
+# LADDER_RELAY_CLAIM_IDLE_MS (5 minutes by default): a dead relay's entries are claimed after
+# one, so by twenty its consumer is empty and long dead. Idle is the time since the consumer was
+# last given entries: a live relay's given none of a board for that long may go too, holding
+# nothing (looked at in the step that deletes it), and its next read makes it again.
+FORGET_IDLE_CLAIMS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +113,9 @@ class StreamRelay(ABC):
         self._exchange: AbstractExchange | None = None
         # The streams whose group this relay made, or found made, since it connected.
         self._groups: set[str] = set()
+        # The streams whose group this relay's consumer is in: read or claimed since it started.
+        self._joined: set[str] = set()
+        self._forget_ms = FORGET_IDLE_CLAIMS * settings.relay_claim_idle_ms
         # Where the next sweep starts among the boards, by id (``_next_sweep``).
         self._sweep_from = 0
         # Boards whose backlog gauge was last set above 0.
@@ -120,8 +135,9 @@ class StreamRelay(ABC):
         )
 
     async def relay_until(self, stop: asyncio.Event) -> None:
-        """Relay until ``stop``, connecting to the broker again as long as it takes. Whatever
-        fails, the streams keep what they hold, and the backlog gauge follows their length."""
+        """Relay until ``stop``, connecting to the broker again as long as it takes, then leave
+        the groups (:meth:`_leave`). Whatever fails, the streams keep what they hold, and the
+        backlog gauge follows their length."""
         backoff, name = 0.5, self._owner[1]
         while not stop.is_set():
             connected = False
@@ -163,6 +179,23 @@ class StreamRelay(ABC):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, 5.0)
+        await self._leave()
+
+    async def _leave(self) -> None:
+        """This relay's consumer deleted from each group it joined, where it has no entry pending
+        (every read confirmed before it stopped); one holding entries stays, for another relay
+        to claim them and forget it later, as does every one while Redis is away."""
+        streams, left = sorted(self._joined), 0
+        try:
+            for at in range(0, len(streams), SWEEP_MOST):
+                chunk = streams[at : at + SWEEP_MOST]
+                left += await forget_consumers(self._redis, chunk, OUTBOX_GROUP, 0, self._consumer)
+        except RedisError as exc:
+            log.warning("relay left no group", relay=self._owner[1], error=repr(exc))
+            return
+        log.info(
+            "relay left its consumer groups", relay=self._owner[1], left=left, groups=len(streams)
+        )
 
     def _note_connection(self) -> None:
         """Set the connected gauge from the connection's state (a pass of the pump calls it:
@@ -194,11 +227,13 @@ class StreamRelay(ABC):
     def _forget_gone(self, boards: list[str]) -> None:
         """What is kept of the boards no longer among ``boards`` (every board defined) forgotten:
         their gauges set to 0 (a board deleted takes its stream with it, and no later look would
-        find it to say so), and the groups made on their streams."""
+        find it to say so), and the groups made or joined on their streams."""
         for board_id in self._gauged.difference(boards):
             self._emptied(board_id)
             self._gauged.discard(board_id)
-        self._groups &= {self._stream_of(board_id) for board_id in boards}
+        defined = {self._stream_of(board_id) for board_id in boards}
+        self._groups &= defined
+        self._joined &= defined
 
     def _emptied(self, board_id: str) -> None:
         """A board's stream found empty after it held entries: its gauges go to 0."""
@@ -268,7 +303,8 @@ class StreamRelay(ABC):
         pending list is gone through: one claim takes all a dead relay read (several reads'
         worth where several died), which this relay then reads as its own pending entries (the
         outbox relay a read at a time, before any new one: they go out in the stream's order),
-        not seconds later at the next claims."""
+        not seconds later at the next claims. Then the consumers long idle with nothing pending,
+        the dead ones just emptied among them, are forgotten (:meth:`_forget_idle`)."""
         claimed, cursor = False, "0-0"
         while True:
             reply = await self._grouped(
@@ -289,7 +325,23 @@ class StreamRelay(ABC):
             # The next call's start; 0-0 once the whole pending list was gone through.
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if cursor == "0-0":
+                await self._forget_idle(stream)
                 return claimed
+
+    async def _forget_idle(self, stream: str) -> None:
+        """The consumers of ``stream``'s group idle ``FORGET_IDLE_CLAIMS`` claim thresholds with
+        nothing pending deleted: stopped or dead processes' (the module's docstring). Refused
+        (a process of the version before loaded its library, which lacks the function), the
+        consumers stay and the relay goes on: it needs none of this to relay."""
+        try:
+            forgotten = await forget_consumers(self._redis, [stream], OUTBOX_GROUP, self._forget_ms)
+        except ResponseError as exc:
+            log.debug("idle consumers not forgotten", relay=self._owner[1], error=repr(exc))
+            return
+        if forgotten:
+            log.info(
+                "idle consumers forgotten", relay=self._owner[1], stream=stream, forgotten=forgotten
+            )
 
     async def _read(self, stream: str, start: str, count: int) -> list[Entry] | None:
         """Up to ``count`` entries: from ``"0"`` this consumer's pending ones (read before, not
@@ -324,16 +376,21 @@ class StreamRelay(ABC):
         stream's first entry (nothing the fresh board wrote is skipped) and runs ``command``
         once more; ``None`` if the group went away again meanwhile (the next pass makes it).
         So a board's lost group holds back neither the board nor the others a pass relays
-        after it. A stream is not made: a deleted board's outbox stays deleted."""
+        after it. A stream is not made: a deleted board's outbox stays deleted. A group first
+        used since the relay connected has its long idle consumers forgotten (a board's group
+        sees claims only while its outbox holds entries, and each process reading adds one)."""
         for again in (False, True):
             if stream not in self._groups:
                 if not await ensure_group(self._redis, stream, OUTBOX_GROUP, make_stream=False):
                     return None
                 self._groups.add(stream)
+                await self._forget_idle(stream)
                 if again:
                     log.info("consumer group lost; made again", relay=self._owner[1], stream=stream)
             try:
-                return await command()
+                reply = await command()
+                self._joined.add(stream)
+                return reply
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise

@@ -104,10 +104,13 @@ class PeriodRelay(StreamRelay):
         """As every relay forgets the deleted boards (their gauges, their streams' groups), and
         the deleted boards' outboxes among those said to wait for a queue: a board made again
         under the name says so again of its own first message. The parked outboxes (a deleted
-        board's messages, still to go) keep their groups and their place until emptied."""
+        board's messages, still to go) keep their groups, made and joined, and their place until
+        emptied."""
         parked = {s for s in self._groups if is_parked(self._keys, s)}
+        joined = {s for s in self._joined if is_parked(self._keys, s)}
         super()._forget_gone(boards)
         self._groups |= parked
+        self._joined |= joined
         defined = {self._keys.periods_outbox(board_id) for board_id in boards}
         self._unrouted = {s for s in self._unrouted if s in defined or is_parked(self._keys, s)}
 
@@ -145,6 +148,7 @@ class PeriodRelay(StreamRelay):
                 self._redis, self._keys, parked
             ):
                 self._groups.discard(parked)
+                self._joined.discard(parked)
                 self._unrouted.discard(parked)
                 log.info("parked period outbox emptied", stream=parked)
         return done
