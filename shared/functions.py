@@ -167,11 +167,13 @@ UNAWARD_FUNCTION = "ladder_unaward_v1"
 notifier's mark alone: the notifier's look after a batch (services/notifier/late_erasures.py)."""
 
 # -- period ends (docs/api.md section 8b) -------------------------------------------------------
-CLOSE_PERIOD_FUNCTION = "ladder_close_period_v2"
+CLOSE_PERIOD_FUNCTION = "ladder_close_period_v3"
 """Claim a period's close, queue its ``period.closed`` message and publish its
 ``period_closed`` pushes, exactly once. (v2: the message's id comes as an argument, kept in its
 outbox entry, since a season's is named by its end too; and a period that ends at or before its
-kind's watermark is refused, claimed or not under the claim's name.)"""
+kind's watermark is refused, claimed or not under the claim's name. v3: the outbox's bound,
+``LADDER_PERIODS_OUTBOX_MAX``, comes before the message's id, the oldest entries past it are
+dropped, and the reply says how many, after whether the period was closed.)"""
 PARK_PERIODS_FUNCTION = "ladder_park_periods_v2"
 """A deleted board's period outbox moved, whole, to a key the deletion leaves to the period relay
 (shared/parked_periods.py). (v2: an empty outbox is removed in the same step, so that the

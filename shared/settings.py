@@ -148,6 +148,9 @@ class LadderSettings(BaseSettings):
         le=1_000_000_000,
         description="events Redis's memory holds for the broker",
     )
+    periods_outbox_max: int = Field(
+        default=100, ge=1, le=100_000, description="the newest period.closed messages a board keeps"
+    )
     idempotency_ttl_seconds: int = Field(
         default=DAY,
         ge=60,

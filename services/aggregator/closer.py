@@ -21,12 +21,15 @@ next tick if this one did not get there (a restart, an error, another aggregator
    accepted last when step 1 ran (noted with the count), so that the team boards, which the
    derive step sums, hold every event of the period; for ``DERIVE_WAIT`` at most.
 3. **Claim.** The top ``LADDER_SNAPSHOT_SIZE`` of every scope (global, each region, teams on
-   ``incr`` boards) is read and handed to ``ladder_close_period_v1`` (shared/lua/periods.lua),
-   which sets the period's claim with ``SET NX``, and only if it was not set appends the
+   ``incr`` boards) is read and handed to the close function (shared/lua/periods.lua), which
+   sets the period's claim with ``SET NX``, and only if it was not set appends the
    ``period.closed`` message to the board's period outbox and publishes ``period_closed`` on
    the board's channels that the API forwards to WebSocket subscribers (top 10 of each scope),
    all in one atomic step under the board's hash tag. A second aggregator, or one restarted
-   after the claim, finds the claim set and does nothing.
+   after the claim, finds the claim set and does nothing. The outbox keeps the newest
+   ``LADDER_PERIODS_OUTBOX_MAX`` messages: while none goes out (no queue bound to
+   ``ladder.periods``, the broker away) a close past it drops the oldest, counted
+   (``ladder_periods_dropped_total``) and logged.
 
 The steps that write (the marks and the claim) look first that the board is still defined, and
 the marks look again before their marker and watermark are set: a close that went on after a
@@ -63,6 +66,7 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from services.aggregator.final_tops import announced, final_tops
+from services.aggregator.period_relay import DROPPED
 from shared.boards import Board, BoardCatalog
 from shared.derived import underived
 from shared.events import rfc3339
@@ -105,6 +109,7 @@ class Closer:
         lateness: float,
         merge_interval: float,
         size: int,
+        outbox_max: int,
     ) -> None:
         self._redis = redis
         self._keys = keys
@@ -113,6 +118,8 @@ class Closer:
         self._catalog = BoardCatalog(redis, keys)
         self._delay = timedelta(seconds=lateness + merge_interval + CLOSE_GRACE)
         self._size = size
+        # The most messages a board's period outbox keeps (LADDER_PERIODS_OUTBOX_MAX).
+        self._outbox_max = outbox_max
         # Boards found with nothing due: the definition looked at, and when its earliest
         # current period becomes due.
         self._quiet: dict[str, tuple[Board, datetime]] = {}
@@ -210,11 +217,11 @@ class Closer:
         scopes = await final_tops(self._redis, keys, board, window, regions, self._size)
         closed_at = rfc3339(now)
         ended = int(window.end.timestamp()) if window.end else 0
-        args: list[Any] = [closed_at, expiry, ended, f"{bid}:{period}:{name}"]
-        args += announced(keys, board, window, scopes, closed_at)
+        message, *pushes = announced(keys, board, window, scopes, closed_at)
+        args = [closed_at, expiry, ended, self._outbox_max, f"{bid}:{period}:{name}", message]
         if await self._deleted(board):
             return None
-        if not args[4] and 0 < kept_until <= now.timestamp():
+        if not message and 0 < kept_until <= now.timestamp():
             # Closed late (the aggregator stopped for longer than the period is kept): its views
             # are gone, and who scored in it is not known here any more.
             log.warning(
@@ -224,8 +231,16 @@ class Closer:
                 period_id=pid,
             )
         call_keys = [claimed, keys.period_watermark(bid, period), keys.periods_outbox(bid)]
-        reply = await self._redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args)
-        done = bool(int(reply))
+        reply = await self._redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args, *pushes)
+        done, dropped = bool(int(reply[0])), int(reply[1])
+        if dropped:
+            DROPPED.inc(dropped)
+            log.warning(
+                "period outbox full: its oldest period.closed messages dropped",
+                board_id=bid,
+                dropped=dropped,
+                kept=self._outbox_max,
+            )
         if done:
             CLOSED.inc()
             log.info(
@@ -234,7 +249,7 @@ class Closer:
                 period=period,
                 period_id=pid,
                 scopes=len(scopes),
-                sent=bool(args[4]),
+                sent=bool(message),
             )
             await self._forget_as_of(board, window)
         return done

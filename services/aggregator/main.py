@@ -159,6 +159,7 @@ async def run(settings: LadderSettings) -> None:
             lateness=settings.allowed_lateness,
             merge_interval=settings.merge_interval,
             size=settings.snapshot_size,
+            outbox_max=settings.periods_outbox_max,
         )
         relay = PeriodRelay(redis, keys, catalog, settings)
 

@@ -61,6 +61,11 @@ BACKLOG = Gauge(
     ["board_id"],
 )
 CONNECTED = Gauge("ladder_periods_relay_connected", "1 while the period relay is connected")
+DROPPED = Counter(
+    "ladder_periods_dropped_total",
+    "period.closed messages dropped unpublished, the oldest of a full period outbox, by a close "
+    "past LADDER_PERIODS_OUTBOX_MAX (no queue bound to ladder.periods, or the broker away)",
+)
 
 POLL_SECONDS = 0.5
 CLAIM_EVERY_SECONDS = 5.0

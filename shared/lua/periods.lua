@@ -2,28 +2,36 @@
 Close a period, exactly once (docs/api.md section 8b): KEYS[1] the period's close claim, KEYS[2]
 the watermark of its kind (end of the latest closed period, Unix seconds), KEYS[3] the board's
 period outbox (stream). ARGV: closed-at (RFC 3339), the claim's expiry (Unix seconds, 0: none),
-the period's end (Unix seconds), the message's id, the period.closed message ('' for a period
-nobody scored in: claimed, no message), then channel and message pairs to publish (the
-WebSocket's period_closed). Claims, queues the message and publishes in one step:
-a second aggregator, or a restart, that closes the same period finds the claim and does
-nothing. A period that ends at or before the watermark is refused as well: periods of a kind
-are claimed oldest first, each moving the watermark to its end in the step that claims it, so
-it was closed, under this claim's name or another (the version before named a season's claim
-by its id alone). Returns 1 if closed now, 0 if it had been.
+the period's end (Unix seconds), the most entries the outbox keeps, the message's id, the
+period.closed message ('' for a period nobody scored in: claimed, no message), then channel and
+message pairs to publish (the WebSocket's period_closed). Claims, queues the message and
+publishes in one step: a second aggregator, or a restart, that closes the same period finds the
+claim and does nothing. A period that ends at or before the watermark is refused as well:
+periods of a kind are claimed oldest first, each moving the watermark to its end in the step
+that claims it, so it was closed, under this claim's name or another (the version before named
+a season's claim by its id alone). The outbox keeps its newest entries up to its bound, exactly
+(MAXLEN without ~: a close is rare, and trims one entry at a time once the outbox is full);
+the oldest go, published or not. Returns {1, entries dropped} if closed now, {0, 0} if it had
+been.
 ]]
 local function close_period(keys, args)
   local ended = tonumber(args[3])
   local mark = tonumber(redis.call('GET', keys[2]) or '0')
-  if ended <= mark then return 0 end
-  if not redis.call('SET', keys[1], args[1], 'NX') then return 0 end
+  if ended <= mark then return {0, 0} end
+  if not redis.call('SET', keys[1], args[1], 'NX') then return {0, 0} end
   local expiry = tonumber(args[2])
   if expiry > 0 then redis.call('EXPIREAT', keys[1], expiry) end
   redis.call('SET', keys[2], args[3])
-  if args[5] ~= '' then redis.call('XADD', keys[3], '*', 'm', args[5], 'i', args[4]) end
-  for i = 6, #args - 1, 2 do
+  local dropped = 0
+  if args[6] ~= '' then
+    local before = redis.call('XLEN', keys[3])
+    redis.call('XADD', keys[3], 'MAXLEN', args[4], '*', 'm', args[6], 'i', args[5])
+    dropped = before + 1 - redis.call('XLEN', keys[3])
+  end
+  for i = 7, #args - 1, 2 do
     redis.call('PUBLISH', args[i], args[i + 1])
   end
-  return 1
+  return {1, dropped}
 end
 
 redis.register_function(FUNCTIONS.close_period, close_period)

@@ -37,7 +37,7 @@ async def closed(
         await submit(redis, keys, settings, board, score, f"e-{n}")
     await catalog_of(redis, keys, [board.board_id])  # a close writes for a defined board alone
     closer, merger = (
-        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100),
+        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100),
         Merger(redis, keys),
     )
     after = season.end + timedelta(seconds=5)

@@ -43,7 +43,7 @@ async def test_an_aggregator_keeps_nothing_of_a_board_once_it_is_deleted(
     for board in catalog.boards:  # the closer's look for a deletion finds them defined
         await BoardCatalog(redis, keys).put(board)
     live, merger, fresh = LiveViews(redis, keys), Merger(redis, keys), FreshRegions()
-    closer = Closer(redis, keys, lateness=600, merge_interval=2, size=10)
+    closer = Closer(redis, keys, lateness=600, merge_interval=2, size=10, outbox_max=100)
     # Work of every kind on both boards: their live views computed, their periods looked at
     # until found quiet, a dense build of a view too deep to walk taken a step.
     await live.tick(catalog.boards)

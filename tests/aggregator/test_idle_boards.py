@@ -68,7 +68,7 @@ async def test_the_closer_looks_at_a_quiet_board_again_only_once_a_period_comes_
 ) -> None:
     board = Board(board_id="quiet", periods=("daily", "weekly", "alltime"))
     await BoardCatalog(redis, keys).put(board)  # a close writes for a defined board alone
-    closer = Counting(redis, keys, lateness=2, merge_interval=0.2, size=10)
+    closer = Counting(redis, keys, lateness=2, merge_interval=0.2, size=10, outbox_max=100)
     now = datetime.now(UTC)
     # The first looks close the latest day and week (none closed before; nobody scored), in
     # two steps, a tick each; the third finds nothing due.

@@ -80,7 +80,10 @@ async def test_two_closers_close_a_season_once_with_the_merged_global_board(
     await write(redis, keys, settings.model_copy(update={"allowed_lateness": 60.0}), now)
     # No consumer ran: the global board is empty until the close's last merge.
     assert await redis.zcard(keys.global_view("cup", "season", season.period_id)) == 0
-    closers = [Closer(redis, keys, lateness=2, merge_interval=0.2, size=100) for _ in range(2)]
+    closers = [
+        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
+        for _ in range(2)
+    ]
     assert season.end is not None
     after = season.end + timedelta(seconds=5)
     # Not due before end + lateness + merge interval + grace.
@@ -135,7 +138,7 @@ async def test_a_board_without_declared_regions_closes_every_region_the_writes_m
     assert await redis.expiretime(regions) == await redis.expiretime(
         keys.region_view("open", "season", season.period_id, "eu")
     )
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
 
     after = season.end + timedelta(seconds=5)
     assert await close_until_done([closer], Merger(redis, keys), after, open_board) == 4
@@ -174,7 +177,7 @@ async def teams_played(redis: Redis, keys: Keys, settings: LadderSettings) -> Te
     return TeamsSeason(
         season,
         keys.period_closed("cup", "season", close_name(season)),
-        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100),
+        Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100),
         Merger(redis, keys),
         season.end + timedelta(seconds=5),
     )
@@ -242,7 +245,7 @@ async def test_an_event_written_after_the_end_within_the_lateness_counts_in_the_
     assert season.end is not None and season.end <= now
     last_second = season.end - timedelta(seconds=1)
     await write(redis, keys, late_ok, last_second)
-    closers = [Closer(redis, keys, lateness=lateness, merge_interval=0.2, size=100)]
+    closers = [Closer(redis, keys, lateness=lateness, merge_interval=0.2, size=100, outbox_max=100)]
     merger, claim = Merger(redis, keys), keys.period_closed("cup", "season", close_name(season))
 
     # Within the lateness (by this test's clock, as by the closer's): the season stays open.
@@ -297,7 +300,9 @@ async def test_the_close_waits_for_a_batch_taken_after_its_marks_without_scannin
     played = {"a": ["eu", "na"], "b": ["eu"], "c": ["na"]}
     mapping = {user: REGIONS_SEPARATOR.join(regions) for user, regions in played.items()}
     await redis.hset(keys.user_regions("cup"), mapping=mapping)
-    closer = Closer(cast(Redis, NoScans(redis)), keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(
+        cast(Redis, NoScans(redis)), keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100
+    )
     merger, after = Merger(redis, keys), season.end + timedelta(seconds=5)
 
     await closer.close_board(BOARD, after)  # marks the season's users, notes the take count
@@ -394,7 +399,7 @@ async def test_one_board_failing_its_close_does_not_hold_back_the_others(
         async def all(self) -> list[Board]:
             return [Board(board_id="a-broken"), Board(board_id="b-fine")]
 
-    closer = Failing(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Failing(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     await asyncio.wait_for(tick(closer, cast(BoardCatalog, Catalog()), stop), timeout=10)
     assert tried == ["a-broken", "b-fine"]
 
@@ -407,7 +412,7 @@ async def test_a_season_whose_keys_expired_before_its_close_is_still_closed(
     # season's keys expire before its close; its close-in-progress marker once took that expiry
     # and vanished as it was set, so the close began again every tick, for good.
     board = Board(board_id="cup", schedule="* * * * *", retention=Retention(season=1))
-    closer = Closer(redis, keys, lateness=120, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=120, merge_interval=0.2, size=100, outbox_max=100)
     now = datetime.now(UTC)
     current = window_at("season", now - timedelta(seconds=121.2), "UTC", board.schedule)
     season = previous_window(current, "UTC", 1, board.schedule)
@@ -433,7 +438,7 @@ async def test_an_older_period_waiting_for_its_merge_is_closed_before_a_newer_on
             return self.looks == 1  # the first look, the older season's: still merging
 
     board = Board(board_id="cup", periods=("alltime",), schedule="* * * * *")
-    closer = OlderMergesLate(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = OlderMergesLate(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     now = datetime.now(UTC)
     # The season under way once the close's delay (2 + 0.2 + 1 s) is taken off, and before it.
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", board.schedule)
@@ -455,7 +460,7 @@ async def test_a_first_close_still_waiting_when_the_next_period_falls_due_is_not
     """A board's first close of a kind looks at the latest period: one that waits past the next
     period's due time (a minute season's close waiting for its derive step) still closes, and
     before the next. It was passed over: the next tick looked at the newer season alone."""
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     now = datetime.now(UTC)
     # The season under way once the close's delay (2 + 0.2 + 1 s) is taken off, and before it.
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
@@ -485,7 +490,7 @@ async def test_a_close_going_on_after_its_board_was_deleted_writes_nothing(
     written, so nothing of it is left to a board made later under the name. They were all
     written, and a fresh board's period relay sent the deleted board's message."""
     catalog = BoardCatalog(redis, keys)
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     now = datetime.now(UTC)
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
     season = previous_window(current, "UTC", 1, BOARD.schedule)
@@ -518,7 +523,9 @@ async def test_a_board_deleted_while_its_close_marks_gets_no_close_marker_or_wat
     """The close looks again once its marks are in: a deletion whose last pass came while they
     went in left the period's close marker and the kind's watermark, which a board made later
     under the name took for its own (its first season's close never began)."""
-    closer = DeletedWhileMarking(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = DeletedWhileMarking(
+        redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100
+    )
     now = datetime.now(UTC)
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", BOARD.schedule)
     season = previous_window(current, "UTC", 1, BOARD.schedule)
@@ -536,7 +543,7 @@ async def test_a_close_forgets_the_as_of_of_the_period_that_expired_as_it_ended(
     # views left, and its field of the board's as_of hash goes too (the hash stays bounded).
     board = Board(board_id="cup", periods=("alltime",), schedule="* * * * *")
     board = board.model_copy(update={"retention": Retention(season=2)})
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     now = datetime.now(UTC)
     current = window_at("season", now - timedelta(seconds=3.2), "UTC", board.schedule)
     latest, kept, gone = (previous_window(current, "UTC", n, board.schedule) for n in (1, 3, 4))
@@ -571,7 +578,7 @@ async def test_a_close_sums_a_user_of_two_regions_whose_marks_fall_in_two_rounds
         score = ScoreIn(user_id=user, region=region, value=value, occurred_at=now)
         await submit(redis, keys, late_ok, BOARD, score, f"e-{n}")
     assert await redis.hlen(keys.user_regions("cup")) == 0
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=len(users))
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=len(users), outbox_max=100)
     assert season.end is not None
     await close_until_done([closer], Merger(redis, keys), season.end + timedelta(seconds=5))
     [body] = [orjson.loads(f["m"]) for _, f in await redis.xrange(keys.periods_outbox("cup"))]
@@ -589,7 +596,7 @@ async def test_closes_begin_at_a_board_s_creation_and_at_a_change_of_schedule(
     closed twelve minute seasons of the hour before at once, most of them already expired."""
     settings = quiet.model_copy(update={"allowed_lateness": 2.0})
     weekly = {"schedule": "0 0 * * 0", "retention": {"season": 12}}
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=10)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=10, outbox_max=100)
     merger = Merger(redis, keys)
     async with api_client(settings) as client:
         made = await client.put("/v1/boards/fresh", json=weekly, headers=ADMIN)

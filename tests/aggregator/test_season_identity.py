@@ -63,7 +63,7 @@ async def test_a_new_schedules_season_with_a_closed_seasons_id_is_announced(
     # minute's and the five minutes') lie wholly in the past, within the writes' lateness.
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=now.minute % 5 + 5)
     late_ok = settings.model_copy(update={"allowed_lateness": 900.0})
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     merger = Merger(redis, keys)
     after = timedelta(seconds=5)  # past the close's delay, 3.2 s
 
@@ -125,8 +125,9 @@ async def test_a_season_claimed_by_the_version_before_is_not_claimed_again(
             keys.periods_outbox("cup"),
         ]
         body = orjson.dumps({"board_id": "cup", "period_id": window.period_id}).decode()
-        args = ["2026-12-05T20:46:03Z", 0, int(window.end.timestamp()), f"cup:season:{name}"]
-        return int(await redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args, body))
+        args = ["2026-12-05T20:46:03Z", 0, int(window.end.timestamp()), 100, f"cup:season:{name}"]
+        closed, _ = await redis.fcall(CLOSE_PERIOD_FUNCTION, 3, *call_keys, *args, body)
+        return int(closed)
 
     assert await close(season) == 0
     assert await redis.xlen(keys.periods_outbox("cup")) == 0
@@ -143,7 +144,7 @@ async def test_a_season_ended_but_not_closed_when_its_schedule_changes_is_not_cl
     lateness, here 2 s, and a merge interval and a second) is never announced."""
     now = datetime.now(UTC)
     late_ok = settings.model_copy(update={"allowed_lateness": 900.0})
-    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100)
+    closer = Closer(redis, keys, lateness=2, merge_interval=0.2, size=100, outbox_max=100)
     merger = Merger(redis, keys)
     after = timedelta(seconds=5)  # past the close's delay, 3.2 s
     first = window_at("season", now - timedelta(minutes=4), "UTC", MINUTES.schedule)

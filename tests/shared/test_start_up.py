@@ -55,6 +55,7 @@ def _refusal(**values: Any) -> str:
         ("delivery_limit", 1001),
         ("feed_length", 10**20),
         ("outbox_max", 10**20),
+        ("periods_outbox_max", 10**20),
         ("max_body_bytes", 10**20),
         ("relay_claim_idle_ms", 10**20),
         ("history_flush_ms", 10**20),
