@@ -23,9 +23,10 @@ from typing_extensions import TypedDict, Unpack
 from shared.boards import Board, BoardCatalog
 from shared.consumer import ConsumerRunner, Handler
 from shared.failures import short_reason
+from shared.library import check_library
 from shared.logs import configure
 from shared.ops import Check, Reasons, serve_ops
-from shared.redis import check_library, open_redis
+from shared.redis import open_redis
 from shared.settings import LadderSettings, SettingsError, load_settings
 from shared.topology import Consumer, Topology
 

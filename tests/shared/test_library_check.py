@@ -1,4 +1,4 @@
-"""The readiness check of Redis's function library (shared/redis.py ``check_library``): a library
+"""The readiness check of Redis's function library (shared/library.py ``check_library``): a library
 lost with Redis's data, and one of another release loaded over this one's (a process of that
 release started since, on the same Redis), are each told apart from this release's own."""
 
@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from shared.functions import LIBRARY, SUBMIT_FUNCTION, WRITE_FUNCTION
-from shared.redis import LibraryLost, LibraryMismatch, check_library
+from shared.library import LibraryLost, LibraryMismatch, check_library
 from tests.conftest import ON_CLUSTER
 
 pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="a cluster client loads the library itself")

@@ -14,8 +14,8 @@ from services.api import errors
 from services.api.relay.outbox import unroutable_boards
 from services.api.state import ApiState
 from services.api.strict_query import StrictQueryRoute
+from shared.library import check_library
 from shared.ops import metrics_response, readiness_response, run_checks
-from shared.redis import check_library
 
 router = APIRouter(tags=["operations"], route_class=StrictQueryRoute)
 
