@@ -92,7 +92,8 @@ async def test_a_pipelines_missing_function_is_transient_and_its_wrong_type_not(
         replies.append(caught.value)
     no_function, wrong_type = replies
 
-    assert str(no_function).startswith("Command # 1 (FCALL ladder_no_such_function_v1 0)")
+    # (On one Redis the reply comes after the command's description; a cluster client's
+    # pipeline raises the reply as it came.)
     assert is_transient(no_function)
     assert not is_transient(wrong_type)
 
