@@ -146,6 +146,9 @@ the events changed into the regional boards' distinct-score sets, where they hav
 period's keys once a call, each event naming its periods by number, in place of every event
 naming every key of its periods. v5: the board's users' regions hash as the fourth key, each
 event's user's set of the layout before as its third.)"""
+TRIM_USERS_FUNCTION = "ladder_trim_users_v1"
+"""Trim a chunk of users from the names, users' regions and users' teams of a board that keeps no
+all-time period: those no period the board still keeps holds (services/aggregator/trim.py)."""
 SYNC_DROPPED_FUNCTION = "ladder_sync_dropped_v1"
 """The distinct-score pair sync alone (the derive step's) of events the aggregator leaves out:
 an erased user's writes changed the regional boards, whose distinct sets no other step syncs."""
@@ -260,6 +263,7 @@ REGISTERED: dict[str, str] = {
     "contribute": CONTRIBUTE_FUNCTION,
     "derive": DERIVE_FUNCTION,
     "sync_dropped": SYNC_DROPPED_FUNCTION,
+    "trim_users": TRIM_USERS_FUNCTION,
     "seen": SEEN_FUNCTION,
     "mark_seen": MARK_SEEN_FUNCTION,
     "award": AWARD_FUNCTION,

@@ -47,6 +47,7 @@ LUA_FILES = (
     "periods",
     "relay",
     "erase",
+    "trim",
 )
 # A process's connections to one Redis, and how long a call waits for one of them when all are
 # in use (a burst of requests behind a slow command) before it fails as Redis being unavailable

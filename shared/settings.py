@@ -139,6 +139,7 @@ class LadderSettings(BaseSettings):
         default=60.0, ge=1, le=DAY, description="seconds; a snapshot pass is no busy loop"
     )
     snapshot_size: int = Field(default=100, ge=1, le=1000)
+    trim_interval: float = Field(default=3600.0, ge=60, le=7 * DAY, description="seconds")
     feed_length: int = Field(
         default=1000, ge=1, le=100_000, description="events a board's feed keeps in Redis's memory"
     )
@@ -167,7 +168,6 @@ class LadderSettings(BaseSettings):
     # within the timeout, past which it answers 503.
     redis_wait_replicas: int = Field(default=0, ge=0, le=16, description="replicas")
     redis_wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000, description="milliseconds")
-
     relay_batch: int = Field(default=200, ge=1, le=5000)
     relay_claim_idle_ms: int = Field(
         default=15_000,

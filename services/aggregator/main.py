@@ -26,6 +26,7 @@ from services.aggregator.late_erasures import LateErasures
 from services.aggregator.live_tracker import LiveViews, RecordLive
 from services.aggregator.merge import Merger
 from services.aggregator.period_relay import PeriodRelay
+from services.aggregator.trim import Trimmer, until_stopped
 from shared import service
 from shared.boards import BoardCatalog
 from shared.consumer import Handler
@@ -166,9 +167,15 @@ async def run(settings: LadderSettings) -> None:
         async def closing(stop: asyncio.Event) -> None:
             await closes.tick(closer, catalog, stop)
 
-        await service.consume(
-            runner, redis, settings, opening, companions=(ticker, closing, relay.relay_until)
-        )
+        # The users' hashes of boards without alltime, trimmed (services/aggregator/trim.py).
+        future = settings.future_tolerance_seconds
+        trimmer = Trimmer(redis, keys, lateness=settings.allowed_lateness, future=future)
+
+        async def trimming(stop: asyncio.Event) -> None:
+            await until_stopped(trimmer, catalog, settings.trim_interval, stop)
+
+        companions = (ticker, closing, relay.relay_until, trimming)
+        await service.consume(runner, redis, settings, opening, companions=companions)
 
 
 def main() -> None:
