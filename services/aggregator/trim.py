@@ -79,19 +79,32 @@ class RegionsMoved(RuntimeError):
     """A board's periods' regions kept changing under its trim calls."""
 
 
-def candidates(board: Board, now: datetime, future: float) -> list[PeriodWindow]:
-    """Every period of ``board`` a trim looks in, if it still has keys: for each kind, the one
-    running at ``now`` plus ``future``, the next, and ``retention`` plus :data:`MARGIN` before;
-    and the all-time period, whose view a board that dropped ``alltime`` keeps (it never
+def _running(board: Board, now: datetime, future: float) -> list[PeriodWindow]:
+    """The period of each of ``board``'s kinds running at ``now`` plus ``future`` (all-time
+    aside)."""
+    at = now + timedelta(seconds=future)
+    found = [window_at(period, at, board.timezone, board.schedule) for period in board.periods]
+    return [w for w in found if w.end is not None]
+
+
+def heads(board: Board, now: datetime, future: float) -> list[PeriodWindow]:
+    """For each kind of ``board``'s periods, the one running at ``now`` plus ``future`` and the
+    next; and the all-time period, whose view a board that dropped ``alltime`` keeps (it never
     expires), so that its users keep their fields should the board take ``alltime`` back."""
     found = [window_at("alltime", now, board.timezone, board.schedule)]
-    for period in board.periods:
-        current = window_at(period, now + timedelta(seconds=future), board.timezone, board.schedule)
-        if current.end is None:
-            continue
-        found.append(window_at(period, current.end, board.timezone, board.schedule))
-        found.append(current)
-        back = (board.retention.of(period) or 0) + MARGIN
+    for current in _running(board, now, future):
+        assert current.end is not None
+        found += [current, window_at(current.period, current.end, board.timezone, board.schedule)]
+    return found
+
+
+def candidates(board: Board, now: datetime, future: float) -> list[PeriodWindow]:
+    """Every period of ``board`` a trim looks in, if it still has keys: :func:`heads`, and for
+    each kind the ``retention`` plus :data:`MARGIN` before the one running. A walk of up to
+    10,000 seasons: most of a second for a board of minute seasons kept that long."""
+    found = heads(board, now, future)
+    for current in _running(board, now, future):
+        back = (board.retention.of(current.period) or 0) + MARGIN
         found.extend(windows_before(current, board.timezone, back, board.schedule))
     return found
 
@@ -125,13 +138,18 @@ class Trimmer:
             with service.board_step(board, "trim"):
                 await self.trim_board(board, stop)
 
-    async def held(self, board: Board, now: datetime | None = None) -> list[Held]:
-        """The periods of :func:`candidates` a trim call looks in, with their regions: those
-        with keys, and those a write may still make (ended less than the allowed lateness and
-        :data:`LATE_MARGIN` ago, or not yet; the all-time period never, on such a board)."""
+    async def held(
+        self, board: Board, windows: list[PeriodWindow] | None = None, now: datetime | None = None
+    ) -> list[Held]:
+        """The periods a trim call looks in, with their regions: of ``windows`` (those of
+        :func:`candidates`, worked out once a board's sweep) and of :func:`heads` at ``now``,
+        those with keys, and those a write may still make (ended less than the allowed lateness
+        and :data:`LATE_MARGIN` ago, or not yet; the all-time period never, on such a board)."""
         now = now or datetime.now(UTC)
         bid = board.board_id
-        windows = candidates(board, now, self._future)
+        if windows is None:
+            windows = candidates(board, now, self._future)
+        windows = heads(board, now, self._future) + windows
         async with self._redis.pipeline(transaction=False) as pipe:
             for w in windows:
                 pipe.smembers(self._keys.regions(bid, w.period, w.period_id))
@@ -150,7 +168,9 @@ class Trimmer:
         """Walk the board's three hashes, a chunk at a time (``stop`` ends the walk at the next
         chunk); the fields trimmed."""
         bid = board.board_id
-        held, read_at = await self.held(board), time.monotonic()
+        # Off the event loop: a walk of many seasons takes most of a second.
+        windows = await asyncio.to_thread(candidates, board, datetime.now(UTC), self._future)
+        held, read_at = await self.held(board, windows), time.monotonic()
         trimmed = users = 0
         for hashed in (
             self._keys.user_regions(bid),
@@ -164,9 +184,9 @@ class Trimmer:
                 chunk = sorted({_text(f).removeprefix("@") for f in fields})
                 while chunk:
                     if time.monotonic() - read_at > REREAD:
-                        held, read_at = await self.held(board), time.monotonic()
+                        held, read_at = await self.held(board, windows), time.monotonic()
                     part, chunk = chunk[: self._per_call(held)], chunk[self._per_call(held) :]
-                    gone, deleted, held = await self._trim(board, held, part)
+                    gone, deleted, held = await self._trim(board, windows, held, part)
                     users, trimmed = users + gone, trimmed + deleted
                     TRIMMED.inc(deleted)
                 if cursor == 0 or (stop is not None and stop.is_set()):
@@ -181,7 +201,7 @@ class Trimmer:
         return max(1, min(self._chunk, self._work // cost))
 
     async def _trim(
-        self, board: Board, held: list[Held], users: list[str]
+        self, board: Board, windows: list[PeriodWindow], held: list[Held], users: list[str]
     ) -> tuple[int, int, list[Held]]:
         """One chunk trimmed: (users trimmed, fields deleted, the periods as last read), the
         periods read again where a call found a regions set changed."""
@@ -192,7 +212,7 @@ class Trimmer:
             )
             if not int(moved):
                 return int(gone), int(deleted), held
-            held = await self.held(board)
+            held = await self.held(board, windows)
         raise RegionsMoved(f"board {board.board_id!r}: its periods' regions kept changing")
 
     def call(

@@ -134,7 +134,7 @@ async def test_a_region_new_to_a_period_since_the_read_keeps_its_users(
     # A write into a region the period had none in, between the read and the call.
     await play(redis, keys, settings, "b", "e-b", region="us", name="B")
 
-    gone, deleted, again = await trim._trim(WEEKLY, held, ["a", "b"])
+    gone, deleted, again = await trim._trim(WEEKLY, [], held, ["a", "b"])
 
     assert (gone, deleted) == (0, 0)
     assert [h.regions for h in again] != [h.regions for h in held]
