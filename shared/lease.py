@@ -14,7 +14,10 @@ name. The kinds:
   its successor's, which the successor's next pass replaces;
 - ``snap``: the history process that takes the board's snapshots; the pass's first and last
   steps check the token, and its MySQL writes are idempotent for a pass that lost the lease
-  between its checks (services/history/snapshotter.py).
+  between its checks (services/history/snapshotter.py);
+- ``trim``: the aggregator that trims the board's users' hashes (services/aggregator/trim.py),
+  held from one sweep to the next. Its deletes are not fenced: each decides in one call, so two
+  holders at once (one paused past its lease) only repeat each other's work.
 
 A process that stops cleanly gives up every lease it holds (:func:`give_up`, at the end of its
 tickers), each only while it is still held with this process's token, so that the boards are
@@ -50,7 +53,7 @@ def lost(error: ResponseError) -> bool:
 
 class Lease:
     """The leases of one process (``owner``), board by board: merge leases, or with ``kind``
-    those of another kind of the board's work (``Keys.lease``: ``live``, ``snap``)."""
+    those of another kind of the board's work (``Keys.lease``: ``live``, ``snap``, ``trim``)."""
 
     def __init__(
         self,
@@ -70,7 +73,7 @@ class Lease:
 
     @property
     def kind(self) -> str:
-        """``merge``, ``live`` or ``snap``."""
+        """``merge``, ``live``, ``snap`` or ``trim``."""
         return self._kind or "merge"
 
     def _key(self, board_id: str, *, fence: bool = False) -> str:

@@ -167,9 +167,11 @@ async def run(settings: LadderSettings) -> None:
         async def closing(stop: asyncio.Event) -> None:
             await closes.tick(closer, catalog, stop)
 
-        # The users' hashes of boards without alltime, trimmed (services/aggregator/trim.py).
-        future = settings.future_tolerance_seconds
-        trimmer = Trimmer(redis, keys, lateness=settings.allowed_lateness, future=future)
+        # The users' hashes of boards without alltime, trimmed (services/aggregator/trim.py),
+        # each board's by the aggregator that holds its trim lease, for two intervals.
+        future, lateness = settings.future_tolerance_seconds, settings.allowed_lateness
+        trim_lease = Lease(redis, keys, ttl=2 * settings.trim_interval, kind="trim")
+        trimmer = Trimmer(redis, keys, lateness=lateness, future=future, lease=trim_lease)
 
         async def trimming(stop: asyncio.Event) -> None:
             await until_stopped(trimmer, catalog, settings.trim_interval, stop)

@@ -6,7 +6,9 @@ seconds (an hour) the aggregator walks each such board's three hashes, ``HSCAN``
 time, and drops the fields of the users that no period the board still keeps holds: one
 ``ladder_trim_users_v1`` call a chunk (shared/lua/trim.lua) decides and deletes, so that no write
 comes between. A board that keeps ``alltime`` is left alone: every user it ever had is in its
-all-time view.
+all-time view. Where several aggregators run, a board is swept by one of them, the holder of its
+trim lease (``{P:B}:trimlease``, shared/lease.py): taken at a board's sweep, renewed at the next,
+and lasting two intervals, so that a dead holder's boards are swept by another within three.
 
 The periods a call looks in are each of the board's kinds' current one (at now plus the future
 tolerance), the next, and the ``retention`` before them and two more: the ones a read may name
@@ -35,6 +37,7 @@ from shared import service
 from shared.boards import Board, BoardCatalog
 from shared.functions import TRIM_USERS_FUNCTION
 from shared.keys import Keys, dirty_member
+from shared.lease import Lease, give_up
 from shared.periods import PeriodWindow, window_at, windows_before
 
 log = structlog.get_logger(__name__)
@@ -120,8 +123,10 @@ class Trimmer:
         future: float,
         chunk: int = CHUNK,
         work: int = WORK,
+        lease: Lease | None = None,
     ) -> None:
         self._redis = redis
+        self.lease = lease
         self._keys = keys
         self._lateness = lateness
         self._future = future
@@ -129,11 +134,16 @@ class Trimmer:
         self._work = work
 
     async def sweep(self, boards: list[Board], stop: asyncio.Event | None = None) -> None:
-        """Trim each board that keeps no ``alltime`` in turn, until ``stop`` is set."""
+        """Trim each board that keeps no ``alltime`` in turn, until ``stop`` is set; with a
+        lease, only the boards whose trim lease this aggregator holds or takes."""
+        if self.lease is not None:
+            self.lease.keep_only(board.board_id for board in boards)
         for board in boards:
             if stop is not None and stop.is_set():
                 return
             if "alltime" in board.periods:
+                continue
+            if self.lease is not None and not await self.lease.hold(board.board_id):
                 continue
             with service.board_step(board, "trim"):
                 await self.trim_board(board, stop)
@@ -250,12 +260,15 @@ async def until_stopped(
     """A sweep of every board each ``interval`` seconds until ``stop`` (a sweep under way ends
     at its next chunk), the first at a random moment of the first interval: aggregators started
     together sweep apart, and one restarted more often than the interval still sweeps. A sweep
-    that fails is logged; the next one starts over."""
+    that fails is logged; the next one starts over. Once stopped, the trim leases are given up,
+    so that another aggregator sweeps those boards at its next sweep."""
     wait = random.uniform(0, interval)
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
         if stop.is_set():
+            if trimmer.lease is not None:
+                await give_up(trimmer.lease)
             return
         try:
             await trimmer.sweep(await catalog.all(), stop)

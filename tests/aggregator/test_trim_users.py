@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from services.api.write.models import ScoreIn
 from services.api.write.submit import submit
 from shared.boards import Board, BoardCatalog
 from shared.keys import Keys, dirty_member
+from shared.lease import Lease
 from shared.periods import window_at
 from shared.settings import LadderSettings
 from tests.helpers import derive_outbox, eventually
@@ -70,7 +72,7 @@ async def fields(redis: Redis, keys: Keys, board_id: str) -> tuple[set[str], ...
     )
 
 
-def trimmer(redis: Redis, keys: Keys, settings: LadderSettings, **kwargs: int) -> Trimmer:
+def trimmer(redis: Redis, keys: Keys, settings: LadderSettings, **kwargs: Any) -> Trimmer:
     lateness, future = settings.allowed_lateness, settings.future_tolerance_seconds
     return Trimmer(redis, keys, lateness=lateness, future=future, **kwargs)
 
@@ -210,6 +212,59 @@ async def test_the_aggregator_sweeps_every_interval_until_stopped(
         await eventually(trimmed)
     stop.set()
     await asyncio.wait_for(task, 1)
+
+
+async def test_a_board_is_swept_by_the_holder_of_its_trim_lease_alone(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    first, second = (
+        trimmer(redis, keys, settings, lease=Lease(redis, keys, ttl=60, kind="trim"))
+        for _ in range(2)
+    )
+    other = Board(board_id="cup", periods=("weekly",))
+    for board in (WEEKLY, other):
+        await play(redis, keys, settings, "a", f"e-{board.board_id}", name="A", board=board)
+        await expire_periods(redis, keys, board.board_id)
+
+    await first.sweep([WEEKLY])
+    # The first holds the board's lease: the second leaves it, and takes and sweeps another.
+    await play(redis, keys, settings, "b", "e-b", name="B")
+    await expire_periods(redis, keys, "tourney")
+    await second.sweep([WEEKLY, other])
+    assert await fields(redis, keys, "tourney") == ({"b"}, {"b"}, {"b", "@b"})
+    assert await fields(redis, keys, "cup") == (set(), set(), set())
+    # The holder's next sweep renews its lease and trims; once it gives the lease up, so does
+    # the second's.
+    await first.sweep([WEEKLY])
+    assert await fields(redis, keys, "tourney") == (set(), set(), set())
+    await play(redis, keys, settings, "c", "e-c", name="C")
+    await expire_periods(redis, keys, "tourney")
+    await second.sweep([WEEKLY])
+    assert await fields(redis, keys, "tourney") == ({"c"}, {"c"}, {"c", "@c"})
+    assert first.lease is not None
+    assert await first.lease.release_all() == 1
+    await second.sweep([WEEKLY])
+    assert await fields(redis, keys, "tourney") == (set(), set(), set())
+
+
+async def test_a_stopped_sweeper_gives_its_trim_leases_up(
+    settings: LadderSettings, redis: Redis, keys: Keys
+) -> None:
+    catalog = BoardCatalog(redis, keys)
+    await catalog.put(WEEKLY)
+    lease = Lease(redis, keys, ttl=60, kind="trim")
+    stop = asyncio.Event()
+    sweeping = until_stopped(trimmer(redis, keys, settings, lease=lease), catalog, 0.05, stop)
+    task = asyncio.create_task(sweeping)
+
+    async def held() -> bool:
+        return await redis.exists(keys.lease("tourney", "trim")) == 1
+
+    await eventually(held)
+    assert await redis.pttl(keys.lease("tourney", "trim")) > 50_000
+    stop.set()
+    await asyncio.wait_for(task, 1)
+    assert not await held()
 
 
 def test_the_trim_interval_is_a_minute_to_a_week(settings: LadderSettings) -> None:
