@@ -1,9 +1,10 @@
 """The history database: its tables, the engine factory and the event reads.
 
 Tables: ``score_events`` (the event log), ``boards`` (board definitions), ``friendships`` (one
-row per direction of a mutual friendship), ``friend_requests`` (requests pending an answer) and
-``snapshots`` (top-N views over time). Reads and writes of boards and snapshots are in
-:mod:`shared.db_boards`, of friendships and requests in :mod:`shared.friendships`.
+row per direction of a mutual friendship), ``friend_requests`` (requests pending an answer),
+``snapshots`` (top-N views over time) and ``snapshot_users`` (who each holds). Reads and writes
+of boards and snapshots are in :mod:`shared.db_boards`, of friendships and requests in
+:mod:`shared.friendships`.
 
 MySQL (or MariaDB) is Ladder's source of truth. Times are stored as naive UTC ``DATETIME(6)``
 (a ``TIMESTAMP`` would follow the session time zone and end in 2038) and come back out as aware
@@ -27,6 +28,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    ForeignKey,
     Index,
     MetaData,
     String,
@@ -55,6 +57,7 @@ metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
         "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s",
     }
 )
 
@@ -84,23 +87,20 @@ score_events = _table(
     Column("accepted_at", DATETIME(fsp=6), nullable=False),
     # On boards with a subscore_order (NULL elsewhere, and for events stored before 0003).
     Column("subscore", BigInteger, nullable=True),
-    # The metadata object as the compact JSON text ``orjson.dumps`` makes of it, so that a
-    # rebuild hands the write function the very text of the live write (NULL: none). TEXT, not
-    # MariaDB's JSON, for the reason given at ``boards``; at most 1 KiB by the API's check.
+    # The metadata object as ``orjson.dumps``'s compact JSON text, the very text of the live
+    # write for a rebuild (NULL: none); at most 1 KiB. TEXT, not JSON: see ``boards``.
     Column("metadata", Text, nullable=True),
     # 0 for the board as it is; for an event a deleted board kept (a deletion without purge),
     # the deletion's cut-off in ms (shared/erasure.py finish_board_deletion): a board made later
     # under the name is another board, whose event ids may be the same. (Migration 0008.)
     Column("board_epoch", BigInteger, nullable=False, server_default=text("0")),
     # The periods the write put the event in, as ``daily=2026-11-29,alltime=all``
-    # (shared/events.py period_ids_text): the rebuild replays the event into these, whatever
-    # the board's periods or schedule are by then. NULL for an event stored before migration
-    # 0010, which the rebuild replays into the periods of the board's definition as it is.
+    # (shared/events.py period_ids_text), which the rebuild replays it into. NULL for an event
+    # stored before migration 0010: replayed into the periods of the board's definition.
     Column("periods", String(120), nullable=True),
-    # The event's entry id in its board's outbox stream (shared/events.py ``outbox_id``), as
-    # two numbers, since ids do not sort as text: the order the board's writes were applied in,
-    # which the rebuild replays (services/rebuild/event_log.py), whatever order the relays
-    # published them in. NULL for an event stored before migration 0012. (Migration 0012.)
+    # The event's entry id in its board's outbox stream (shared/events.py ``outbox_id``), as two
+    # numbers (ids do not sort as text): the order the writes were applied in, which the rebuild
+    # replays (services/rebuild/event_log.py). NULL for events stored before migration 0012.
     Column("outbox_ms", BigInteger, nullable=True),
     Column("outbox_seq", BigInteger, nullable=True),
     # The idempotency key of the event log: a redelivered event lands on it and changes nothing.
@@ -197,6 +197,16 @@ snapshots = _table(
     # and its successor store the same set under the same taken_at, the time it was taken
     # (services/history/snapshotter.py). (Migration 0009.)
     UniqueConstraint("board_id", "scope", "period", "period_id", "taken_at"),
+)
+
+# Who each snapshot holds, a row a user, so that an erasure finds the user's snapshots by key,
+# not by reading every snapshot stored; a snapshot's rows go with it. (Migration 0013.)
+_SNAPSHOT = ForeignKey("snapshots.id", ondelete="CASCADE")
+snapshot_users = _table(
+    "snapshot_users",
+    Column("user_id", _ident(64), primary_key=True),
+    Column("snapshot_id", BigInteger, _SNAPSHOT, primary_key=True),
+    Index(None, "snapshot_id"),
 )
 
 

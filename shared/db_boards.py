@@ -17,14 +17,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import literal, select
+from sqlalchemy import literal, select, tuple_
 from sqlalchemy.dialects.mysql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from typing_extensions import TypedDict
 
 from shared import db_locks
 from shared.boards import Board
-from shared.db import after_deletion, boards, from_db_time, score_events, snapshots, to_db_time
+from shared.db import (
+    after_deletion,
+    boards,
+    from_db_time,
+    score_events,
+    snapshot_users,
+    snapshots,
+    to_db_time,
+)
 from shared.db_locks import named_locks
 from shared.events import rfc3339
 
@@ -35,6 +43,8 @@ LOCK_TIMEOUT_SECONDS = 10
 # and the byte budget cuts the statement short first.
 SNAPSHOT_CHUNK = 50
 SNAPSHOT_CHUNK_BYTES = 4 * 1024 * 1024
+# Rows of ``snapshot_users`` a statement (50 snapshots of 1,000 entries make 50,000).
+USERS_CHUNK = 5000
 
 Db = AsyncEngine | AsyncConnection
 
@@ -157,7 +167,8 @@ async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> int:
     snapshot of a view stored already under the same ``taken_at`` (the time its set was taken:
     another pass of the same take stored it) is not stored again: the table's unique key, with
     ``ON DUPLICATE KEY UPDATE id = id`` (as the event log's; an engine made with
-    ``changed_rows=True`` counts such a row out of the number returned)."""
+    ``changed_rows=True`` counts such a row out of the number returned). The users each holds
+    go to ``snapshot_users`` in the same transaction."""
     if not rows:
         return 0
     values = [
@@ -177,7 +188,28 @@ async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> int:
             statement = insert(snapshots).values(chunk)
             result = await conn.execute(statement.on_duplicate_key_update(id=snapshots.c.id))
             stored += result.rowcount
+            await _index_users(conn, chunk)
     return stored
+
+
+async def _index_users(conn: AsyncConnection, chunk: list[dict[str, Any]]) -> None:
+    """The users of the snapshots of ``chunk`` (stored just now, or before under the same key),
+    a row each in ``snapshot_users``; rows there already are left as they are."""
+    t = snapshots.c
+    view = (t.board_id, t.scope, t.period, t.period_id, t.taken_at)
+    named = [tuple(v[c.name] for c in view) for v in chunk]
+    found = await conn.execute(select(t.id, *view).where(tuple_(*view).in_(named)))
+    ids = {tuple(row[1:]): row[0] for row in found}
+    users = [
+        {"user_id": entry["user_id"], "snapshot_id": ids[key]}
+        for key, value in zip(named, chunk, strict=True)
+        if key in ids
+        for entry in orjson.loads(value["entries"])
+        if isinstance(entry.get("user_id"), str)
+    ]
+    for at in range(0, len(users), USERS_CHUNK):
+        rows = users[at : at + USERS_CHUNK]
+        await conn.execute(insert(snapshot_users).prefix_with("IGNORE").values(rows))
 
 
 def _snapshot_chunks(values: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

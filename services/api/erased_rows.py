@@ -9,7 +9,7 @@ import orjson
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from shared.db import board_epoch_of, score_events, snapshots, to_db_time
+from shared.db import board_epoch_of, score_events, snapshot_users, snapshots, to_db_time
 from shared.erased_events import DELETE_CHUNK
 from shared.erasure import BoardDeletion
 
@@ -18,22 +18,21 @@ SNAPSHOT_PAGE = 200
 
 async def erase_from_snapshots(engine: AsyncEngine, user_id: str) -> None:
     """Stored snapshots holding the user, rewritten without its entries (the others keep the
-    ranks they were taken with). Found by a text match on the stored JSON, escaped for LIKE,
-    then checked entry by entry."""
-    t = snapshots.c
-    escaped = user_id.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    pattern = f'%"user_id":"{escaped}"%'
-    after = 0
+    ranks they were taken with), a page at a time: found by ``snapshot_users``' key, whose rows
+    of the user go with the rewrite, in its transaction."""
+    t, u = snapshots.c, snapshot_users.c
     while True:
         async with engine.begin() as conn:
-            rows = (
-                await conn.execute(
-                    select(t.id, t.entries)
-                    .where(t.id > after, t.entries.like(pattern))
-                    .order_by(t.id)
-                    .limit(SNAPSHOT_PAGE)
-                )
-            ).all()
+            page = (
+                select(u.snapshot_id)
+                .where(u.user_id == user_id)
+                .order_by(u.snapshot_id)
+                .limit(SNAPSHOT_PAGE)
+            )
+            ids = list((await conn.execute(page)).scalars())
+            if not ids:
+                return
+            rows = (await conn.execute(select(t.id, t.entries).where(t.id.in_(ids)))).all()
             for row in rows:
                 entries = orjson.loads(row.entries)
                 kept = [e for e in entries if e.get("user_id") != user_id]
@@ -43,9 +42,10 @@ async def erase_from_snapshots(engine: AsyncEngine, user_id: str) -> None:
                         .where(t.id == row.id)
                         .values(entries=orjson.dumps(kept).decode())
                     )
-        if len(rows) < SNAPSHOT_PAGE:
+            gone = delete(snapshot_users).where(u.user_id == user_id, u.snapshot_id.in_(ids))
+            await conn.execute(gone)
+        if len(ids) < SNAPSHOT_PAGE:
             return
-        after = rows[-1].id
 
 
 async def purge_board(engine: AsyncEngine, deletion: BoardDeletion) -> None:

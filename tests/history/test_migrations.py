@@ -420,6 +420,52 @@ async def test_0012_keeps_each_event_s_outbox_position_and_goes_back_keeping_the
     await check_schema(db)
 
 
+def _tables(connection: Connection) -> list[str]:
+    return list(inspect(connection).get_table_names())
+
+
+async def test_0013_lists_the_users_of_the_snapshots_stored_before_and_goes_back(
+    db: AsyncEngine,
+) -> None:
+    """Snapshots stored at 0012 (more than the migration reads a statement) get a row for each
+    user they hold, so that an erasure finds them; entries without a user (a team's) get none.
+    The way back drops the table, every snapshot stays."""
+    url = db.url.render_as_string(hide_password=False)
+    await alembic_to(url, "downgrade", "0012")
+    insert = (
+        "INSERT INTO snapshots (board_id, scope, period, period_id, taken_at, entries) VALUES "
+        "('main', :scope, 'alltime', 'all', :at, :entries)"
+    )
+    async with db.begin() as conn:
+        assert "snapshot_users" not in await conn.run_sync(_tables)
+        for n in range(1201):
+            users = [{"rank": 1, "user_id": f"u-{n}"}, {"rank": 2, "user_id": "kept"}]
+            at = T0 + timedelta(seconds=n)
+            await conn.execute(
+                text(insert), {"scope": "global", "at": at, "entries": json.dumps(users)}
+            )
+        teams = json.dumps([{"rank": 1, "team_id": "red"}])
+        await conn.execute(text(insert), {"scope": "teams", "at": T0, "entries": teams})
+
+    await migrate(url)
+
+    await check_schema(db)
+    async with db.connect() as conn:
+        assert await conn.run_sync(_differences) == []
+        count = "SELECT COUNT(*) FROM snapshot_users WHERE user_id = :user"
+        assert (await conn.execute(text(count), {"user": "kept"})).scalar() == 1201
+        assert (await conn.execute(text(count), {"user": "u-1200"})).scalar() == 1
+        total = (await conn.execute(text("SELECT COUNT(*) FROM snapshot_users"))).scalar()
+        assert total == 2 * 1201
+
+    await alembic_to(url, "downgrade", "0012")
+    async with db.connect() as conn:
+        assert "snapshot_users" not in await conn.run_sync(_tables)
+        assert (await conn.execute(text("SELECT COUNT(*) FROM snapshots"))).scalar() == 1202
+    await migrate(url)
+    await check_schema(db)
+
+
 @pytest.mark.parametrize(
     ("server", "said"),
     [
