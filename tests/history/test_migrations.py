@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -298,20 +298,32 @@ def _snapshot_keys(connection: Connection) -> list[list[str]]:
     return [c["column_names"] for c in inspect(connection).get_unique_constraints("snapshots")]
 
 
+async def store_snapshot(
+    conn: AsyncConnection,
+    entries: str,
+    period_id: str = "all",
+    scope: str = "global",
+    at: datetime = T0,  # 2026-11-29 17:00:00 UTC
+) -> None:
+    """A snapshot of board main's all-time ``scope`` stored as a release before stored it."""
+    statement = (
+        "INSERT INTO snapshots (board_id, scope, period, period_id, taken_at, entries) VALUES "
+        "('main', :scope, 'alltime', :period_id, :at, :entries)"
+    )
+    values = {"scope": scope, "period_id": period_id, "at": at.replace(tzinfo=None)}
+    await conn.execute(text(statement), {**values, "entries": entries})
+
+
 async def test_0009_keeps_one_snapshot_of_a_view_a_time_and_goes_back(db: AsyncEngine) -> None:
     """0008 to 0009: rows of one view under one time (a snapshot stored twice) are cut to the one
     a read answers, the highest id, and the key then stores a view's snapshot of a take once;
     the way back drops the key, keeping every row."""
     url = db.url.render_as_string(hide_password=False)
     await alembic_to(url, "downgrade", "0008")
-    insert = (
-        "INSERT INTO snapshots (board_id, scope, period, period_id, taken_at, entries) VALUES "
-        "('main', 'global', 'alltime', 'all', '2026-11-29 17:00:00', :entries)"
-    )
     async with db.begin() as conn:
         for entries in ("[1]", "[2]", "[3]"):
-            await conn.execute(text(insert), {"entries": entries})
-        await conn.execute(text(insert.replace("'all'", "'other'")), {"entries": "[4]"})
+            await store_snapshot(conn, entries)
+        await store_snapshot(conn, "[4]", period_id="other")
 
     await migrate(url)
 
@@ -432,20 +444,12 @@ async def test_0013_lists_the_users_of_the_snapshots_stored_before_and_goes_back
     The way back drops the table, every snapshot stays."""
     url = db.url.render_as_string(hide_password=False)
     await alembic_to(url, "downgrade", "0012")
-    insert = (
-        "INSERT INTO snapshots (board_id, scope, period, period_id, taken_at, entries) VALUES "
-        "('main', :scope, 'alltime', 'all', :at, :entries)"
-    )
     async with db.begin() as conn:
         assert "snapshot_users" not in await conn.run_sync(_tables)
         for n in range(1201):
             users = [{"rank": 1, "user_id": f"u-{n}"}, {"rank": 2, "user_id": "kept"}]
-            at = T0 + timedelta(seconds=n)
-            await conn.execute(
-                text(insert), {"scope": "global", "at": at, "entries": json.dumps(users)}
-            )
-        teams = json.dumps([{"rank": 1, "team_id": "red"}])
-        await conn.execute(text(insert), {"scope": "teams", "at": T0, "entries": teams})
+            await store_snapshot(conn, json.dumps(users), at=T0 + timedelta(seconds=n))
+        await store_snapshot(conn, json.dumps([{"rank": 1, "team_id": "red"}]), scope="teams")
 
     await migrate(url)
 
