@@ -1,9 +1,9 @@
 """Typed settings for every Ladder service.
 
-Every ``LADDER_*`` variable is read here, once, at a service's entry point, and the resulting
-object is passed down. Nothing else in Ladder reads or writes ``os.environ``: the one variable of
-a library that Ladder sets and reads (prometheus-client's multiprocess directory), and the
-environment handed on to a child process, go through the helpers at the end of this module.
+Every ``LADDER_*`` variable is read here, once, at a service's entry point, and the object is
+passed down. Nothing else reads or writes ``os.environ``: a library's one variable that Ladder
+sets and reads (prometheus-client's multiprocess directory), and the environment handed on to a
+child process, go through the helpers at the end of this module.
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ DEV_SERVER_KEY = "dev-server-key"
 DEV_ADMIN_KEY = "dev-admin-key"
 DEV_JWT_SECRET = "dev-jwt-secret"
 MIN_SECRET_BYTES = 32
-"""The shortest server key, admin key or JWT secret prod accepts: 32 bytes, as many as a key of
-32 random bytes has entropy at best (make one with ``openssl rand -hex 32``)."""
+"""The shortest key or JWT secret prod accepts: as many bytes as 32 random bytes have entropy."""
 
 
 class SettingsError(ValueError):
@@ -139,6 +138,7 @@ class LadderSettings(BaseSettings):
         default=60.0, ge=1, le=DAY, description="seconds; a snapshot pass is no busy loop"
     )
     snapshot_size: int = Field(default=100, ge=1, le=1000)
+    snapshot_retention_days: int = Field(default=0, ge=0, le=36_500, description="0: for good")
     trim_interval: float = Field(default=3600.0, ge=60, le=7 * DAY, description="seconds")
     feed_length: int = Field(
         default=1000, ge=1, le=100_000, description="events a board's feed keeps in Redis's memory"

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from services.history import snapshot_retention
 from services.history.handlers import HistoryHandler, LateErasures, MarkChangedViews, in_order
 from services.history.migrate import wait_for_schema
 from services.history.snapshotter import Snapshotter, tick
@@ -97,7 +98,14 @@ async def run(settings: LadderSettings) -> None:
             async def ticker(stop: asyncio.Event) -> None:
                 await tick(snapshotter, catalog, settings.snapshot_interval, stop)
 
-            await service.consume(runner, redis, settings, opening, companions=(ticker,))
+            # Snapshots past LADDER_SNAPSHOT_RETENTION_DAYS, deleted (snapshot_retention.py).
+            async def expiring(stop: asyncio.Event) -> None:
+                await snapshot_retention.until_stopped(
+                    engine, settings.snapshot_retention_days, stop
+                )
+
+            companions = (ticker, expiring)
+            await service.consume(runner, redis, settings, opening, companions=companions)
     log.info("history stopped")
 
 
