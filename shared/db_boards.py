@@ -43,6 +43,9 @@ LOCK_TIMEOUT_SECONDS = 10
 # and the byte budget cuts the statement short first.
 SNAPSHOT_CHUNK = 50
 SNAPSHOT_CHUNK_BYTES = 4 * 1024 * 1024
+# Snapshots a DELETE statement (a purge, the retention): each takes its rows of
+# ``snapshot_users`` with it, 100 at the default size, so that a statement deletes about 5,000.
+SNAPSHOT_DELETE_CHUNK = 50
 # Rows of ``snapshot_users`` a statement (50 snapshots of 1,000 entries make 50,000).
 USERS_CHUNK = 5000
 USERS_INSERT = f"INSERT IGNORE INTO {snapshot_users.name} (user_id, snapshot_id) VALUES (%s, %s)"

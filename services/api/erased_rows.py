@@ -10,6 +10,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db import board_epoch_of, score_events, snapshot_users, snapshots, to_db_time
+from shared.db_boards import SNAPSHOT_DELETE_CHUNK
 from shared.erased_events import DELETE_CHUNK
 from shared.erasure import BoardDeletion
 
@@ -67,11 +68,15 @@ async def purge_board(engine: AsyncEngine, deletion: BoardDeletion) -> None:
     own_snapshots = [s.board_id == deletion.board_id, s.taken_at <= at]
     if deletion.previous_cutoff is not None:
         own_snapshots.append(s.taken_at > to_db_time(deletion.previous_cutoff))
-    for table, own in ((score_events, own_events), (snapshots, tuple(own_snapshots))):
+    steps = (
+        (score_events, own_events, DELETE_CHUNK),
+        (snapshots, tuple(own_snapshots), SNAPSHOT_DELETE_CHUNK),
+    )
+    for table, own, chunk in steps:
         while True:
             async with engine.begin() as conn:
                 result = await conn.execute(
-                    delete(table).where(*own).with_dialect_options(mysql_limit=DELETE_CHUNK)
+                    delete(table).where(*own).with_dialect_options(mysql_limit=chunk)
                 )
-            if result.rowcount < DELETE_CHUNK:
+            if result.rowcount < chunk:
                 break

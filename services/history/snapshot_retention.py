@@ -3,12 +3,12 @@
 
 Every ``SWEEP_INTERVAL`` the history service lists the views that have snapshots (board, scope,
 period: a walk of the index the reads scan, one entry a view) and deletes each view's snapshots
-taken before the cut-off, ``DELETE_CHUNK`` rows a statement, each its own transaction, by a
-range of that index: no statement reads a row it does not delete, nor holds MySQL's
-locks for long. Their users' rows (``snapshot_users``) go with them, by the foreign key. A board
-deleted without purge keeps its snapshots as history; this deletes those as well once they are
-that old. Several history processes sweep alike: a delete that finds nothing costs one probe of
-the index.
+taken before the cut-off, ``DELETE_CHUNK`` snapshots a statement (with their users' rows, which
+go by the foreign key, about 5,000 rows), each its own transaction, by a range of that index: no
+statement reads a row it does not delete, nor holds MySQL's locks for long. A board deleted
+without purge keeps its snapshots as history; this deletes those as well once they are that
+old. Several history processes sweep alike: a delete that finds nothing costs one probe of the
+index.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from shared.db import snapshots, to_db_time
+from shared.db_boards import SNAPSHOT_DELETE_CHUNK
 
 log = structlog.get_logger(__name__)
 
 SWEEP_INTERVAL = 3600.0
-DELETE_CHUNK = 1000
+DELETE_CHUNK = SNAPSHOT_DELETE_CHUNK
 
 EXPIRED = Counter(
     "ladder_history_snapshots_expired_total",
