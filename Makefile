@@ -174,6 +174,17 @@ clean: venv ## remove all Ladder made: its keys, queues, exchanges and history d
 # The suite of `make test`: every test but those of the targets after it.
 SUITE := not faults and not stack and not cluster and not containers and not fuzz and not rehearsal
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist, each test file on one of them; 0 runs it
+# in pytest's own), then the tests marked `timing`, whose assertions bound wall-clock time, alone.
+# `$(call suite,ENV)` runs both parts with the environment ENV. pytest's exit status 5 says that
+# no test was selected, as when PYTEST_ARGS names files with no test of one of the parts.
+TEST_WORKERS ?= 2
+define suite
+$(1) $(PY) -m pytest -m "($(SUITE)) and not timing" -n $(TEST_WORKERS) --dist loadfile \
+	--durations=15 $(PYTEST_ARGS) || [ $$? = 5 ]
+$(1) $(PY) -m pytest -m "($(SUITE)) and timing" --durations=5 $(PYTEST_ARGS) || [ $$? = 5 ]
+endef
+
 # test: valgrind counts the Redis instructions a write costs (tests/bench); without it that one
 # test is skipped, saying why (and fails under LADDER_REQUIRE_TOOLS=1, as .ci/run sets it).
 test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (then make test-stack, make test-faults)
@@ -182,7 +193,7 @@ test: venv infra ## the test suite against real Redis, RabbitMQ and MariaDB (the
 		|| { sudo apt-get update -qq && sudo apt-get install -y -qq valgrind; } \
 		|| echo "valgrind could not be installed: the instruction count test will be skipped" \
 			"(failed under LADDER_REQUIRE_TOOLS=1)"
-	$(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)
+	$(call suite)
 
 test-fuzz: venv infra ## Schemathesis over every operation of /openapi.json (about 4 min)
 	$(PY) -m pytest -m "fuzz and not stack" $(PYTEST_ARGS)
@@ -204,10 +215,11 @@ test-faults: venv infra ## only the fault suite (servers and services stopped, k
 CLUSTER_SUITE ?= 1
 test-cluster: venv infra ## the Redis Cluster tests, then the whole suite of `make test` on a cluster
 	$(PY) -m pytest -m cluster tests/cluster -rP $(PYTEST_ARGS)
-	@if [ "$(CLUSTER_SUITE)" != 0 ]; then \
-		echo 'LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS)'; \
-		LADDER_TEST_REDIS_CLUSTER=1 $(PY) -m pytest -m "$(SUITE)" --durations=15 $(PYTEST_ARGS); \
-	else echo "CLUSTER_SUITE=0: the whole suite on a cluster is left to make test-rehearsal"; fi
+ifeq ($(CLUSTER_SUITE),0)
+	@echo "CLUSTER_SUITE=0: the whole suite on a cluster is left to make test-rehearsal"
+else
+	$(call suite,LADDER_TEST_REDIS_CLUSTER=1)
+endif
 
 # The cluster rehearsal: every process of Ladder beyond one machine, on loopback, under its own
 # supervisord (scripts/cluster.sh and deploy/cluster/supervisord.conf say what runs where;
@@ -237,7 +249,7 @@ REHEARSAL_TEST_ENV := LADDER_TEST_REDIS_CLUSTER=1 LADDER_TEST_REDIS_URL=redis://
 
 test-rehearsal: venv infra ## the whole suite against `make cluster-up` (started if need be), then faults on it
 	@bash scripts/cluster.sh ps | grep -q RUNNING || bash scripts/cluster.sh up
-	$(REHEARSAL_TEST_ENV) $(PY) -m pytest -m "$(SUITE)" $(PYTEST_ARGS)
+	$(call suite,$(REHEARSAL_TEST_ENV))
 	$(PY) -m pytest -m rehearsal tests/rehearsal -rP $(PYTEST_ARGS)
 
 # Containers: deploy/compose.yml, one container per service (scripts/containers.sh says how the

@@ -9,6 +9,7 @@ import asyncio
 import random
 import time
 
+import pytest
 from redis.asyncio import Redis
 
 from bench.probes import layout_entries
@@ -19,6 +20,9 @@ from services.aggregator.merge import Merger
 from shared.boards import Board
 from shared.keys import Keys, dirty_member
 from shared.ranking import member, record, tie_key
+
+# Cadences of a second or two: measured alone, not beside another test (make test).
+pytestmark = pytest.mark.timing
 
 BACKLOG = 200_000
 # LADDER_MERGE_INTERVAL's default is 2 s; 1 s keeps the test short and the bound tighter.

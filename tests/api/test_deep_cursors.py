@@ -98,6 +98,7 @@ async def test_pages_through_100000_tied_scores_list_everyone_once_in_order(
     assert ranks == list(range(1, TIED + 1))
 
 
+@pytest.mark.timing
 async def test_a_deep_cursor_answers_as_fast_as_the_first_page(
     quiet: LadderSettings, redis: Redis, keys: Keys
 ) -> None:

@@ -161,6 +161,7 @@ async def test_every_outbox_holding_entries_is_drained_on_the_way_out(
         assert await redis.xlen(keys.outbox(board_id)) == 0
 
 
+@pytest.mark.timing
 @pytest.mark.usefixtures("no_sweep")
 async def test_after_less_than_a_message_the_next_read_waits_as_long_as_eight_reads_take(
     redis: Redis, keys: Keys, settings: LadderSettings

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import aio_pika
+import pytest
 from aio_pika.abc import AbstractChannel
 
 from shared.consumer import IDLE_GAP_SECONDS, ConsumerRunner
@@ -68,6 +69,7 @@ async def publish(channel: AbstractChannel, broker: Topology, event_id: str) -> 
     await exchange.publish(aio_pika.Message(body, message_id=uuid.uuid4().hex), routing_key="")
 
 
+@pytest.mark.timing
 async def test_on_the_push_path_a_lone_message_is_handed_over_at_once(
     settings: LadderSettings, broker: Topology, channel: AbstractChannel
 ) -> None:

@@ -156,6 +156,7 @@ async def test_more_calls_in_flight_than_the_pool_holds_wait_their_turn(
     assert replies == [None] * (size + 50)
 
 
+@pytest.mark.timing
 async def test_a_reply_that_does_not_come_in_time_times_out_and_disconnects(
     redis: Redis, board: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:

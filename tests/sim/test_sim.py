@@ -296,6 +296,7 @@ def dry_run(settings: LadderSettings, seed: int) -> Config:
     )
 
 
+@pytest.mark.timing
 async def test_a_change_reaches_a_running_simulation_and_applies_from_the_next_round(
     settings: LadderSettings,
 ) -> None:
