@@ -186,31 +186,43 @@ async def save_snapshots(engine: AsyncEngine, rows: list[SnapshotRow]) -> int:
         }
         for row in rows
     ]
+    # The users each snapshot holds (a team's entries hold none), by the snapshot's key.
+    holders = {
+        _key_of(value): [e["user_id"] for e in row["entries"] if isinstance(e.get("user_id"), str)]
+        for row, value in zip(rows, values, strict=True)
+    }
     stored = 0
     async with engine.begin() as conn:
         for chunk in _snapshot_chunks(values):
             statement = insert(snapshots).values(chunk)
             result = await conn.execute(statement.on_duplicate_key_update(id=snapshots.c.id))
             stored += result.rowcount
-            await _index_users(conn, chunk)
+            await _index_users(conn, [_key_of(value) for value in chunk], holders)
     return stored
 
 
-async def _index_users(conn: AsyncConnection, chunk: list[dict[str, Any]]) -> None:
-    """The users of the snapshots of ``chunk`` (stored just now, or before under the same key),
-    a row each in ``snapshot_users``; rows there already are left as they are."""
-    t = snapshots.c
-    view = (t.board_id, t.scope, t.period, t.period_id, t.taken_at)
-    named = [tuple(v[c.name] for c in view) for v in chunk]
-    found = await conn.execute(select(t.id, *view).where(tuple_(*view).in_(named)))
+# The columns of the snapshots' unique key: a view and the time its set was taken.
+_KEY = (
+    snapshots.c.board_id,
+    snapshots.c.scope,
+    snapshots.c.period,
+    snapshots.c.period_id,
+    snapshots.c.taken_at,
+)
+
+
+def _key_of(value: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(value[column.name] for column in _KEY)
+
+
+async def _index_users(
+    conn: AsyncConnection, named: list[tuple[Any, ...]], holders: dict[tuple[Any, ...], list[str]]
+) -> None:
+    """The users of the snapshots ``named`` by their keys (stored just now, or before under the
+    same key), a row each in ``snapshot_users``; rows there already are left as they are."""
+    found = await conn.execute(select(snapshots.c.id, *_KEY).where(tuple_(*_KEY).in_(named)))
     ids = {tuple(row[1:]): row[0] for row in found}
-    users = [
-        (entry["user_id"], ids[key])
-        for key, value in zip(named, chunk, strict=True)
-        if key in ids
-        for entry in orjson.loads(value["entries"])
-        if isinstance(entry.get("user_id"), str)
-    ]
+    users = [(user, ids[key]) for key in named if key in ids for user in holders[key]]
     # The driver's executemany: one multi-row statement, without SQLAlchemy compiling a bound
     # parameter a value (which took most of a pass's time).
     for at in range(0, len(users), USERS_CHUNK):
