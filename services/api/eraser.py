@@ -16,7 +16,8 @@ badges, rate bucket, MVP contributions, feed and hot entries (``ladder_erase_use
 shared/erased_views.py); its friend sets, both directions, and in MySQL its friendships and
 friend requests both ways; its events, taken out of the event counters they were counted in,
 each once (services/api/erased_counts.py), then deleted: in MySQL those accepted by the
-cut-off, in Redis the event records naming it, found by one ``SCAN`` of the keyspace; its
+cut-off, in Redis the event records naming it, found by one ``SCAN`` of the keyspace for all
+the users whose pass a round makes (not one a user: a queue of erasures walks it once); its
 entries in stored snapshots and in the ``period.closed`` messages still waiting in a period
 outbox (rewritten without them, services/api/erased_periods.py).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,6 +78,15 @@ SECOND_PASS_MARGIN = timedelta(seconds=0.5)
 def _unsuffixed(key: str) -> str:
     """A view's key from the key of its records (``<view>:ties``)."""
     return key.removesuffix(":ties")
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What one ``SCAN`` of every board's keys found: the event records naming each user looked
+    for, and every board's views (their periods, regions and MVP teams' member sets)."""
+
+    records: dict[str, list[str]]
+    views: dict[str, Found]
 
 
 class Eraser:
@@ -149,31 +160,12 @@ class Eraser:
     async def _work(self) -> int:
         """Each pending job's pass due. A job that fails leaves the others to go on; the round
         then fails, and is tried again after the back-off."""
-        finished, done, failed = 0, self._first_pass_done, 0
+        done = self._first_pass_done
         now = datetime.now(UTC)
         held = await self._redis.hkeys(self._keys.erasing)
         erasures = await pending_erasures(self._engine)
         await self._keep_erasing(held, erasures)
-        for erasure in erasures:
-            if erasure.user_id is None:
-                continue
-            second = now > erasure.cutoff + SECOND_PASS_MARGIN
-            marker = (erasure.user_hash, erasure.cutoff)
-            if marker in self._first_pass_done and not second:
-                continue
-            try:
-                await self.erase_user(erasure.user_id, erasure.cutoff)
-            except Exception as exc:
-                log.warning("erasure failed", user_hash=erasure.user_hash, error=repr(exc))
-                failed += 1
-                continue
-            self._first_pass_done.add(marker)
-            if second:
-                await finish_erasure(self._engine, erasure)
-                await self._redis.hdel(self._keys.erasing, erasure.user_hash)
-                self._first_pass_done.discard(marker)
-                log.info("user erased", user_hash=erasure.user_hash)
-                finished += 1
+        finished, failed = await self._erase_users(erasures, now)
         deletions = await pending_board_deletions(self._engine)
         due = [(deletion, now > deletion.cutoff + SECOND_PASS_MARGIN) for deletion in deletions]
         due = [(d, second) for d, second in due if second or (d.board_id, d.cutoff) not in done]
@@ -194,6 +186,37 @@ class Eraser:
         if failed:
             raise RuntimeError(f"{failed} erasure(s) failed this round")
         return finished
+
+    async def _erase_users(self, erasures: list[Erasure], now: datetime) -> tuple[int, int]:
+        """Each pending erasure's pass due at ``now``: the first, or the second (after its
+        cut-off), which finishes it. One ``SCAN`` for all their users: a thousand erasures do
+        not scan the keyspace a thousand times. Returns how many finished and how many failed."""
+        due = [
+            (erasure, user_id, now > erasure.cutoff + SECOND_PASS_MARGIN)
+            for erasure in erasures
+            if (user_id := erasure.user_id) is not None
+        ]
+        due = [d for d in due if d[2] or (d[0].user_hash, d[0].cutoff) not in self._first_pass_done]
+        if not due:
+            return 0, 0
+        scanned = await self._scan({user_id for _, user_id, _ in due})
+        finished = failed = 0
+        for erasure, user_id, second in due:
+            marker = (erasure.user_hash, erasure.cutoff)
+            try:
+                await self.erase_user(user_id, erasure.cutoff, scanned)
+            except Exception as exc:
+                log.warning("erasure failed", user_hash=erasure.user_hash, error=repr(exc))
+                failed += 1
+                continue
+            self._first_pass_done.add(marker)
+            if second:
+                await finish_erasure(self._engine, erasure)
+                await self._redis.hdel(self._keys.erasing, erasure.user_hash)
+                self._first_pass_done.discard(marker)
+                log.info("user erased", user_hash=erasure.user_hash)
+                finished += 1
+        return finished, failed
 
     async def _keep_erasing(self, held: list[Any], pending: list[Erasure]) -> None:
         """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
@@ -216,9 +239,15 @@ class Eraser:
 
     # -- a user ------------------------------------------------------------------------------
 
-    async def erase_user(self, user_id: str, cutoff: datetime) -> None:
-        """One pass of a user's erasure (idempotent)."""
-        records, views = await self._scan(user_id)
+    async def erase_user(
+        self, user_id: str, cutoff: datetime, scanned: Scanned | None = None
+    ) -> None:
+        """One pass of a user's erasure (idempotent), with what a ``SCAN`` made at the pass's
+        start found (``scanned``: the round's, with this user among those it looked for), or
+        with a ``SCAN`` of its own."""
+        if scanned is None:
+            scanned = await self._scan({user_id})
+        records, views = scanned.records.get(user_id, []), scanned.views
         boards = await self._catalog.all()
         for board in boards:
             await self._erase_from_board(board, user_id, views.get(board.board_id, Found()))
@@ -233,18 +262,19 @@ class Eraser:
         )
         await erase_from_snapshots(self._engine, user_id)
 
-    async def _scan(self, user_id: str) -> tuple[list[str], dict[str, Found]]:
+    async def _scan(self, users: set[str]) -> Scanned:
         """One ``SCAN`` of every board's keys: the event records (idempotency answers, seen
-        marks) naming the user, the periods and regions of every board's views and its MVP
-        teams' member sets, so that none is missed: a region the aggregator has not derived into
-        the regions sets yet, a period the definition no longer names (kept longer before), a
-        team the user left."""
-        records: list[str] = []
+        marks) naming each of ``users``, the periods and regions of every board's views and its
+        MVP teams' member sets, so that none is missed: a region the aggregator has not derived
+        into the regions sets yet, a period the definition no longer names (kept longer before),
+        a team the user left."""
+        records: dict[str, list[str]] = {}
         views: dict[str, Found] = {}
         async for key in self._redis.scan_iter(match=self._keys.boards_match(), count=SCAN_COUNT):
             name = key.decode() if isinstance(key, bytes) else key
-            if self._keys.record_user(name) == user_id:
-                records.append(name)
+            if (user := self._keys.record_user(name)) is not None:
+                if user in users:
+                    records.setdefault(user, []).append(name)
             # A view's sorted set, or its records: a view whose only entries are hidden users'
             # has records and no sorted set (a region named "ties" has a view that ends so).
             elif view := self._keys.view_of(name) or self._keys.view_of(_unsuffixed(name)):
@@ -254,7 +284,7 @@ class Eraser:
                     found.regions.add(view[3])
             elif (board_id := self._keys.team_set_of(name)) is not None:
                 views.setdefault(board_id, Found()).team_sets.add(name)
-        return records, views
+        return Scanned(records, views)
 
     async def _erase_from_board(self, board: Board, user_id: str, seen: Found) -> int:
         # A rebuild under way puts its staged views, replayed from MySQL before this erasure
