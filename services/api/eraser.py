@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from redis.asyncio import Redis
@@ -78,6 +79,11 @@ SECOND_PASS_MARGIN = timedelta(seconds=0.5)
 def _unsuffixed(key: str) -> str:
     """A view's key from the key of its records (``<view>:ties``)."""
     return key.removesuffix(":ties")
+
+
+# An erasure or a board deletion, each worked in two passes around its cut-off, and its mark.
+Job = TypeVar("Job", Erasure, BoardDeletion)
+Marker = Callable[[Job], tuple[str, datetime]]
 
 
 @dataclass(frozen=True)
@@ -160,15 +166,13 @@ class Eraser:
     async def _work(self) -> int:
         """Each pending job's pass due. A job that fails leaves the others to go on; the round
         then fails, and is tried again after the back-off."""
-        done = self._first_pass_done
         now = datetime.now(UTC)
         held = await self._redis.hkeys(self._keys.erasing)
         erasures = await pending_erasures(self._engine)
         await self._keep_erasing(held, erasures)
         finished, failed = await self._erase_users(erasures, now)
         deletions = await pending_board_deletions(self._engine)
-        due = [(deletion, now > deletion.cutoff + SECOND_PASS_MARGIN) for deletion in deletions]
-        due = [(d, second) for d, second in due if second or (d.board_id, d.cutoff) not in done]
+        due = self._due(deletions, now, lambda d: (d.board_id, d.cutoff))
         await self.delete_boards([deletion for deletion, _ in due])
         for deletion, second in due:
             marker = (deletion.board_id, deletion.cutoff)
@@ -191,20 +195,18 @@ class Eraser:
         """Each pending erasure's pass due at ``now``: the first, or the second (after its
         cut-off), which finishes it. One ``SCAN`` for all their users: a thousand erasures do
         not scan the keyspace a thousand times. Returns how many finished and how many failed."""
-        due = [
-            (erasure, user_id, now > erasure.cutoff + SECOND_PASS_MARGIN)
-            for erasure in erasures
-            if (user_id := erasure.user_id) is not None
-        ]
-        due = [d for d in due if d[2] or (d[0].user_hash, d[0].cutoff) not in self._first_pass_done]
+        due = self._due(
+            [e for e in erasures if e.user_id is not None], now, lambda e: (e.user_hash, e.cutoff)
+        )
         if not due:
             return 0, 0
-        scanned = await self._scan({user_id for _, user_id, _ in due})
+        scanned = await self._scan({e.user_id for e, _ in due if e.user_id is not None})
         finished = failed = 0
-        for erasure, user_id, second in due:
+        for erasure, second in due:
             marker = (erasure.user_hash, erasure.cutoff)
+            assert erasure.user_id is not None  # those without one were left out above
             try:
-                await self.erase_user(user_id, erasure.cutoff, scanned)
+                await self.erase_user(erasure.user_id, erasure.cutoff, scanned)
             except Exception as exc:
                 log.warning("erasure failed", user_hash=erasure.user_hash, error=repr(exc))
                 failed += 1
@@ -217,6 +219,12 @@ class Eraser:
                 log.info("user erased", user_hash=erasure.user_hash)
                 finished += 1
         return finished, failed
+
+    def _due(self, jobs: list[Job], now: datetime, marker: Marker[Job]) -> list[tuple[Job, bool]]:
+        """The jobs whose pass is due at ``now``, each with whether it is the second (past its
+        cut-off and the margin): a first pass made here already is not made again."""
+        done, margin = self._first_pass_done, SECOND_PASS_MARGIN
+        return [(j, s) for j in jobs if (s := now > j.cutoff + margin) or marker(j) not in done]
 
     async def _keep_erasing(self, held: list[Any], pending: list[Erasure]) -> None:
         """``Keys.erasing`` made the pending erasures' users (services/api/erasing.py): an entry
